@@ -1,0 +1,105 @@
+# paramserv — build, test, demo.  `make help` lists the targets.
+
+CC       ?= cc
+SAN      ?= 0
+NATIVE   ?= 1
+PREFIX   ?= /usr/local
+FUZZ_SECONDS ?= 20
+
+PKGS     := openblas zlib
+ifeq ($(SAN),1)
+BUILD    := build/san
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+else
+BUILD    := build
+SANFLAGS :=
+endif
+ARCHFLAGS := $(if $(filter 1,$(NATIVE)),-march=native,)
+
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
+            -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror \
+            -fno-math-errno -MMD -MP -Iinclude -Isrc $(ARCHFLAGS) $(SANFLAGS) \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+LDFLAGS  += $(SANFLAGS)
+
+LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src -name '*.c' | sort))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+MAIN_OBJ := $(BUILD)/src/cmd/main.o
+BIN      := $(BUILD)/paramserv
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
+
+.PHONY: all deps test unit integration fuzz fuzz-smoke demo clean help install
+
+all: $(BIN)
+
+help:
+	@echo "make demo       install what is missing, build, run the main job"
+	@echo "make test       install what is missing, build, run every test"
+	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
+	@echo "make            build $(BIN)"
+	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
+	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each"
+
+deps:
+	@scripts/deps
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libparamserv.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(MAIN_OBJ) $(BUILD)/libparamserv.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@ln -sf $(if $(filter 1,$(SAN)),san/paramserv,paramserv) build/paramserv-current 2>/dev/null || true
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+# Unit tests run from the project root, so that they can find tests/ data.
+unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+integration: $(BIN)
+	@set -e; for t in $(sort $(wildcard tests/integration/*.sh)); do \
+	  echo "== $$t"; PARAMSERV=$(BIN) $$t; done
+
+test: deps
+	@$(MAKE) --no-print-directory all unit integration
+	@$(MAKE) --no-print-directory fuzz-smoke SAN=0
+
+# libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
+FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc \
+               -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS)
+
+fuzz-smoke: $(FUZZ_BIN)
+	@set -e; for f in $(FUZZ_BIN); do \
+	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
+	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
+	      build/fuzz/corpus-$$n $$( [ -d tests/fuzz/seeds/$$n ] && echo tests/fuzz/seeds/$$n ) \
+	      2>build/fuzz/$$n.log || { tail -40 build/fuzz/$$n.log; exit 1; }; \
+	  grep -E '^(#[0-9]+ *DONE|Done)' build/fuzz/$$n.log | tail -1 || true; \
+	done
+
+fuzz: fuzz-smoke
+
+demo: deps
+	@$(MAKE) --no-print-directory all SAN=0
+	$(BUILD)/paramserv train --model mlp --epochs 10 --optimizer adam --lr 0.001 --batch 128
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,41 @@
+/* Error codes shared by every paramserv module, and the buffer that carries a one-line message. */
+#ifndef PARAMSERV_ERROR_H
+#define PARAMSERV_ERROR_H
+
+#include <stddef.h>
+
+/* The project's own codes.  Functions return 0 or a negative number: either
+ * -errno from the C library or one of these, all far below any errno value. */
+#define PS_ERRNO_MAP(X)                                                   \
+  X(EFORMAT,  -4001, "malformed input")                                   \
+  X(ECORRUPT, -4002, "data failed an integrity check")                    \
+  X(EVERSION, -4003, "unsupported format version")                        \
+  X(ELAYOUT,  -4004, "layout does not match")                             \
+  X(ECONFIG,  -4005, "invalid configuration")                             \
+  X(EUSAGE,   -4006, "invalid command-line usage")                        \
+  X(ESHAPE,   -4007, "shape mismatch")                                    \
+  X(ENAN,     -4008, "non-finite value")
+
+enum {
+#define PS__ERR_ENUM(name, val, msg) PS_##name = val,
+  PS_ERRNO_MAP(PS__ERR_ENUM)
+#undef PS__ERR_ENUM
+};
+
+/* A short, static description of `code` (a PS_E* value or a -errno).
+ * Never NULL; the string lives for the whole program. */
+const char *ps_strerror(int code);
+
+/* A one-line error for the user: names the thing, what was found and what was
+ * expected.  Functions that parse user input fill one in and return its code. */
+typedef struct ps_errbuf {
+  int code;
+  char msg[512];
+} ps_errbuf;
+
+/* Format `fmt` into eb->msg (when eb is not NULL), store `code` and return it,
+ * so that a parser can write `return ps_err_set(eb, PS_EFORMAT, "...", ...);`. */
+int ps_err_set(ps_errbuf *eb, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,68 @@
+/* The paramserv binary: dispatches to its verbs. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd/cmd.h"
+
+#define PS_VERSION "0.1.0"
+
+typedef struct verb {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} verb;
+
+static const verb verbs[] = {
+    {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: paramserv VERB [OPTIONS]\n"
+          "\n"
+          "paramserv is a fault-tolerant parameter-server training service.\n"
+          "\n"
+          "verbs:\n");
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+    fprintf(f, "  %-8s %s\n", verbs[i].name, verbs[i].summary);
+  fprintf(f,
+          "\n"
+          "`paramserv VERB --help` describes a verb's options.\n"
+          "  -h, --help     this help\n"
+          "  -V, --version  print the version\n");
+}
+
+void ps_cmd_error(const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  /* One line, whatever the message held. */
+  for (char *p = msg; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
+  fprintf(stderr, "paramserv: error: %s\n", msg);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *v = argv[1];
+  if (strcmp(v, "-h") == 0 || strcmp(v, "--help") == 0 || strcmp(v, "help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  if (strcmp(v, "-V") == 0 || strcmp(v, "--version") == 0) {
+    printf("paramserv %s\n", PS_VERSION);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+    if (strcmp(v, verbs[i].name) == 0)
+      return verbs[i].run(argc - 1, argv + 1);
+  ps_cmd_error("unknown verb '%s': expected one of the verbs listed by `paramserv --help`", v);
+  return 2;
+}

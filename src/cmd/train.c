@@ -1,0 +1,344 @@
+/* `paramserv train`: one process, no parameter server.  The reference
+ * trainer that the distributed runs are measured against. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd/cmd.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "common/timeutil.h"
+#include "data/idx.h"
+#include "data/sampler.h"
+#include "nn/backend.h"
+#include "nn/compute.h"
+#include "nn/model.h"
+#include "optim/optim.h"
+
+/* Fashion-MNIST's pixel mean and standard deviation (of b / 255). */
+#define PS_DATA_MEAN 0.2860f
+#define PS_DATA_STD 0.3530f
+
+typedef struct train_opts {
+  const char *model, *hidden, *data;
+  int64_t epochs, batch, threads, max_steps, train_limit, warmup;
+  double lr, momentum, weight_decay, gamma, step_epochs, min_lr;
+  uint64_t seed;
+  int eval;
+  ps_optim optim;
+  ps_sched sched;
+} train_opts;
+
+static void train_usage(FILE *f) {
+  fprintf(f,
+      "usage: paramserv train [OPTIONS]\n"
+      "\n"
+      "Train a built-in model on an IDX data set in this one process (no parameter\n"
+      "server) and print, per epoch, the mean loss, the test accuracy and samples/s.\n"
+      "\n"
+      "  --model mlp|cnn       model (default mlp)\n"
+      "  --hidden SIZES        mlp hidden sizes, comma-separated (default 256,128)\n"
+      "  --epochs N            epochs over the training set (default 10)\n"
+      "  --batch B             samples per step (default 128)\n"
+      "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam (default adam)\n"
+      "  --lr X                learning rate (default 0.001)\n"
+      "  --momentum X          momentum coefficient (default 0.9)\n"
+      "  --weight-decay X      L2 penalty added to the gradient (default 0)\n"
+      "  --schedule NAME       constant|step|cosine learning-rate schedule (default constant)\n"
+      "  --step-epochs X       step schedule: epochs between decays (default 1)\n"
+      "  --gamma X             step schedule: factor per decay (default 0.5)\n"
+      "  --min-lr X            cosine schedule: final learning rate (default 0)\n"
+      "  --warmup-steps N      linear warm-up steps (default 0)\n"
+      "  --threads T           compute threads (default: all cores)\n"
+      "  --seed S              seed of initial weights, data order and dropout (default 1)\n"
+      "  --data DIR            IDX directory (default " PS_DATA_DEFAULT_DIR ")\n"
+      "  --max-steps N         stop after N steps in all (default: no limit)\n"
+      "  --train-limit N       use only the first N training samples (default: all)\n"
+      "  --no-eval             skip the test-set evaluation\n"
+      "  --log-level LEVEL     debug|info|warn|error (default info)\n"
+      "  -h, --help            this help\n"
+      "\n"
+      "The last line is machine-readable:\n"
+      "  done steps S samples N seconds T samples/s R test_acc A\n");
+}
+
+static int flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  if (ps_parse_i64(v, lo, hi, out) == 0)
+    return 0;
+  ps_cmd_error("--%s '%s': expected an integer in [%" PRId64 ", %" PRId64 "]", name, v, lo, hi);
+  return -1;
+}
+
+static int flag_double(const char *name, const char *v, double lo, double hi, double *out) {
+  if (ps_parse_double(v, lo, hi, out) == 0)
+    return 0;
+  ps_cmd_error("--%s '%s': expected a number in [%g, %g]", name, v, lo, hi);
+  return -1;
+}
+
+/* @return 0, 1 for --help (printed), or -1 after printing an error. */
+static int parse_opts(int argc, char **argv, train_opts *o) {
+  enum { O_MODEL = 256, O_HIDDEN, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
+         O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
+         O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL };
+  static const struct option longopts[] = {
+      {"model", required_argument, 0, O_MODEL},
+      {"hidden", required_argument, 0, O_HIDDEN},
+      {"epochs", required_argument, 0, O_EPOCHS},
+      {"batch", required_argument, 0, O_BATCH},
+      {"optimizer", required_argument, 0, O_OPTIM},
+      {"lr", required_argument, 0, O_LR},
+      {"momentum", required_argument, 0, O_MOMENTUM},
+      {"weight-decay", required_argument, 0, O_WD},
+      {"schedule", required_argument, 0, O_SCHED},
+      {"step-epochs", required_argument, 0, O_STEP_EPOCHS},
+      {"gamma", required_argument, 0, O_GAMMA},
+      {"min-lr", required_argument, 0, O_MIN_LR},
+      {"warmup-steps", required_argument, 0, O_WARMUP},
+      {"threads", required_argument, 0, O_THREADS},
+      {"seed", required_argument, 0, O_SEED},
+      {"data", required_argument, 0, O_DATA},
+      {"max-steps", required_argument, 0, O_MAX_STEPS},
+      {"train-limit", required_argument, 0, O_TRAIN_LIMIT},
+      {"no-eval", no_argument, 0, O_NO_EVAL},
+      {"log-level", required_argument, 0, O_LOG_LEVEL},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  const char *optim_name = "adam", *sched_name = "constant";
+  int64_t seed = 1;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  *o = (train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
+                    .threads = cores > 0 ? cores : 1, .lr = 0.001, .momentum = 0.9,
+                    .gamma = 0.5, .step_epochs = 1, .eval = 1};
+  opterr = 0;
+  optind = 1;
+  int c, rc = 0;
+  while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    switch (c) {
+    case O_MODEL: o->model = optarg; break;
+    case O_HIDDEN: o->hidden = optarg; break;
+    case O_EPOCHS: rc = flag_i64("epochs", optarg, 1, 100000, &o->epochs); break;
+    case O_BATCH: rc = flag_i64("batch", optarg, 1, 65536, &o->batch); break;
+    case O_OPTIM: optim_name = optarg; break;
+    case O_LR: rc = flag_double("lr", optarg, 0, 1e3, &o->lr); break;
+    case O_MOMENTUM: rc = flag_double("momentum", optarg, 0, 1, &o->momentum); break;
+    case O_WD: rc = flag_double("weight-decay", optarg, 0, 1, &o->weight_decay); break;
+    case O_SCHED: sched_name = optarg; break;
+    case O_STEP_EPOCHS: rc = flag_double("step-epochs", optarg, 0, 1e6, &o->step_epochs); break;
+    case O_GAMMA: rc = flag_double("gamma", optarg, 0, 1, &o->gamma); break;
+    case O_MIN_LR: rc = flag_double("min-lr", optarg, 0, 1e3, &o->min_lr); break;
+    case O_WARMUP: rc = flag_i64("warmup-steps", optarg, 0, INT64_MAX, &o->warmup); break;
+    case O_THREADS: rc = flag_i64("threads", optarg, 1, 256, &o->threads); break;
+    case O_SEED: rc = flag_i64("seed", optarg, 0, INT64_MAX, &seed); break;
+    case O_DATA: o->data = optarg; break;
+    case O_MAX_STEPS: rc = flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
+    case O_TRAIN_LIMIT: rc = flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
+    case O_NO_EVAL: o->eval = 0; break;
+    case O_LOG_LEVEL: {
+      int lv = ps_log_level_parse(optarg);
+      if (lv < 0) {
+        ps_cmd_error("--log-level '%s': expected debug, info, warn or error", optarg);
+        rc = -1;
+      } else {
+        ps_log_init("train", lv);
+      }
+      break;
+    }
+    case 'h': train_usage(stdout); return 1;
+    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); rc = -1; break;
+    default: ps_cmd_error("unknown option '%s' (see paramserv train --help)", argv[optind - 1]);
+      rc = -1;
+    }
+  }
+  if (rc != 0)
+    return -1;
+  if (optind < argc) {
+    ps_cmd_error("unexpected argument '%s' (see paramserv train --help)", argv[optind]);
+    return -1;
+  }
+  o->seed = (uint64_t)seed;
+  o->optim = ps_optim_default(PS_OPTIM_ADAM, (float)o->lr);
+  if (ps_optim_parse(optim_name, &o->optim) != 0) {
+    ps_cmd_error("--optimizer '%s': expected sgd, momentum, nesterov, adagrad or adam",
+                 optim_name);
+    return -1;
+  }
+  o->optim.lr = (float)o->lr;
+  o->optim.momentum = (float)o->momentum;
+  o->optim.weight_decay = (float)o->weight_decay;
+  memset(&o->sched, 0, sizeof o->sched);
+  if (ps_sched_parse(sched_name, &o->sched) != 0) {
+    ps_cmd_error("--schedule '%s': expected constant, step or cosine", sched_name);
+    return -1;
+  }
+  return 0;
+}
+
+int ps_cmd_train(int argc, char **argv) {
+  train_opts o;
+  int rc = parse_opts(argc, argv, &o);
+  if (rc != 0)
+    return rc > 0 ? 0 : 2;
+
+  ps_errbuf eb = {0};
+  ps_model_spec spec;
+  if (ps_model_spec_parse(o.model, o.hidden, &spec, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 2;
+  }
+  int status = 1;
+  ps_dataset train = {0}, test = {0};
+  ps_model model = {0};
+  ps_sampler sampler = {0};
+  ps_compute *compute = NULL;
+  float *params = NULL, *grad = NULL, *slots[PS_OPTIM_MAX_SLOTS] = {0}, *x = NULL;
+  float *test_x = NULL;
+  uint8_t *y = NULL;
+  size_t *index = NULL;
+
+  if (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
+      (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0)) {
+    ps_cmd_error("%s", eb.msg);
+    goto out;
+  }
+  if (train.rows != (uint32_t)spec.in_h || train.cols != (uint32_t)spec.in_w ||
+      (o.eval && (test.rows != train.rows || test.cols != train.cols))) {
+    ps_cmd_error("%s: images are %ux%u (test %ux%u), the %s model expects %dx%d", o.data,
+                 train.rows, train.cols, test.rows, test.cols, o.model, spec.in_h, spec.in_w);
+    goto out;
+  }
+  if (o.train_limit > 0 && (size_t)o.train_limit < train.n)
+    train.n = (size_t)o.train_limit;
+  if (ps_model_build(&spec, &model, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    goto out;
+  }
+  compute = ps_compute_new(&model, (int)o.threads, (int)o.batch, &eb);
+  if (compute == NULL) {
+    ps_cmd_error("%s", eb.msg);
+    goto out;
+  }
+  size_t total = model.vars.total;
+  int nslots = ps_optim_nslots(o.optim.kind);
+  params = malloc(total * sizeof *params);
+  grad = malloc(total * sizeof *grad);
+  x = malloc((size_t)o.batch * model.in_size * sizeof *x);
+  y = malloc((size_t)o.batch);
+  index = malloc((size_t)o.batch * sizeof *index);
+  int failed = params == NULL || grad == NULL || x == NULL || y == NULL || index == NULL;
+  for (int i = 0; i < nslots && !failed; i++) {
+    slots[i] = malloc(total * sizeof *slots[i]);
+    failed = slots[i] == NULL;
+    for (size_t j = 0; !failed && j < total; j++)
+      slots[i][j] = ps_optim_slot_init(&o.optim, i);
+  }
+  if (failed || ps_sampler_init(&sampler, train.n, 0, 1, o.seed) != 0) {
+    ps_cmd_error("out of memory for the %s model at batch %" PRId64, o.model, o.batch);
+    goto out;
+  }
+  if (o.eval) {
+    size_t *all = malloc(test.n * sizeof *all);
+    test_x = malloc(test.n * model.in_size * sizeof *test_x);
+    if (all == NULL || test_x == NULL) {
+      free(all);
+      ps_cmd_error("out of memory for the test set");
+      goto out;
+    }
+    for (size_t i = 0; i < test.n; i++)
+      all[i] = i;
+    ps_dataset_images_f32(&test, all, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
+    free(all);
+  }
+  ps_vartable_init_arena(&model.vars, o.seed, params);
+
+  size_t part = ps_sampler_part_size(&sampler);
+  uint64_t steps_per_epoch = (part + (size_t)o.batch - 1) / (size_t)o.batch;
+  if (o.sched.kind == PS_SCHED_STEP) {
+    o.sched.step_size = (uint64_t)(o.step_epochs * (double)steps_per_epoch + 0.5);
+    o.sched.gamma = (float)o.gamma;
+  }
+  o.sched.total = steps_per_epoch * (uint64_t)o.epochs;
+  o.sched.min_factor = o.lr > 0 ? (float)(o.min_lr / o.lr) : 0.0f;
+  o.sched.warmup = (uint64_t)o.warmup;
+
+  char desc[128];
+  printf("train: model %s, %zu parameters, %s lr %g (%s), batch %" PRId64 ", %" PRId64
+         " threads, seed %" PRIu64 "\n",
+         ps_model_spec_format(&spec, desc, sizeof desc), total, ps_optim_name(&o.optim), o.lr,
+         ps_sched_name(&o.sched), o.batch, o.threads, o.seed);
+  printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
+         ps_backend_cpu_describe());
+  fflush(stdout);
+
+  uint64_t step = 0, samples = 0;
+  double train_seconds = 0.0, test_acc = -1.0;
+  int stopped = 0;
+  for (int64_t epoch = 0; epoch < o.epochs && !stopped; epoch++) {
+    double t0 = ps_now_s(), loss_sum = 0.0;
+    size_t correct = 0, seen = 0;
+    for (uint64_t s = 0; s < steps_per_epoch; s++) {
+      if (o.max_steps > 0 && step >= (uint64_t)o.max_steps) {
+        stopped = 1;
+        break;
+      }
+      size_t n = ps_sampler_next(&sampler, index, (size_t)o.batch);
+      ps_dataset_images_f32(&train, index, n, PS_DATA_MEAN, PS_DATA_STD, x);
+      for (size_t i = 0; i < n; i++)
+        y[i] = train.labels[index[i]];
+      double loss = ps_compute_grad(compute, params, x, y, (int)n, o.seed, samples, grad,
+                                    &correct);
+      if (!(loss == loss) || loss > 1e30) {
+        ps_cmd_error("step %" PRIu64 ": loss is %g; stopping (lower --lr?)", step, loss);
+        goto out;
+      }
+      float lr = ps_sched_lr(&o.sched, o.optim.lr, step);
+      ps_optim_apply(&o.optim, lr, step + 1, params, grad, slots, total);
+      loss_sum += loss * (double)n;
+      seen += n;
+      samples += n;
+      step++;
+    }
+    double secs = ps_now_s() - t0;
+    train_seconds += secs;
+    if (seen == 0)
+      break;
+    char acc[32] = "-";
+    if (o.eval) {
+      size_t right = 0;
+      ps_compute_eval(compute, params, test_x, test.labels, test.n, &right);
+      test_acc = (double)right / (double)test.n;
+      snprintf(acc, sizeof acc, "%.4f", test_acc);
+    }
+    printf("epoch %" PRId64 "/%" PRId64 " loss %.4f train_acc %.4f test_acc %s samples/s %.1f "
+           "seconds %.2f\n",
+           epoch + 1, o.epochs, loss_sum / (double)seen, (double)correct / (double)seen, acc,
+           (double)seen / secs, secs);
+    fflush(stdout);
+  }
+  char acc[32] = "-";
+  if (test_acc >= 0)
+    snprintf(acc, sizeof acc, "%.4f", test_acc);
+  printf("done steps %" PRIu64 " samples %" PRIu64 " seconds %.2f samples/s %.1f test_acc %s\n",
+         step, samples, train_seconds, train_seconds > 0 ? (double)samples / train_seconds : 0.0,
+         acc);
+  status = 0;
+out:
+  free(index);
+  free(y);
+  free(x);
+  free(test_x);
+  for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
+    free(slots[i]);
+  free(grad);
+  free(params);
+  ps_compute_free(compute);
+  ps_sampler_close(&sampler);
+  ps_model_close(&model);
+  ps_dataset_close(&test);
+  ps_dataset_close(&train);
+  return status;
+}

@@ -1,0 +1,308 @@
+/* The CPU compute backend: sgemm from OpenBLAS, the other kernels in plain C
+ * loops written so that the compiler vectorizes them. */
+#include "nn/backend.h"
+
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rng.h"
+
+static void *cpu_alloc(ps_backend *b, size_t bytes) {
+  (void)b;
+  void *p = NULL;
+  /* 64-byte alignment keeps AVX-512 loads on one cache line. */
+  if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+    return NULL;
+  return p;
+}
+
+static void cpu_free(ps_backend *b, void *p) {
+  (void)b;
+  free(p);
+}
+
+static void cpu_copy(ps_backend *b, void *dst, const void *src, size_t bytes) {
+  (void)b;
+  if (dst != src)
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(ps_backend *b, float *p, size_t n) {
+  (void)b;
+  memset(p, 0, n * sizeof *p);
+}
+
+static void cpu_add(ps_backend *b, size_t n, const float *restrict x, float *restrict y) {
+  (void)b;
+  for (size_t i = 0; i < n; i++)
+    y[i] += x[i];
+}
+
+static void cpu_gemm(ps_backend *b, int ta, int tb, int m, int n, int k, float alpha,
+                     const float *a, int lda, const float *bm, int ldb, float beta, float *c,
+                     int ldc) {
+  (void)b;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+              n, k, alpha, a, lda, bm, ldb, beta, c, ldc);
+}
+
+static void cpu_bias_add(ps_backend *b, int n, int c, int inner, const float *restrict bias,
+                         float *restrict y) {
+  (void)b;
+  if (inner == 1) {
+    for (int i = 0; i < n; i++, y += c)
+      for (int j = 0; j < c; j++)
+        y[j] += bias[j];
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < c; j++, y += inner) {
+      float v = bias[j];
+      for (int k = 0; k < inner; k++)
+        y[k] += v;
+    }
+}
+
+static void cpu_bias_grad(ps_backend *b, int n, int c, int inner, const float *restrict dy,
+                          float *restrict db) {
+  (void)b;
+  memset(db, 0, (size_t)c * sizeof *db);
+  if (inner == 1) {
+    for (int i = 0; i < n; i++, dy += c)
+      for (int j = 0; j < c; j++)
+        db[j] += dy[j];
+    return;
+  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < c; j++, dy += inner) {
+      float s = 0.0f;
+      for (int k = 0; k < inner; k++)
+        s += dy[k];
+      db[j] += s;
+    }
+}
+
+static void cpu_relu_fwd(ps_backend *b, size_t n, const float *x, float *y) {
+  (void)b;
+  for (size_t i = 0; i < n; i++)
+    y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void cpu_relu_bwd(ps_backend *b, size_t n, const float *y, const float *dy, float *dx) {
+  (void)b;
+  for (size_t i = 0; i < n; i++)
+    dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+static void cpu_im2col(ps_backend *b, const ps_conv_geom *g, const float *restrict x,
+                       float *restrict col) {
+  (void)b;
+  const int plane = g->oh * g->ow;
+  for (int c = 0; c < g->c; c++)
+    for (int ki = 0; ki < g->kh; ki++)
+      for (int kj = 0; kj < g->kw; kj++) {
+        float *row = col + (size_t)((c * g->kh + ki) * g->kw + kj) * (size_t)plane;
+        for (int oy = 0; oy < g->oh; oy++) {
+          int iy = oy * g->stride - g->pad + ki;
+          float *out = row + oy * g->ow;
+          if (iy < 0 || iy >= g->h) {
+            memset(out, 0, (size_t)g->ow * sizeof *out);
+            continue;
+          }
+          const float *in = x + ((size_t)c * g->h + iy) * g->w;
+          if (g->stride == 1 && g->pad == 0) {
+            /* The common case: one contiguous run per output row. */
+            memcpy(out, in + kj, (size_t)g->ow * sizeof *out);
+            continue;
+          }
+          for (int ox = 0; ox < g->ow; ox++) {
+            int ix = ox * g->stride - g->pad + kj;
+            out[ox] = (ix >= 0 && ix < g->w) ? in[ix] : 0.0f;
+          }
+        }
+      }
+}
+
+static void cpu_col2im(ps_backend *b, const ps_conv_geom *g, const float *restrict col,
+                       float *restrict dx) {
+  (void)b;
+  const int plane = g->oh * g->ow;
+  memset(dx, 0, (size_t)g->c * g->h * g->w * sizeof *dx);
+  for (int c = 0; c < g->c; c++)
+    for (int ki = 0; ki < g->kh; ki++)
+      for (int kj = 0; kj < g->kw; kj++) {
+        const float *row = col + (size_t)((c * g->kh + ki) * g->kw + kj) * (size_t)plane;
+        for (int oy = 0; oy < g->oh; oy++) {
+          int iy = oy * g->stride - g->pad + ki;
+          if (iy < 0 || iy >= g->h)
+            continue;
+          const float *in = row + oy * g->ow;
+          float *out = dx + ((size_t)c * g->h + iy) * g->w;
+          if (g->stride == 1 && g->pad == 0) {
+            float *o = out + kj;
+            for (int ox = 0; ox < g->ow; ox++)
+              o[ox] += in[ox];
+            continue;
+          }
+          for (int ox = 0; ox < g->ow; ox++) {
+            int ix = ox * g->stride - g->pad + kj;
+            if (ix >= 0 && ix < g->w)
+              out[ix] += in[ox];
+          }
+        }
+      }
+}
+
+static void cpu_maxpool_fwd(ps_backend *b, int n, const ps_conv_geom *g, const float *x,
+                            float *y, int32_t *idx) {
+  (void)b;
+  const size_t in_plane = (size_t)g->h * g->w, out_plane = (size_t)g->oh * g->ow;
+  for (size_t p = 0; p < (size_t)n * g->c; p++) {
+    const float *in = x + p * in_plane;
+    float *out = y + p * out_plane;
+    int32_t *arg = idx + p * out_plane;
+    for (int oy = 0; oy < g->oh; oy++)
+      for (int ox = 0; ox < g->ow; ox++) {
+        float best = -FLT_MAX;
+        int32_t where = -1;
+        for (int ki = 0; ki < g->kh; ki++) {
+          int iy = oy * g->stride - g->pad + ki;
+          if (iy < 0 || iy >= g->h)
+            continue;
+          for (int kj = 0; kj < g->kw; kj++) {
+            int ix = ox * g->stride - g->pad + kj;
+            if (ix < 0 || ix >= g->w)
+              continue;
+            float v = in[iy * g->w + ix];
+            if (where < 0 || v > best) {
+              best = v;
+              where = iy * g->w + ix;
+            }
+          }
+        }
+        out[oy * g->ow + ox] = best;
+        arg[oy * g->ow + ox] = where;
+      }
+  }
+}
+
+static void cpu_maxpool_bwd(ps_backend *b, int n, const ps_conv_geom *g, const int32_t *idx,
+                            const float *dy, float *dx) {
+  (void)b;
+  const size_t in_plane = (size_t)g->h * g->w, out_plane = (size_t)g->oh * g->ow;
+  memset(dx, 0, (size_t)n * g->c * in_plane * sizeof *dx);
+  for (size_t p = 0; p < (size_t)n * g->c; p++)
+    for (size_t o = 0; o < out_plane; o++)
+      dx[p * in_plane + (size_t)idx[p * out_plane + o]] += dy[p * out_plane + o];
+}
+
+static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, float p, uint64_t seed,
+                            uint64_t first, const float *x, float *y, uint8_t *mask) {
+  (void)b;
+  /* 16 bits of randomness per value: p is resolved to 1/65536. */
+  const uint32_t keep_below = (uint32_t)((1.0 - (double)p) * 65536.0 + 0.5);
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  for (int i = 0; i < n; i++) {
+    ps_rng r;
+    ps_rng_seed(&r, seed ^ ps_mix64(first + (uint64_t)i));
+    uint8_t *m = mask + (size_t)i * per;
+    for (size_t j = 0; j < per; j += 4) {
+      uint64_t bits = ps_rng_next(&r);
+      for (size_t k = 0; k < 4 && j + k < per; k++, bits >>= 16)
+        m[j + k] = (uint32_t)(bits & 0xffff) < keep_below;
+    }
+    const float *xi = x + (size_t)i * per;
+    float *yi = y + (size_t)i * per;
+    for (size_t j = 0; j < per; j++)
+      yi[j] = m[j] ? xi[j] * scale : 0.0f;
+  }
+}
+
+static void cpu_dropout_bwd(ps_backend *b, size_t count, float p, const uint8_t *mask,
+                            const float *dy, float *dx) {
+  (void)b;
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  for (size_t i = 0; i < count; i++)
+    dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+}
+
+static double cpu_nll(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,
+                      float scale, float *dlogits, size_t *correct) {
+  (void)b;
+  double loss = 0.0;
+  for (int i = 0; i < n; i++) {
+    const float *z = logits + (size_t)i * k;
+    int best = 0;
+    for (int j = 1; j < k; j++)
+      if (z[j] > z[best])
+        best = j;
+    if (correct != NULL && best == labels[i])
+      (*correct)++;
+    float mx = z[best];
+    double sum = 0.0;
+    for (int j = 0; j < k; j++)
+      sum += exp((double)(z[j] - mx));
+    double lse = (double)mx + log(sum);
+    loss += lse - (double)z[labels[i]];
+    if (dlogits != NULL) {
+      float *d = dlogits + (size_t)i * k;
+      for (int j = 0; j < k; j++)
+        d[j] = (float)exp((double)z[j] - lse) * scale;
+      d[labels[i]] -= scale;
+    }
+  }
+  return loss;
+}
+
+static const ps_backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .add = cpu_add,
+    .gemm = cpu_gemm,
+    .bias_add = cpu_bias_add,
+    .bias_grad = cpu_bias_grad,
+    .relu_fwd = cpu_relu_fwd,
+    .relu_bwd = cpu_relu_bwd,
+    .im2col = cpu_im2col,
+    .col2im = cpu_col2im,
+    .maxpool_fwd = cpu_maxpool_fwd,
+    .maxpool_bwd = cpu_maxpool_bwd,
+    .dropout_fwd = cpu_dropout_fwd,
+    .dropout_bwd = cpu_dropout_bwd,
+    .nll = cpu_nll,
+};
+
+/* paramserv parallelizes over batch slices with one backend per thread, so
+ * OpenBLAS's own thread pool must stay out of the way: two pools on two
+ * cores fight each other.  Done once per process. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single_thread(void) { openblas_set_num_threads(1); }
+
+ps_backend *ps_backend_cpu_new(void) {
+  pthread_once(&blas_once, blas_single_thread);
+  ps_backend *b = calloc(1, sizeof *b);
+  if (b == NULL)
+    return NULL;
+  b->ops = &cpu_ops;
+  b->host_memory = 1;
+  return b;
+}
+
+void ps_backend_free(ps_backend *b) { free(b); }
+
+const char *ps_backend_cpu_describe(void) {
+  static char buf[128];
+  snprintf(buf, sizeof buf, "OpenBLAS (%s core), %s", openblas_get_corename(),
+           openblas_get_config());
+  return buf;
+}

@@ -1,0 +1,181 @@
+/* Batch-parallel gradient computation (see compute.h). */
+#include "nn/compute.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/pool.h"
+
+typedef struct slot {
+  ps_backend *backend;
+  ps_model_ws ws;
+  float *grad;     /* this thread's gradient (slot 0 writes the caller's) */
+  double loss;
+  size_t correct;
+} slot;
+
+struct ps_compute {
+  const ps_model *m;
+  ps_pool *pool;
+  int threads, max_batch;
+  slot *slots;
+  /* The current job, read by every thread. */
+  const float *params, *x;
+  const uint8_t *labels;
+  int n, train;
+  uint64_t seed, first;
+  float *grad;
+};
+
+void ps_compute_free(ps_compute *c) {
+  if (c == NULL)
+    return;
+  ps_pool_free(c->pool);
+  if (c->slots != NULL)
+    for (int t = 0; t < c->threads; t++) {
+      slot *s = &c->slots[t];
+      if (s->backend != NULL) {
+        s->backend->ops->free(s->backend, s->grad);
+        ps_model_ws_close(&s->ws);
+        ps_backend_free(s->backend);
+      }
+    }
+  free(c->slots);
+  free(c);
+}
+
+ps_compute *ps_compute_new(const ps_model *m, int threads, int max_batch, ps_errbuf *eb) {
+  if (threads < 1 || max_batch < 1) {
+    ps_err_set(eb, PS_EUSAGE, "compute: threads %d and batch %d must both be at least 1",
+               threads, max_batch);
+    return NULL;
+  }
+  ps_compute *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    goto nomem;
+  c->m = m;
+  c->threads = threads;
+  c->max_batch = max_batch;
+  c->slots = calloc((size_t)threads, sizeof *c->slots);
+  if (c->slots == NULL)
+    goto nomem;
+  int per = (max_batch + threads - 1) / threads;
+  for (int t = 0; t < threads; t++) {
+    slot *s = &c->slots[t];
+    s->backend = ps_backend_cpu_new();
+    if (s->backend == NULL)
+      goto nomem;
+    if (ps_model_ws_init(&s->ws, m, s->backend, per) != 0)
+      goto nomem;
+    if (t > 0) {
+      s->grad = s->backend->ops->alloc(s->backend, m->vars.total * sizeof(float));
+      if (s->grad == NULL)
+        goto nomem;
+    }
+  }
+  c->pool = ps_pool_new(threads);
+  if (c->pool == NULL)
+    goto nomem;
+  return c;
+nomem:
+  ps_compute_free(c);
+  ps_err_set(eb, -ENOMEM, "compute: out of memory for %d threads at batch %d", threads,
+             max_batch);
+  return NULL;
+}
+
+int ps_compute_threads(const ps_compute *c) { return c->threads; }
+
+/* Thread t's part of the batch: [lo, hi), parts differ by at most one. */
+static void part(int n, int t, int nt, int *lo, int *hi) {
+  *lo = (int)((long)n * t / nt);
+  *hi = (int)((long)n * (t + 1) / nt);
+}
+
+static void grad_job(void *arg, int t, int nt) {
+  ps_compute *c = arg;
+  slot *s = &c->slots[t];
+  int lo, hi;
+  part(c->n, t, nt, &lo, &hi);
+  s->loss = 0.0;
+  s->correct = 0;
+  float *g = t == 0 ? c->grad : s->grad;
+  if (hi == lo) {
+    /* An empty slice contributes a zero gradient to the sum. */
+    if (c->train)
+      s->backend->ops->zero(s->backend, g, c->m->vars.total);
+    return;
+  }
+  const float *x = c->x + (size_t)lo * c->m->in_size;
+  ps_model_forward(c->m, &s->ws, c->params, x, hi - lo, c->train, c->seed, c->first + lo);
+  if (c->train)
+    s->loss = ps_model_backward(c->m, &s->ws, c->params, x, c->labels + lo, hi - lo,
+                                1.0f / (float)c->n, g, &s->correct);
+  else
+    s->loss = s->backend->ops->nll(s->backend, hi - lo, c->m->spec.classes,
+                                   s->ws.act[c->m->nlayers - 1], c->labels + lo, 0.0f, NULL,
+                                   &s->correct);
+}
+
+/* Sum the threads' gradients into the caller's, each thread a range. */
+static void reduce_job(void *arg, int t, int nt) {
+  ps_compute *c = arg;
+  int lo, hi;
+  size_t total = c->m->vars.total;
+  /* Ranges in units of 16 floats keep each thread on its own cache lines. */
+  part((int)((total + 15) / 16), t, nt, &lo, &hi);
+  size_t a = (size_t)lo * 16, b = (size_t)hi * 16;
+  if (b > total)
+    b = total;
+  if (a >= b)
+    return;
+  ps_backend *be = c->slots[t].backend;
+  for (int s = 1; s < c->threads; s++)
+    be->ops->add(be, b - a, c->slots[s].grad + a, c->grad + a);
+}
+
+double ps_compute_grad(ps_compute *c, const float *params, const float *x,
+                       const uint8_t *labels, int n, uint64_t seed, uint64_t first,
+                       float *grad, size_t *correct) {
+  c->params = params;
+  c->x = x;
+  c->labels = labels;
+  c->n = n;
+  c->train = 1;
+  c->seed = seed;
+  c->first = first;
+  c->grad = grad;
+  ps_pool_run(c->pool, grad_job, c);
+  if (c->threads > 1)
+    ps_pool_run(c->pool, reduce_job, c);
+  double loss = 0.0;
+  for (int t = 0; t < c->threads; t++) {
+    loss += c->slots[t].loss;
+    if (correct != NULL)
+      *correct += c->slots[t].correct;
+  }
+  return loss / n;
+}
+
+double ps_compute_eval(ps_compute *c, const float *params, const float *x,
+                       const uint8_t *labels, size_t n, size_t *correct) {
+  double loss = 0.0;
+  size_t right = 0;
+  c->params = params;
+  c->train = 0;
+  for (size_t done = 0; done < n;) {
+    int chunk = (int)(n - done < (size_t)c->max_batch ? n - done : (size_t)c->max_batch);
+    c->x = x + done * c->m->in_size;
+    c->labels = labels + done;
+    c->n = chunk;
+    ps_pool_run(c->pool, grad_job, c);
+    for (int t = 0; t < c->threads; t++) {
+      loss += c->slots[t].loss;
+      right += c->slots[t].correct;
+    }
+    done += (size_t)chunk;
+  }
+  *correct = right;
+  return n ? loss / (double)n : 0.0;
+}

@@ -1,0 +1,106 @@
+/* Forward and backward passes of the layers, on the backend interface. */
+#include "nn/layers.h"
+
+void ps_layer_aux_sizes(const ps_layer *l, int max_batch, size_t *mask, size_t *idx,
+                        size_t *col) {
+  *mask = *idx = *col = 0;
+  switch (l->kind) {
+  case PS_LAYER_DROPOUT:
+    *mask = (size_t)max_batch * l->out_size;
+    break;
+  case PS_LAYER_MAXPOOL2D:
+    *idx = (size_t)max_batch * l->out_size * sizeof(int32_t);
+    break;
+  case PS_LAYER_CONV2D:
+    *col = (size_t)l->geom.c * l->geom.kh * l->geom.kw * l->geom.oh * l->geom.ow * sizeof(float);
+    break;
+  default:
+    break;
+  }
+}
+
+void ps_layer_forward(const ps_layer *l, ps_backend *b, const float *params, const float *x,
+                      float *y, int n, ps_layer_aux *aux, int train, uint64_t seed,
+                      uint64_t first) {
+  const ps_backend_ops *op = b->ops;
+  switch (l->kind) {
+  case PS_LAYER_DENSE: {
+    /* y = x W^T + b, W stored [out][in] as PyTorch does. */
+    int in = (int)l->in_size, out = l->out_c;
+    op->gemm(b, 0, 1, n, out, in, 1.0f, x, in, params + l->woff, in, 0.0f, y, out);
+    op->bias_add(b, n, out, 1, params + l->boff, y);
+    break;
+  }
+  case PS_LAYER_CONV2D: {
+    const ps_conv_geom *g = &l->geom;
+    int k = g->c * g->kh * g->kw, plane = g->oh * g->ow;
+    for (int s = 0; s < n; s++) {
+      op->im2col(b, g, x + (size_t)s * l->in_size, aux->col);
+      op->gemm(b, 0, 0, l->out_c, plane, k, 1.0f, params + l->woff, k, aux->col, plane, 0.0f,
+               y + (size_t)s * l->out_size, plane);
+    }
+    op->bias_add(b, n, l->out_c, plane, params + l->boff, y);
+    break;
+  }
+  case PS_LAYER_MAXPOOL2D:
+    op->maxpool_fwd(b, n, &l->geom, x, y, aux->idx);
+    break;
+  case PS_LAYER_RELU:
+    op->relu_fwd(b, (size_t)n * l->out_size, x, y);
+    break;
+  case PS_LAYER_DROPOUT:
+    if (train)
+      op->dropout_fwd(b, n, l->out_size, l->p, seed, first, x, y, aux->mask);
+    else
+      op->copy(b, y, x, (size_t)n * l->out_size * sizeof *y);
+    break;
+  }
+}
+
+void ps_layer_backward(const ps_layer *l, ps_backend *b, const float *params, const float *x,
+                       const float *y, const float *dy, float *dx, float *grads, int n,
+                       ps_layer_aux *aux) {
+  const ps_backend_ops *op = b->ops;
+  switch (l->kind) {
+  case PS_LAYER_DENSE: {
+    int in = (int)l->in_size, out = l->out_c;
+    op->gemm(b, 1, 0, out, in, n, 1.0f, dy, out, x, in, 0.0f, grads + l->woff, in);
+    op->bias_grad(b, n, out, 1, dy, grads + l->boff);
+    if (dx != NULL)
+      op->gemm(b, 0, 0, n, in, out, 1.0f, dy, out, params + l->woff, in, 0.0f, dx, in);
+    break;
+  }
+  case PS_LAYER_CONV2D: {
+    const ps_conv_geom *g = &l->geom;
+    int k = g->c * g->kh * g->kw, plane = g->oh * g->ow;
+    op->bias_grad(b, n, l->out_c, plane, dy, grads + l->boff);
+    for (int s = 0; s < n; s++) {
+      const float *dys = dy + (size_t)s * l->out_size;
+      /* The im2col matrix is rebuilt rather than kept from the forward pass:
+       * it is cheap next to the gemms, and keeping one per sample would cost
+       * tens of megabytes per thread and all their cache misses. */
+      op->im2col(b, g, x + (size_t)s * l->in_size, aux->col);
+      op->gemm(b, 0, 1, l->out_c, k, plane, 1.0f, dys, plane, aux->col, plane, s ? 1.0f : 0.0f,
+               grads + l->woff, k);
+      if (dx != NULL) {
+        op->gemm(b, 1, 0, k, plane, l->out_c, 1.0f, params + l->woff, k, dys, plane, 0.0f,
+                 aux->dcol, plane);
+        op->col2im(b, g, aux->dcol, dx + (size_t)s * l->in_size);
+      }
+    }
+    break;
+  }
+  case PS_LAYER_MAXPOOL2D:
+    if (dx != NULL)
+      op->maxpool_bwd(b, n, &l->geom, aux->idx, dy, dx);
+    break;
+  case PS_LAYER_RELU:
+    if (dx != NULL)
+      op->relu_bwd(b, (size_t)n * l->out_size, y, dy, dx);
+    break;
+  case PS_LAYER_DROPOUT:
+    if (dx != NULL)
+      op->dropout_bwd(b, (size_t)n * l->out_size, l->p, aux->mask, dy, dx);
+    break;
+  }
+}

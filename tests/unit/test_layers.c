@@ -1,0 +1,253 @@
+/* Every layer's backward pass against central finite differences of its
+ * forward pass, on small random shapes, through the CPU backend. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/rng.h"
+#include "nn/backend.h"
+#include "nn/layers.h"
+
+typedef struct fixture {
+  ps_backend *b;
+  ps_rng rng;
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->b = ps_backend_cpu_new();
+  ps_rng_seed(&f->rng, 42);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  ps_backend_free(f->b);
+  free(f);
+  return 0;
+}
+
+static void fill(ps_rng *r, float *p, size_t n, float lo, float hi) {
+  for (size_t i = 0; i < n; i++)
+    p[i] = lo + (hi - lo) * (float)ps_rng_uniform(r);
+}
+
+/* Values in +-[0.1, 1]: far from relu's kink at 0. */
+static void fill_away_from_zero(ps_rng *r, float *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float v = 0.1f + 0.9f * (float)ps_rng_uniform(r);
+    p[i] = ps_rng_uniform(r) < 0.5 ? -v : v;
+  }
+}
+
+typedef struct run {
+  const ps_layer *l;
+  ps_backend *b;
+  ps_layer_aux aux;
+  int n;
+  float *params, *x, *y, *r;  /* r: the weights of L = sum(y * r) */
+} run;
+
+static double objective(run *u) {
+  ps_layer_forward(u->l, u->b, u->params, u->x, u->y, u->n, &u->aux, 1, 7, 100);
+  double s = 0.0;
+  for (size_t i = 0; i < (size_t)u->n * u->l->out_size; i++)
+    s += (double)u->y[i] * u->r[i];
+  return s;
+}
+
+static void expect_close(const char *what, size_t i, double analytic, double numeric) {
+  double tol = 2e-2 * fmax(1.0, fmax(fabs(analytic), fabs(numeric)));
+  if (fabs(analytic - numeric) > tol)
+    fail_msg("%s[%zu]: backward %.6f, finite difference %.6f", what, i, analytic, numeric);
+}
+
+/* Check dx and every parameter gradient of layer l (nparams floats). */
+static void gradcheck(fixture *f, const ps_layer *l, int n, size_t nparams, int relu_like) {
+  run u = {.l = l, .b = f->b, .n = n};
+  size_t mask, idx, col;
+  ps_layer_aux_sizes(l, n, &mask, &idx, &col);
+  u.aux.mask = mask ? malloc(mask) : NULL;
+  u.aux.idx = idx ? malloc(idx) : NULL;
+  u.aux.col = col ? malloc(col) : NULL;
+  u.aux.dcol = col ? malloc(col) : NULL;
+  size_t nin = (size_t)n * l->in_size, nout = (size_t)n * l->out_size;
+  u.params = malloc((nparams ? nparams : 1) * sizeof(float));
+  u.x = malloc(nin * sizeof(float));
+  u.y = malloc(nout * sizeof(float));
+  u.r = malloc(nout * sizeof(float));
+  float *dx = malloc(nin * sizeof(float));
+  float *grads = malloc((nparams ? nparams : 1) * sizeof(float));
+  fill(&f->rng, u.params, nparams, -0.5f, 0.5f);
+  if (relu_like)
+    fill_away_from_zero(&f->rng, u.x, nin);
+  else
+    fill(&f->rng, u.x, nin, -1.0f, 1.0f);
+  fill(&f->rng, u.r, nout, -1.0f, 1.0f);
+
+  objective(&u);
+  ps_layer_backward(l, f->b, u.params, u.x, u.y, u.r, dx, grads, n, &u.aux);
+
+  const float eps = 1e-2f;
+  for (size_t i = 0; i < nin; i++) {
+    float keep = u.x[i];
+    u.x[i] = keep + eps;
+    double up = objective(&u);
+    u.x[i] = keep - eps;
+    double down = objective(&u);
+    u.x[i] = keep;
+    expect_close("dx", i, dx[i], (up - down) / (2.0 * eps));
+  }
+  for (size_t i = 0; i < nparams; i++) {
+    float keep = u.params[i];
+    u.params[i] = keep + eps;
+    double up = objective(&u);
+    u.params[i] = keep - eps;
+    double down = objective(&u);
+    u.params[i] = keep;
+    expect_close("dparam", i, grads[i], (up - down) / (2.0 * eps));
+  }
+  free(u.aux.mask);
+  free(u.aux.idx);
+  free(u.aux.col);
+  free(u.aux.dcol);
+  free(u.params);
+  free(u.x);
+  free(u.y);
+  free(u.r);
+  free(dx);
+  free(grads);
+}
+
+static void test_dense(void **state) {
+  ps_layer l = {.kind = PS_LAYER_DENSE, .in_size = 7, .out_size = 5, .out_c = 5,
+                .woff = 0, .boff = 35};
+  gradcheck(*state, &l, 3, 40, 0);
+}
+
+static void conv_layer(ps_layer *l, int c, int h, int w, int k, int out_c, int stride,
+                       int pad) {
+  memset(l, 0, sizeof *l);
+  l->kind = PS_LAYER_CONV2D;
+  l->geom = (ps_conv_geom){.c = c, .h = h, .w = w, .kh = k, .kw = k, .stride = stride,
+                           .pad = pad, .oh = (h + 2 * pad - k) / stride + 1,
+                           .ow = (w + 2 * pad - k) / stride + 1};
+  l->out_c = out_c;
+  l->in_size = (size_t)c * h * w;
+  l->out_size = (size_t)out_c * l->geom.oh * l->geom.ow;
+  l->woff = 0;
+  l->boff = (size_t)out_c * c * k * k;
+}
+
+static void test_conv2d(void **state) {
+  ps_layer l;
+  conv_layer(&l, 2, 6, 5, 3, 3, 1, 0);
+  gradcheck(*state, &l, 2, l.boff + 3, 0);
+}
+
+static void test_conv2d_stride_pad(void **state) {
+  ps_layer l;
+  conv_layer(&l, 2, 7, 6, 3, 2, 2, 1);
+  gradcheck(*state, &l, 2, l.boff + 2, 0);
+}
+
+static void test_maxpool2d(void **state) {
+  ps_layer l = {.kind = PS_LAYER_MAXPOOL2D};
+  l.geom = (ps_conv_geom){.c = 3, .h = 6, .w = 4, .kh = 2, .kw = 2, .stride = 2, .oh = 3, .ow = 2};
+  l.in_size = 3 * 6 * 4;
+  l.out_size = 3 * 3 * 2;
+  /* Random inputs spaced by more than 2*eps never tie inside a window. */
+  gradcheck(*state, &l, 2, 0, 1);
+}
+
+static void test_relu(void **state) {
+  ps_layer l = {.kind = PS_LAYER_RELU, .in_size = 11, .out_size = 11};
+  gradcheck(*state, &l, 3, 0, 1);
+}
+
+static void test_dropout(void **state) {
+  ps_layer l = {.kind = PS_LAYER_DROPOUT, .in_size = 50, .out_size = 50, .p = 0.5f};
+  gradcheck(*state, &l, 3, 0, 0);
+}
+
+/* The mask is a function of (seed, sample number) only, dropped values are
+ * zero, kept ones scaled by 1/(1-p), and the drop rate is about p. */
+static void test_dropout_mask(void **state) {
+  fixture *f = *state;
+  enum { N = 4, PER = 5000 };
+  float *x = malloc(N * PER * sizeof(float)), *y = malloc(N * PER * sizeof(float));
+  float *y2 = malloc(PER * sizeof(float));
+  uint8_t *m = malloc(N * PER), *m2 = malloc(PER);
+  for (size_t i = 0; i < N * PER; i++)
+    x[i] = 1.0f;
+  f->b->ops->dropout_fwd(f->b, N, PER, 0.75f, 99, 10, x, y, m);
+  size_t kept = 0;
+  for (size_t i = 0; i < N * PER; i++) {
+    assert_true(y[i] == 0.0f || fabsf(y[i] - 4.0f) < 1e-6f);
+    kept += m[i];
+  }
+  assert_in_range(kept, (size_t)(0.23 * N * PER), (size_t)(0.27 * N * PER));
+  /* Sample 12 alone gives the same mask as it did as the third of four. */
+  f->b->ops->dropout_fwd(f->b, 1, PER, 0.75f, 99, 12, x, y2, m2);
+  assert_memory_equal(m2, m + 2 * PER, PER);
+  free(x);
+  free(y);
+  free(y2);
+  free(m);
+  free(m2);
+}
+
+/* dlogits of the log-softmax NLL against finite differences of the loss. */
+static void test_nll(void **state) {
+  fixture *f = *state;
+  enum { N = 4, K = 6 };
+  float z[N * K], d[N * K];
+  uint8_t labels[N] = {0, 5, 2, 3};
+  fill(&f->rng, z, N * K, -3.0f, 3.0f);
+  size_t correct = 0;
+  double loss = f->b->ops->nll(f->b, N, K, z, labels, 1.0f, d, &correct);
+  assert_true(loss > 0.0);
+  const float eps = 1e-2f;
+  for (int i = 0; i < N * K; i++) {
+    float keep = z[i];
+    z[i] = keep + eps;
+    double up = f->b->ops->nll(f->b, N, K, z, labels, 1.0f, NULL, NULL);
+    z[i] = keep - eps;
+    double down = f->b->ops->nll(f->b, N, K, z, labels, 1.0f, NULL, NULL);
+    z[i] = keep;
+    expect_close("dlogits", (size_t)i, d[i], (up - down) / (2.0 * eps));
+  }
+  /* Rows of the gradient sum to zero; argmax counting. */
+  for (int i = 0; i < N; i++) {
+    double s = 0.0;
+    for (int j = 0; j < K; j++)
+      s += d[i * K + j];
+    assert_true(fabs(s) < 1e-5);
+  }
+  float sure[K] = {0, 0, 0, 9, 0, 0};
+  uint8_t three = 3;
+  correct = 0;
+  f->b->ops->nll(f->b, 1, K, sure, &three, 1.0f, NULL, &correct);
+  assert_int_equal(correct, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_dense, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_conv2d, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_conv2d_stride_pad, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_maxpool2d, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_relu, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dropout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dropout_mask, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nll, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

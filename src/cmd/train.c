@@ -18,10 +18,6 @@
 #include "nn/model.h"
 #include "optim/optim.h"
 
-/* Fashion-MNIST's pixel mean and standard deviation (of b / 255). */
-#define PS_DATA_MEAN 0.2860f
-#define PS_DATA_STD 0.3530f
-
 typedef struct train_opts {
   const char *model, *hidden, *data;
   int64_t epochs, batch, threads, max_steps, train_limit, warmup;
@@ -241,17 +237,12 @@ int ps_cmd_train(int argc, char **argv) {
     goto out;
   }
   if (o.eval) {
-    size_t *all = malloc(test.n * sizeof *all);
     test_x = malloc(test.n * model.in_size * sizeof *test_x);
-    if (all == NULL || test_x == NULL) {
-      free(all);
+    if (test_x == NULL) {
       ps_cmd_error("out of memory for the test set");
       goto out;
     }
-    for (size_t i = 0; i < test.n; i++)
-      all[i] = i;
-    ps_dataset_images_f32(&test, all, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
-    free(all);
+    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
   }
   ps_vartable_init_arena(&model.vars, o.seed, params);
 

@@ -11,6 +11,11 @@
 /* The Debian data set (package dataset-fashion-mnist). */
 #define PS_DATA_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 
+/* Fashion-MNIST's pixel mean and standard deviation (of b / 255), the
+ * normalization every process applies to its inputs. */
+#define PS_DATA_MEAN 0.2860f
+#define PS_DATA_STD 0.3530f
+
 /* One IDX file of unsigned bytes: dims[0] items, each dims[1]*...*dims[ndim-1]. */
 typedef struct ps_idx {
   int ndim;            /* 1 (labels) or 3 (images) */

@@ -48,21 +48,29 @@ help:
 deps:
 	@scripts/deps
 
+# V=1 shows the full commands.
+ifneq ($(V),1)
+Q := @
+endif
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/libparamserv.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@$(if $(Q),echo "  AR      $@")
+	$(Q)ar rcs $@ $^
 
 $(BIN): $(MAIN_OBJ) $(BUILD)/libparamserv.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
-	@ln -sf $(if $(filter 1,$(SAN)),san/paramserv,paramserv) build/paramserv-current 2>/dev/null || true
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
 # Unit tests run from the project root, so that they can find tests/ data.
 unit: $(UNIT_BIN)
@@ -79,9 +87,11 @@ test: deps
 # libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
 FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc \
                -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-build/fuzz/%: tests/fuzz/%.c $(LIB_SRC)
+FUZZ_LIB_SRC := $(filter-out src/cmd/%,$(LIB_SRC))
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
 	@mkdir -p build/fuzz
-	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS)
+	@$(if $(Q),echo "  FUZZ    $@")
+	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
 
 fuzz-smoke: $(FUZZ_BIN)
 	@set -e; for f in $(FUZZ_BIN); do \

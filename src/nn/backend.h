@@ -62,11 +62,13 @@ typedef struct ps_backend_ops {
   void (*maxpool_bwd)(ps_backend *b, int n, const ps_conv_geom *g, const int32_t *idx,
                       const float *dy, float *dx);
 
-  /* Inverted dropout over n samples of `per` values: each value is dropped
-   * with probability p, kept ones scaled by 1/(1-p).  The mask of sample i is
-   * a pure function of (seed, first + i), so the result does not depend on
-   * how a batch is split among threads.  mask: n*per bytes. */
-  void (*dropout_fwd)(ps_backend *b, int n, size_t per, float p, uint64_t seed,
+  /* Inverted dropout over n samples of `per` values, in groups of `group`
+   * consecutive values (1: each value alone; a channel's plane: whole
+   * channels, as PyTorch's Dropout2d).  Each group is dropped with
+   * probability p, kept ones scaled by 1/(1-p).  The mask of sample i is a
+   * pure function of (seed, first + i), so the result does not depend on
+   * how a batch is split among threads.  mask: n*per bytes, one per value. */
+  void (*dropout_fwd)(ps_backend *b, int n, size_t per, size_t group, float p, uint64_t seed,
                       uint64_t first, const float *x, float *y, uint8_t *mask);
   void (*dropout_bwd)(ps_backend *b, size_t count, float p, const uint8_t *mask,
                       const float *dy, float *dx);

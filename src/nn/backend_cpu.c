@@ -201,20 +201,23 @@ static void cpu_maxpool_bwd(ps_backend *b, int n, const ps_conv_geom *g, const i
       dx[p * in_plane + (size_t)idx[p * out_plane + o]] += dy[p * out_plane + o];
 }
 
-static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, float p, uint64_t seed,
-                            uint64_t first, const float *x, float *y, uint8_t *mask) {
+static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, float p,
+                            uint64_t seed, uint64_t first, const float *x, float *y,
+                            uint8_t *mask) {
   (void)b;
-  /* 16 bits of randomness per value: p is resolved to 1/65536. */
+  /* 16 bits of randomness per group: p is resolved to 1/65536. */
   const uint32_t keep_below = (uint32_t)((1.0 - (double)p) * 65536.0 + 0.5);
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  const size_t groups = per / group;
   for (int i = 0; i < n; i++) {
     ps_rng r;
     ps_rng_seed(&r, seed ^ ps_mix64(first + (uint64_t)i));
     uint8_t *m = mask + (size_t)i * per;
-    for (size_t j = 0; j < per; j += 4) {
-      uint64_t bits = ps_rng_next(&r);
-      for (size_t k = 0; k < 4 && j + k < per; k++, bits >>= 16)
-        m[j + k] = (uint32_t)(bits & 0xffff) < keep_below;
+    uint64_t bits = 0;
+    for (size_t j = 0; j < groups; j++, bits >>= 16) {
+      if (j % 4 == 0)
+        bits = ps_rng_next(&r);
+      memset(m + j * group, (uint32_t)(bits & 0xffff) < keep_below, group);
     }
     const float *xi = x + (size_t)i * per;
     float *yi = y + (size_t)i * per;

@@ -50,7 +50,8 @@ void ps_layer_forward(const ps_layer *l, ps_backend *b, const float *params, con
     break;
   case PS_LAYER_DROPOUT:
     if (train)
-      op->dropout_fwd(b, n, l->out_size, l->p, seed, first, x, y, aux->mask);
+      op->dropout_fwd(b, n, l->out_size, l->group ? l->group : 1, l->p, seed, first, x, y,
+                      aux->mask);
     else
       op->copy(b, y, x, (size_t)n * l->out_size * sizeof *y);
     break;

@@ -22,7 +22,8 @@ typedef struct ps_layer {
   size_t in_size, out_size;  /* floats per sample */
   ps_conv_geom geom;         /* conv2d, maxpool2d: the input side and window */
   int out_c;                 /* conv2d: output channels; dense: output features */
-  float p;                   /* dropout: probability of dropping a value */
+  float p;                   /* dropout: probability of dropping a group */
+  size_t group;              /* dropout: values dropped together (1, or a channel's plane) */
   int wvar, bvar;            /* variable-table indices of weight and bias, or -1 */
   size_t woff, boff;         /* their offsets in the parameter arena */
 } ps_layer;

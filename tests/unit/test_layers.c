@@ -187,7 +187,7 @@ static void test_dropout_mask(void **state) {
   uint8_t *m = malloc(N * PER), *m2 = malloc(PER);
   for (size_t i = 0; i < N * PER; i++)
     x[i] = 1.0f;
-  f->b->ops->dropout_fwd(f->b, N, PER, 0.75f, 99, 10, x, y, m);
+  f->b->ops->dropout_fwd(f->b, N, PER, 1, 0.75f, 99, 10, x, y, m);
   size_t kept = 0;
   for (size_t i = 0; i < N * PER; i++) {
     assert_true(y[i] == 0.0f || fabsf(y[i] - 4.0f) < 1e-6f);
@@ -195,7 +195,7 @@ static void test_dropout_mask(void **state) {
   }
   assert_in_range(kept, (size_t)(0.23 * N * PER), (size_t)(0.27 * N * PER));
   /* Sample 12 alone gives the same mask as it did as the third of four. */
-  f->b->ops->dropout_fwd(f->b, 1, PER, 0.75f, 99, 12, x, y2, m2);
+  f->b->ops->dropout_fwd(f->b, 1, PER, 1, 0.75f, 99, 12, x, y2, m2);
   assert_memory_equal(m2, m + 2 * PER, PER);
   free(x);
   free(y);
@@ -238,6 +238,28 @@ static void test_nll(void **state) {
   assert_int_equal(correct, 1);
 }
 
+/* Channel dropout: each group of values shares one mask bit. */
+static void test_dropout_channels(void **state) {
+  fixture *f = *state;
+  enum { N = 3, C = 40, PLANE = 9 };
+  float x[N * C * PLANE], y[N * C * PLANE];
+  uint8_t m[N * C * PLANE];
+  fill(&f->rng, x, N * C * PLANE, 0.5f, 1.0f);
+  f->b->ops->dropout_fwd(f->b, N, C * PLANE, PLANE, 0.5f, 5, 0, x, y, m);
+  size_t kept = 0;
+  for (int g = 0; g < N * C; g++) {
+    for (int j = 1; j < PLANE; j++)
+      assert_int_equal(m[g * PLANE + j], m[g * PLANE]);
+    for (int j = 0; j < PLANE; j++)
+      assert_true(y[g * PLANE + j] == (m[g * PLANE] ? 2.0f * x[g * PLANE + j] : 0.0f));
+    kept += m[g * PLANE];
+  }
+  assert_in_range(kept, 30, 90);
+  ps_layer l = {.kind = PS_LAYER_DROPOUT, .in_size = 4 * 6, .out_size = 4 * 6, .p = 0.5f,
+                .group = 6};
+  gradcheck(f, &l, 3, 0, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_dense, setup, teardown),
@@ -247,6 +269,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_relu, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dropout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dropout_mask, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dropout_channels, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nll, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -68,6 +68,22 @@ static void cpu_bias_add(ps_backend *b, int n, int c, int inner, const float *re
     }
 }
 
+/* Sum with 16 independent lanes: a plain `s += x[i]` loop is not
+ * vectorized, because reordering float additions changes the result. */
+static float sum_floats(const float *restrict x, size_t n) {
+  float lane[16] = {0};
+  size_t bulk = n - n % 16;
+  for (size_t i = 0; i < bulk; i += 16)
+    for (size_t j = 0; j < 16; j++)
+      lane[j] += x[i + j];
+  float s = 0.0f;
+  for (size_t i = bulk; i < n; i++)
+    s += x[i];
+  for (size_t j = 0; j < 16; j++)
+    s += lane[j];
+  return s;
+}
+
 static void cpu_bias_grad(ps_backend *b, int n, int c, int inner, const float *restrict dy,
                           float *restrict db) {
   (void)b;
@@ -79,12 +95,8 @@ static void cpu_bias_grad(ps_backend *b, int n, int c, int inner, const float *r
     return;
   }
   for (int i = 0; i < n; i++)
-    for (int j = 0; j < c; j++, dy += inner) {
-      float s = 0.0f;
-      for (int k = 0; k < inner; k++)
-        s += dy[k];
-      db[j] += s;
-    }
+    for (int j = 0; j < c; j++, dy += inner)
+      db[j] += sum_floats(dy, (size_t)inner);
 }
 
 static void cpu_relu_fwd(ps_backend *b, size_t n, const float *x, float *y) {
@@ -158,10 +170,44 @@ static void cpu_col2im(ps_backend *b, const ps_conv_geom *g, const float *restri
       }
 }
 
+/* The common 2x2, stride 2 window without the general loop's bounds checks. */
+static void maxpool2x2_fwd(int planes, const ps_conv_geom *g, const float *x, float *y,
+                           int32_t *idx) {
+  const int w = g->w;
+  for (int p = 0; p < planes; p++) {
+    const float *in = x + (size_t)p * g->h * w;
+    for (int oy = 0; oy < g->oh; oy++) {
+      const float *r0 = in + 2 * oy * w, *r1 = r0 + w;
+      for (int ox = 0; ox < g->ow; ox++) {
+        int a = 2 * ox, best = 2 * oy * w + a;
+        float v = r0[a];
+        if (r0[a + 1] > v) {
+          v = r0[a + 1];
+          best = 2 * oy * w + a + 1;
+        }
+        if (r1[a] > v) {
+          v = r1[a];
+          best = (2 * oy + 1) * w + a;
+        }
+        if (r1[a + 1] > v) {
+          v = r1[a + 1];
+          best = (2 * oy + 1) * w + a + 1;
+        }
+        *y++ = v;
+        *idx++ = best;
+      }
+    }
+  }
+}
+
 static void cpu_maxpool_fwd(ps_backend *b, int n, const ps_conv_geom *g, const float *x,
                             float *y, int32_t *idx) {
   (void)b;
   const size_t in_plane = (size_t)g->h * g->w, out_plane = (size_t)g->oh * g->ow;
+  if (g->kh == 2 && g->kw == 2 && g->stride == 2 && g->pad == 0) {
+    maxpool2x2_fwd(n * g->c, g, x, y, idx);
+    return;
+  }
   for (size_t p = 0; p < (size_t)n * g->c; p++) {
     const float *in = x + p * in_plane;
     float *out = y + p * out_plane;
@@ -201,6 +247,13 @@ static void cpu_maxpool_bwd(ps_backend *b, int n, const ps_conv_geom *g, const i
       dx[p * in_plane + (size_t)idx[p * out_plane + o]] += dy[p * out_plane + o];
 }
 
+/* out = in * mask * scale, branch-free so that it vectorizes. */
+static void apply_mask(size_t n, float scale, const uint8_t *restrict mask,
+                       const float *restrict in, float *restrict out) {
+  for (size_t i = 0; i < n; i++)
+    out[i] = in[i] * ((float)mask[i] * scale);
+}
+
 static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, float p,
                             uint64_t seed, uint64_t first, const float *x, float *y,
                             uint8_t *mask) {
@@ -219,10 +272,7 @@ static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, floa
         bits = ps_rng_next(&r);
       memset(m + j * group, (uint32_t)(bits & 0xffff) < keep_below, group);
     }
-    const float *xi = x + (size_t)i * per;
-    float *yi = y + (size_t)i * per;
-    for (size_t j = 0; j < per; j++)
-      yi[j] = m[j] ? xi[j] * scale : 0.0f;
+    apply_mask(per, scale, m, x + (size_t)i * per, y + (size_t)i * per);
   }
 }
 
@@ -230,8 +280,7 @@ static void cpu_dropout_bwd(ps_backend *b, size_t count, float p, const uint8_t 
                             const float *dy, float *dx) {
   (void)b;
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  for (size_t i = 0; i < count; i++)
-    dx[i] = mask[i] ? dy[i] * scale : 0.0f;
+  apply_mask(count, scale, mask, dy, dx);
 }
 
 static double cpu_nll(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,

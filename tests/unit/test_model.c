@@ -154,41 +154,58 @@ static void test_mlp_gradcheck(void **state) {
 /* The cnn has tens of thousands of relu and max-pool kinks per sample: a
  * per-parameter finite difference either crosses some (large step) or
  * drowns in float32 noise (small step).  Its layers are each checked in
- * test_layers; here the whole model is checked along the gradient itself,
- * where the directional derivative is |g|.  At a step of 1e-4 it matches
- * |g| to 1e-5 here; steps of 1e-3 and more cross kinks and read low. */
+ * test_layers; here the whole model is checked variable by variable along
+ * the gradient itself, where the directional derivative is |g_v|.  At a
+ * step of 1e-4 that matches to about 1e-4 relative, except when an input
+ * happens to put a relu within about 1e-5 of its kink (seen: one fc2 unit
+ * at -0.00002), so each variable must match on two of three inputs: a wrong
+ * gradient fails on all three. */
 static void test_cnn_directional(void **state) {
   (void)state;
   ps_model m;
   build("cnn", NULL, &m);
   ps_backend *be = ps_backend_cpu_new();
   ps_model_ws ws;
-  enum { N = 3 };
+  enum { N = 3, TRIALS = 3 };
   assert_int_equal(ps_model_ws_init(&ws, &m, be, N), 0);
   size_t total = m.vars.total;
   float *params = malloc(total * sizeof *params), *grad = malloc(total * sizeof *grad);
   float *moved = malloc(total * sizeof *moved), *scratch = malloc(total * sizeof *scratch);
   float *x = malloc(N * m.in_size * sizeof *x);
   uint8_t y[N] = {2, 9, 4};
+  int matched[PS_MODEL_MAX_LAYERS * 2] = {0};
   ps_vartable_init_arena(&m.vars, 4, params);
-  ps_rng r;
-  ps_rng_seed(&r, 10);
-  for (size_t i = 0; i < N * m.in_size; i++)
-    x[i] = (float)ps_rng_uniform(&r);
-  loss_at(&m, &ws, params, x, y, N, grad);
-  double norm2 = 0.0;
-  for (size_t i = 0; i < total; i++)
-    norm2 += (double)grad[i] * grad[i];
-  double norm = sqrt(norm2), h = 1e-4;
-  for (size_t i = 0; i < total; i++)
-    moved[i] = params[i] + (float)(h * grad[i] / norm);
-  double up = loss_at(&m, &ws, moved, x, y, N, scratch);
-  for (size_t i = 0; i < total; i++)
-    moved[i] = params[i] - (float)(h * grad[i] / norm);
-  double down = loss_at(&m, &ws, moved, x, y, N, scratch);
-  double num = (up - down) / (2.0 * h);
-  print_message("cnn: |g| %.6f, directional finite difference %.6f\n", norm, num);
-  assert_true(fabs(num - norm) < 0.01 * norm);
+  for (int trial = 0; trial < TRIALS; trial++) {
+    ps_rng r;
+    ps_rng_seed(&r, 10 + (uint64_t)trial);
+    for (size_t i = 0; i < N * m.in_size; i++)
+      x[i] = (float)ps_rng_uniform(&r);
+    loss_at(&m, &ws, params, x, y, N, grad);
+    for (int v = 0; v < m.vars.n; v++) {
+      const ps_var *var = &m.vars.vars[v];
+      const float *g = grad + var->offset;
+      double norm2 = 0.0;
+      for (size_t i = 0; i < var->count; i++)
+        norm2 += (double)g[i] * g[i];
+      double norm = sqrt(norm2), h = 1e-4, fd[2];
+      for (int side = 0; side < 2; side++) {
+        memcpy(moved, params, total * sizeof *moved);
+        for (size_t i = 0; i < var->count; i++)
+          moved[var->offset + i] += (float)((side ? -h : h) * g[i] / norm);
+        fd[side] = loss_at(&m, &ws, moved, x, y, N, scratch);
+      }
+      double num = (fd[0] - fd[1]) / (2.0 * h);
+      if (fabs(num - norm) < 0.01 * norm)
+        matched[v]++;
+      else
+        print_message("input %d %s: |g| %.6f, directional finite difference %.6f\n", trial,
+                      var->name, norm, num);
+    }
+  }
+  for (int v = 0; v < m.vars.n; v++)
+    if (matched[v] < 2)
+      fail_msg("%s: gradient matched its finite difference on %d of %d inputs",
+               m.vars.vars[v].name, matched[v], TRIALS);
   free(params);
   free(grad);
   free(moved);

@@ -33,6 +33,8 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
+.SECONDARY:
+
 .PHONY: all deps test unit integration fuzz fuzz-smoke demo clean help install
 
 all: $(BIN)

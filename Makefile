@@ -6,7 +6,7 @@ NATIVE   ?= 1
 PREFIX   ?= /usr/local
 FUZZ_SECONDS ?= 20
 
-PKGS     := openblas zlib
+PKGS     := openblas zlib libuv libcrypto inih libxxhash
 ifeq ($(SAN),1)
 BUILD    := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

@@ -1,0 +1,138 @@
+/* The cluster configuration: one INI file that every process of a cluster
+ * reads (libinih), its settings declared once in a table (name, type,
+ * bounds, default, help) that drives parsing, defaults and the annotated
+ * example systemd/cluster.conf. */
+#ifndef PS_COMMON_CONFIG_H
+#define PS_COMMON_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "paramserv/error.h"
+
+#define PS_CONFIG_MAX_NODES 64
+#define PS_CONFIG_PATH_MAX 1024
+
+/* "host:port".  host is a name or an IPv4/IPv6 literal ([::1]:7000). */
+typedef struct ps_addr {
+  char host[256];
+  uint16_t port;
+} ps_addr;
+
+typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
+typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
+
+typedef struct ps_config {
+  char path[PS_CONFIG_PATH_MAX];  /* the file it was read from */
+
+  /* [cluster] */
+  char cluster_id[64];            /* [A-Za-z0-9_.-]{1,63} */
+  char secret_file[PS_CONFIG_PATH_MAX];  /* relative paths: to the config's directory */
+  ps_addr chief;
+  int nps;
+  ps_addr ps[PS_CONFIG_MAX_NODES];
+  int nworkers;
+  ps_addr workers[PS_CONFIG_MAX_NODES];
+  char log_level[8];              /* debug|info|warn|error */
+
+  /* [redis] (step 3) */
+  ps_addr redis;
+  char redis_user[64];
+  char redis_password_file[PS_CONFIG_PATH_MAX];
+
+  /* [model] */
+  char model[8];                  /* mlp|cnn */
+  char hidden[128];               /* mlp hidden sizes, e.g. 256,128 */
+  char data_dir[PS_CONFIG_PATH_MAX];
+  int64_t seed;
+
+  /* [train] */
+  char optimizer[16];             /* sgd|momentum|nesterov|adagrad|adam */
+  double lr, momentum, weight_decay;
+  char schedule[16];              /* constant|step|cosine */
+  int64_t batch;
+  int64_t last_step;              /* global steps to train; 0 = no limit */
+  int consistency;                /* ps_consistency */
+  int64_t replicas_to_aggregate;  /* sync: 0 = the number of workers */
+  int64_t staleness;              /* ssp bound s */
+  int64_t sync_timeout_ms;        /* sync: wait this long for missing workers */
+  int64_t window;                 /* communication window n (DOWNPOUR) */
+  int adag;                       /* 1: push the accumulated gradient / n */
+  int64_t threads;                /* worker compute threads; 0 = all cores */
+  int64_t log_every;              /* worker: log every N steps */
+
+  /* [layout] */
+  char layout_strategy[16];       /* round-robin|greedy */
+  int64_t split_bytes;            /* 0 never, -1 auto (the default) */
+
+  /* [replication] (step 3) */
+  int replication;                /* ps_replication */
+  int64_t replicate_interval_ms;
+  int64_t replicate_every_updates;
+  int ps_self_init;               /* a shard with no replica initializes itself */
+
+  /* [checkpoint] (step 4) */
+  char checkpoint_dir[PS_CONFIG_PATH_MAX];
+  int64_t checkpoint_every_steps, checkpoint_every_secs, max_to_keep;
+  double keep_every_n_hours;
+
+  /* [worker] */
+  int64_t worker_give_up_s;       /* 0 = never give up */
+  int64_t heartbeat_ms;
+} ps_config;
+
+typedef enum ps_setting_type {
+  PS_SETTING_STRING = 0,
+  PS_SETTING_INT,        /* int64_t within [min, max] */
+  PS_SETTING_DOUBLE,     /* double within [min, max] */
+  PS_SETTING_BOOL,       /* int: yes|no|true|false|1|0|on|off */
+  PS_SETTING_ENUM,       /* int: index into choices */
+  PS_SETTING_ADDR,       /* ps_addr */
+  PS_SETTING_ADDR_LIST,  /* comma-separated ps_addr list into an array + count */
+} ps_setting_type;
+
+typedef struct ps_setting {
+  const char *section, *key;
+  ps_setting_type type;
+  size_t offset;             /* of the field in ps_config */
+  size_t size;               /* of the field (strings: buffer size) */
+  size_t count_offset;       /* ADDR_LIST: offset of its int count */
+  double min, max;           /* INT, DOUBLE, and ADDR_LIST entry count */
+  const char *const *choices;  /* ENUM, and STRING fields restricted to a set: NULL-terminated */
+  const char *def;           /* default as text, NULL = required */
+  const char *help;          /* one line, for the annotated example */
+} ps_setting;
+
+/* The table of every setting, in the order of the example file. */
+const ps_setting *ps_config_settings(size_t *n);
+
+/* Fill c with every setting's default (required ones left empty). */
+void ps_config_defaults(ps_config *c);
+
+/* Read `path`.  Unknown sections or keys, values that do not parse or are
+ * out of bounds, duplicate keys and missing required keys are errors; the
+ * one-line message names the file, the line, [section] key, the value
+ * found and the expected form, e.g.
+ *   cluster.conf:12: [train] batch = 0: expected an integer in [1, 65536]
+ * Also checks cross-setting rules (e.g. replicas_to_aggregate <= workers).
+ * @return 0, -errno (cannot open), PS_ECONFIG. */
+int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb);
+
+/* Parse INI text from memory (`name` is used in messages); what
+ * ps_config_load does after reading the file, and what the fuzz target
+ * drives. */
+int ps_config_parse(const char *name, const char *text, ps_config *c, ps_errbuf *eb);
+
+/* Read the cluster secret named by secret_file (relative to the config's
+ * directory): at least 16 bytes, trailing newline stripped.  The file must
+ * not be readable by group or others.  @return the length, or a negative
+ * code with a message naming the file. */
+int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb);
+
+/* Parse "host:port" / "[v6]:port".  @return 0 or PS_ECONFIG. */
+int ps_addr_parse(const char *text, ps_addr *out);
+
+/* "host:port" into buf. */
+const char *ps_addr_format(const ps_addr *a, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,193 @@
+/* The wire protocol: encoding and decoding of frames, no I/O, so that it can
+ * be unit-tested and fuzzed.  The byte layout is in src/proto/PROTOCOL.md. */
+#ifndef PS_PROTO_PROTO_H
+#define PS_PROTO_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "paramserv/error.h"
+
+#define PS_PROTO_MAGIC 0x56525350u  /* the bytes "PSRV" */
+#define PS_PROTO_VERSION 1
+#define PS_PROTO_HEADER_SIZE 24
+#define PS_PROTO_NONCE_SIZE 32
+#define PS_PROTO_PROOF_SIZE 32      /* HMAC-SHA256 */
+#define PS_PROTO_CLUSTER_ID_MAX 63
+#define PS_PROTO_ERROR_MSG_MAX 1024
+/* Room for a header plus the fixed part of any message (not its floats). */
+#define PS_PROTO_PREFIX_MAX 256
+/* Payload cap of frames that carry no floats. */
+#define PS_PROTO_SMALL_PAYLOAD_MAX 2048
+
+typedef enum ps_msg_type {
+  PS_MSG_CHALLENGE = 1,   /* server -> client, first frame on a connection */
+  PS_MSG_HELLO = 2,       /* client -> server: identity and auth proof */
+  PS_MSG_WELCOME = 3,     /* server -> client: accepted */
+  PS_MSG_PULL = 4,
+  PS_MSG_PULL_REPLY = 5,
+  PS_MSG_PUSH = 6,
+  PS_MSG_PUSH_ACK = 7,
+  PS_MSG_STATS = 8,
+  PS_MSG_STATS_REPLY = 9,
+  PS_MSG_ERROR = 10,
+  PS_MSG_PING = 11,
+  PS_MSG_PONG = 12,
+  PS_MSG_TYPE_MAX = 12
+} ps_msg_type;
+
+typedef enum ps_role { PS_ROLE_WORKER = 1, PS_ROLE_CHIEF = 2, PS_ROLE_PS = 3, PS_ROLE_TOOL = 4 } ps_role;
+
+/* PUSH_ACK status. */
+enum { PS_PUSH_APPLIED = 0, PS_PUSH_DUPLICATE = 1, PS_PUSH_STALE = 2 };
+
+/* ERROR flags. */
+#define PS_ERROR_RETRY 0x1u  /* the client may reconnect and try again */
+
+typedef struct ps_frame_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t flags;
+  uint64_t request_id;  /* echoed in the reply */
+  uint32_t length;      /* payload bytes after the header */
+} ps_frame_header;
+
+typedef struct ps_msg_challenge {
+  uint8_t nonce[PS_PROTO_NONCE_SIZE];
+  uint8_t role;          /* the server's */
+  uint32_t index;
+  uint64_t incarnation;
+} ps_msg_challenge;
+
+typedef struct ps_msg_hello {
+  uint8_t role;          /* ps_role of the client */
+  uint32_t index;        /* its index within the role */
+  uint64_t incarnation;  /* its incarnation (process start) */
+  uint64_t layout_hash;
+  uint8_t proof[PS_PROTO_PROOF_SIZE];
+  char cluster_id[PS_PROTO_CLUSTER_ID_MAX + 1];  /* NUL-terminated */
+} ps_msg_hello;
+
+typedef struct ps_msg_welcome {
+  uint32_t index;         /* shard index */
+  uint8_t consistency;    /* the shard's mode, see ps/shard.h */
+  uint64_t incarnation;   /* the shard's */
+  uint64_t layout_hash;
+  uint64_t slice_floats;  /* floats in the shard's slice */
+  uint64_t version;       /* updates applied so far */
+  uint64_t global_step;
+  uint32_t max_payload;   /* the cap the shard enforces */
+} ps_msg_welcome;
+
+typedef struct ps_msg_pull {
+  uint32_t worker;
+  uint64_t step;          /* the step the worker will compute at (sync, ssp) */
+} ps_msg_pull;
+
+/* A message that carries floats points at them inside the decoded buffer:
+ * count * 4 little-endian bytes, not necessarily aligned (use memcpy). */
+typedef struct ps_msg_pull_reply {
+  uint64_t version;
+  uint64_t global_step;
+  uint64_t count;
+  const uint8_t *data;
+} ps_msg_pull_reply;
+
+typedef struct ps_msg_push {
+  uint32_t worker;
+  uint64_t incarnation;
+  uint64_t seq;           /* per (worker, incarnation, shard), from 1 */
+  uint64_t step;          /* the global step the gradient was computed at */
+  uint64_t count;
+  const uint8_t *data;
+} ps_msg_push;
+
+typedef struct ps_msg_push_ack {
+  uint64_t seq;
+  uint64_t version;
+  uint64_t global_step;
+  uint32_t status;        /* PS_PUSH_* */
+} ps_msg_push_ack;
+
+typedef struct ps_msg_stats_reply {
+  uint64_t version, global_step, incarnation;
+  uint64_t pushes_applied, pushes_duplicate, pushes_stale, pulls;
+  uint64_t bytes_in, bytes_out, clients;
+} ps_msg_stats_reply;
+
+typedef struct ps_msg_error {
+  int32_t code;           /* a PS_E* or -errno value */
+  uint32_t flags;         /* PS_ERROR_* */
+  char message[PS_PROTO_ERROR_MSG_MAX + 1];  /* NUL-terminated, one line */
+} ps_msg_error;
+
+typedef struct ps_msg_ping {
+  uint64_t token;         /* echoed in the PONG */
+} ps_msg_ping;
+
+typedef struct ps_msg {
+  ps_msg_type type;
+  union {
+    ps_msg_challenge challenge;
+    ps_msg_hello hello;
+    ps_msg_welcome welcome;
+    ps_msg_pull pull;
+    ps_msg_pull_reply pull_reply;
+    ps_msg_push push;
+    ps_msg_push_ack push_ack;
+    ps_msg_stats_reply stats_reply;
+    ps_msg_error error;
+    ps_msg_ping ping;   /* PING and PONG */
+  } u;
+} ps_msg;
+
+/* Decode and check the 24-byte header at buf (at least
+ * PS_PROTO_HEADER_SIZE bytes).  Rejects a wrong magic (PS_EFORMAT), another
+ * version (PS_EVERSION, naming both), an unknown type (PS_EFORMAT), and a
+ * payload longer than `max_payload` for float-carrying types (PULL_REPLY,
+ * PUSH) or than PS_PROTO_SMALL_PAYLOAD_MAX for the others (PS_EFORMAT);
+ * each with a one-line message in eb. */
+int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_header *h,
+                           ps_errbuf *eb);
+
+/* Decode the payload of a frame whose header `h` was accepted.  Checks the
+ * exact length of every fixed part, that counts match the bytes present,
+ * that strings fit and hold no NUL or newline.  For PULL_REPLY and PUSH,
+ * out->u.*.data points into `payload`, valid as long as payload is.
+ * @return 0 or PS_EFORMAT with a message naming the type and what was
+ * wrong. */
+int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len, ps_msg *out,
+                    ps_errbuf *eb);
+
+/* Encode a whole frame (header + payload) of any type into out, which has
+ * `cap` bytes.  For PULL_REPLY and PUSH the floats are copied from
+ * msg->u.*.data.  @return the frame's length, or 0 if it does not fit. */
+size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap);
+
+/* Encode only the header and fixed part of a PULL_REPLY or PUSH frame into
+ * out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of floats must
+ * follow it on the wire (so that large slices are sent without a copy).
+ * @return the prefix length. */
+size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);
+
+/* The largest payload a frame of float-carrying type can need for a slice
+ * of `floats` floats: what a shard passes as max_payload. */
+uint64_t ps_proto_max_payload(uint64_t floats);
+
+/* HMAC-SHA256 (OpenSSL) with key `secret` over the server's nonce and the
+ * HELLO's identity: nonce || role || index || incarnation || layout_hash ||
+ * cluster_id, integers little-endian, as PROTOCOL.md gives. */
+void ps_proto_auth_proof(const uint8_t *secret, size_t secret_len,
+                         const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello,
+                         uint8_t proof[PS_PROTO_PROOF_SIZE]);
+
+/* Recompute the proof and compare in constant time (CRYPTO_memcmp).
+ * @return 1 when hello->proof is right. */
+int ps_proto_auth_check(const uint8_t *secret, size_t secret_len,
+                        const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello);
+
+const char *ps_proto_type_name(int type);
+const char *ps_role_name(int role);
+
+#endif

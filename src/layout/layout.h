@@ -39,34 +39,43 @@ typedef struct ps_layout {
  *
  * Splitting: a variable of more than split_bytes bytes is cut into the
  * fewest contiguous parts of at most split_bytes each, of sizes differing
- * by at most one element.  split_bytes == 0 never splits; split_bytes ==
- * SIZE_MAX means "auto": total bytes / (4 * nshards), rounded up to a
- * multiple of 4 bytes (so no part is more than a quarter of a shard's fair
- * share, and greedy placement lands within a few percent of even).
+ * by at most one element; split_bytes is used rounded down to whole
+ * floats.  split_bytes == 0 never splits; split_bytes == SIZE_MAX means
+ * "auto": total bytes / (16 * nshards), rounded up to a multiple of 4 bytes
+ * (no part is more than 1/16 of a shard's fair share; greedy puts the
+ * largest shard at most one part above the mean, so within about 6% of
+ * even; a quarter, the first choice, left the default mlp at 1.12 on 3
+ * shards).  1 to 3 bytes cannot hold a float: PS_ELAYOUT.
  * Then the parts are placed by `strategy`; greedy breaks ties by the
  * lowest shard index and orders equal-size parts by (var, start), so the
  * result is deterministic.  Within a shard, parts are laid out in
  * (var, start) order.
  *
- * The hash is XXH64 over `model_desc` (e.g. "mlp 784-256-128-10"), nshards,
- * and every part's (variable name, shape, start, count, shard): two
- * processes agree on the hash iff they agree on model and placement.
+ * The hash is XXH64 over `model_desc` (e.g. "mlp 784-256-128-10"; NULL is
+ * ""), nshards, and every part's (variable name, shape, start, count,
+ * shard): two processes agree on the hash iff they agree on model and
+ * placement.  The exact bytes are in src/layout/LAYOUT.md.
  *
- * @return 0, or PS_ELAYOUT (nshards outside [1, PS_LAYOUT_MAX_SHARDS], or
- * more shards than parts so that a shard would hold nothing), -ENOMEM;
- * message in eb.  Free with ps_layout_close. */
+ * @return 0, or PS_ELAYOUT (nshards outside [1, PS_LAYOUT_MAX_SHARDS], more
+ * shards than parts so that a shard would hold nothing, split_bytes of 1 to
+ * 3, an unknown strategy), -ENOMEM; message in eb.  On error *out is left
+ * empty (closing it is harmless).  `t` need not outlive the layout.  Free
+ * with ps_layout_close; ps_layout_close(NULL) does nothing. */
 int ps_layout_build(const ps_vartable *t, const char *model_desc, int nshards,
                     ps_layout_strategy strategy, size_t split_bytes, ps_layout *out,
                     ps_errbuf *eb);
 
 void ps_layout_close(ps_layout *l);
 
-/* "round-robin" | "greedy".  @return 0 or PS_EUSAGE. */
+/* "round-robin" | "greedy", exactly.  @return 0, or PS_EUSAGE (also for
+ * NULL) leaving *out untouched.  The name is static; "unknown" for a value
+ * outside the enum. */
 int ps_layout_strategy_parse(const char *name, ps_layout_strategy *out);
 const char *ps_layout_strategy_name(ps_layout_strategy s);
 
 /* Copy shard `shard`'s parts out of the full arena (t->total floats) into
- * its slice (shard_floats[shard] floats), and back. */
+ * its slice (shard_floats[shard] floats), and back.  The caller owns both
+ * buffers; `t` must be the table the layout was built from. */
 void ps_layout_gather(const ps_layout *l, const ps_vartable *t, int shard, const float *arena,
                       float *slice);
 void ps_layout_scatter(const ps_layout *l, const ps_vartable *t, int shard, const float *slice,

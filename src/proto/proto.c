@@ -1,0 +1,696 @@
+/* Encoding and decoding of wire frames (src/proto/PROTOCOL.md, version 1): pure, no I/O. */
+#include "proto/proto.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+/* Integers are written with shifts and so do not depend on the host, but
+ * float arrays travel as the host's bytes: only a little-endian host sends
+ * the little-endian IEEE 754 floats the spec promises. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "paramserv's wire format copies floats as host bytes: little-endian hosts only");
+_Static_assert(sizeof(float) == 4, "the wire carries 4-byte IEEE 754 floats");
+
+/* ------------------------------------------------------------------------ */
+/* Little-endian integers                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Message sizes and field rules shared by the encoder and the decoder      */
+/* ------------------------------------------------------------------------ */
+
+/* Bytes of each type's fixed part, the offsets of PROTOCOL.md.  Fixed parts
+ * of float-carrying types are multiples of 16 so that their floats land on a
+ * 16-byte boundary of the receiver's aligned payload buffer. */
+enum {
+  CHALLENGE_SIZE = 48,
+  HELLO_FIXED = 58,
+  WELCOME_SIZE = 56,
+  PULL_SIZE = 16,
+  PULL_REPLY_FIXED = 32,
+  PUSH_FIXED = 48,
+  PUSH_ACK_SIZE = 32,
+  STATS_SIZE = 0,
+  STATS_REPLY_SIZE = 80,
+  ERROR_FIXED = 16,
+  PING_SIZE = 8,
+};
+
+static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
+    [PS_MSG_CHALLENGE] = CHALLENGE_SIZE,   [PS_MSG_HELLO] = HELLO_FIXED,
+    [PS_MSG_WELCOME] = WELCOME_SIZE,       [PS_MSG_PULL] = PULL_SIZE,
+    [PS_MSG_PULL_REPLY] = PULL_REPLY_FIXED, [PS_MSG_PUSH] = PUSH_FIXED,
+    [PS_MSG_PUSH_ACK] = PUSH_ACK_SIZE,     [PS_MSG_STATS] = STATS_SIZE,
+    [PS_MSG_STATS_REPLY] = STATS_REPLY_SIZE, [PS_MSG_ERROR] = ERROR_FIXED,
+    [PS_MSG_PING] = PING_SIZE,             [PS_MSG_PONG] = PING_SIZE,
+};
+
+_Static_assert(PULL_REPLY_FIXED % 16 == 0 && PUSH_FIXED % 16 == 0,
+               "floats must start 16-byte aligned in the payload");
+_Static_assert(PS_PROTO_HEADER_SIZE + HELLO_FIXED + PS_PROTO_CLUSTER_ID_MAX <=
+                   PS_PROTO_SMALL_PAYLOAD_MAX &&
+                   ERROR_FIXED + PS_PROTO_ERROR_MSG_MAX <= PS_PROTO_SMALL_PAYLOAD_MAX,
+               "every small message must fit under the small payload cap");
+_Static_assert(PS_PROTO_HEADER_SIZE + STATS_REPLY_SIZE <= PS_PROTO_PREFIX_MAX,
+               "PS_PROTO_PREFIX_MAX must hold a header and any fixed part");
+
+static int is_float_type(int type) {
+  return type == PS_MSG_PULL_REPLY || type == PS_MSG_PUSH;
+}
+
+static int role_ok(unsigned role) {
+  return role >= PS_ROLE_WORKER && role <= PS_ROLE_TOOL;
+}
+
+/* Cluster ids end up in Redis keys and log lines, so they are kept to a set
+ * of bytes that needs no quoting anywhere.  Returns the index of the first
+ * bad byte, or -1. */
+static int cluster_id_bad_byte(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+          c == '_' || c == '.' || c == '-'))
+      return (int)i;
+  }
+  return -1;
+}
+
+/* An ERROR message is shown to a user as one log line: printable ASCII only. */
+static int msg_byte_ok(unsigned char c) {
+  return c >= 0x20 && c <= 0x7e;
+}
+
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0)
+      return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Names                                                                    */
+/* ------------------------------------------------------------------------ */
+
+const char *ps_proto_type_name(int type) {
+  static const char *const names[PS_MSG_TYPE_MAX + 1] = {
+      [PS_MSG_CHALLENGE] = "CHALLENGE", [PS_MSG_HELLO] = "HELLO",
+      [PS_MSG_WELCOME] = "WELCOME",     [PS_MSG_PULL] = "PULL",
+      [PS_MSG_PULL_REPLY] = "PULL_REPLY", [PS_MSG_PUSH] = "PUSH",
+      [PS_MSG_PUSH_ACK] = "PUSH_ACK",   [PS_MSG_STATS] = "STATS",
+      [PS_MSG_STATS_REPLY] = "STATS_REPLY", [PS_MSG_ERROR] = "ERROR",
+      [PS_MSG_PING] = "PING",           [PS_MSG_PONG] = "PONG",
+  };
+  if (type < 1 || type > PS_MSG_TYPE_MAX)
+    return "unknown";
+  return names[type];
+}
+
+const char *ps_role_name(int role) {
+  static const char *const names[] = {[PS_ROLE_WORKER] = "worker", [PS_ROLE_CHIEF] = "chief",
+                                      [PS_ROLE_PS] = "ps", [PS_ROLE_TOOL] = "tool"};
+  return role_ok((unsigned)role) ? names[role] : "unknown";
+}
+
+/* ------------------------------------------------------------------------ */
+/* Header                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void put_header(uint8_t *p, int type, uint64_t request_id, uint32_t length) {
+  put_u32(p, PS_PROTO_MAGIC);
+  put_u16(p + 4, PS_PROTO_VERSION);
+  put_u16(p + 6, (uint16_t)type);
+  put_u32(p + 8, 0);
+  put_u64(p + 12, request_id);
+  put_u32(p + 20, length);
+}
+
+int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_header *h,
+                           ps_errbuf *eb) {
+  h->magic = get_u32(buf);
+  h->version = get_u16(buf + 4);
+  h->type = get_u16(buf + 6);
+  h->flags = get_u32(buf + 8);
+  h->request_id = get_u64(buf + 12);
+  h->length = get_u32(buf + 20);
+
+  if (h->magic != PS_PROTO_MAGIC)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "frame: bad magic 0x%08" PRIx32 ", expected 0x%08x (\"PSRV\"): not a "
+                      "paramserv peer",
+                      h->magic, PS_PROTO_MAGIC);
+  if (h->version != PS_PROTO_VERSION)
+    return ps_err_set(eb, PS_EVERSION,
+                      "frame: protocol version %u, expected version %d", (unsigned)h->version,
+                      PS_PROTO_VERSION);
+  if (h->type < 1 || h->type > PS_MSG_TYPE_MAX)
+    return ps_err_set(eb, PS_EFORMAT, "frame: unknown message type %u, expected 1..%d",
+                      (unsigned)h->type, PS_MSG_TYPE_MAX);
+  const char *name = ps_proto_type_name(h->type);
+  if (h->flags != 0)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "%s: header flags are 0x%" PRIx32 ", expected 0 in protocol version %d",
+                      name, h->flags, PS_PROTO_VERSION);
+  uint64_t cap = is_float_type(h->type) ? max_payload : PS_PROTO_SMALL_PAYLOAD_MAX;
+  if (h->length > cap)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "%s: payload is %" PRIu32 " bytes, more than the cap of %" PRIu64, name,
+                      h->length, cap);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Encoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* The payload length msg encodes to, after checking that it is a message
+ * the decoder would accept (so that no peer ever receives a frame it must
+ * refuse).  Returns 0 or -1. */
+static int payload_length(const ps_msg *msg, uint32_t *len) {
+  int type = msg->type;
+  if (type < 1 || type > PS_MSG_TYPE_MAX)
+    return -1;
+  uint64_t n = fixed_size[type];
+  switch (type) {
+  case PS_MSG_CHALLENGE:
+    if (!role_ok(msg->u.challenge.role))
+      return -1;
+    break;
+  case PS_MSG_HELLO: {
+    const ps_msg_hello *m = &msg->u.hello;
+    size_t id_len = strnlen(m->cluster_id, sizeof m->cluster_id);
+    if (!role_ok(m->role) || id_len < 1 || id_len > PS_PROTO_CLUSTER_ID_MAX ||
+        cluster_id_bad_byte(m->cluster_id, id_len) >= 0)
+      return -1;
+    n += id_len;
+    break;
+  }
+  case PS_MSG_PULL_REPLY:
+  case PS_MSG_PUSH: {
+    uint64_t count = type == PS_MSG_PUSH ? msg->u.push.count : msg->u.pull_reply.count;
+    const uint8_t *data = type == PS_MSG_PUSH ? msg->u.push.data : msg->u.pull_reply.data;
+    if (count > (UINT32_MAX - n) / 4 || (count > 0 && data == NULL))
+      return -1;
+    n += 4 * count;
+    break;
+  }
+  case PS_MSG_PUSH_ACK:
+    if (msg->u.push_ack.status > PS_PUSH_STALE)
+      return -1;
+    break;
+  case PS_MSG_ERROR:
+    if (msg->u.error.code >= 0 || (msg->u.error.flags & ~PS_ERROR_RETRY) != 0)
+      return -1;
+    n += strnlen(msg->u.error.message, PS_PROTO_ERROR_MSG_MAX);
+    break;
+  default:
+    break;
+  }
+  *len = (uint32_t)n;
+  return 0;
+}
+
+/* Write the fixed part of msg's payload at p; padding is written as zeros. */
+static void put_fixed(const ps_msg *msg, uint8_t *p) {
+  memset(p, 0, fixed_size[msg->type]);
+  switch (msg->type) {
+  case PS_MSG_CHALLENGE: {
+    const ps_msg_challenge *m = &msg->u.challenge;
+    memcpy(p, m->nonce, PS_PROTO_NONCE_SIZE);
+    p[32] = m->role;
+    put_u32(p + 36, m->index);
+    put_u64(p + 40, m->incarnation);
+    break;
+  }
+  case PS_MSG_HELLO: {
+    const ps_msg_hello *m = &msg->u.hello;
+    p[0] = m->role;
+    put_u32(p + 4, m->index);
+    put_u64(p + 8, m->incarnation);
+    put_u64(p + 16, m->layout_hash);
+    memcpy(p + 24, m->proof, PS_PROTO_PROOF_SIZE);
+    put_u16(p + 56, (uint16_t)strnlen(m->cluster_id, sizeof m->cluster_id));
+    break;
+  }
+  case PS_MSG_WELCOME: {
+    const ps_msg_welcome *m = &msg->u.welcome;
+    put_u32(p, m->index);
+    p[4] = m->consistency;
+    put_u64(p + 8, m->incarnation);
+    put_u64(p + 16, m->layout_hash);
+    put_u64(p + 24, m->slice_floats);
+    put_u64(p + 32, m->version);
+    put_u64(p + 40, m->global_step);
+    put_u32(p + 48, m->max_payload);
+    break;
+  }
+  case PS_MSG_PULL:
+    put_u32(p, msg->u.pull.worker);
+    put_u64(p + 8, msg->u.pull.step);
+    break;
+  case PS_MSG_PULL_REPLY: {
+    const ps_msg_pull_reply *m = &msg->u.pull_reply;
+    put_u64(p, m->version);
+    put_u64(p + 8, m->global_step);
+    put_u64(p + 16, m->count);
+    break;
+  }
+  case PS_MSG_PUSH: {
+    const ps_msg_push *m = &msg->u.push;
+    put_u32(p, m->worker);
+    put_u64(p + 8, m->incarnation);
+    put_u64(p + 16, m->seq);
+    put_u64(p + 24, m->step);
+    put_u64(p + 32, m->count);
+    break;
+  }
+  case PS_MSG_PUSH_ACK: {
+    const ps_msg_push_ack *m = &msg->u.push_ack;
+    put_u64(p, m->seq);
+    put_u64(p + 8, m->version);
+    put_u64(p + 16, m->global_step);
+    put_u32(p + 24, m->status);
+    break;
+  }
+  case PS_MSG_STATS_REPLY: {
+    const ps_msg_stats_reply *m = &msg->u.stats_reply;
+    const uint64_t v[10] = {m->version,          m->global_step,   m->incarnation,
+                            m->pushes_applied,   m->pushes_duplicate, m->pushes_stale,
+                            m->pulls,            m->bytes_in,      m->bytes_out,
+                            m->clients};
+    for (int i = 0; i < 10; i++)
+      put_u64(p + 8 * i, v[i]);
+    break;
+  }
+  case PS_MSG_ERROR: {
+    const ps_msg_error *m = &msg->u.error;
+    put_u32(p, (uint32_t)m->code);
+    put_u32(p + 4, m->flags);
+    put_u16(p + 8, (uint16_t)strnlen(m->message, PS_PROTO_ERROR_MSG_MAX));
+    break;
+  }
+  case PS_MSG_PING:
+  case PS_MSG_PONG:
+    put_u64(p, msg->u.ping.token);
+    break;
+  default:
+    break;
+  }
+}
+
+size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap) {
+  uint32_t len;
+  if (payload_length(msg, &len) != 0 || cap < PS_PROTO_HEADER_SIZE ||
+      cap - PS_PROTO_HEADER_SIZE < len)
+    return 0;
+  put_header(out, msg->type, request_id, len);
+  uint8_t *p = out + PS_PROTO_HEADER_SIZE;
+  uint32_t fixed = fixed_size[msg->type];
+  put_fixed(msg, p);
+  size_t tail = len - fixed;
+  switch (msg->type) {
+  case PS_MSG_HELLO:
+    memcpy(p + fixed, msg->u.hello.cluster_id, tail);
+    break;
+  case PS_MSG_ERROR:
+    /* The message often quotes user input (a path, a name): a byte that
+     * could break the one-line rule becomes '?' rather than losing the
+     * whole error. */
+    for (size_t i = 0; i < tail; i++) {
+      unsigned char c = (unsigned char)msg->u.error.message[i];
+      p[fixed + i] = msg_byte_ok(c) ? c : '?';
+    }
+    break;
+  case PS_MSG_PULL_REPLY:
+    if (tail > 0)
+      memcpy(p + fixed, msg->u.pull_reply.data, tail);
+    break;
+  case PS_MSG_PUSH:
+    if (tail > 0)
+      memcpy(p + fixed, msg->u.push.data, tail);
+    break;
+  default:
+    break;
+  }
+  return PS_PROTO_HEADER_SIZE + (size_t)len;
+}
+
+size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out) {
+  uint32_t len;
+  if (!is_float_type(msg->type))
+    return 0;
+  /* The floats are not read here, so only their count is checked: a
+   * stand-in pointer lets payload_length accept a NULL data pointer. */
+  ps_msg m = *msg;
+  if (m.type == PS_MSG_PUSH)
+    m.u.push.data = (const uint8_t *)"";
+  else
+    m.u.pull_reply.data = (const uint8_t *)"";
+  if (payload_length(&m, &len) != 0)
+    return 0;
+  put_header(out, m.type, request_id, len);
+  put_fixed(&m, out + PS_PROTO_HEADER_SIZE);
+  return PS_PROTO_HEADER_SIZE + (size_t)fixed_size[m.type];
+}
+
+uint64_t ps_proto_max_payload(uint64_t floats) {
+  if (floats > (UINT64_MAX - PUSH_FIXED) / 4)
+    return UINT64_MAX;
+  return PUSH_FIXED + 4 * floats;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Decoding                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int check_exact(const char *name, size_t len, size_t want, ps_errbuf *eb) {
+  if (len != want)
+    return ps_err_set(eb, PS_EFORMAT, "%s: payload is %zu bytes, expected %zu", name, len, want);
+  return 0;
+}
+
+static int check_fixed(const char *name, size_t len, size_t fixed, ps_errbuf *eb) {
+  if (len < fixed)
+    return ps_err_set(eb, PS_EFORMAT, "%s: payload is %zu bytes, shorter than its %zu-byte fixed part",
+                      name, len, fixed);
+  return 0;
+}
+
+/* Padding is reserved for later versions, which can only use it if every
+ * version-1 peer has sent zeros. */
+static int check_pad(const char *name, const uint8_t *p, size_t off, size_t n, ps_errbuf *eb) {
+  if (!all_zero(p + off, n))
+    return ps_err_set(eb, PS_EFORMAT, "%s: padding bytes %zu..%zu are not zero", name, off,
+                      off + n - 1);
+  return 0;
+}
+
+static int check_role(const char *name, unsigned role, ps_errbuf *eb) {
+  if (!role_ok(role))
+    return ps_err_set(eb, PS_EFORMAT, "%s: role is %u, expected 1..4 (worker, chief, ps, tool)",
+                      name, role);
+  return 0;
+}
+
+/* The float tail after a fixed part: exactly 4 * count bytes, with count
+ * compared by division so that a huge count cannot overflow. */
+static int check_count(const char *name, size_t len, size_t fixed, uint64_t count,
+                       ps_errbuf *eb) {
+  size_t rest = len - fixed;
+  if (rest % 4 == 0 && count == rest / 4)
+    return 0;
+  if (count > (UINT64_MAX - fixed) / 4)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "%s: payload is %zu bytes, expected %zu + 4 * count (count %" PRIu64
+                      "), which overflows",
+                      name, len, fixed, count);
+  return ps_err_set(eb, PS_EFORMAT,
+                    "%s: payload is %zu bytes, expected %zu + 4 * count (count %" PRIu64
+                    ") = %" PRIu64,
+                    name, len, fixed, count, (uint64_t)fixed + 4 * count);
+}
+
+static int decode_hello(const uint8_t *p, size_t len, ps_msg_hello *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("HELLO", len, HELLO_FIXED, eb)) != 0 ||
+      (rc = check_role("HELLO", p[0], eb)) != 0 || (rc = check_pad("HELLO", p, 1, 3, eb)) != 0)
+    return rc;
+  size_t id_len = get_u16(p + 56);
+  if (id_len < 1 || id_len > PS_PROTO_CLUSTER_ID_MAX)
+    return ps_err_set(eb, PS_EFORMAT, "HELLO: cluster id length is %zu, expected 1..%d", id_len,
+                      PS_PROTO_CLUSTER_ID_MAX);
+  if (len != HELLO_FIXED + id_len)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "HELLO: payload is %zu bytes, expected %d + cluster id length %zu = %zu",
+                      len, HELLO_FIXED, id_len, HELLO_FIXED + id_len);
+  const char *id = (const char *)p + HELLO_FIXED;
+  int bad = cluster_id_bad_byte(id, id_len);
+  if (bad >= 0)
+    return ps_err_set(eb, PS_EFORMAT, "HELLO: cluster id byte %d is 0x%02x, expected [A-Za-z0-9_.-]",
+                      bad, (unsigned)(unsigned char)id[bad]);
+  m->role = p[0];
+  m->index = get_u32(p + 4);
+  m->incarnation = get_u64(p + 8);
+  m->layout_hash = get_u64(p + 16);
+  memcpy(m->proof, p + 24, PS_PROTO_PROOF_SIZE);
+  memcpy(m->cluster_id, id, id_len);
+  m->cluster_id[id_len] = '\0';
+  return 0;
+}
+
+static int decode_error(const uint8_t *p, size_t len, ps_msg_error *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("ERROR", len, ERROR_FIXED, eb)) != 0 ||
+      (rc = check_pad("ERROR", p, 10, 6, eb)) != 0)
+    return rc;
+  m->code = (int32_t)get_u32(p);
+  m->flags = get_u32(p + 4);
+  size_t msg_len = get_u16(p + 8);
+  if (m->code >= 0)
+    return ps_err_set(eb, PS_EFORMAT, "ERROR: code is %" PRId32 ", expected a negative error code",
+                      m->code);
+  if ((m->flags & ~PS_ERROR_RETRY) != 0)
+    return ps_err_set(eb, PS_EFORMAT, "ERROR: flags are 0x%" PRIx32 ", expected only 0x%x (RETRY)",
+                      m->flags, PS_ERROR_RETRY);
+  if (msg_len > PS_PROTO_ERROR_MSG_MAX)
+    return ps_err_set(eb, PS_EFORMAT, "ERROR: message length is %zu, expected at most %d", msg_len,
+                      PS_PROTO_ERROR_MSG_MAX);
+  if (len != ERROR_FIXED + msg_len)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "ERROR: payload is %zu bytes, expected %d + message length %zu = %zu", len,
+                      ERROR_FIXED, msg_len, ERROR_FIXED + msg_len);
+  for (size_t i = 0; i < msg_len; i++)
+    if (!msg_byte_ok(p[ERROR_FIXED + i]))
+      return ps_err_set(eb, PS_EFORMAT,
+                        "ERROR: message byte %zu is 0x%02x, expected printable ASCII on one line",
+                        i, (unsigned)p[ERROR_FIXED + i]);
+  memcpy(m->message, p + ERROR_FIXED, msg_len);
+  m->message[msg_len] = '\0';
+  return 0;
+}
+
+static int decode_pull_reply(const uint8_t *p, size_t len, ps_msg_pull_reply *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("PULL_REPLY", len, PULL_REPLY_FIXED, eb)) != 0 ||
+      (rc = check_pad("PULL_REPLY", p, 24, 8, eb)) != 0)
+    return rc;
+  m->version = get_u64(p);
+  m->global_step = get_u64(p + 8);
+  m->count = get_u64(p + 16);
+  if ((rc = check_count("PULL_REPLY", len, PULL_REPLY_FIXED, m->count, eb)) != 0)
+    return rc;
+  m->data = p + PULL_REPLY_FIXED;
+  return 0;
+}
+
+static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("PUSH", len, PUSH_FIXED, eb)) != 0 ||
+      (rc = check_pad("PUSH", p, 4, 4, eb)) != 0 || (rc = check_pad("PUSH", p, 40, 8, eb)) != 0)
+    return rc;
+  m->worker = get_u32(p);
+  m->incarnation = get_u64(p + 8);
+  m->seq = get_u64(p + 16);
+  m->step = get_u64(p + 24);
+  m->count = get_u64(p + 32);
+  if ((rc = check_count("PUSH", len, PUSH_FIXED, m->count, eb)) != 0)
+    return rc;
+  m->data = p + PUSH_FIXED;
+  return 0;
+}
+
+/* The fixed-size messages: the length was checked by the caller. */
+static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) {
+  const char *name = ps_proto_type_name(type);
+  int rc = 0;
+  switch (type) {
+  case PS_MSG_CHALLENGE: {
+    ps_msg_challenge *m = &out->u.challenge;
+    if ((rc = check_role(name, p[32], eb)) != 0 || (rc = check_pad(name, p, 33, 3, eb)) != 0)
+      return rc;
+    memcpy(m->nonce, p, PS_PROTO_NONCE_SIZE);
+    m->role = p[32];
+    m->index = get_u32(p + 36);
+    m->incarnation = get_u64(p + 40);
+    break;
+  }
+  case PS_MSG_WELCOME: {
+    ps_msg_welcome *m = &out->u.welcome;
+    if ((rc = check_pad(name, p, 5, 3, eb)) != 0 || (rc = check_pad(name, p, 52, 4, eb)) != 0)
+      return rc;
+    m->index = get_u32(p);
+    m->consistency = p[4];
+    m->incarnation = get_u64(p + 8);
+    m->layout_hash = get_u64(p + 16);
+    m->slice_floats = get_u64(p + 24);
+    m->version = get_u64(p + 32);
+    m->global_step = get_u64(p + 40);
+    m->max_payload = get_u32(p + 48);
+    break;
+  }
+  case PS_MSG_PULL:
+    if ((rc = check_pad(name, p, 4, 4, eb)) != 0)
+      return rc;
+    out->u.pull.worker = get_u32(p);
+    out->u.pull.step = get_u64(p + 8);
+    break;
+  case PS_MSG_PUSH_ACK: {
+    ps_msg_push_ack *m = &out->u.push_ack;
+    if ((rc = check_pad(name, p, 28, 4, eb)) != 0)
+      return rc;
+    m->seq = get_u64(p);
+    m->version = get_u64(p + 8);
+    m->global_step = get_u64(p + 16);
+    m->status = get_u32(p + 24);
+    if (m->status > PS_PUSH_STALE)
+      return ps_err_set(eb, PS_EFORMAT,
+                        "PUSH_ACK: status is %" PRIu32 ", expected 0..2 (applied, duplicate, stale)",
+                        m->status);
+    break;
+  }
+  case PS_MSG_STATS_REPLY: {
+    ps_msg_stats_reply *m = &out->u.stats_reply;
+    uint64_t *const v[10] = {&m->version,          &m->global_step,   &m->incarnation,
+                             &m->pushes_applied,   &m->pushes_duplicate, &m->pushes_stale,
+                             &m->pulls,            &m->bytes_in,      &m->bytes_out,
+                             &m->clients};
+    for (int i = 0; i < 10; i++)
+      *v[i] = get_u64(p + 8 * i);
+    break;
+  }
+  case PS_MSG_PING:
+  case PS_MSG_PONG:
+    out->u.ping.token = get_u64(p);
+    break;
+  default: /* STATS: nothing to read */
+    break;
+  }
+  return 0;
+}
+
+int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len, ps_msg *out,
+                    ps_errbuf *eb) {
+  int type = h->type;
+  /* Zeroed so that a rejected message leaves nothing half-filled and two
+   * decodes of the same bytes compare equal byte for byte. */
+  memset(out, 0, sizeof *out);
+  if (type < 1 || type > PS_MSG_TYPE_MAX)
+    return ps_err_set(eb, PS_EFORMAT, "frame: unknown message type %d, expected 1..%d", type,
+                      PS_MSG_TYPE_MAX);
+  const char *name = ps_proto_type_name(type);
+  if (len != h->length)
+    return ps_err_set(eb, PS_EFORMAT, "%s: payload is %zu bytes, but the header says %" PRIu32,
+                      name, len, h->length);
+  int rc;
+  switch (type) {
+  case PS_MSG_HELLO:
+    rc = decode_hello(payload, len, &out->u.hello, eb);
+    break;
+  case PS_MSG_ERROR:
+    rc = decode_error(payload, len, &out->u.error, eb);
+    break;
+  case PS_MSG_PULL_REPLY:
+    rc = decode_pull_reply(payload, len, &out->u.pull_reply, eb);
+    break;
+  case PS_MSG_PUSH:
+    rc = decode_push(payload, len, &out->u.push, eb);
+    break;
+  default:
+    rc = check_exact(name, len, fixed_size[type], eb);
+    if (rc == 0)
+      rc = decode_fixed(type, payload, out, eb);
+    break;
+  }
+  if (rc != 0) {
+    memset(out, 0, sizeof *out);
+    return rc;
+  }
+  out->type = (ps_msg_type)type;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Authentication                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* The HMAC input: nonce || role || index || incarnation || layout_hash ||
+ * cluster_id.  Binding the identity to the server's fresh nonce means a
+ * recorded HELLO cannot be replayed, nor edited to claim another identity. */
+static int compute_proof(const uint8_t *secret, size_t secret_len,
+                         const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello,
+                         uint8_t proof[PS_PROTO_PROOF_SIZE]) {
+  uint8_t in[PS_PROTO_NONCE_SIZE + 1 + 4 + 8 + 8 + PS_PROTO_CLUSTER_ID_MAX];
+  size_t id_len = strnlen(hello->cluster_id, PS_PROTO_CLUSTER_ID_MAX);
+  memcpy(in, nonce, PS_PROTO_NONCE_SIZE);
+  uint8_t *p = in + PS_PROTO_NONCE_SIZE;
+  p[0] = hello->role;
+  put_u32(p + 1, hello->index);
+  put_u64(p + 5, hello->incarnation);
+  put_u64(p + 13, hello->layout_hash);
+  memcpy(p + 21, hello->cluster_id, id_len);
+  size_t n = PS_PROTO_NONCE_SIZE + 21 + id_len;
+
+  /* OpenSSL's HMAC init reads a NULL key as "keep the previous key", so an
+   * empty secret is passed as a real, empty key. */
+  static const uint8_t empty = 0;
+  unsigned int md_len = 0;
+  if (HMAC(EVP_sha256(), secret_len > 0 ? secret : &empty, (int)secret_len, in, n, proof,
+           &md_len) == NULL ||
+      md_len != PS_PROTO_PROOF_SIZE)
+    return -1;
+  return 0;
+}
+
+void ps_proto_auth_proof(const uint8_t *secret, size_t secret_len,
+                         const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello,
+                         uint8_t proof[PS_PROTO_PROOF_SIZE]) {
+  /* A failed HMAC (out of memory) leaves zeros, which the server refuses:
+   * the connection fails with an auth error rather than a crash. */
+  if (compute_proof(secret, secret_len, nonce, hello, proof) != 0)
+    memset(proof, 0, PS_PROTO_PROOF_SIZE);
+}
+
+int ps_proto_auth_check(const uint8_t *secret, size_t secret_len,
+                        const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello) {
+  uint8_t want[PS_PROTO_PROOF_SIZE];
+  if (compute_proof(secret, secret_len, nonce, hello, want) != 0)
+    return 0;
+  return CRYPTO_memcmp(want, hello->proof, PS_PROTO_PROOF_SIZE) == 0;
+}

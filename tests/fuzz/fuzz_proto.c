@@ -1,0 +1,120 @@
+/* libFuzzer target for the wire codec: a byte stream read as frames must be accepted or refused cleanly, and what is accepted must re-encode to the same bytes. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/proto.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MAX_PAYLOAD (1u << 20)
+
+/* A refused frame leaves a one-line message that carries its code. */
+static void check_error(int rc, const ps_errbuf *eb) {
+  if (rc >= 0 || eb->code != rc || memchr(eb->msg, '\0', sizeof eb->msg) == NULL ||
+      strchr(eb->msg, '\n') != NULL || eb->msg[0] == '\0')
+    abort();
+}
+
+static const uint8_t *floats_of(const ps_msg *m, uint64_t *count) {
+  if (m->type == PS_MSG_PUSH) {
+    *count = m->u.push.count;
+    return m->u.push.data;
+  }
+  if (m->type == PS_MSG_PULL_REPLY) {
+    *count = m->u.pull_reply.count;
+    return m->u.pull_reply.data;
+  }
+  *count = 0;
+  return NULL;
+}
+
+/* Two decoded messages are the same when their floats hold the same bytes
+ * and everything else is equal; decode zeroes the struct first, so the rest
+ * compares bytewise once the float pointers are set aside. */
+static int same_msg(const ps_msg *a, const ps_msg *b) {
+  uint64_t na, nb;
+  const uint8_t *fa = floats_of(a, &na), *fb = floats_of(b, &nb);
+  if (na != nb || (na > 0 && memcmp(fa, fb, 4 * na) != 0))
+    return 0;
+  ps_msg x = *a, y = *b;
+  if (x.type == PS_MSG_PUSH)
+    x.u.push.data = y.u.push.data = NULL;
+  else if (x.type == PS_MSG_PULL_REPLY)
+    x.u.pull_reply.data = y.u.pull_reply.data = NULL;
+  return memcmp(&x, &y, sizeof x) == 0;
+}
+
+/* Everything the decoder accepts has exactly one encoding (zero padding,
+ * exact lengths), so re-encoding must give back the received bytes. */
+static void check_accepted(const ps_frame_header *h, const uint8_t *frame, const ps_msg *m) {
+  size_t n = PS_PROTO_HEADER_SIZE + (size_t)h->length;
+  uint8_t *re = malloc(n);
+  if (re == NULL)
+    return;
+  if (ps_proto_encode(m, h->request_id, re, n) != n || memcmp(re, frame, n) != 0)
+    abort();
+  if (n > PS_PROTO_HEADER_SIZE && ps_proto_encode(m, h->request_id, re, n - 1) != 0)
+    abort();
+
+  ps_frame_header h2;
+  ps_msg m2;
+  ps_errbuf eb = {0};
+  if (ps_proto_decode_header(re, MAX_PAYLOAD, &h2, &eb) != 0 ||
+      h2.type != h->type || h2.request_id != h->request_id || h2.length != h->length ||
+      ps_proto_decode(&h2, re + PS_PROTO_HEADER_SIZE, h2.length, &m2, &eb) != 0 ||
+      !same_msg(m, &m2))
+    abort();
+
+  /* The zero-copy path: prefix then the floats gives the same frame. */
+  uint64_t count;
+  const uint8_t *f = floats_of(m, &count);
+  if (f != NULL) {
+    uint8_t prefix[PS_PROTO_PREFIX_MAX];
+    size_t np = ps_proto_encode_prefix(m, h->request_id, prefix);
+    if (np == 0 || np + 4 * count != n || memcmp(prefix, frame, np) != 0)
+      abort();
+  } else if (ps_proto_encode_prefix(m, h->request_id, re) != 0) {
+    abort();
+  }
+  free(re);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  while (size >= PS_PROTO_HEADER_SIZE) {
+    ps_frame_header h;
+    ps_errbuf eb = {0};
+    int rc = ps_proto_decode_header(data, MAX_PAYLOAD, &h, &eb);
+    if (rc != 0) {
+      /* A receiver answers ERROR and closes: nothing after this is read. */
+      check_error(rc, &eb);
+      return 0;
+    }
+    if (size - PS_PROTO_HEADER_SIZE < h.length)
+      return 0;
+    /* Own, exactly sized copy of the payload, as a receiver has, so that
+     * any read past the end is caught by AddressSanitizer. */
+    uint8_t *payload = malloc(h.length > 0 ? h.length : 1);
+    if (payload == NULL)
+      return 0;
+    memcpy(payload, data + PS_PROTO_HEADER_SIZE, h.length);
+    ps_msg m;
+    rc = ps_proto_decode(&h, payload, h.length, &m, &eb);
+    if (rc != 0) {
+      check_error(rc, &eb);
+      static const ps_msg zero;
+      if (memcmp(&m, &zero, sizeof m) != 0)
+        abort();
+      free(payload);
+      return 0;
+    }
+    if ((int)m.type != h.type)
+      abort();
+    check_accepted(&h, data, &m);
+    free(payload);
+    data += PS_PROTO_HEADER_SIZE + h.length;
+    size -= PS_PROTO_HEADER_SIZE + h.length;
+  }
+  return 0;
+}

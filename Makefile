@@ -30,6 +30,8 @@ MAIN_OBJ := $(BUILD)/src/cmd/main.o
 BIN      := $(BUILD)/paramserv
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+INTEG_SRC := $(sort $(wildcard tests/integration/*.c))
+INTEG_BIN := $(INTEG_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
@@ -69,6 +71,11 @@ $(BIN): $(MAIN_OBJ) $(BUILD)/libparamserv.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/tests/%: $(BUILD)/tests/integration/%.o $(BUILD)/libparamserv.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -78,7 +85,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-integration: $(BIN)
+integration: $(BIN) $(INTEG_BIN)
 	@set -e; for t in $(sort $(wildcard tests/integration/*.sh)); do \
 	  echo "== $$t"; PARAMSERV=$(BIN) $$t; done
 

@@ -14,6 +14,8 @@ typedef struct verb {
 } verb;
 
 static const verb verbs[] = {
+    {"ps", ps_cmd_ps, "run one parameter-server shard of a cluster"},
+    {"worker", ps_cmd_worker, "run one worker of a cluster"},
     {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
 };
 

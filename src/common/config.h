@@ -97,10 +97,19 @@ typedef struct ps_setting {
   size_t offset;             /* of the field in ps_config */
   size_t size;               /* of the field (strings: buffer size) */
   size_t count_offset;       /* ADDR_LIST: offset of its int count */
-  double min, max;           /* INT, DOUBLE, and ADDR_LIST entry count */
+  double min, max;           /* INT, DOUBLE: value bounds; ADDR_LIST: entry count;
+                                STRING: min = shortest length (the buffer bounds
+                                the longest) */
   const char *const *choices;  /* ENUM, and STRING fields restricted to a set: NULL-terminated */
   const char *def;           /* default as text, NULL = required */
   const char *help;          /* one line, for the annotated example */
+  /* NULL for the type's own parser; else a parser for a value the type alone
+   * cannot describe (the cluster id's characters, split_bytes' words, lr's
+   * open lower bound).  It stores into `field` (the setting's field in
+   * ps_config) and returns 0, or returns PS_ECONFIG with the expected form
+   * ("a number in (0, 1000]") written into why[len]. */
+  int (*parse)(const struct ps_setting *s, const char *value, void *field, char *why,
+               size_t len);
 } ps_setting;
 
 /* The table of every setting, in the order of the example file. */
@@ -114,25 +123,37 @@ void ps_config_defaults(ps_config *c);
  * one-line message names the file, the line, [section] key, the value
  * found and the expected form, e.g.
  *   cluster.conf:12: [train] batch = 0: expected an integer in [1, 65536]
- * Also checks cross-setting rules (e.g. replicas_to_aggregate <= workers).
- * @return 0, -errno (cannot open), PS_ECONFIG. */
+ * Also checks cross-setting rules (replicas_to_aggregate <= workers, no
+ * address listed twice in ps or workers, chief not at a shard's address).
+ * Lines are at most 198 characters (libinih's line buffer); an address list
+ * too long for one line continues on indented lines, a trailing comma
+ * allowed.  On error *c is left partly filled; it owns no memory either way.
+ * @return 0, -errno (cannot open or read), PS_ECONFIG. */
 int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb);
 
-/* Parse INI text from memory (`name` is used in messages); what
- * ps_config_load does after reading the file, and what the fuzz target
- * drives. */
+/* Parse NUL-terminated INI text from memory; what ps_config_load does after
+ * reading the file, and what the fuzz target drives.  `name` is used in
+ * messages and copied into c->path (ps_config_read_secret resolves a
+ * relative secret_file against its directory).  Same returns as
+ * ps_config_load. */
 int ps_config_parse(const char *name, const char *text, ps_config *c, ps_errbuf *eb);
 
 /* Read the cluster secret named by secret_file (relative to the config's
- * directory): at least 16 bytes, trailing newline stripped.  The file must
- * not be readable by group or others.  @return the length, or a negative
- * code with a message naming the file. */
+ * directory) into buf[cap]: at least 16 bytes after one trailing newline is
+ * stripped, at most cap.  The file must be a regular file with no access for
+ * group or others (mode & 077 == 0).  @return the length, or -errno (cannot
+ * open or read) / PS_ECONFIG with a message naming the file; on error buf
+ * holds nothing of the secret. */
 int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb);
 
-/* Parse "host:port" / "[v6]:port".  @return 0 or PS_ECONFIG. */
+/* Parse "host:port" / "[v6]:port": port 1-65535, host non-empty, printable,
+ * without spaces or commas (an unbracketed IPv6 literal is refused as
+ * ambiguous).  *out is written only on success.  @return 0 or PS_ECONFIG
+ * (no message: the caller knows which setting it parses). */
 int ps_addr_parse(const char *text, ps_addr *out);
 
-/* "host:port" into buf. */
+/* "host:port" (an IPv6 host in brackets) into buf[len], truncated to fit;
+ * @return buf. */
 const char *ps_addr_format(const ps_addr *a, char *buf, size_t len);
 
 #endif

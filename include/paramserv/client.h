@@ -1,0 +1,73 @@
+/* The paramserv client: what a worker uses to pull weights from every
+ * parameter-server shard and push gradients to them, usable from a user's
+ * own C training loop.
+ *
+ * A client is worker `index` of the cluster described by a config file
+ * (see systemd/cluster.conf).  It builds the model's variable table and
+ * the layout from that file, so its weights and gradients are one
+ * contiguous float arena laid out as ps_client_vars() says.  Every call
+ * talks to all shards at once (all requests in flight together) and
+ * returns when every shard has answered.
+ *
+ * Faults: when a shard's connection fails, the client reconnects with
+ * exponential backoff and full jitter (capped at 5 s), logs what it waits
+ * for, and re-sends the request; a push is re-sent with the same sequence
+ * number, so the shard applies it exactly once.  Past [worker] give_up_s
+ * (0 = never) the call fails.  An ERROR that says not to retry (wrong
+ * secret, another layout or cluster) fails the call at once.
+ *
+ * Errors: calls return 0 or a negative code (PS_E* from error.h, or
+ * -errno); ps_client_error() then holds a one-line message.  A client is
+ * used from one thread at a time. */
+#ifndef PARAMSERV_CLIENT_H
+#define PARAMSERV_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "paramserv/error.h"
+#include "paramserv/vartable.h"
+
+typedef struct ps_client ps_client;
+
+/* Open worker `worker_index` of the cluster in `config_path`.  Nothing is
+ * connected yet: the first pull connects.  @return NULL with a one-line
+ * message in eb (which may be NULL).  Free with ps_client_free. */
+ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb);
+
+/* Close every connection and free the client.  ps_client_free(NULL) does
+ * nothing. */
+void ps_client_free(ps_client *c);
+
+/* The model's variables: weights and gradients are arenas of
+ * ps_client_vars(c)->total floats.  Valid until ps_client_free. */
+const ps_vartable *ps_client_vars(const ps_client *c);
+
+/* Fetch the current weights of every shard into `params` (the whole
+ * arena).  In sync mode it waits until every shard has applied the step the
+ * client's last push belongs to; in ssp mode, until the slowest worker is
+ * within the staleness bound.  @return 0 or a negative code. */
+int ps_client_pull(ps_client *c, float *params);
+
+/* Push a gradient (the whole arena; `grad` must stay unchanged until the
+ * call returns) to every shard, computed on the weights of the last pull,
+ * and wait until every shard has acknowledged it.  @return 0 or a
+ * negative code. */
+int ps_client_push(ps_client *c, const float *grad);
+
+/* The global step as of the last reply from shard 0 (updates applied to
+ * the model so far). */
+uint64_t ps_client_global_step(const ps_client *c);
+
+/* The step limit of the cluster's config ([train] last_step, 0 = none). */
+uint64_t ps_client_last_step(const ps_client *c);
+
+/* Pushes of this client that shards reported as already applied
+ * (re-sent after a reconnect) or dropped as stale (sync). */
+uint64_t ps_client_duplicates(const ps_client *c);
+uint64_t ps_client_stale(const ps_client *c);
+
+/* The message of the last failed call. */
+const char *ps_client_error(const ps_client *c);
+
+#endif

@@ -1,0 +1,93 @@
+/* `paramserv ps` and `paramserv worker`: the cluster's long-running
+ * processes, each started with the cluster's config file and its index. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cmd/cmd.h"
+#include "common/config.h"
+#include "common/parse.h"
+#include "ps/server.h"
+#include "worker/worker.h"
+
+typedef struct node_verb {
+  const char *name, *role, *what;
+  int (*run)(const ps_config *cfg, int index);
+} node_verb;
+
+static void node_usage(FILE *f, const node_verb *v) {
+  fprintf(f,
+          "usage: paramserv %s --config FILE --index N\n"
+          "\n"
+          "%s\n"
+          "\n"
+          "  --config FILE   the cluster's config file (see systemd/cluster.conf)\n"
+          "  --index N       which %s of the config's [cluster] %s list this process is\n"
+          "  -h, --help      this help\n"
+          "\n"
+          "Stops cleanly on SIGTERM or SIGINT.\n",
+          v->name, v->what, v->role, strcmp(v->name, "ps") == 0 ? "ps" : "workers");
+}
+
+static int run_node(const node_verb *v, int argc, char **argv) {
+  static const struct option longopts[] = {
+      {"config", required_argument, 0, 'c'},
+      {"index", required_argument, 0, 'i'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  const char *config = NULL, *index_text = NULL;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'c': config = optarg; break;
+    case 'i': index_text = optarg; break;
+    case 'h': node_usage(stdout, v); return 0;
+    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
+    default:
+      ps_cmd_error("unknown option '%s' (see paramserv %s --help)", argv[optind - 1], v->name);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    ps_cmd_error("unexpected argument '%s' (see paramserv %s --help)", argv[optind], v->name);
+    return 2;
+  }
+  if (config == NULL || index_text == NULL) {
+    ps_cmd_error("paramserv %s needs --config FILE and --index N", v->name);
+    return 2;
+  }
+  static ps_config cfg;
+  ps_errbuf eb = {0};
+  if (ps_config_load(config, &cfg, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  int count = strcmp(v->name, "ps") == 0 ? cfg.nps : cfg.nworkers;
+  int64_t index;
+  if (ps_parse_i64(index_text, 0, count - 1, &index) != 0) {
+    ps_cmd_error("--index '%s': %s lists %d %s, expected 0..%d", index_text, config, count,
+                 strcmp(v->name, "ps") == 0 ? "shards" : "workers", count - 1);
+    return 2;
+  }
+  return v->run(&cfg, (int)index);
+}
+
+int ps_cmd_ps(int argc, char **argv) {
+  static const node_verb v = {"ps", "shard",
+                              "Run one parameter-server shard: hold its slice of the model, apply "
+                              "the workers' pushed\ngradients and serve their pulls.",
+                              ps_server_run};
+  return run_node(&v, argc, argv);
+}
+
+int ps_cmd_worker(int argc, char **argv) {
+  static const node_verb v = {"worker", "worker",
+                              "Run one worker: pull weights from every shard, compute gradients "
+                              "on this worker's part of\nthe data, push them, until the cluster's "
+                              "step limit.",
+                              ps_worker_run};
+  return run_node(&v, argc, argv);
+}

@@ -1,0 +1,751 @@
+/* The cluster configuration: one table of settings drives parsing (libinih), defaults and help. */
+#include "common/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/parse.h"
+
+#define SECRET_MIN 16
+#define CONFIG_MAX_BYTES (1 << 20)
+#define ADDR_FORM "host:port (port 1-65535, IPv6 as [::1]:port)"
+
+/* ------------------------------------------------------------------------ */
+/* The settings                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Parsers for the few values their type alone cannot describe. */
+
+static int parse_cluster_id(const ps_setting *s, const char *v, void *field, char *why,
+                            size_t len) {
+  size_t n = strlen(v);
+  if (n < 1 || n >= s->size ||
+      strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-") != n) {
+    snprintf(why, len, "1 to %zu of A-Z a-z 0-9 _ . -", s->size - 1);
+    return PS_ECONFIG;
+  }
+  memcpy(field, v, n + 1);
+  return 0;
+}
+
+/* For a rate, where zero is as wrong as a negative number. */
+static int parse_positive(const ps_setting *s, const char *v, void *field, char *why,
+                          size_t len) {
+  double x;
+  if (ps_parse_double(v, 0, s->max, &x) != 0 || x <= 0) {
+    snprintf(why, len, "a number in (0, %.15g]", s->max);
+    return PS_ECONFIG;
+  }
+  *(double *)field = x;
+  return 0;
+}
+
+/* "auto" is -1 and "never" 0, as config.h documents for split_bytes. */
+static int parse_split_bytes(const ps_setting *s, const char *v, void *field, char *why,
+                             size_t len) {
+  int64_t x = 0;
+  if (strcmp(v, "auto") == 0)
+    x = -1;
+  else if (strcmp(v, "never") != 0 && ps_parse_i64(v, (int64_t)s->min, (int64_t)s->max, &x) != 0) {
+    snprintf(why, len, "auto, never, or an integer of bytes in [%lld, %lld]", (long long)s->min,
+             (long long)s->max);
+    return PS_ECONFIG;
+  }
+  *(int64_t *)field = x;
+  return 0;
+}
+
+static const char *const log_levels[] = {"debug", "info", "warn", "error", NULL};
+static const char *const models[] = {"mlp", "cnn", NULL};
+static const char *const optimizers[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
+static const char *const schedules[] = {"constant", "step", "cosine", NULL};
+static const char *const strategies[] = {"round-robin", "greedy", NULL};
+/* ENUM choices are stored as their index: these follow the enums' order. */
+static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
+static const char *const replications[] = {"off", "snapshot", "log", NULL};
+
+#define FIELD(f) .offset = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
+#define LIST(f, n) FIELD(f), .count_offset = offsetof(ps_config, n)
+#define POW2(k) ((double)(1ULL << (k)))
+#define STRING PS_SETTING_STRING
+#define INT PS_SETTING_INT
+#define DOUBLE PS_SETTING_DOUBLE
+#define BOOL PS_SETTING_BOOL
+#define ENUM PS_SETTING_ENUM
+#define ADDR PS_SETTING_ADDR
+#define ADDR_LIST PS_SETTING_ADDR_LIST
+
+/* In the order of systemd/cluster.conf, sections kept together (a test checks
+ * both).  Defaults are text, parsed by the same code as the file's values. */
+static const ps_setting settings[] = {
+    {"cluster", "id", STRING, FIELD(cluster_id), .min = 1, .parse = parse_cluster_id,
+     .def = "paramserv", .help = "name of this cluster, in every handshake and Redis key"},
+    {"cluster", "secret_file", STRING, FIELD(secret_file), .min = 1, .def = "secret",
+     .help = "shared secret: mode 600, 16+ bytes; a relative path is beside this file"},
+    {"cluster", "chief", ADDR, FIELD(chief), .def = "127.0.0.1:7070",
+     .help = "address the chief listens on"},
+    {"cluster", "ps", ADDR_LIST, LIST(ps, nps), .min = 1, .max = PS_CONFIG_MAX_NODES,
+     .help = "required: the shards' host:port, in shard order"},
+    {"cluster", "workers", ADDR_LIST, LIST(workers, nworkers), .min = 1,
+     .max = PS_CONFIG_MAX_NODES,
+     .help = "required: the workers' host:port, in index order (the port only names one)"},
+    {"cluster", "log_level", STRING, FIELD(log_level), .choices = log_levels, .def = "info",
+     .help = "lowest level logged: debug, info, warn or error"},
+
+    {"redis", "address", ADDR, FIELD(redis), .def = "127.0.0.1:6379",
+     .help = "Redis server for shard replicas, heartbeats, the global step, the chief's lease"},
+    {"redis", "user", STRING, FIELD(redis_user), .def = "",
+     .help = "Redis ACL user (empty: the default user)"},
+    {"redis", "password_file", STRING, FIELD(redis_password_file), .def = "",
+     .help = "file holding the Redis password (empty: no AUTH)"},
+
+    {"model", "name", STRING, FIELD(model), .choices = models, .def = "mlp",
+     .help = "the model: mlp (fully connected) or cnn"},
+    {"model", "hidden", STRING, FIELD(hidden), .def = "256,128",
+     .help = "mlp hidden layer sizes, comma-separated"},
+    {"model", "data_dir", STRING, FIELD(data_dir), .min = 1,
+     .def = "/usr/share/datasets/fashion-mnist",
+     .help = "directory of the Fashion-MNIST IDX files"},
+    {"model", "seed", INT, FIELD(seed), .max = POW2(62), .def = "1",
+     .help = "seed of weight initialization and data shuffling"},
+
+    {"train", "optimizer", STRING, FIELD(optimizer), .choices = optimizers, .def = "adam",
+     .help = "optimizer the shards apply: sgd, momentum, nesterov, adagrad or adam"},
+    {"train", "lr", DOUBLE, FIELD(lr), .max = 1000, .parse = parse_positive, .def = "0.001",
+     .help = "learning rate"},
+    {"train", "momentum", DOUBLE, FIELD(momentum), .max = 1, .def = "0.9",
+     .help = "momentum coefficient (momentum and nesterov)"},
+    {"train", "weight_decay", DOUBLE, FIELD(weight_decay), .max = 1, .def = "0",
+     .help = "L2 weight decay"},
+    {"train", "schedule", STRING, FIELD(schedule), .choices = schedules, .def = "constant",
+     .help = "learning-rate schedule over the global step: constant, step or cosine"},
+    {"train", "batch", INT, FIELD(batch), .min = 1, .max = 65536, .def = "128",
+     .help = "examples per worker step"},
+    {"train", "last_step", INT, FIELD(last_step), .max = POW2(62), .def = "0",
+     .help = "stop at this global step (0: no limit)"},
+    {"train", "consistency", ENUM, FIELD(consistency), .choices = consistencies, .def = "async",
+     .help = "async: apply each push at once; sync: aggregate per step; ssp: bounded staleness"},
+    {"train", "replicas_to_aggregate", INT, FIELD(replicas_to_aggregate),
+     .max = PS_CONFIG_MAX_NODES, .def = "0",
+     .help = "sync: pushes aggregated per step, at most the workers (0: all of them)"},
+    {"train", "staleness", INT, FIELD(staleness), .max = 1000000, .def = "3",
+     .help = "ssp: steps the fastest worker may lead the slowest (ignored otherwise)"},
+    {"train", "sync_timeout_ms", INT, FIELD(sync_timeout_ms), .min = 1, .max = 3600000,
+     .def = "5000", .help = "sync: how long a step waits for a missing worker before going on"},
+    {"train", "window", INT, FIELD(window), .min = 1, .max = 100000, .def = "1",
+     .help = "steps a worker computes between pulls and pushes (DOWNPOUR's n)"},
+    {"train", "adag", BOOL, FIELD(adag), .def = "no",
+     .help = "yes: push the gradient accumulated over the window divided by its length"},
+    {"train", "threads", INT, FIELD(threads), .max = 256, .def = "0",
+     .help = "worker compute threads (0: all cores)"},
+    {"train", "log_every", INT, FIELD(log_every), .min = 1, .max = POW2(31), .def = "100",
+     .help = "a worker logs every this many steps"},
+
+    {"layout", "strategy", STRING, FIELD(layout_strategy), .choices = strategies,
+     .def = "greedy", .help = "placement of variable parts: round-robin or greedy (least loaded)"},
+    {"layout", "split_bytes", INT, FIELD(split_bytes), .min = 4, .max = POW2(40),
+     .parse = parse_split_bytes, .def = "auto",
+     .help = "a variable larger than this is split across shards: auto, never, or bytes"},
+
+    {"replication", "mode", ENUM, FIELD(replication), .choices = replications, .def = "log",
+     .help = "off: no Redis replica; snapshot: periodic; log: each update logged before its ack"},
+    {"replication", "interval_ms", INT, FIELD(replicate_interval_ms), .min = 1, .max = 3600000,
+     .def = "200", .help = "a shard snapshots its state to Redis this often"},
+    {"replication", "every_updates", INT, FIELD(replicate_every_updates), .min = 1,
+     .max = POW2(31), .def = "100",
+     .help = "a shard also snapshots after this many updates (bounds the log to replay)"},
+    {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "yes",
+     .help = "a shard with no replica initializes its variables (no: waits for the chief)"},
+
+    {"checkpoint", "dir", STRING, FIELD(checkpoint_dir), .min = 1,
+     .def = "/var/lib/paramserv/checkpoints", .help = "checkpoint directory, written by the chief"},
+    {"checkpoint", "every_steps", INT, FIELD(checkpoint_every_steps), .max = POW2(62), .def = "0",
+     .help = "checkpoint every this many global steps (0: off)"},
+    {"checkpoint", "every_secs", INT, FIELD(checkpoint_every_secs), .max = POW2(31), .def = "600",
+     .help = "checkpoint every this many seconds (0: off)"},
+    {"checkpoint", "max_to_keep", INT, FIELD(max_to_keep), .min = 1, .max = 1000000, .def = "5",
+     .help = "newest checkpoints kept; older ones are deleted"},
+    {"checkpoint", "keep_every_n_hours", DOUBLE, FIELD(keep_every_n_hours), .max = 1e6,
+     .def = "0", .help = "also keep one checkpoint per this many hours (0: off)"},
+
+    {"worker", "give_up_s", INT, FIELD(worker_give_up_s), .max = POW2(31), .def = "0",
+     .help = "a worker exits after failing to reach a shard for this long (0: never)"},
+    {"worker", "heartbeat_ms", INT, FIELD(heartbeat_ms), .min = 10, .max = 3600000, .def = "1000",
+     .help = "a worker heart-beats to Redis this often"},
+};
+
+#define NSETTINGS (sizeof settings / sizeof settings[0])
+
+const ps_setting *ps_config_settings(size_t *n) {
+  if (n != NULL)
+    *n = NSETTINGS;
+  return settings;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Values                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static int choice_index(const char *const *choices, const char *v) {
+  for (int i = 0; choices[i] != NULL; i++)
+    if (strcmp(choices[i], v) == 0)
+      return i;
+  return -1;
+}
+
+/* "a, b, c" into buf. */
+static void join(const char *const *list, char *buf, size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (int i = 0; list[i] != NULL && at < len; i++)
+    at += (size_t)snprintf(buf + at, len - at, "%s%s", i > 0 ? ", " : "", list[i]);
+}
+
+/* Values are echoed in one-line messages: a control byte becomes '?' and a
+ * long value is cut, so a hostile file cannot forge or flood log lines. */
+static const char *show(const char *v, char *buf, size_t len) {
+  size_t n = 0, max = len > 4 ? len - 4 : 0;
+  if (*v == '\0')
+    return "\"\"";
+  for (; v[n] != '\0' && n < max; n++)
+    buf[n] = isprint((unsigned char)v[n]) ? v[n] : '?';
+  if (v[n] != '\0' && len >= 4) {
+    memcpy(buf + n, "...", 3);
+    n += 3;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* The expected form of a setting's value, for messages. */
+static void describe(const ps_setting *s, char *buf, size_t len) {
+  char list[160];
+  if (s->choices != NULL) {
+    join(s->choices, list, sizeof list);
+    snprintf(buf, len, "one of %s", list);
+    return;
+  }
+  switch (s->type) {
+  case PS_SETTING_STRING:
+    if (s->min > 0)
+      snprintf(buf, len, "%.0f to %zu characters", s->min, s->size - 1);
+    else
+      snprintf(buf, len, "at most %zu characters", s->size - 1);
+    break;
+  case PS_SETTING_INT:
+    snprintf(buf, len, "an integer in [%lld, %lld]", (long long)s->min, (long long)s->max);
+    break;
+  case PS_SETTING_DOUBLE:
+    snprintf(buf, len, "a number in [%.15g, %.15g]", s->min, s->max);
+    break;
+  case PS_SETTING_BOOL:
+    snprintf(buf, len, "yes or no");
+    break;
+  case PS_SETTING_ENUM: /* described by its choices, above */
+    break;
+  case PS_SETTING_ADDR:
+    snprintf(buf, len, ADDR_FORM);
+    break;
+  case PS_SETTING_ADDR_LIST:
+    snprintf(buf, len, "host:port, host:port, ... (%.0f to %.0f addresses)", s->min, s->max);
+    break;
+  }
+}
+
+/* Appends the comma-separated addresses of v to the list: a list may span
+ * several lines, and a trailing comma lets a line say that more follows. */
+static int append_addrs(const ps_setting *s, const char *v, ps_config *c, char *why,
+                        size_t len) {
+  ps_addr *list = (ps_addr *)((char *)c + s->offset);
+  int *count = (int *)((char *)c + s->count_offset);
+  size_t cap = s->size / sizeof(ps_addr);
+  char entry[300], shown[64];
+  if (s->max < (double)cap)
+    cap = (size_t)s->max;
+  for (const char *p = v; *p != '\0';) {
+    const char *comma = strchr(p, ',');
+    const char *b = p, *e = comma != NULL ? comma : p + strlen(p);
+    p = comma != NULL ? comma + 1 : e;
+    while (b < e && isspace((unsigned char)*b))
+      b++;
+    while (e > b && isspace((unsigned char)e[-1]))
+      e--;
+    if (b == e && comma == NULL)
+      break;
+    if ((size_t)*count >= cap) {
+      snprintf(why, len, "at most %zu addresses", cap);
+      return PS_ECONFIG;
+    }
+    int n = snprintf(entry, sizeof entry, "%.*s", (int)(e - b), b);
+    if (n > 0 && (size_t)n < sizeof entry && ps_addr_parse(entry, &list[*count]) == 0) {
+      (*count)++;
+      continue;
+    }
+    snprintf(why, len, ADDR_FORM " for each address, not %s", show(entry, shown, sizeof shown));
+    return PS_ECONFIG;
+  }
+  return 0;
+}
+
+/* Parses v into the setting's field; on failure writes the expected form. */
+static int set_value(const ps_setting *s, const char *v, ps_config *c, char *why, size_t len) {
+  char *field = (char *)c + s->offset;
+  size_t n = strlen(v);
+  int k;
+  if (s->parse != NULL)
+    return s->parse(s, v, field, why, len);
+  switch (s->type) {
+  case PS_SETTING_STRING:
+    if (n >= (size_t)s->min && n < s->size &&
+        (s->choices == NULL || choice_index(s->choices, v) >= 0)) {
+      memcpy(field, v, n + 1);
+      return 0;
+    }
+    break;
+  case PS_SETTING_INT: /* the parsers store only on success */
+    if (ps_parse_i64(v, (int64_t)s->min, (int64_t)s->max, (int64_t *)field) == 0)
+      return 0;
+    break;
+  case PS_SETTING_DOUBLE:
+    if (ps_parse_double(v, s->min, s->max, (double *)field) == 0)
+      return 0;
+    break;
+  case PS_SETTING_BOOL: {
+    static const char *const words[] = {"no", "yes", "false", "true", "off", "on", "0", "1", NULL};
+    if ((k = choice_index(words, v)) >= 0) {
+      *(int *)field = k % 2;
+      return 0;
+    }
+    break;
+  }
+  case PS_SETTING_ENUM:
+    if ((k = choice_index(s->choices, v)) >= 0) {
+      *(int *)field = k;
+      return 0;
+    }
+    break;
+  case PS_SETTING_ADDR:
+    if (ps_addr_parse(v, (ps_addr *)field) == 0)
+      return 0;
+    break;
+  case PS_SETTING_ADDR_LIST:
+    return append_addrs(s, v, c, why, len);
+  }
+  describe(s, why, len);
+  return PS_ECONFIG;
+}
+
+void ps_config_defaults(ps_config *c) {
+  char why[256];
+  memset(c, 0, sizeof *c);
+  /* The table's defaults are valid by construction (the unit test loads
+   * each), so there is no error to report here. */
+  for (size_t i = 0; i < NSETTINGS; i++)
+    if (settings[i].def != NULL)
+      (void)set_value(&settings[i], settings[i].def, c, why, sizeof why);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Parsing: libinih splits the lines, we feed them and keep the line count   */
+/* ------------------------------------------------------------------------ */
+
+/* Debian's libinih is built without INI_HANDLER_LINENO, so the handler is
+ * not told the line.  We hand inih one line per reader call and count them;
+ * inih calls the handler for a line before it asks for the next one. */
+typedef struct parse_state {
+  const char *name;        /* for messages */
+  const char *next;        /* the text not yet handed to inih */
+  const char *line;        /* the line inih is working on, and its length */
+  size_t line_len;
+  int lineno;
+  int prev;                /* setting of the last key line; -1 after a [section] */
+  int nkeys;
+  int err, err_line;       /* the first error, which stops the parse */
+  int line_of[NSETTINGS];  /* where each setting was given; 0 = not given */
+  ps_config *c;
+  ps_errbuf *eb;
+} parse_state;
+
+__attribute__((format(printf, 3, 4))) static int fail(parse_state *st, int line,
+                                                      const char *fmt, ...) {
+  char msg[448];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  st->err = PS_ECONFIG;
+  st->err_line = line;
+  if (line > 0)
+    return ps_err_set(st->eb, PS_ECONFIG, "%s:%d: %s", st->name, line, msg);
+  return ps_err_set(st->eb, PS_ECONFIG, "%s: %s", st->name, msg);
+}
+
+static int find_setting(const char *section, const char *key) {
+  for (size_t i = 0; i < NSETTINGS; i++)
+    if (strcmp(settings[i].section, section) == 0 && strcmp(settings[i].key, key) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* The table's sections, or one section's keys, as "a, b, c". */
+static void list_names(const char *section, char *buf, size_t len) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < NSETTINGS && at < len; i++) {
+    const char *name;
+    if (section == NULL && (i == 0 || strcmp(settings[i - 1].section, settings[i].section) != 0))
+      name = settings[i].section;
+    else if (section != NULL && strcmp(settings[i].section, section) == 0)
+      name = settings[i].key;
+    else
+      continue;
+    at += (size_t)snprintf(buf + at, len - at, "%s%s", at > 0 ? ", " : "", name);
+  }
+}
+
+static int is_indented(const parse_state *st) {
+  return st->line_len > 0 && isspace((unsigned char)st->line[0]);
+}
+
+/* inih never calls the handler for a [section] line, so an unknown section
+ * with no keys would pass unseen, and one with keys would be reported at a
+ * key's line: the reader looks at section lines itself.  As in inih, an
+ * indented line after a key continues that key's value (not a section), and
+ * a line without ']' is left to inih to report. */
+static void check_section_line(parse_state *st) {
+  const char *p = st->line, *end = st->line + st->line_len;
+  if (st->lineno == 1 && st->line_len >= 3 && memcmp(p, "\xEF\xBB\xBF", 3) == 0)
+    p += 3;
+  if (is_indented(st) && st->prev >= 0)
+    return;
+  while (p < end && isspace((unsigned char)*p))
+    p++;
+  if (p == end || *p != '[')
+    return;
+  const char *name = ++p;
+  while (p < end && *p != ']')
+    p++;
+  if (p == end)
+    return;
+  size_t n = (size_t)(p - name);
+  st->prev = -1;
+  for (size_t i = 0; i < NSETTINGS; i++)
+    if (strlen(settings[i].section) == n && memcmp(settings[i].section, name, n) == 0)
+      return;
+  char shown[64], raw[64], sections[160];
+  snprintf(raw, sizeof raw, "%.*s", (int)n, name);
+  list_names(NULL, sections, sizeof sections);
+  fail(st, st->lineno, "unknown section [%s]: expected one of %s", show(raw, shown, sizeof shown),
+       sections);
+}
+
+/* inih's reader: the next line, without cutting it (a line longer than
+ * inih's buffer is an error here, since inih would split it silently), or
+ * NULL at the end and after the first error. */
+static char *next_line(char *buf, int num, void *stream) {
+  parse_state *st = stream;
+  if (st->err != 0 || *st->next == '\0')
+    return NULL;
+  size_t n = strcspn(st->next, "\n");
+  st->line = st->next;
+  st->line_len = n;
+  st->lineno++;
+  st->next += n + (st->next[n] == '\n');
+  /* Room for the line, its newline and the NUL: inih takes a full buffer
+   * without a newline for a cut line. */
+  if (num < 3 || n > (size_t)num - 2) {
+    fail(st, st->lineno,
+         "line is %zu characters long: expected at most %d (a list continues on indented lines)",
+         n, num - 2);
+    return NULL;
+  }
+  check_section_line(st);
+  if (st->err != 0)
+    return NULL;
+  memcpy(buf, st->line, n);
+  buf[n] = '\n';
+  buf[n + 1] = '\0';
+  return buf;
+}
+
+static int on_value(void *user, const char *section, const char *key, const char *value) {
+  parse_state *st = user;
+  char why[256], shown[96], keys[400], name[64];
+  if (st->err != 0)
+    return 0;
+  st->nkeys++;
+  /* inih hands an indented line after a key to the handler as more of that
+   * key's value; only address lists may take more. */
+  int cont = is_indented(st) && st->prev >= 0 && strcmp(settings[st->prev].key, key) == 0;
+  if (section[0] == '\0')
+    return !fail(st, st->lineno, "%s = %s before any [section]: expected a [section] line first",
+                 show(key, name, sizeof name), show(value, shown, sizeof shown));
+  int i = cont ? st->prev : find_setting(section, key);
+  if (i < 0) {
+    list_names(section, keys, sizeof keys);
+    return !fail(st, st->lineno, "unknown key [%s] %s: expected one of %s", section,
+                 show(key, name, sizeof name), keys);
+  }
+  const ps_setting *s = &settings[i];
+  if (cont && s->type != PS_SETTING_ADDR_LIST)
+    return !fail(st, st->lineno,
+                 "[%s] %s: indented line %s continues a value: expected one line per value "
+                 "(only address lists continue)",
+                 section, key, show(value, shown, sizeof shown));
+  if (!cont && st->line_of[i] != 0)
+    return !fail(st, st->lineno, "[%s] %s = %s: expected each key once (first given on line %d)",
+                 section, key, show(value, shown, sizeof shown), st->line_of[i]);
+  if (!cont) {
+    st->line_of[i] = st->lineno;
+    if (s->type == PS_SETTING_ADDR_LIST)
+      *(int *)((char *)st->c + s->count_offset) = 0;
+  }
+  st->prev = i;
+  /* inih up to r55 keeps an inline comment on a continuation line (later
+   * releases strip it as on a key line): drop it the same way. */
+  char tail[256];
+  if (cont && strlen(value) < sizeof tail) {
+    value = strcpy(tail, value);
+    for (char *p = tail + 1; (p = strchr(p, ';')) != NULL; p++)
+      if (isspace((unsigned char)p[-1])) {
+        *p = '\0';
+        break;
+      }
+  }
+  if (set_value(s, value, st->c, why, sizeof why) != 0)
+    return !fail(st, st->lineno, "[%s] %s = %s: expected %s", section, key,
+                 show(value, shown, sizeof shown), why);
+  return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checks after parsing                                                      */
+/* ------------------------------------------------------------------------ */
+
+static int addr_equal(const ps_addr *a, const ps_addr *b) {
+  return a->port == b->port && strcasecmp(a->host, b->host) == 0;
+}
+
+/* Required settings, list lengths, lists without repeats: for every setting
+ * of the table by its type. */
+static int check_settings(parse_state *st) {
+  char form[256], a[300];
+  for (size_t i = 0; i < NSETTINGS; i++) {
+    const ps_setting *s = &settings[i];
+    describe(s, form, sizeof form);
+    if (s->def == NULL && st->line_of[i] == 0)
+      return fail(st, 0, "[%s] %s is required: expected %s", s->section, s->key, form);
+    if (s->type != PS_SETTING_ADDR_LIST || st->line_of[i] == 0)
+      continue;
+    const ps_addr *list = (const ps_addr *)((const char *)st->c + s->offset);
+    int n = *(const int *)((const char *)st->c + s->count_offset);
+    if (n < s->min)
+      return fail(st, st->line_of[i], "[%s] %s has %d addresses: expected %s", s->section, s->key,
+                  n, form);
+    for (int j = 0; j < n; j++)
+      for (int k = j + 1; k < n; k++)
+        if (addr_equal(&list[j], &list[k]))
+          return fail(st, st->line_of[i],
+                      "[%s] %s lists %s twice (entries %d and %d): expected distinct addresses",
+                      s->section, s->key, ps_addr_format(&list[j], a, sizeof a), j + 1, k + 1);
+  }
+  return 0;
+}
+
+/* Rules that tie one setting to another. */
+static int check_cross(parse_state *st) {
+  const ps_config *c = st->c;
+  char a[300];
+  for (int j = 0; j < c->nps; j++) {
+    if (addr_equal(&c->chief, &c->ps[j])) {
+      int line = st->line_of[find_setting("cluster", "chief")];
+      return fail(st, line > 0 ? line : st->line_of[find_setting("cluster", "ps")],
+                  "[cluster] chief = %s is also ps %d's address: expected distinct listening "
+                  "addresses",
+                  ps_addr_format(&c->chief, a, sizeof a), j);
+    }
+  }
+  if (c->replicas_to_aggregate > c->nworkers)
+    return fail(st, st->line_of[find_setting("train", "replicas_to_aggregate")],
+                "[train] replicas_to_aggregate = %lld: expected at most the number of workers (%d)",
+                (long long)c->replicas_to_aggregate, c->nworkers);
+  /* staleness only matters under ssp; a value left from another mode is
+   * harmless, so it is not an error. */
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Loading                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static int syntax_error(parse_state *st, const char *text, int line) {
+  char raw[128], shown[96];
+  for (int l = 1; l < line && *text != '\0'; l++)
+    text += strcspn(text, "\n") + (text[strcspn(text, "\n")] == '\n');
+  snprintf(raw, sizeof raw, "%.*s", (int)strcspn(text, "\n"), text);
+  return fail(st, line, "cannot parse \"%s\": expected [section], key = value, or a # comment",
+              show(raw, shown, sizeof shown));
+}
+
+int ps_config_parse(const char *name, const char *text, ps_config *c, ps_errbuf *eb) {
+  if (name == NULL)
+    name = "config";
+  ps_config_defaults(c);
+  size_t n = strlen(name);
+  if (n >= sizeof c->path)
+    return ps_err_set(eb, PS_ECONFIG, "config path of %zu bytes: expected at most %zu", n,
+                      sizeof c->path - 1);
+  memcpy(c->path, name, n + 1);
+
+  parse_state st = {.name = name, .next = text, .prev = -1, .c = c, .eb = eb};
+  int r = ini_parse_stream(next_line, &st, on_value, &st);
+  if (r == -2)
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory", name);
+  /* inih does not stop at a syntax error, but we stop at our first error:
+   * whichever came first is the one to report. */
+  if (r > 0 && (st.err == 0 || r < st.err_line))
+    return syntax_error(&st, text, r);
+  if (st.err != 0)
+    return st.err;
+  if (st.nkeys == 0)
+    return fail(&st, 0, "no settings found: expected at least [cluster] ps and workers");
+  int rc = check_settings(&st);
+  return rc != 0 ? rc : check_cross(&st);
+}
+
+int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    int e = errno;
+    return ps_err_set(eb, -e, "%s: cannot open: %s", path, strerror(e));
+  }
+  /* One byte more than the limit tells a file over it; one more for the NUL. */
+  char *text = malloc(CONFIG_MAX_BYTES + 2);
+  size_t len = 0;
+  errno = 0;
+  if (text != NULL) {
+    len = fread(text, 1, CONFIG_MAX_BYTES + 1, f);
+    text[len] = '\0';
+  }
+  int rc = 0, e = errno != 0 ? errno : EIO;
+  if (text == NULL)
+    rc = ps_err_set(eb, -ENOMEM, "%s: out of memory", path);
+  else if (ferror(f))
+    rc = ps_err_set(eb, -e, "%s: cannot read: %s", path, strerror(e));
+  else if (len > CONFIG_MAX_BYTES)
+    rc = ps_err_set(eb, PS_ECONFIG, "%s: more than %d bytes: expected a small text file", path,
+                    CONFIG_MAX_BYTES);
+  else if (strlen(text) < len)
+    rc = ps_err_set(eb, PS_ECONFIG, "%s: NUL byte at offset %zu: expected a text file", path,
+                    strlen(text));
+  fclose(f);
+  if (rc == 0)
+    rc = ps_config_parse(path, text, c, eb);
+  free(text);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The secret and addresses                                                  */
+/* ------------------------------------------------------------------------ */
+
+int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb) {
+  char path[2 * PS_CONFIG_PATH_MAX], more[2];
+  const char *slash = strrchr(c->path, '/');
+  if (c->secret_file[0] == '/' || slash == NULL)
+    snprintf(path, sizeof path, "%s", c->secret_file);
+  else
+    snprintf(path, sizeof path, "%.*s/%s", (int)(slash - c->path), c->path, c->secret_file);
+  cap = cap > INT_MAX ? INT_MAX : cap;
+
+  struct stat sb;
+  size_t n = 0, extra = 0;
+  int rc = 0;
+  FILE *f = fopen(path, "rbe"); /* e: close on exec */
+  if (f == NULL || fstat(fileno(f), &sb) != 0) {
+    int e = errno;
+    rc = ps_err_set(eb, -e, "secret %s: cannot open: %s", path, strerror(e));
+  } else if (!S_ISREG(sb.st_mode)) {
+    rc = ps_err_set(eb, PS_ECONFIG, "secret %s: not a regular file: expected a file of %d+ bytes",
+                    path, SECRET_MIN);
+  } else if ((sb.st_mode & 077) != 0) {
+    rc = ps_err_set(eb, PS_ECONFIG,
+                    "secret %s has mode %04o: expected no access for group and others "
+                    "(chmod 600 %s)",
+                    path, (unsigned)(sb.st_mode & 07777), path);
+  } else {
+    errno = 0;
+    n = fread(buf, 1, cap, f);
+    extra = fread(more, 1, sizeof more, f);
+    /* One trailing newline is what `echo > file` leaves; it is not part of
+     * the secret, even when it is the byte past cap. */
+    if (extra == 1 && more[0] == '\n' && n == cap)
+      extra = 0;
+    else if (extra == 0 && n > 0 && buf[n - 1] == '\n')
+      n--;
+    int e = errno != 0 ? errno : EIO;
+    if (ferror(f))
+      rc = ps_err_set(eb, -e, "secret %s: cannot read: %s", path, strerror(e));
+    else if (extra > 0)
+      rc = ps_err_set(eb, PS_ECONFIG, "secret %s is longer than %zu bytes: expected at most %zu",
+                      path, cap, cap);
+    else if (n < SECRET_MIN)
+      rc = ps_err_set(eb, PS_ECONFIG,
+                      "secret %s is %zu bytes: expected at least %d (e.g. "
+                      "head -c 32 /dev/urandom | base64 > %s)",
+                      path, n, SECRET_MIN, path);
+  }
+  if (f != NULL)
+    fclose(f);
+  if (rc != 0) {
+    /* Leave nothing of a refused secret behind in the caller's buffer. */
+    explicit_bzero(buf, n);
+    return rc;
+  }
+  return (int)n;
+}
+
+int ps_addr_parse(const char *text, ps_addr *out) {
+  const char *host = text, *end, *port;
+  if (text[0] == '[') {
+    host = text + 1;
+    end = strchr(host, ']');
+    if (end == NULL || end[1] != ':')
+      return PS_ECONFIG;
+    port = end + 2;
+  } else {
+    end = strrchr(text, ':');
+    if (end == NULL || memchr(text, ':', (size_t)(end - text)) != NULL)
+      return PS_ECONFIG;
+    port = end + 1;
+  }
+  size_t n = (size_t)(end - host);
+  if (n == 0 || n >= sizeof out->host)
+    return PS_ECONFIG;
+  for (size_t i = 0; i < n; i++)
+    if (!isgraph((unsigned char)host[i]) || strchr("[],", host[i]) != NULL)
+      return PS_ECONFIG;
+  /* strtoll would also take a sign or leading blanks. */
+  int64_t p;
+  if (!isdigit((unsigned char)port[0]) || ps_parse_i64(port, 1, 65535, &p) != 0)
+    return PS_ECONFIG;
+  memcpy(out->host, host, n);
+  out->host[n] = '\0';
+  out->port = (uint16_t)p;
+  return 0;
+}
+
+const char *ps_addr_format(const ps_addr *a, char *buf, size_t len) {
+  if (len > 0 && strchr(a->host, ':') != NULL)
+    snprintf(buf, len, "[%s]:%u", a->host, (unsigned)a->port);
+  else if (len > 0)
+    snprintf(buf, len, "%s:%u", a->host, (unsigned)a->port);
+  return buf;
+}

@@ -1,0 +1,272 @@
+/* A framed connection on a libuv TCP handle (see conn.h). */
+#include "net/conn.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Frames start at an offset of 8 mod 16 in the read buffer, so that every
+ * payload (after the 24-byte header) is 16-byte aligned and its floats can
+ * be used in place. */
+#define FRAME_BASE 8
+#define READ_CHUNK (256 * 1024)
+
+struct ps_conn {
+  uv_tcp_t tcp;  /* first: the handle's address is the connection's */
+  uv_shutdown_t shutdown;
+  ps_conn_cbs cbs;
+  void *data;
+  uint8_t *rbuf;
+  size_t rcap, rpos, rlen;  /* unread bytes are [rpos, rlen) */
+  uint64_t max_payload;
+  ps_frame_header hdr;
+  int have_hdr;
+  int closing, failing;
+  int err;
+  char why[PS_PROTO_ERROR_MSG_MAX + 64];
+  char peer[64];
+  uint64_t bytes_in, bytes_out;
+};
+
+typedef struct wreq {
+  uv_write_t req;
+  ps_conn *c;
+  void (*done)(void *arg, int status);
+  void *arg;
+  uint8_t bytes[];
+} wreq;
+
+ps_conn *ps_conn_new(uv_loop_t *loop, const ps_conn_cbs *cbs, void *data) {
+  ps_conn *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return NULL;
+  if (uv_tcp_init(loop, &c->tcp) != 0) {
+    free(c);
+    return NULL;
+  }
+  c->cbs = *cbs;
+  c->data = data;
+  c->tcp.data = c;
+  snprintf(c->peer, sizeof c->peer, "?");
+  return c;
+}
+
+uv_tcp_t *ps_conn_tcp(ps_conn *c) { return &c->tcp; }
+void *ps_conn_data(const ps_conn *c) { return c->data; }
+void ps_conn_set_data(ps_conn *c, void *data) { c->data = data; }
+const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
+uint64_t ps_conn_bytes_in(const ps_conn *c) { return c->bytes_in; }
+uint64_t ps_conn_bytes_out(const ps_conn *c) { return c->bytes_out; }
+void ps_conn_set_max_payload(ps_conn *c, uint64_t max_payload) { c->max_payload = max_payload; }
+
+static void on_closed(uv_handle_t *h) {
+  ps_conn *c = h->data;
+  if (c->cbs.on_close != NULL)
+    c->cbs.on_close(c, c->err, c->why);
+  free(c->rbuf);
+  free(c);
+}
+
+/* Close with a reason; the first reason given is the one reported. */
+static void close_with(ps_conn *c, int err, const char *why) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  c->err = err;
+  if (why != c->why)
+    snprintf(c->why, sizeof c->why, "%s", why);
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+void ps_conn_close(ps_conn *c) { close_with(c, 0, "closed"); }
+
+/* Make room for at least `need` bytes after rlen, keeping [rpos, rlen) and
+ * moving it to FRAME_BASE.  @return 0 or UV_ENOMEM. */
+static int reserve(ps_conn *c, size_t need) {
+  size_t have = c->rlen - c->rpos;
+  if (c->rbuf != NULL && c->rcap - c->rlen >= need)
+    return 0;
+  if (c->rbuf != NULL && c->rpos > FRAME_BASE && c->rcap - FRAME_BASE - have >= need) {
+    memmove(c->rbuf + FRAME_BASE, c->rbuf + c->rpos, have);
+  } else {
+    size_t cap = FRAME_BASE + have + need;
+    if (cap < 2 * c->rcap && c->rcap < 64u * 1024 * 1024)
+      cap = 2 * c->rcap;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, cap) != 0)
+      return UV_ENOMEM;
+    if (have)
+      memcpy((uint8_t *)p + FRAME_BASE, c->rbuf + c->rpos, have);
+    free(c->rbuf);
+    c->rbuf = p;
+    c->rcap = cap;
+  }
+  c->rpos = FRAME_BASE;
+  c->rlen = FRAME_BASE + have;
+  return 0;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  ps_conn *c = h->data;
+  size_t need = READ_CHUNK;
+  if (c->have_hdr) {
+    /* Room for the rest of this frame at once, so a large payload is read
+     * straight into place. */
+    size_t frame = PS_PROTO_HEADER_SIZE + (size_t)c->hdr.length;
+    size_t have = c->rlen - c->rpos;
+    if (frame > have && frame - have > need)
+      need = frame - have;
+  }
+  if (reserve(c, need) != 0) {
+    buf->base = NULL;
+    buf->len = 0;
+    return;
+  }
+  buf->base = (char *)c->rbuf + c->rlen;
+  buf->len = c->rcap - c->rlen;
+}
+
+static void process(ps_conn *c) {
+  while (!c->closing && !c->failing) {
+    size_t avail = c->rlen - c->rpos;
+    if (!c->have_hdr) {
+      if (avail < PS_PROTO_HEADER_SIZE)
+        break;
+      ps_errbuf eb = {0};
+      if (ps_proto_decode_header(c->rbuf + c->rpos, c->max_payload, &c->hdr, &eb) != 0) {
+        ps_conn_fail(c, eb.code, 0, "%s", eb.msg);
+        return;
+      }
+      c->have_hdr = 1;
+      if (c->rpos % 16 != FRAME_BASE) {
+        memmove(c->rbuf + FRAME_BASE, c->rbuf + c->rpos, avail);
+        c->rpos = FRAME_BASE;
+        c->rlen = FRAME_BASE + avail;
+      }
+    }
+    size_t frame = PS_PROTO_HEADER_SIZE + (size_t)c->hdr.length;
+    if (avail < frame)
+      break;
+    ps_frame_header h = c->hdr;
+    const uint8_t *payload = c->rbuf + c->rpos + PS_PROTO_HEADER_SIZE;
+    c->rpos += frame;
+    c->have_hdr = 0;
+    c->cbs.on_frame(c, &h, payload);
+  }
+  if (c->rpos == c->rlen)
+    c->rpos = c->rlen = FRAME_BASE;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  ps_conn *c = s->data;
+  if (nread < 0) {
+    close_with(c, (int)nread, nread == UV_EOF ? "peer closed the connection" : uv_strerror((int)nread));
+    return;
+  }
+  if (nread == 0)
+    return;
+  if (c->closing || c->failing)
+    return;
+  c->rlen += (size_t)nread;
+  c->bytes_in += (uint64_t)nread;
+  process(c);
+}
+
+int ps_conn_start(ps_conn *c, uint64_t max_payload) {
+  c->max_payload = max_payload;
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+      uv_ip4_name(a, ip, sizeof ip);
+      port = ntohs(a->sin_port);
+      snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    } else if (ss.ss_family == AF_INET6) {
+      struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+      uv_ip6_name(a, ip, sizeof ip);
+      port = ntohs(a->sin6_port);
+      snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, port);
+    }
+  }
+  /* Requests are small and answered at once: Nagle's delay would only add
+   * latency to every pull and push. */
+  uv_tcp_nodelay(&c->tcp, 1);
+  return uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static void on_written(uv_write_t *req, int status) {
+  wreq *w = (wreq *)req;
+  if (w->done != NULL)
+    w->done(w->arg, status);
+  free(w);
+}
+
+int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
+                 void (*done)(void *arg, int status), void *arg) {
+  if (c->closing)
+    return UV_ECANCELED;
+  wreq *w = malloc(sizeof *w + plen);
+  if (w == NULL)
+    return UV_ENOMEM;
+  memcpy(w->bytes, prefix, plen);
+  w->c = c;
+  w->done = done;
+  w->arg = arg;
+  uv_buf_t bufs[2] = {uv_buf_init((char *)w->bytes, (unsigned)plen),
+                      uv_buf_init((char *)data, (unsigned)dlen)};
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, dlen ? 2 : 1, on_written);
+  if (rc != 0) {
+    free(w);
+    return rc;
+  }
+  c->bytes_out += plen + dlen;
+  return 0;
+}
+
+int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id) {
+  uint8_t buf[PS_PROTO_HEADER_SIZE + PS_PROTO_SMALL_PAYLOAD_MAX];
+  size_t n = ps_proto_encode(m, request_id, buf, sizeof buf);
+  if (n == 0)
+    return UV_EINVAL;
+  return ps_conn_send(c, buf, n, NULL, 0, NULL, NULL);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  ps_conn *c = req->data;
+  c->failing = 0;
+  close_with(c, c->err, c->why);
+}
+
+void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...) {
+  if (c->closing || c->failing)
+    return;
+  ps_msg m = {.type = PS_MSG_ERROR};
+  m.u.error.code = code;
+  m.u.error.flags = flags;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
+  va_end(ap);
+  for (char *p = m.u.error.message; *p; p++)
+    if (*p == '\n' || *p == '\r' || (unsigned char)*p < 0x20)
+      *p = ' ';
+  snprintf(c->why, sizeof c->why, "%s", m.u.error.message);
+  c->err = code;
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  c->failing = 1;
+  /* The ERROR frame goes out first; the shutdown completes after it. */
+  ps_conn_send_msg(c, &m, 0);
+  c->shutdown.data = c;
+  if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) != 0) {
+    c->failing = 0;
+    close_with(c, code, c->why);
+  }
+}

@@ -1,0 +1,67 @@
+/* A framed connection on a libuv TCP handle: reads whole protocol frames
+ * (header checked, payload into an aligned buffer) and queues writes.  Used
+ * by the shard server and the client alike. */
+#ifndef PS_NET_CONN_H
+#define PS_NET_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "proto/proto.h"
+
+typedef struct ps_conn ps_conn;
+
+typedef struct ps_conn_cbs {
+  /* A whole frame arrived.  `payload` (h->length bytes, 16-byte aligned) is
+   * valid only during the call.  The callback may send, close the
+   * connection, or stop reading. */
+  void (*on_frame)(ps_conn *c, const ps_frame_header *h, const uint8_t *payload);
+  /* The connection is closed and its handle released: `err` is 0 after
+   * ps_conn_close, UV_EOF when the peer closed, another negative code on an
+   * I/O error or a frame the header check refused (`why` says which, one
+   * line).  The ps_conn is freed right after this returns. */
+  void (*on_close)(ps_conn *c, int err, const char *why);
+} ps_conn_cbs;
+
+/* A connection on `loop`, not yet connected.  Its TCP handle
+ * (ps_conn_tcp) is initialized: pass it to uv_accept or uv_tcp_connect,
+ * then call ps_conn_start.  @return NULL on allocation failure. */
+ps_conn *ps_conn_new(uv_loop_t *loop, const ps_conn_cbs *cbs, void *data);
+
+uv_tcp_t *ps_conn_tcp(ps_conn *c);
+void *ps_conn_data(const ps_conn *c);
+void ps_conn_set_data(ps_conn *c, void *data);
+
+/* Start reading frames; `max_payload` caps the float-carrying frames (see
+ * ps_proto_decode_header).  Records the peer's address for messages.
+ * @return 0 or a libuv error. */
+int ps_conn_start(ps_conn *c, uint64_t max_payload);
+void ps_conn_set_max_payload(ps_conn *c, uint64_t max_payload);
+
+/* "ip:port" of the peer, or "?" before ps_conn_start. */
+const char *ps_conn_peer(const ps_conn *c);
+
+/* Queue a frame: `prefix` (copied, at most PS_PROTO_PREFIX_MAX bytes)
+ * followed by `dlen` bytes at `data`, which must stay valid and unchanged
+ * until `done(arg, status)` runs (status 0, or a libuv error when the
+ * connection failed first).  done may be NULL.  @return 0 or a libuv
+ * error, in which case done is never called. */
+int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
+                 void (*done)(void *arg, int status), void *arg);
+
+/* Encode and queue a message without floats (copied).  @return 0 or an error. */
+int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id);
+
+/* Send an ERROR frame, stop reading, and close once it is written. */
+void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Close now (pending writes are cancelled: their done gets an error). */
+void ps_conn_close(ps_conn *c);
+
+/* Bytes received and sent so far. */
+uint64_t ps_conn_bytes_in(const ps_conn *c);
+uint64_t ps_conn_bytes_out(const ps_conn *c);
+
+#endif

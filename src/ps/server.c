@@ -1,0 +1,588 @@
+/* The parameter-server shard process (see server.h).
+ *
+ * One libuv loop serves every connection.  A connection starts with the
+ * shard's CHALLENGE (a random nonce); the client proves it knows the
+ * cluster secret with an HMAC over the nonce and its identity in HELLO, and
+ * the shard answers WELCOME or an ERROR and closes.  Then each request gets
+ * its reply with the same request id.  A pull may be held (sync: until the
+ * shard reaches the step asked for; ssp: until the slowest live worker is
+ * within the staleness bound).  Bad input of any kind gets an ERROR where
+ * one can be sent, the connection is closed, one line is logged naming the
+ * peer and the reason, and the shard's state is left as it was. */
+#include "ps/server.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/rand.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "layout/layout.h"
+#include "net/conn.h"
+#include "nn/model.h"
+#include "proto/proto.h"
+#include "ps/shard.h"
+
+#define HANDSHAKE_TIMEOUT_MS 10000
+#define TICK_MS 50
+
+typedef struct client client;
+
+typedef struct server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t tick;
+  const ps_config *cfg;
+  int index;
+  uint64_t incarnation;
+  uint8_t secret[4096];
+  size_t secret_len;
+  ps_model model;
+  ps_layout layout;
+  ps_shard shard;
+  uint64_t max_payload;
+  client *clients;
+  int nclients;
+  int stopping;
+  uint64_t sync_started_ns;  /* when the current step's first gradient came */
+  uint64_t pulls, bytes_in_closed, bytes_out_closed;
+} server;
+
+enum { C_HANDSHAKE = 0, C_READY };
+
+struct client {
+  server *srv;
+  ps_conn *conn;
+  client *prev, *next;
+  int state;
+  uint64_t accepted_ns;
+  uint8_t nonce[PS_PROTO_NONCE_SIZE];
+  int role;
+  uint32_t index;
+  uint64_t incarnation;
+  int pull_held;          /* a PULL waits for its condition */
+  uint64_t pull_req, pull_step;
+  int has_clock;
+  uint64_t clock;         /* ssp: steps the worker has completed */
+  char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
+  int refused;            /* REFUSE logged why it is closing */
+};
+
+/* ------------------------------------------------------------ replies */
+
+typedef struct reply_buf {
+  float *data;
+} reply_buf;
+
+static void reply_written(void *arg, int status) {
+  (void)status;
+  free(arg);
+}
+
+/* Send the slice as it is now.  The values are copied, so the reply is one
+ * version even if pushes are applied while it is being written. */
+static void send_pull_reply(client *cl, uint64_t req) {
+  server *s = cl->srv;
+  size_t bytes = s->shard.o.nfloats * sizeof(float);
+  float *copy = malloc(bytes ? bytes : 1);
+  if (copy == NULL) {
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
+                 s->index);
+    return;
+  }
+  memcpy(copy, s->shard.values, bytes);
+  ps_msg m = {.type = PS_MSG_PULL_REPLY};
+  m.u.pull_reply.version = s->shard.version;
+  m.u.pull_reply.global_step = s->shard.global_step;
+  m.u.pull_reply.count = s->shard.o.nfloats;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
+  if (ps_conn_send(cl->conn, prefix, plen, copy, bytes, reply_written, copy) != 0)
+    free(copy);
+  s->pulls++;
+}
+
+/* -------------------------------------------------- consistency rules */
+
+/* The smallest clock among live workers that have pulled at least once. */
+static int min_clock(const server *s, uint64_t *out) {
+  int found = 0;
+  for (const client *c = s->clients; c != NULL; c = c->next)
+    if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->has_clock &&
+        (!found || c->clock < *out)) {
+      *out = c->clock;
+      found = 1;
+    }
+  return found;
+}
+
+static int pull_ready(const server *s, const client *cl) {
+  switch (s->cfg->consistency) {
+  case PS_CONSISTENCY_SYNC:
+    return s->shard.version >= cl->pull_step;
+  case PS_CONSISTENCY_SSP: {
+    uint64_t lo = 0;
+    if (!min_clock(s, &lo))
+      return 1;
+    return cl->pull_step <= lo + (uint64_t)s->cfg->staleness;
+  }
+  default:
+    return 1;
+  }
+}
+
+/* Answer every held pull whose condition now holds. */
+static void release_pulls(server *s) {
+  for (client *c = s->clients; c != NULL; c = c->next)
+    if (c->pull_held && pull_ready(s, c)) {
+      c->pull_held = 0;
+      send_pull_reply(c, c->pull_req);
+    }
+}
+
+/* Sync: gradients the current step still waits for, given who is alive.
+ * A dead worker is not waited for past the timeout (see on_tick). */
+static void sync_progress(server *s) {
+  if (s->shard.accum_count > 0 && s->sync_started_ns == 0)
+    s->sync_started_ns = ps_now_ns();
+  if (s->shard.accum_count == 0)
+    s->sync_started_ns = 0;
+}
+
+/* ------------------------------------------------------------ handlers */
+
+static void set_name(client *cl) {
+  snprintf(cl->name, sizeof cl->name, "%s %u (%s)", ps_role_name(cl->role), cl->index,
+           ps_conn_peer(cl->conn));
+}
+
+/* Log, answer with ERROR, close.  The shard's state is not touched. */
+#define REFUSE(cl, code, flags, ...)                                                     \
+  do {                                                                                   \
+    char why_[512];                                                                      \
+    snprintf(why_, sizeof why_, __VA_ARGS__);                                            \
+    ps_log(PS_LOG_WARN, "%s: %s; closing", (cl)->name, why_);                            \
+    (cl)->refused = 1;                                                                   \
+    ps_conn_fail((cl)->conn, (code), (flags), "%s", why_);                               \
+  } while (0)
+
+static void on_hello(client *cl, const ps_msg_hello *h) {
+  server *s = cl->srv;
+  cl->role = h->role;
+  cl->index = h->index;
+  cl->incarnation = h->incarnation;
+  set_name(cl);
+  if (strcmp(h->cluster_id, s->cfg->cluster_id) != 0) {
+    REFUSE(cl, PS_ECONFIG, 0, "cluster id '%s', this shard belongs to cluster '%s'", h->cluster_id,
+           s->cfg->cluster_id);
+    return;
+  }
+  if (!ps_proto_auth_check(s->secret, s->secret_len, cl->nonce, h)) {
+    REFUSE(cl, -EACCES, 0, "authentication failed: the HELLO's proof does not match the "
+                           "cluster secret");
+    return;
+  }
+  if (h->layout_hash != s->layout.hash) {
+    REFUSE(cl, PS_ELAYOUT, 0,
+           "layout hash %016" PRIx64 ", this shard's is %016" PRIx64
+           " (another model, shard count or placement)",
+           h->layout_hash, s->layout.hash);
+    return;
+  }
+  if (h->role == PS_ROLE_WORKER && h->index >= (uint32_t)s->cfg->nworkers) {
+    REFUSE(cl, PS_ECONFIG, 0, "worker index %u, the cluster has workers 0..%d", h->index,
+           s->cfg->nworkers - 1);
+    return;
+  }
+  if (h->role != PS_ROLE_WORKER && h->role != PS_ROLE_TOOL && h->role != PS_ROLE_CHIEF) {
+    REFUSE(cl, PS_EFORMAT, 0, "role %s may not connect to a shard", ps_role_name(h->role));
+    return;
+  }
+  cl->state = C_READY;
+  if (h->role == PS_ROLE_WORKER && s->shard.target < s->shard.o.replicas_to_aggregate) {
+    /* A worker is back: sync steps wait for the full count again. */
+    ps_shard_sync_reset_target(&s->shard);
+    ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
+           s->shard.target);
+  }
+  ps_msg m = {.type = PS_MSG_WELCOME};
+  m.u.welcome.index = (uint32_t)s->index;
+  m.u.welcome.consistency = (uint8_t)s->cfg->consistency;
+  m.u.welcome.incarnation = s->incarnation;
+  m.u.welcome.layout_hash = s->layout.hash;
+  m.u.welcome.slice_floats = s->shard.o.nfloats;
+  m.u.welcome.version = s->shard.version;
+  m.u.welcome.global_step = s->shard.global_step;
+  m.u.welcome.max_payload = (uint32_t)s->max_payload;
+  ps_conn_send_msg(cl->conn, &m, 0);
+  ps_log(PS_LOG_INFO, "%s: connected (incarnation %" PRIu64 ")", cl->name, cl->incarnation);
+}
+
+static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
+  server *s = cl->srv;
+  if (cl->pull_held) {
+    REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
+    return;
+  }
+  if (s->cfg->consistency == PS_CONSISTENCY_SSP && cl->role == PS_ROLE_WORKER) {
+    cl->clock = p->step;
+    cl->has_clock = 1;
+  }
+  cl->pull_req = req;
+  cl->pull_step = p->step;
+  if (cl->role != PS_ROLE_WORKER || pull_ready(s, cl))
+    send_pull_reply(cl, req);
+  else
+    cl->pull_held = 1;
+  /* A new clock may let others through. */
+  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
+    release_pulls(s);
+}
+
+static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
+  server *s = cl->srv;
+  if (cl->role != PS_ROLE_WORKER) {
+    REFUSE(cl, PS_EFORMAT, 0, "PUSH from a %s: only workers push", ps_role_name(cl->role));
+    return;
+  }
+  if (p->worker != cl->index) {
+    REFUSE(cl, PS_EFORMAT, 0, "PUSH names worker %u on the connection of worker %u", p->worker,
+           cl->index);
+    return;
+  }
+  if (p->count != s->shard.o.nfloats) {
+    REFUSE(cl, PS_ELAYOUT, 0,
+           "PUSH of %" PRIu64 " floats: not this shard's slice, which holds %zu floats",
+           p->count, s->shard.o.nfloats);
+    return;
+  }
+  uint64_t before = s->shard.version;
+  ps_push_result r = ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data);
+  if (r == PS_SHARD_OLD_INCARNATION) {
+    REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
+           p->incarnation, p->worker);
+    return;
+  }
+  ps_msg m = {.type = PS_MSG_PUSH_ACK};
+  m.u.push_ack.seq = p->seq;
+  m.u.push_ack.version = s->shard.version;
+  m.u.push_ack.global_step = s->shard.global_step;
+  m.u.push_ack.status = r == PS_SHARD_APPLIED     ? PS_PUSH_APPLIED
+                        : r == PS_SHARD_DUPLICATE ? PS_PUSH_DUPLICATE
+                                                  : PS_PUSH_STALE;
+  ps_conn_send_msg(cl->conn, &m, req);
+  if (r == PS_SHARD_DUPLICATE)
+    ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
+           p->seq);
+  if (s->cfg->consistency == PS_CONSISTENCY_SYNC) {
+    sync_progress(s);
+    if (s->shard.version != before)
+      release_pulls(s);
+  }
+}
+
+static void on_stats(client *cl, uint64_t req) {
+  server *s = cl->srv;
+  ps_msg m = {.type = PS_MSG_STATS_REPLY};
+  ps_msg_stats_reply *r = &m.u.stats_reply;
+  r->version = s->shard.version;
+  r->global_step = s->shard.global_step;
+  r->incarnation = s->incarnation;
+  r->pushes_applied = s->shard.pushes_applied;
+  r->pushes_duplicate = s->shard.pushes_duplicate;
+  r->pushes_stale = s->shard.pushes_stale;
+  r->pulls = s->pulls;
+  r->bytes_in = s->bytes_in_closed;
+  r->bytes_out = s->bytes_out_closed;
+  for (client *c = s->clients; c != NULL; c = c->next) {
+    r->bytes_in += ps_conn_bytes_in(c->conn);
+    r->bytes_out += ps_conn_bytes_out(c->conn);
+  }
+  r->clients = (uint64_t)s->nclients;
+  ps_conn_send_msg(cl->conn, &m, req);
+}
+
+static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
+  client *cl = ps_conn_data(conn);
+  ps_msg m;
+  ps_errbuf eb = {0};
+  if (ps_proto_decode(h, payload, h->length, &m, &eb) != 0) {
+    REFUSE(cl, eb.code, 0, "%s", eb.msg);
+    return;
+  }
+  if (cl->state == C_HANDSHAKE) {
+    if (m.type != PS_MSG_HELLO) {
+      REFUSE(cl, PS_EFORMAT, 0, "%s before HELLO: expected HELLO first", ps_proto_type_name(m.type));
+      return;
+    }
+    on_hello(cl, &m.u.hello);
+    return;
+  }
+  switch (m.type) {
+  case PS_MSG_PULL:
+    on_pull(cl, h->request_id, &m.u.pull);
+    break;
+  case PS_MSG_PUSH:
+    on_push(cl, h->request_id, &m.u.push);
+    break;
+  case PS_MSG_STATS:
+    on_stats(cl, h->request_id);
+    break;
+  case PS_MSG_PING: {
+    ps_msg pong = {.type = PS_MSG_PONG};
+    pong.u.ping.token = m.u.ping.token;
+    ps_conn_send_msg(conn, &pong, h->request_id);
+    break;
+  }
+  default:
+    REFUSE(cl, PS_EFORMAT, 0, "unexpected %s from a client", ps_proto_type_name(m.type));
+  }
+}
+
+static void on_conn_close(ps_conn *conn, int err, const char *why) {
+  client *cl = ps_conn_data(conn);
+  server *s = cl->srv;
+  if (cl->refused || s->stopping)
+    ;
+  else if (err <= PS_EFORMAT && err > -5000)
+    /* The frame header was refused by the connection itself. */
+    ps_log(PS_LOG_WARN, "%s: %s; closing", cl->name, why);
+  else if (cl->state == C_READY && err == UV_EOF)
+    ps_log(PS_LOG_INFO, "%s: disconnected", cl->name);
+  else if (err != 0 && err != UV_EOF)
+    ps_log(PS_LOG_INFO, "%s: connection lost: %s", cl->name, why);
+  s->bytes_in_closed += ps_conn_bytes_in(conn);
+  s->bytes_out_closed += ps_conn_bytes_out(conn);
+  if (cl->prev != NULL)
+    cl->prev->next = cl->next;
+  else
+    s->clients = cl->next;
+  if (cl->next != NULL)
+    cl->next->prev = cl->prev;
+  s->nclients--;
+  free(cl);
+  /* A worker that is gone no longer holds the slowest clock. */
+  if (!s->stopping && s->cfg->consistency == PS_CONSISTENCY_SSP)
+    release_pulls(s);
+}
+
+static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_close = on_conn_close};
+
+static void on_connection(uv_stream_t *listener, int status) {
+  server *s = listener->data;
+  if (status != 0) {
+    ps_log(PS_LOG_WARN, "accept: %s", uv_strerror(status));
+    return;
+  }
+  client *cl = calloc(1, sizeof *cl);
+  ps_conn *conn = cl ? ps_conn_new(&s->loop, &conn_cbs, cl) : NULL;
+  if (conn == NULL) {
+    free(cl);
+    ps_log(PS_LOG_ERROR, "accept: out of memory");
+    return;
+  }
+  cl->srv = s;
+  cl->conn = conn;
+  cl->next = s->clients;
+  if (s->clients)
+    s->clients->prev = cl;
+  s->clients = cl;
+  s->nclients++;
+  if (uv_accept(listener, (uv_stream_t *)ps_conn_tcp(conn)) != 0 ||
+      ps_conn_start(conn, s->max_payload) != 0) {
+    ps_conn_close(conn);  /* on_conn_close unlinks and frees cl */
+    return;
+  }
+  cl->accepted_ns = ps_now_ns();
+  snprintf(cl->name, sizeof cl->name, "peer %s", ps_conn_peer(conn));
+  ps_msg m = {.type = PS_MSG_CHALLENGE};
+  RAND_bytes(cl->nonce, sizeof cl->nonce);
+  memcpy(m.u.challenge.nonce, cl->nonce, sizeof cl->nonce);
+  m.u.challenge.role = PS_ROLE_PS;
+  m.u.challenge.index = (uint32_t)s->index;
+  m.u.challenge.incarnation = s->incarnation;
+  ps_conn_send_msg(conn, &m, 0);
+}
+
+/* ---------------------------------------------------------------- loop */
+
+static void on_tick(uv_timer_t *t) {
+  server *s = t->data;
+  uint64_t now = ps_now_ns();
+  for (client *c = s->clients; c != NULL; c = c->next)
+    if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
+      REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);
+  if (s->cfg->consistency == PS_CONSISTENCY_SYNC && s->sync_started_ns != 0 &&
+      now - s->sync_started_ns > (uint64_t)s->cfg->sync_timeout_ms * 1000000ULL) {
+    int have = s->shard.accum_count;
+    if (ps_shard_sync_flush(&s->shard)) {
+      ps_log(PS_LOG_WARN,
+             "step %" PRIu64 ": %d of %d gradients after %" PRId64 " ms; applied them without the "
+             "missing workers, and go on with %d per step until a worker joins",
+             s->shard.version - 1, have, s->shard.o.replicas_to_aggregate, s->cfg->sync_timeout_ms,
+             have);
+      s->sync_started_ns = 0;
+      release_pulls(s);
+    }
+  }
+}
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
+static void stop(server *s, const char *why) {
+  if (s->stopping)
+    return;
+  s->stopping = 1;
+  ps_log(PS_LOG_INFO, "%s: stopping at version %" PRIu64 ", global step %" PRIu64, why,
+         s->shard.version, s->shard.global_step);
+  for (client *c = s->clients; c != NULL; c = c->next)
+    ps_conn_close(c->conn);
+  uv_close((uv_handle_t *)&s->listener, NULL);
+  uv_close((uv_handle_t *)&s->tick, NULL);
+  uv_close((uv_handle_t *)&s->sigterm, NULL);
+  uv_close((uv_handle_t *)&s->sigint, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static int listen_on(server *s, const ps_addr *a) {
+  struct sockaddr_storage ss;
+  int rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
+  if (rc != 0)
+    rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
+  if (rc != 0) {
+    /* A host name: resolve it once, now. */
+    uv_getaddrinfo_t req;
+    char port[8];
+    snprintf(port, sizeof port, "%u", a->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    rc = uv_getaddrinfo(&s->loop, &req, NULL, a->host, port, &hints);
+    if (rc != 0)
+      return rc;
+    memcpy(&ss, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen);
+    uv_freeaddrinfo(req.addrinfo);
+  }
+  rc = uv_tcp_init(&s->loop, &s->listener);
+  if (rc != 0)
+    return rc;
+  s->listener.data = s;
+  rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&ss, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
+  return rc;
+}
+
+int ps_server_run(const ps_config *cfg, int index) {
+  char tag[32];
+  snprintf(tag, sizeof tag, "ps.%d", index);
+  ps_log_init(tag, ps_log_level_parse(cfg->log_level) < 0 ? PS_LOG_INFO
+                                                           : ps_log_level_parse(cfg->log_level));
+  server *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return 1;
+  s->cfg = cfg;
+  s->index = index;
+  int status = 1, loop_open = 0, shard_open = 0;
+  ps_errbuf eb = {0};
+  ps_model_spec spec;
+  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
+  char desc[128];
+  int n = ps_config_read_secret(cfg, s->secret, sizeof s->secret, &eb);
+  if (n < 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  s->secret_len = (size_t)n;
+  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &eb) != 0 ||
+      ps_model_build(&spec, &s->model, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: [model]: %s", cfg->path, eb.msg);
+    goto out;
+  }
+  ps_layout_strategy_parse(cfg->layout_strategy, &strategy);
+  if (ps_layout_build(&s->model.vars, ps_model_spec_format(&spec, desc, sizeof desc), cfg->nps,
+                      strategy, cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes,
+                      &s->layout, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: [layout]: %s", cfg->path, eb.msg);
+    goto out;
+  }
+  ps_shard_opts so = {.index = index, .nworkers = cfg->nworkers,
+                      .nfloats = s->layout.shard_floats[index],
+                      .consistency = cfg->consistency,
+                      .replicas_to_aggregate = cfg->replicas_to_aggregate > 0
+                                                   ? (int)cfg->replicas_to_aggregate
+                                                   : cfg->nworkers};
+  so.optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
+  ps_optim_parse(cfg->optimizer, &so.optim);
+  so.optim.lr = (float)cfg->lr;
+  so.optim.momentum = (float)cfg->momentum;
+  so.optim.weight_decay = (float)cfg->weight_decay;
+  ps_sched_parse(cfg->schedule, &so.sched);
+  so.sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  if (ps_shard_init(&s->shard, &so, NULL) != 0) {
+    ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
+    goto out;
+  }
+  shard_open = 1;
+  /* Until the chief exists (step 4) a shard initializes its own slice from
+   * the model's seeded initializers: the same values the whole model gets
+   * in `paramserv train` with the same seed. */
+  ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, s->shard.values);
+  s->max_payload = ps_proto_max_payload(so.nfloats);
+  /* Until Redis hands out epochs (step 3), an incarnation is the start time
+   * in nanoseconds: it still grows with every start. */
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  s->incarnation = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+
+  if (uv_loop_init(&s->loop) != 0)
+    goto out;
+  loop_open = 1;
+  int rc = listen_on(s, &cfg->ps[index]);
+  char addr[300];
+  ps_addr_format(&cfg->ps[index], addr, sizeof addr);
+  if (rc != 0) {
+    ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s", cfg->path, index,
+           addr, uv_strerror(rc));
+    uv_walk(&s->loop, close_walk, NULL);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    goto out;
+  }
+  uv_timer_init(&s->loop, &s->tick);
+  s->tick.data = s;
+  uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
+  uv_signal_init(&s->loop, &s->sigterm);
+  uv_signal_init(&s->loop, &s->sigint);
+  s->sigterm.data = s->sigint.data = s;
+  uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+  uv_signal_start(&s->sigint, on_signal, SIGINT);
+  ps_log(PS_LOG_INFO,
+         "listening on %s: shard %d of %d, %zu floats (%s), %s, layout %016" PRIx64, addr, index,
+         cfg->nps, so.nfloats, desc,
+         cfg->consistency == PS_CONSISTENCY_SYNC  ? "sync"
+         : cfg->consistency == PS_CONSISTENCY_SSP ? "ssp"
+                                                  : "async",
+         s->layout.hash);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  status = 0;
+out:
+  if (loop_open && uv_loop_close(&s->loop) != 0)
+    ps_log(PS_LOG_WARN, "event loop closed with handles still open");
+  if (shard_open)
+    ps_shard_close(&s->shard);
+  ps_layout_close(&s->layout);
+  ps_model_close(&s->model);
+  free(s);
+  return status;
+}

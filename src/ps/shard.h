@@ -1,0 +1,77 @@
+/* A parameter-server shard's state and its update rules, without I/O: the
+ * slice of values, the optimizer slots, the version, the global step, the
+ * exactly-once table and the sync-mode aggregation.  The server (server.c)
+ * feeds it decoded requests. */
+#ifndef PS_PS_SHARD_H
+#define PS_PS_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "optim/optim.h"
+
+typedef struct ps_shard_opts {
+  int index;                /* shard index; shard 0 keeps the global step */
+  int nworkers;             /* worker indices are [0, nworkers) */
+  size_t nfloats;           /* the slice's length */
+  ps_optim optim;
+  ps_sched sched;
+  int consistency;          /* ps_consistency */
+  int replicas_to_aggregate;  /* sync: gradients per step (>= 1) */
+} ps_shard_opts;
+
+/* Per worker: its newest incarnation and the last sequence applied from it. */
+typedef struct ps_once {
+  uint64_t incarnation;
+  uint64_t last_seq;
+} ps_once;
+
+typedef struct ps_shard {
+  ps_shard_opts o;
+  float *values;                      /* nfloats */
+  float *slots[PS_OPTIM_MAX_SLOTS];   /* ps_optim_nslots(kind) of nfloats */
+  float *accum;                       /* sync: the sum of this step's gradients */
+  int accum_count;
+  int target;             /* sync: gradients that complete a step (see ps_shard_sync_flush) */
+  uint64_t version;       /* updates applied to the slice */
+  uint64_t global_step;   /* shard 0: its version; others: the newest seen */
+  ps_once *once;          /* nworkers entries */
+  uint64_t pushes_applied, pushes_duplicate, pushes_stale;
+} ps_shard;
+
+/* Allocate the state; values start as `initial` (copied) or zero when NULL,
+ * slots at the optimizer's initial values.  @return 0 or -ENOMEM. */
+int ps_shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial);
+void ps_shard_close(ps_shard *s);
+
+/* The result of a push. */
+typedef enum ps_push_result {
+  PS_SHARD_APPLIED = 0,  /* applied (async, ssp) or counted into the step (sync) */
+  PS_SHARD_DUPLICATE,    /* (worker, incarnation, seq) was already applied */
+  PS_SHARD_STALE,        /* sync: computed at another step; dropped */
+  PS_SHARD_OLD_INCARNATION,  /* a newer incarnation of the worker pushed: refused */
+} ps_push_result;
+
+/* Apply one worker's gradient for the whole slice (g: nfloats floats, may
+ * be unaligned: read with memcpy semantics).  Exactly once: a push whose
+ * seq is at most the last applied from the same (worker, incarnation) is a
+ * DUPLICATE and changes nothing; a newer incarnation resets the worker's
+ * sequence.  `step` is the global step the gradient was computed at; the
+ * learning rate is the schedule's value at that step.  In sync mode, the
+ * replicas_to_aggregate-th gradient of the current step applies their mean
+ * and advances the version.  worker must be < nworkers. */
+ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
+                             uint64_t step, const void *g);
+
+/* Sync: apply the mean of the gradients gathered so far for this step, if
+ * any: the timeout path, when workers are missing.  The steps after it are
+ * complete with as many gradients as this one had, so the live workers go
+ * on without waiting out the timeout again, until ps_shard_sync_reset_target
+ * (a worker connected).  @return 1 if applied. */
+int ps_shard_sync_flush(ps_shard *s);
+
+/* Sync: wait for replicas_to_aggregate gradients per step again. */
+void ps_shard_sync_reset_target(ps_shard *s);
+
+#endif

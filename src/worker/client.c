@@ -1,0 +1,460 @@
+/* The paramserv client (include/paramserv/client.h): one libuv loop, one
+ * connection per shard, every request to every shard in flight at once.
+ *
+ * Each shard link goes DOWN -> CONNECTING -> HANDSHAKE -> READY.  A call
+ * sets the operation each link must complete (a pull, or a push with its
+ * sequence number) and runs the loop until all are done.  A link that
+ * fails goes back to DOWN, waits out a backoff with full jitter, connects
+ * again and re-sends its operation: the same push with the same sequence,
+ * which the shard applies at most once. */
+#include "paramserv/client.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/timeutil.h"
+#include "layout/layout.h"
+#include "net/conn.h"
+#include "nn/model.h"
+#include "proto/proto.h"
+
+#define BACKOFF_BASE_MS 100
+#define BACKOFF_CAP_MS 5000
+
+enum { L_DOWN = 0, L_CONNECTING, L_HANDSHAKE, L_READY };
+enum { OP_NONE = 0, OP_PULL, OP_PUSH };
+
+typedef struct link {
+  struct ps_client *cl;
+  int index;
+  int state;
+  ps_conn *conn;
+  uv_connect_t connect_req;
+  uv_timer_t retry;
+  int attempts;
+  uint64_t down_since_ns;  /* 0 while connected */
+  char last_error[512];
+  /* The operation this link must finish in the current call. */
+  int op, done;
+  uint64_t req_id;
+  uint64_t pull_step;
+  uint64_t seq;            /* of the current push */
+  float *slice;            /* the push's gradient slice, owned */
+  /* What the shard said last. */
+  uint64_t version, global_step;
+  uint64_t pulled_version; /* of the weights the current gradient was computed on */
+  uint32_t ack_status;
+  int consistency;
+} link;
+
+struct ps_client {
+  uv_loop_t loop;
+  ps_config cfg;
+  int index;
+  uint64_t incarnation;
+  uint8_t secret[4096];
+  size_t secret_len;
+  ps_model model;
+  ps_layout layout;
+  link *links;
+  int nlinks;
+  ps_rng rng;
+  uint64_t next_req;
+  float *params;           /* the current pull's destination */
+  uint64_t pushes;         /* completed pushes: the ssp clock */
+  uint64_t duplicates, stale;
+  int fatal;               /* a non-retryable error ended the call */
+  int fatal_code;
+  char error[1024];
+};
+
+static void set_error(ps_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_error(ps_client *c, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->error, sizeof c->error, fmt, ap);
+  va_end(ap);
+  c->fatal = 1;
+  c->fatal_code = code;
+}
+
+static void link_connect(link *l);
+
+static void on_retry(uv_timer_t *t) { link_connect(t->data); }
+
+/* The link failed: wait, then connect again (unless the call is over). */
+static void link_down(link *l, const char *why) {
+  ps_client *c = l->cl;
+  l->state = L_DOWN;
+  l->conn = NULL;
+  if (l->down_since_ns == 0)
+    l->down_since_ns = ps_now_ns();
+  snprintf(l->last_error, sizeof l->last_error, "%s", why);
+  if (c->fatal)
+    return;
+  uint64_t cap = (uint64_t)BACKOFF_BASE_MS << (l->attempts < 6 ? l->attempts : 6);
+  if (cap > BACKOFF_CAP_MS)
+    cap = BACKOFF_CAP_MS;
+  uint64_t delay = ps_rng_below(&c->rng, cap + 1);
+  l->attempts++;
+  char addr[300];
+  ps_addr_format(&c->cfg.ps[l->index], addr, sizeof addr);
+  double waited = (double)(ps_now_ns() - l->down_since_ns) * 1e-9;
+  ps_log(PS_LOG_WARN, "waiting for shard %d (%s): %s; retry %d in %" PRIu64 " ms (down %.1f s)",
+         l->index, addr, why, l->attempts, delay, waited);
+  if (c->cfg.worker_give_up_s > 0 && waited > (double)c->cfg.worker_give_up_s) {
+    set_error(c, -ETIMEDOUT, "shard %d (%s) unreachable for %.0f s ([worker] give_up_s = %" PRId64
+              "): %s", l->index, addr, waited, c->cfg.worker_give_up_s, why);
+    return;
+  }
+  uv_timer_start(&l->retry, on_retry, delay, 0);
+}
+
+static void send_op(link *l) {
+  ps_client *c = l->cl;
+  if (l->op == OP_NONE || l->done || l->state != L_READY)
+    return;
+  l->req_id = ++c->next_req;
+  ps_msg m;
+  memset(&m, 0, sizeof m);
+  if (l->op == OP_PULL) {
+    m.type = PS_MSG_PULL;
+    m.u.pull.worker = (uint32_t)c->index;
+    m.u.pull.step = l->pull_step;
+    ps_conn_send_msg(l->conn, &m, l->req_id);
+    return;
+  }
+  m.type = PS_MSG_PUSH;
+  m.u.push.worker = (uint32_t)c->index;
+  m.u.push.incarnation = c->incarnation;
+  m.u.push.seq = l->seq;
+  /* Sync compares the step with the shard's own version; the others use
+   * the global step for the learning-rate schedule. */
+  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
+                                                        : c->links[0].global_step;
+  m.u.push.count = c->layout.shard_floats[l->index];
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, l->req_id, prefix);
+  /* The slice stays untouched until its ack, which comes after the write. */
+  ps_conn_send(l->conn, prefix, plen, l->slice, m.u.push.count * sizeof(float), NULL, NULL);
+}
+
+static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
+  link *l = ps_conn_data(conn);
+  ps_client *c = l->cl;
+  ps_msg m;
+  ps_errbuf eb = {0};
+  if (ps_proto_decode(h, payload, h->length, &m, &eb) != 0) {
+    ps_log(PS_LOG_WARN, "shard %d: %s; reconnecting", l->index, eb.msg);
+    ps_conn_close(conn);
+    return;
+  }
+  if (m.type == PS_MSG_ERROR) {
+    if (m.u.error.flags & PS_ERROR_RETRY) {
+      ps_log(PS_LOG_WARN, "shard %d: %s; reconnecting", l->index, m.u.error.message);
+      ps_conn_close(conn);
+    } else {
+      set_error(c, m.u.error.code, "shard %d refused worker %d: %s", l->index, c->index,
+                m.u.error.message);
+      ps_conn_close(conn);
+    }
+    return;
+  }
+  switch (l->state) {
+  case L_HANDSHAKE:
+    if (m.type == PS_MSG_CHALLENGE) {
+      ps_msg hello = {.type = PS_MSG_HELLO};
+      hello.u.hello.role = PS_ROLE_WORKER;
+      hello.u.hello.index = (uint32_t)c->index;
+      hello.u.hello.incarnation = c->incarnation;
+      hello.u.hello.layout_hash = c->layout.hash;
+      snprintf(hello.u.hello.cluster_id, sizeof hello.u.hello.cluster_id, "%s",
+               c->cfg.cluster_id);
+      ps_proto_auth_proof(c->secret, c->secret_len, m.u.challenge.nonce, &hello.u.hello,
+                          hello.u.hello.proof);
+      ps_conn_send_msg(conn, &hello, 0);
+      return;
+    }
+    if (m.type == PS_MSG_WELCOME) {
+      if (m.u.welcome.slice_floats != c->layout.shard_floats[l->index]) {
+        set_error(c, PS_ELAYOUT, "shard %d holds %" PRIu64 " floats, this worker's layout says %zu",
+                  l->index, m.u.welcome.slice_floats, c->layout.shard_floats[l->index]);
+        ps_conn_close(conn);
+        return;
+      }
+      ps_conn_set_max_payload(conn, ps_proto_max_payload(c->layout.shard_floats[l->index]));
+      l->state = L_READY;
+      l->version = m.u.welcome.version;
+      l->global_step = m.u.welcome.global_step;
+      l->consistency = m.u.welcome.consistency;
+      if (l->down_since_ns != 0 && l->attempts > 0)
+        ps_log(PS_LOG_INFO, "shard %d: connected again after %.1f s", l->index,
+               (double)(ps_now_ns() - l->down_since_ns) * 1e-9);
+      l->down_since_ns = 0;
+      l->attempts = 0;
+      send_op(l);
+      return;
+    }
+    break;
+  case L_READY:
+    if (h->request_id != l->req_id)
+      break;
+    if (m.type == PS_MSG_PULL_REPLY && l->op == OP_PULL && !l->done) {
+      if (m.u.pull_reply.count != c->layout.shard_floats[l->index])
+        break;
+      /* The payload is 16-byte aligned (net/conn.c), its floats at +32. */
+      ps_layout_scatter(&c->layout, &c->model.vars, l->index, (const float *)m.u.pull_reply.data,
+                        c->params);
+      l->version = l->pulled_version = m.u.pull_reply.version;
+      l->global_step = m.u.pull_reply.global_step;
+      l->done = 1;
+      return;
+    }
+    if (m.type == PS_MSG_PUSH_ACK && l->op == OP_PUSH && !l->done && m.u.push_ack.seq == l->seq) {
+      l->version = m.u.push_ack.version;
+      l->global_step = m.u.push_ack.global_step;
+      l->ack_status = m.u.push_ack.status;
+      if (l->ack_status == PS_PUSH_DUPLICATE)
+        c->duplicates++;
+      if (l->ack_status == PS_PUSH_STALE)
+        c->stale++;
+      l->done = 1;
+      return;
+    }
+    break;
+  default:
+    break;
+  }
+  ps_log(PS_LOG_WARN, "shard %d: unexpected %s; reconnecting", l->index,
+         ps_proto_type_name(m.type));
+  ps_conn_close(conn);
+}
+
+static void on_close(ps_conn *conn, int err, const char *why) {
+  link *l = ps_conn_data(conn);
+  (void)err;
+  if (l->conn == conn)
+    link_down(l, why);
+}
+
+static const ps_conn_cbs link_cbs = {.on_frame = on_frame, .on_close = on_close};
+
+static void on_connected(uv_connect_t *req, int status) {
+  link *l = req->data;
+  if (status != 0) {
+    /* The handle is closed by on_close through ps_conn_close. */
+    ps_conn *conn = l->conn;
+    snprintf(l->last_error, sizeof l->last_error, "connect: %s", uv_strerror(status));
+    ps_conn_close(conn);
+    return;
+  }
+  l->state = L_HANDSHAKE;
+  if (ps_conn_start(l->conn, PS_PROTO_SMALL_PAYLOAD_MAX) != 0)
+    ps_conn_close(l->conn);
+}
+
+static void link_connect(link *l) {
+  ps_client *c = l->cl;
+  if (c->fatal || l->state != L_DOWN)
+    return;
+  const ps_addr *a = &c->cfg.ps[l->index];
+  struct sockaddr_storage ss;
+  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
+      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
+    uv_getaddrinfo_t gai;
+    char port[8];
+    snprintf(port, sizeof port, "%u", a->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    int rc = uv_getaddrinfo(&c->loop, &gai, NULL, a->host, port, &hints);
+    if (rc != 0) {
+      char why[300];
+      snprintf(why, sizeof why, "cannot resolve %s: %s", a->host, uv_strerror(rc));
+      link_down(l, why);
+      return;
+    }
+    memcpy(&ss, gai.addrinfo->ai_addr, gai.addrinfo->ai_addrlen);
+    uv_freeaddrinfo(gai.addrinfo);
+  }
+  l->conn = ps_conn_new(&c->loop, &link_cbs, l);
+  if (l->conn == NULL) {
+    link_down(l, "out of memory");
+    return;
+  }
+  l->state = L_CONNECTING;
+  l->connect_req.data = l;
+  int rc = uv_tcp_connect(&l->connect_req, ps_conn_tcp(l->conn), (struct sockaddr *)&ss,
+                          on_connected);
+  if (rc != 0) {
+    snprintf(l->last_error, sizeof l->last_error, "connect: %s", uv_strerror(rc));
+    ps_conn_close(l->conn);
+  }
+}
+
+/* Run the loop until every link has done its operation, or a fatal error. */
+static int run_op(ps_client *c) {
+  c->fatal = 0;
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    l->done = 0;
+    if (l->state == L_DOWN && !uv_is_active((uv_handle_t *)&l->retry))
+      link_connect(l);
+    else
+      send_op(l);
+  }
+  for (;;) {
+    int pending = 0;
+    for (int i = 0; i < c->nlinks; i++)
+      pending += !c->links[i].done;
+    if (pending == 0 || c->fatal)
+      break;
+    uv_run(&c->loop, UV_RUN_ONCE);
+  }
+  for (int i = 0; i < c->nlinks; i++)
+    c->links[i].op = OP_NONE;
+  return c->fatal ? (c->fatal_code ? c->fatal_code : -EIO) : 0;
+}
+
+int ps_client_pull(ps_client *c, float *params) {
+  c->params = params;
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    l->op = OP_PULL;
+    switch (l->consistency) {
+    case PS_CONSISTENCY_SYNC:
+      /* The step after the one our last push counted in, or the shard's
+       * current step when it dropped that push as stale. */
+      l->pull_step = c->pushes == 0 || l->ack_status == PS_PUSH_STALE ? l->version
+                                                                      : l->pulled_version + 1;
+      break;
+    case PS_CONSISTENCY_SSP:
+      l->pull_step = c->pushes;
+      break;
+    default:
+      l->pull_step = 0;
+    }
+  }
+  return run_op(c);
+}
+
+int ps_client_push(ps_client *c, const float *grad) {
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
+    l->op = OP_PUSH;
+    l->seq++;
+  }
+  int rc = run_op(c);
+  if (rc == 0)
+    c->pushes++;
+  return rc;
+}
+
+const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }
+uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_step; }
+uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
+uint64_t ps_client_duplicates(const ps_client *c) { return c->duplicates; }
+uint64_t ps_client_stale(const ps_client *c) { return c->stale; }
+const char *ps_client_error(const ps_client *c) { return c->error; }
+
+static void close_walk(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (!uv_is_closing(h)) {
+    /* A connection's handle belongs to its ps_conn, which frees itself. */
+    if (h->type == UV_TCP && h->data != NULL && h->data != arg)
+      ps_conn_close((ps_conn *)h->data);
+    else
+      uv_close(h, NULL);
+  }
+}
+
+void ps_client_free(ps_client *c) {
+  if (c == NULL)
+    return;
+  if (c->links != NULL) {
+    c->fatal = 1;  /* no reconnects from here on */
+    uv_walk(&c->loop, close_walk, NULL);
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&c->loop);
+    for (int i = 0; i < c->nlinks; i++)
+      free(c->links[i].slice);
+    free(c->links);
+  }
+  ps_layout_close(&c->layout);
+  ps_model_close(&c->model);
+  free(c);
+}
+
+ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb) {
+  ps_client *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    ps_err_set(eb, -ENOMEM, "out of memory");
+    return NULL;
+  }
+  if (ps_config_load(config_path, &c->cfg, eb) != 0)
+    goto fail;
+  if (worker_index < 0 || worker_index >= c->cfg.nworkers) {
+    ps_err_set(eb, PS_EUSAGE, "worker index %d: %s lists workers 0..%d", worker_index,
+               config_path, c->cfg.nworkers - 1);
+    goto fail;
+  }
+  c->index = worker_index;
+  int n = ps_config_read_secret(&c->cfg, c->secret, sizeof c->secret, eb);
+  if (n < 0)
+    goto fail;
+  c->secret_len = (size_t)n;
+  ps_model_spec spec;
+  if (ps_model_spec_parse(c->cfg.model, c->cfg.hidden[0] ? c->cfg.hidden : NULL, &spec, eb) != 0 ||
+      ps_model_build(&spec, &c->model, eb) != 0)
+    goto fail;
+  char desc[128];
+  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
+  ps_layout_strategy_parse(c->cfg.layout_strategy, &strategy);
+  if (ps_layout_build(&c->model.vars, ps_model_spec_format(&spec, desc, sizeof desc), c->cfg.nps,
+                      strategy, c->cfg.split_bytes < 0 ? SIZE_MAX : (size_t)c->cfg.split_bytes,
+                      &c->layout, eb) != 0)
+    goto fail;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  c->incarnation = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+  ps_rng_seed(&c->rng, c->incarnation ^ (uint64_t)worker_index);
+  if (uv_loop_init(&c->loop) != 0) {
+    ps_err_set(eb, -ENOMEM, "cannot start an event loop");
+    goto fail;
+  }
+  c->nlinks = c->cfg.nps;
+  c->links = calloc((size_t)c->nlinks, sizeof *c->links);
+  if (c->links == NULL) {
+    uv_loop_close(&c->loop);
+    ps_err_set(eb, -ENOMEM, "out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    l->cl = c;
+    l->index = i;
+    l->slice = malloc((c->layout.shard_floats[i] ? c->layout.shard_floats[i] : 1) * sizeof(float));
+    uv_timer_init(&c->loop, &l->retry);
+    l->retry.data = l;
+    if (l->slice == NULL) {
+      ps_err_set(eb, -ENOMEM, "out of memory for shard %d's slice", i);
+      ps_client_free(c);
+      return NULL;
+    }
+  }
+  return c;
+fail:
+  ps_layout_close(&c->layout);
+  ps_model_close(&c->model);
+  free(c);
+  return NULL;
+}

@@ -1,0 +1,178 @@
+/* The worker process (see worker.h).
+ *
+ * Each iteration pulls the weights, computes the gradient of one batch of
+ * this worker's part of the data, and pushes it.  With a communication
+ * window n > 1 (DOWNPOUR) the worker takes n local SGD steps on its copy
+ * of the weights, summing their gradients, then pushes the sum (or the sum
+ * divided by n with ADAG) and pulls again. */
+#include "worker/worker.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "data/idx.h"
+#include "data/sampler.h"
+#include "nn/compute.h"
+#include "paramserv/client.h"
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+  (void)sig;
+  stop_requested = 1;
+}
+
+int ps_worker_run(const ps_config *cfg, int index) {
+  char tag[32];
+  snprintf(tag, sizeof tag, "worker.%d", index);
+  int level = ps_log_level_parse(cfg->log_level);
+  ps_log_init(tag, level < 0 ? PS_LOG_INFO : level);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
+  int status = 1;
+  ps_errbuf eb = {0};
+  ps_dataset train = {0}, test = {0};
+  ps_sampler sampler = {0};
+  ps_compute *compute = NULL;
+  float *params = NULL, *grad = NULL, *sum = NULL, *x = NULL, *test_x = NULL;
+  uint8_t *y = NULL;
+  size_t *idx = NULL;
+  ps_client *client = ps_client_new(cfg->path, index, &eb);
+  if (client == NULL) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    return 1;
+  }
+  const ps_vartable *vars = ps_client_vars(client);
+  ps_model model;
+  ps_model_spec spec;
+  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &eb) != 0 ||
+      ps_model_build(&spec, &model, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    ps_client_free(client);
+    return 1;
+  }
+  if (ps_dataset_load(cfg->data_dir, "train", &train, &eb) != 0 ||
+      (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &test, &eb) != 0)) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
+  int batch = (int)cfg->batch;
+  compute = ps_compute_new(&model, threads, batch, &eb);
+  size_t total = vars->total;
+  params = malloc(total * sizeof *params);
+  grad = malloc(total * sizeof *grad);
+  sum = cfg->window > 1 ? malloc(total * sizeof *sum) : NULL;
+  x = malloc((size_t)batch * model.in_size * sizeof *x);
+  y = malloc((size_t)batch);
+  idx = malloc((size_t)batch * sizeof *idx);
+  if (compute == NULL || params == NULL || grad == NULL || (cfg->window > 1 && sum == NULL) ||
+      x == NULL || y == NULL || idx == NULL ||
+      ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
+    ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
+    goto out;
+  }
+  uint64_t last = ps_client_last_step(client);
+  ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
+         index, cfg->nworkers, ps_sampler_part_size(&sampler), batch, threads, last);
+
+  uint64_t local = 0, samples = 0, window_steps = 0;
+  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
+  uint64_t samples_log = 0, steps_log = 0;
+  int rc = ps_client_pull(client, params);
+  while (rc == 0 && !stop_requested && (last == 0 || ps_client_global_step(client) < last)) {
+    size_t n = ps_sampler_next(&sampler, idx, (size_t)batch);
+    ps_dataset_images_f32(&train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
+    for (size_t i = 0; i < n; i++)
+      y[i] = train.labels[idx[i]];
+    /* Dropout masks are keyed by the sample's place in this worker's
+     * stream, unique per (worker, sample). */
+    uint64_t first = ((uint64_t)index << 48) + samples;
+    double loss = ps_compute_grad(compute, params, x, y, (int)n, (uint64_t)cfg->seed, first, grad, NULL);
+    local++;
+    samples += n;
+    loss_sum += loss;
+    steps_log++;
+    samples_log += n;
+    if (cfg->window > 1) {
+      /* DOWNPOUR: a local step on our copy, the gradient summed for the push. */
+      for (size_t i = 0; i < total; i++) {
+        sum[i] = window_steps ? sum[i] + grad[i] : grad[i];
+        params[i] -= (float)cfg->lr * grad[i];
+      }
+      if (++window_steps < (uint64_t)cfg->window)
+        continue;
+      if (cfg->adag) {
+        float inv = 1.0f / (float)window_steps;
+        for (size_t i = 0; i < total; i++)
+          sum[i] *= inv;
+      }
+      window_steps = 0;
+      rc = ps_client_push(client, sum);
+    } else {
+      rc = ps_client_push(client, grad);
+    }
+    if (rc == 0)
+      rc = ps_client_pull(client, params);
+    double now = ps_now_s();
+    if (steps_log >= (uint64_t)cfg->log_every) {
+      ps_log(PS_LOG_INFO,
+             "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %" PRIu64,
+             local, ps_client_global_step(client), loss_sum / (double)steps_log,
+             (double)samples_log / (now - tlog), sampler.pos.epoch);
+      tlog = now;
+      loss_sum = 0.0;
+      steps_log = samples_log = 0;
+    }
+  }
+  if (rc != 0) {
+    ps_log(PS_LOG_ERROR, "%s", ps_client_error(client));
+    goto out;
+  }
+  double secs = ps_now_s() - t0;
+  printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
+         " samples, %.1f s, samples/s %.1f, duplicates %" PRIu64 ", stale %" PRIu64 "\n",
+         index, local, ps_client_global_step(client), samples, secs,
+         secs > 0 ? (double)samples / secs : 0.0, ps_client_duplicates(client),
+         ps_client_stale(client));
+  if (index == 0 && !stop_requested) {
+    test_x = malloc(test.n * model.in_size * sizeof *test_x);
+    if (test_x == NULL) {
+      ps_log(PS_LOG_ERROR, "out of memory for the test set");
+      goto out;
+    }
+    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
+    size_t right = 0;
+    ps_compute_eval(compute, params, test_x, test.labels, test.n, &right);
+    printf("final test_acc %.4f global_step %" PRIu64 "\n", (double)right / (double)test.n,
+           ps_client_global_step(client));
+  }
+  fflush(stdout);
+  status = 0;
+out:
+  free(idx);
+  free(y);
+  free(x);
+  free(sum);
+  free(grad);
+  free(params);
+  free(test_x);
+  ps_compute_free(compute);
+  ps_sampler_close(&sampler);
+  ps_dataset_close(&test);
+  ps_dataset_close(&train);
+  ps_model_close(&model);
+  ps_client_free(client);
+  return status;
+}

@@ -1,0 +1,104 @@
+# Helpers for the integration tests: free ports, a cluster config, waiting
+# for a log line with a deadline, and cleanup of every process started.
+# Source it; it sets BIN and a work directory $T removed on exit.
+
+BIN=${PARAMSERV:-build/paramserv}
+T=$(mktemp -d)
+PIDS=()
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ -n "${KEEP:-}" ]; then echo "kept $T" >&2; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$T"/*.log; do
+    [ -f "$f" ] || continue
+    echo "--- $f (last 15 lines)" >&2
+    tail -n 15 "$f" >&2
+  done
+  exit 1
+}
+
+# free_ports N: N TCP ports on 127.0.0.1 that nothing listens on now.
+free_ports() {
+  /usr/bin/python3 - "$1" <<'PY'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# write_config FILE NPS NWORKERS [key=value in section form "section.key=value"]...
+write_config() {
+  local file=$1 nps=$2 nw=$3
+  shift 3
+  local ports
+  read -r -a ports <<<"$(free_ports $((nps + nw + 1)))"
+  local ps_list="" w_list="" i
+  for ((i = 0; i < nps; i++)); do ps_list+="${ps_list:+, }127.0.0.1:${ports[i]}"; done
+  for ((i = 0; i < nw; i++)); do w_list+="${w_list:+, }127.0.0.1:${ports[nps + i]}"; done
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/secret"
+  chmod 600 "$T/secret"
+  declare -A sections=()
+  local kv sec key
+  for kv in "$@"; do
+    sec=${kv%%.*}
+    key=${kv#*.}
+    sections[$sec]+="$key"$'\n'
+  done
+  {
+    echo "[cluster]"
+    echo "id = itest"
+    echo "secret_file = secret"
+    echo "chief = 127.0.0.1:${ports[nps + nw]}"
+    echo "ps = $ps_list"
+    echo "workers = $w_list"
+    echo "log_level = info"
+    printf '%s' "${sections[cluster]:-}"
+    for sec in "${!sections[@]}"; do
+      [ "$sec" = cluster ] && continue
+      echo "[$sec]"
+      printf '%s' "${sections[$sec]}"
+    done
+  } >"$file"
+}
+
+# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
+wait_for() {
+  local file=$1 pattern=$2 secs=$3 i
+  for ((i = 0; i < secs * 20; i++)); do
+    grep -q -- "$pattern" "$file" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  fail "no '$pattern' in $file within $secs s"
+}
+
+# start NAME CMD...: run CMD in the background, output to $T/NAME.log.
+start() {
+  local name=$1
+  shift
+  "$@" >"$T/$name.log" 2>&1 &
+  PIDS+=($!)
+  eval "PID_${name//[^a-zA-Z0-9]/_}=$!"
+}
+
+# wait_exit PID SECONDS: wait for the process to exit; prints its status.
+wait_exit() {
+  local pid=$1 secs=$2 i
+  for ((i = 0; i < secs * 20; i++)); do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      wait "$pid"
+      return $?
+    fi
+    sleep 0.05
+  done
+  fail "process $pid still running after $secs s"
+}

@@ -5,6 +5,8 @@ SAN      ?= 0
 NATIVE   ?= 1
 PREFIX   ?= /usr/local
 FUZZ_SECONDS ?= 20
+# The wire protocol faces the network: its smoke runs longest.
+FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
 
 PKGS     := openblas zlib libuv libcrypto inih libxxhash
 ifeq ($(SAN),1)
@@ -47,7 +49,8 @@ help:
 	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
 	@echo "make            build $(BIN)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
-	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each"
+	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each,"
+	@echo "                the wire protocol's for FUZZ_PROTO_SECONDS (default $(FUZZ_PROTO_SECONDS))"
 
 deps:
 	@scripts/deps
@@ -105,8 +108,9 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
 fuzz-smoke: $(FUZZ_BIN)
 	@set -e; for f in $(FUZZ_BIN); do \
 	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
-	  echo "== $$f ($(FUZZ_SECONDS) s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
+	  secs=$(FUZZ_SECONDS); [ $$n = fuzz_proto ] && secs=$(FUZZ_PROTO_SECONDS); \
+	  echo "== $$f ($$secs s)"; \
+	  $$f -max_total_time=$$secs -print_final_stats=0 \
 	      build/fuzz/corpus-$$n $$( [ -d tests/fuzz/seeds/$$n ] && echo tests/fuzz/seeds/$$n ) \
 	      2>build/fuzz/$$n.log || { tail -40 build/fuzz/$$n.log; exit 1; }; \
 	  grep -E '^(#[0-9]+ *DONE|Done)' build/fuzz/$$n.log | tail -1 || true; \

@@ -4,7 +4,7 @@
 # least 0.85 on shorter runs.  Every process must exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. tests/integration/lib.sh
+. tests/integration/lib.bash
 
 run_mode() {
   local mode=$1 last=$2 bar=$3

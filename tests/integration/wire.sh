@@ -3,7 +3,7 @@
 # (tests/integration/ps_wire.c does the talking).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-. tests/integration/lib.sh
+. tests/integration/lib.bash
 WIRE=${PS_WIRE:-$(dirname "$BIN")/tests/ps_wire}
 
 write_config "$T/wire.conf" 2 2 "model.name=mlp"

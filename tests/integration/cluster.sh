@@ -59,3 +59,24 @@ kill -TERM "$PID_sk_ps0" "$PID_sk_ps1"
 wait_exit "$PID_sk_ps0" 10 || fail "ps 0 exited $?"
 wait_exit "$PID_sk_ps1" 10 || fail "ps 1 exited $?"
 echo "ok: sync, worker 1 killed at step 100: $(grep -h 'without the missing' "$T/sk-ps0.log" | head -1 | sed 's/^ps.0: warn: //'); worker 0 $(sed -n 's/^final //p' "$T/sk-w0.log")"
+
+# DOWNPOUR's communication window with ADAG: 4 local steps per push, the
+# pushed gradient divided by 4.
+conf="$T/window.conf"
+write_config "$conf" 2 2 "model.name=mlp" "train.last_step=600" "train.window=4" "train.adag=yes" \
+  "train.threads=1" "train.log_every=100"
+start win-ps0 "$BIN" ps --config "$conf" --index 0
+start win-ps1 "$BIN" ps --config "$conf" --index 1
+wait_for "$T/win-ps0.log" "listening on" 10
+wait_for "$T/win-ps1.log" "listening on" 10
+start win-w0 "$BIN" worker --config "$conf" --index 0
+start win-w1 "$BIN" worker --config "$conf" --index 1
+wait_exit "$PID_win_w0" 120 || fail "window: worker 0 exited $?"
+wait_exit "$PID_win_w1" 120 || fail "window: worker 1 exited $?"
+acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/win-w0.log")
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.8) }' || fail "window 4 + adag: test accuracy '$acc', expected >= 0.8"
+local_steps=$(sed -n 's/^worker 0 done: \([0-9]*\) local steps.*/\1/p' "$T/win-w0.log")
+kill -TERM "$PID_win_ps0" "$PID_win_ps1"
+wait_exit "$PID_win_ps0" 10 || fail "ps 0 exited $?"
+wait_exit "$PID_win_ps1" 10 || fail "ps 1 exited $?"
+echo "ok: window 4 + adag: 600 pushes, worker 0 took $local_steps local steps, test accuracy $acc"

@@ -7,6 +7,7 @@
 int ps_cmd_train(int argc, char **argv);
 int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
+int ps_cmd_bench_ps(int argc, char **argv);
 
 /* Print "paramserv: error: <msg>" on one line to stderr. */
 void ps_cmd_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

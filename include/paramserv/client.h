@@ -62,6 +62,9 @@ uint64_t ps_client_global_step(const ps_client *c);
 /* The step limit of the cluster's config ([train] last_step, 0 = none). */
 uint64_t ps_client_last_step(const ps_client *c);
 
+/* Pushes this client completed: each was acknowledged by every shard. */
+uint64_t ps_client_pushes(const ps_client *c);
+
 /* Pushes of this client that shards reported as already applied
  * (re-sent after a reconnect) or dropped as stale (sync). */
 uint64_t ps_client_duplicates(const ps_client *c);

@@ -27,6 +27,7 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/shard.h"
+#include "replica/replica.h"
 
 #define HANDSHAKE_TIMEOUT_MS 10000
 #define TICK_MS 50
@@ -55,6 +56,8 @@ typedef struct server {
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
   reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
   int reply_nfree;
+  ps_replica *replica;   /* NULL with replication = off */
+  int status;            /* the exit status */
 } server;
 
 enum { C_HANDSHAKE = 0, C_READY };
@@ -75,7 +78,14 @@ struct client {
   uint64_t clock;         /* ssp: steps the worker has completed */
   char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
   int refused;            /* REFUSE logged why it is closing */
+  int refs;               /* acks waiting for Redis hold the client */
+  int closed;             /* its connection is gone */
 };
+
+static void client_unref(client *cl) {
+  if (--cl->refs == 0 && cl->closed)
+    free(cl);
+}
 
 /* ------------------------------------------------------------ replies */
 
@@ -280,6 +290,8 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   if (h->role == PS_ROLE_WORKER && s->shard.target < s->shard.o.replicas_to_aggregate) {
     /* A worker is back: sync steps wait for the full count again. */
     ps_shard_sync_reset_target(&s->shard);
+    if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
+      ps_replica_log(s->replica, PS_LOG_RESET, h->index, 0, 0, 0, NULL, 0, NULL, NULL);
     ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
            s->shard.target);
   }
@@ -317,6 +329,37 @@ static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
     release_pulls(s);
 }
 
+static void send_ack(client *cl, uint64_t req, uint64_t seq, uint64_t version, uint64_t gstep,
+                     uint32_t status) {
+  ps_msg m = {.type = PS_MSG_PUSH_ACK};
+  m.u.push_ack.seq = seq;
+  m.u.push_ack.version = version;
+  m.u.push_ack.global_step = gstep;
+  m.u.push_ack.status = status;
+  ps_conn_send_msg(cl->conn, &m, req);
+}
+
+typedef struct pending_ack {
+  client *cl;
+  uint64_t req, seq, version, global_step;
+  uint32_t status;
+} pending_ack;
+
+static void ack_logged(void *arg, int status) {
+  pending_ack *a = arg;
+  client *cl = a->cl;
+  if (status == -EPERM) {
+    /* Fenced: a newer incarnation owns the shard; this one acks nothing. */
+  } else if (!cl->closed) {
+    /* status < 0: Redis is away.  The shard serves on; the entry is in the
+     * full snapshot written when Redis is back (REDIS.md says what that
+     * risks). */
+    send_ack(cl, a->req, a->seq, a->version, a->global_step, a->status);
+  }
+  free(a);
+  client_unref(cl);
+}
+
 static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
   server *s = cl->srv;
   if (cl->role != PS_ROLE_WORKER) {
@@ -341,17 +384,28 @@ static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
            p->incarnation, p->worker);
     return;
   }
-  ps_msg m = {.type = PS_MSG_PUSH_ACK};
-  m.u.push_ack.seq = p->seq;
-  m.u.push_ack.version = s->shard.version;
-  m.u.push_ack.global_step = s->shard.global_step;
-  m.u.push_ack.status = r == PS_SHARD_APPLIED     ? PS_PUSH_APPLIED
-                        : r == PS_SHARD_DUPLICATE ? PS_PUSH_DUPLICATE
-                                                  : PS_PUSH_STALE;
-  ps_conn_send_msg(cl->conn, &m, req);
+  uint32_t status = r == PS_SHARD_APPLIED     ? PS_PUSH_APPLIED
+                    : r == PS_SHARD_DUPLICATE ? PS_PUSH_DUPLICATE
+                                              : PS_PUSH_STALE;
   if (r == PS_SHARD_DUPLICATE)
     ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
            p->seq);
+  if (s->replica != NULL && r == PS_SHARD_APPLIED && s->cfg->replication == PS_REPLICATION_LOG) {
+    /* Durability `log`: the ack waits until Redis holds the entry. */
+    pending_ack *a = malloc(sizeof *a);
+    if (a != NULL) {
+      *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
+      cl->refs++;
+      ps_replica_log(s->replica, PS_LOG_PUSH, p->worker, p->incarnation, p->seq, p->step,
+                     (const float *)p->data, p->count, ack_logged, a);
+    } else {
+      send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
+    }
+  } else {
+    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
+  }
+  if (s->replica != NULL && s->shard.version != before)
+    ps_replica_updated(s->replica);
   if (s->cfg->consistency == PS_CONSISTENCY_SYNC) {
     sync_progress(s);
     if (s->shard.version != before)
@@ -438,7 +492,10 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
   if (cl->next != NULL)
     cl->next->prev = cl->prev;
   s->nclients--;
-  free(cl);
+  cl->closed = 1;
+  cl->conn = NULL;
+  cl->refs++;
+  client_unref(cl);
   /* A worker that is gone no longer holds the slowest clock. */
   if (!s->stopping && s->cfg->consistency == PS_CONSISTENCY_SSP)
     release_pulls(s);
@@ -494,6 +551,10 @@ static void on_tick(uv_timer_t *t) {
       now - s->sync_started_ns > (uint64_t)s->cfg->sync_timeout_ms * 1000000ULL) {
     int have = s->shard.accum_count;
     if (ps_shard_sync_flush(&s->shard)) {
+      if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
+        ps_replica_log(s->replica, PS_LOG_FLUSH, 0, 0, 0, 0, NULL, 0, NULL, NULL);
+      if (s->replica != NULL)
+        ps_replica_updated(s->replica);
       ps_log(PS_LOG_WARN,
              "step %" PRIu64 ": %d of %d gradients after %" PRId64 " ms; applied them without the "
              "missing workers, and go on with %d per step until a worker joins",
@@ -519,10 +580,21 @@ static void stop(server *s, const char *why) {
          s->shard.version, s->shard.global_step);
   for (client *c = s->clients; c != NULL; c = c->next)
     ps_conn_close(c->conn);
+  if (s->replica != NULL) {
+    ps_replica_close(s->replica, NULL, NULL);
+    s->replica = NULL;
+  }
   uv_close((uv_handle_t *)&s->listener, NULL);
   uv_close((uv_handle_t *)&s->tick, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
   uv_close((uv_handle_t *)&s->sigint, NULL);
+}
+
+static void on_fenced(void *arg, const char *why) {
+  server *s = arg;
+  (void)why;
+  s->status = 1;
+  stop(s, "fenced out by a newer incarnation");
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -556,7 +628,14 @@ static int listen_on(server *s, const ps_addr *a) {
   return rc;
 }
 
+static volatile int startup_stop;
+static void on_startup_signal(int sig) {
+  (void)sig;
+  startup_stop = 1;
+}
+
 int ps_server_run(const ps_config *cfg, int index) {
+  uint64_t started_ns = ps_now_ns();
   char tag[32];
   snprintf(tag, sizeof tag, "ps.%d", index);
   ps_log_init(tag, ps_log_level_parse(cfg->log_level) < 0 ? PS_LOG_INFO
@@ -607,16 +686,48 @@ int ps_server_run(const ps_config *cfg, int index) {
     goto out;
   }
   shard_open = 1;
-  /* Until the chief exists (step 4) a shard initializes its own slice from
-   * the model's seeded initializers: the same values the whole model gets
-   * in `paramserv train` with the same seed. */
-  ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, s->shard.values);
   s->max_payload = ps_proto_max_payload(so.nfloats);
-  /* Until Redis hands out epochs (step 3), an incarnation is the start time
-   * in nanoseconds: it still grows with every start. */
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  s->incarnation = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+  ps_restore_info ri = {0};
+  if (cfg->replication != PS_REPLICATION_OFF) {
+    /* SIGTERM while waiting for Redis ends the wait; libuv takes the
+     * signals over once the loop runs. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_startup_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    if (ps_replica_restore(cfg, index, s->layout.hash, &s->shard, &startup_stop, &ri, &eb) != 0) {
+      if (startup_stop) {
+        ps_log(PS_LOG_INFO, "stopped while waiting for Redis");
+        status = 0;
+      } else {
+        ps_log(PS_LOG_ERROR, "%s", eb.msg);
+      }
+      goto out;
+    }
+    s->incarnation = ri.epoch;
+  } else {
+    /* Without Redis an incarnation is the start time in nanoseconds: it
+     * still grows with every start. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->incarnation = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+  }
+  if (ri.loaded) {
+    ps_log(PS_LOG_INFO,
+           "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
+           " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")",
+           ri.seconds, ri.snap_version, ri.replayed, s->shard.version, s->shard.global_step,
+           ri.epoch);
+  } else {
+    /* No replica: until the chief exists (step 4) a shard initializes its
+     * own slice from the model's seeded initializers, the same values the
+     * whole model gets in `paramserv train` with the same seed. */
+    ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, s->shard.values);
+    if (cfg->replication != PS_REPLICATION_OFF)
+      ps_log(PS_LOG_INFO, "no replica in Redis: initialized from seed %" PRId64 " (epoch %" PRIu64
+             ")", cfg->seed, ri.epoch);
+  }
 
   if (uv_loop_init(&s->loop) != 0)
     goto out;
@@ -639,15 +750,25 @@ int ps_server_run(const ps_config *cfg, int index) {
   s->sigterm.data = s->sigint.data = s;
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
+  if (cfg->replication != PS_REPLICATION_OFF) {
+    s->replica = ps_replica_new(&s->loop, cfg, index, s->incarnation, s->layout.hash, &s->shard,
+                                on_fenced, s);
+    if (s->replica == NULL) {
+      ps_log(PS_LOG_ERROR, "out of memory for replication");
+      stop(s, "start-up failed");
+      s->status = 1;
+    }
+  }
+  static const char *const modes[] = {"async", "sync", "ssp"};
+  static const char *const durability[] = {"off", "snapshot", "log"};
   ps_log(PS_LOG_INFO,
-         "listening on %s: shard %d of %d, %zu floats (%s), %s, layout %016" PRIx64, addr, index,
-         cfg->nps, so.nfloats, desc,
-         cfg->consistency == PS_CONSISTENCY_SYNC  ? "sync"
-         : cfg->consistency == PS_CONSISTENCY_SSP ? "ssp"
-                                                  : "async",
-         s->layout.hash);
+         "listening on %s: shard %d of %d, %zu floats (%s), %s, replication %s, version %" PRIu64
+         ", layout %016" PRIx64 ", ready %.3f s after start",
+         addr, index, cfg->nps, so.nfloats, desc, modes[cfg->consistency],
+         durability[cfg->replication], s->shard.version, s->layout.hash,
+         (double)(ps_now_ns() - started_ns) * 1e-9);
   uv_run(&s->loop, UV_RUN_DEFAULT);
-  status = 0;
+  status = s->status;
 out:
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");

@@ -142,10 +142,11 @@ int ps_worker_run(const ps_config *cfg, int index) {
   }
   double secs = ps_now_s() - t0;
   printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
-         " samples, %.1f s, samples/s %.1f, duplicates %" PRIu64 ", stale %" PRIu64 "\n",
+         " samples, %.1f s, samples/s %.1f, pushes %" PRIu64 ", duplicates %" PRIu64
+         ", stale %" PRIu64 "\n",
          index, local, ps_client_global_step(client), samples, secs,
-         secs > 0 ? (double)samples / secs : 0.0, ps_client_duplicates(client),
-         ps_client_stale(client));
+         secs > 0 ? (double)samples / secs : 0.0, ps_client_pushes(client),
+         ps_client_duplicates(client), ps_client_stale(client));
   if (index == 0 && !stop_requested) {
     test_x = malloc(test.n * model.in_size * sizeof *test_x);
     if (test_x == NULL) {

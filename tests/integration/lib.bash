@@ -49,6 +49,9 @@ write_config() {
   chmod 600 "$T/secret"
   declare -A sections=()
   local kv sec key
+  # Tests that do not start Redis run without replication.
+  case " $* " in *" replication.mode="*) ;; *) set -- "$@" "replication.mode=off" ;; esac
+  [ -n "${REDIS_PORT:-}" ] && set -- "$@" "redis.address=127.0.0.1:$REDIS_PORT"
   for kv in "$@"; do
     sec=${kv%%.*}
     key=${kv#*.}
@@ -101,4 +104,18 @@ wait_exit() {
     sleep 0.05
   done
   fail "process $pid still running after $secs s"
+}
+
+# start_redis: a private redis-server on a free port, without persistence,
+# its files in $T; sets REDIS_PORT and PID_redis.
+start_redis() {
+  REDIS_PORT=${REDIS_PORT:-$(free_ports 1)}
+  start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$T" --logfile "" --daemonize no
+  local i
+  for ((i = 0; i < 200; i++)); do
+    redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && return 0
+    sleep 0.05
+  done
+  fail "redis-server on port $REDIS_PORT did not answer PING within 10 s"
 }

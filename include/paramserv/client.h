@@ -35,6 +35,11 @@ typedef struct ps_client ps_client;
  * message in eb (which may be NULL).  Free with ps_client_free. */
 ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb);
 
+/* Set this client's incarnation (a number that grows with every start of
+ * the same worker, e.g. an epoch from Redis); call it before the first
+ * pull.  Default: the start time in nanoseconds. */
+void ps_client_set_incarnation(ps_client *c, uint64_t incarnation);
+
 /* Close every connection and free the client.  ps_client_free(NULL) does
  * nothing. */
 void ps_client_free(ps_client *c);

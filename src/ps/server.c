@@ -291,7 +291,8 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
     /* A worker is back: sync steps wait for the full count again. */
     ps_shard_sync_reset_target(&s->shard);
     if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-      ps_replica_log(s->replica, PS_LOG_RESET, h->index, 0, 0, 0, NULL, 0, NULL, NULL);
+      ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_RESET, .v = s->shard.version},
+                     NULL, NULL);
     ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
            s->shard.target);
   }
@@ -390,16 +391,25 @@ static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
   if (r == PS_SHARD_DUPLICATE)
     ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
            p->seq);
-  if (s->replica != NULL && r == PS_SHARD_APPLIED && s->cfg->replication == PS_REPLICATION_LOG) {
-    /* Durability `log`: the ack waits until Redis holds the entry. */
-    pending_ack *a = malloc(sizeof *a);
-    if (a != NULL) {
-      *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
-      cl->refs++;
-      ps_replica_log(s->replica, PS_LOG_PUSH, p->worker, p->incarnation, p->seq, p->step,
-                     (const float *)p->data, p->count, ack_logged, a);
+  pending_ack *a = NULL;
+  if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG &&
+      (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE))
+    a = malloc(sizeof *a);
+  if (a != NULL) {
+    /* Durability `log`: the ack waits until Redis holds the entry, and a
+     * duplicate's until its original's append was answered. */
+    *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
+    cl->refs++;
+    if (r == PS_SHARD_APPLIED) {
+      /* Sync: the entry belongs to the step being summed (before + 1). */
+      ps_log_entry e = {.kind = PS_LOG_PUSH,
+                        .v = s->cfg->consistency == PS_CONSISTENCY_SYNC ? before + 1
+                                                                        : s->shard.version,
+                        .worker = p->worker, .incarnation = p->incarnation, .seq = p->seq,
+                        .step = p->step, .g = (const float *)p->data, .n = p->count};
+      ps_replica_log(s->replica, &e, ack_logged, a);
     } else {
-      send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
+      ps_replica_barrier(s->replica, ack_logged, a);
     }
   } else {
     send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
@@ -552,7 +562,8 @@ static void on_tick(uv_timer_t *t) {
     int have = s->shard.accum_count;
     if (ps_shard_sync_flush(&s->shard)) {
       if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-        ps_replica_log(s->replica, PS_LOG_FLUSH, 0, 0, 0, 0, NULL, 0, NULL, NULL);
+        ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_FLUSH, .v = s->shard.version},
+                       NULL, NULL);
       if (s->replica != NULL)
         ps_replica_updated(s->replica);
       ps_log(PS_LOG_WARN,
@@ -716,9 +727,14 @@ int ps_server_run(const ps_config *cfg, int index) {
   if (ri.loaded) {
     ps_log(PS_LOG_INFO,
            "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
-           " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")",
+           " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")%s",
            ri.seconds, ri.snap_version, ri.replayed, s->shard.version, s->shard.global_step,
-           ri.epoch);
+           ri.epoch, ri.gap ? "; the log had a hole, updates after it were lost" : "");
+  } else if (cfg->replication != PS_REPLICATION_OFF && !cfg->ps_self_init) {
+    ps_log(PS_LOG_ERROR, "%s: no replica of shard %d in Redis and [replication] self_init = no: "
+           "expected the chief to initialize it (set self_init = yes until the chief runs)",
+           cfg->path, index);
+    goto out;
   } else {
     /* No replica: until the chief exists (step 4) a shard initializes its
      * own slice from the model's seeded initializers, the same values the
@@ -751,8 +767,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   if (cfg->replication != PS_REPLICATION_OFF) {
-    s->replica = ps_replica_new(&s->loop, cfg, index, s->incarnation, s->layout.hash, &s->shard,
-                                on_fenced, s);
+    s->replica = ps_replica_new(&s->loop, cfg, index, &ri, s->layout.hash, &s->shard, on_fenced, s);
     if (s->replica == NULL) {
       ps_log(PS_LOG_ERROR, "out of memory for replication");
       stop(s, "start-up failed");

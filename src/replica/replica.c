@@ -10,7 +10,7 @@
 #include "replica/replica.h"
 
 #include <errno.h>
-#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <lz4.h>
@@ -49,14 +49,91 @@ static const char SWITCH_SCRIPT[] =
  * means a newer incarnation exists. */
 static const char CLAIM_SCRIPT[] =
     "local e = redis.call('GET', KEYS[1])\n"
-    "if e == false then redis.call('SET', KEYS[1], ARGV[1]) return 'CLAIMED' end\n"
-    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. e) end\n"
-    "return 'OK'\n";
+    "if e == ARGV[1] then return 'OK' end\n"
+    "if e == false or tonumber(e) < tonumber(ARGV[1]) then\n"
+    "  redis.call('SET', KEYS[1], ARGV[1]) return 'CLAIMED' end\n"
+    "return redis.error_reply('FENCED epoch is ' .. e)\n";
+
+/* The shard's heartbeat, written only while its epoch holds: this is also
+ * how an idle stale incarnation learns within a second that it is one.
+ * KEYS: epoch, node.  ARGV: epoch, payload, ttl ms. */
+static const char HEARTBEAT_SCRIPT[] =
+    "local e = redis.call('GET', KEYS[1])\n"
+    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
+    "return redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])\n";
+
+#define FORMAT_VERSION "1"
+
+/* ------------------------------------------------ hiredis on libuv */
+
+/* hiredis 0.14's own libuv adapter ignores a poll that reports an error or
+ * a hang-up: when Redis dies the connection is never seen to close and
+ * every pending append waits forever.  This one hands such events to
+ * hiredis's read path, which then sees the socket's error and disconnects
+ * (calling every pending callback with no reply). */
+typedef struct uv_redis {
+  redisAsyncContext *ac;
+  uv_poll_t poll;
+  int events;
+} uv_redis;
+
+static void uv_redis_poll(uv_poll_t *h, int status, int events) {
+  uv_redis *p = h->data;
+  if (p->ac == NULL)
+    return;
+  if (status < 0 || (events & UV_DISCONNECT)) {
+    redisAsyncHandleRead(p->ac);
+    return;
+  }
+  if (events & UV_READABLE)
+    redisAsyncHandleRead(p->ac);
+  if (p->ac != NULL && (events & UV_WRITABLE))
+    redisAsyncHandleWrite(p->ac);
+}
+
+static void uv_redis_update(uv_redis *p, int add, int ev) {
+  p->events = add ? p->events | ev : p->events & ~ev;
+  if (p->events)
+    uv_poll_start(&p->poll, p->events | UV_DISCONNECT, uv_redis_poll);
+  else
+    uv_poll_stop(&p->poll);
+}
+
+static void uv_redis_add_read(void *d) { uv_redis_update(d, 1, UV_READABLE); }
+static void uv_redis_del_read(void *d) { uv_redis_update(d, 0, UV_READABLE); }
+static void uv_redis_add_write(void *d) { uv_redis_update(d, 1, UV_WRITABLE); }
+static void uv_redis_del_write(void *d) { uv_redis_update(d, 0, UV_WRITABLE); }
+static void uv_redis_freed(uv_handle_t *h) { free(h->data); }
+
+static void uv_redis_cleanup(void *d) {
+  uv_redis *p = d;
+  p->ac = NULL;
+  uv_close((uv_handle_t *)&p->poll, uv_redis_freed);
+}
+
+static int uv_redis_attach(redisAsyncContext *ac, uv_loop_t *loop) {
+  uv_redis *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return REDIS_ERR;
+  if (uv_poll_init(loop, &p->poll, ac->c.fd) != 0) {
+    free(p);
+    return REDIS_ERR;
+  }
+  p->ac = ac;
+  p->poll.data = p;
+  ac->ev.data = p;
+  ac->ev.addRead = uv_redis_add_read;
+  ac->ev.delRead = uv_redis_del_read;
+  ac->ev.addWrite = uv_redis_add_write;
+  ac->ev.delWrite = uv_redis_del_write;
+  ac->ev.cleanup = uv_redis_cleanup;
+  return REDIS_OK;
+}
 
 /* ---------------------------------------------------------------- keys */
 
 typedef struct keys {
-  char epoch[160], meta[160], log[160], snap_prefix[160];
+  char epoch[160], meta[160], log[160], snap_prefix[160], node[160];
 } keys;
 
 static void make_keys(keys *k, const char *cluster, int index) {
@@ -66,6 +143,7 @@ static void make_keys(keys *k, const char *cluster, int index) {
   snprintf(k->meta, sizeof k->meta, "{%s:ps:%d}:meta", cluster, index);
   snprintf(k->log, sizeof k->log, "{%s:ps:%d}:log", cluster, index);
   snprintf(k->snap_prefix, sizeof k->snap_prefix, "{%s:ps:%d}:snap:", cluster, index);
+  snprintf(k->node, sizeof k->node, "{%s}:node:ps:%d", cluster, index);
 }
 
 /* ------------------------------------------------------ state encoding */
@@ -173,6 +251,18 @@ static int load_snapshot(redisContext *c, const keys *k, const redisReply *meta,
       hash_u64(meta, "version", &version) || hash_u64(meta, "global_step", &gstep) ||
       hash_u64(meta, "accum_count", &accum_count) || hash_u64(meta, "target", &target))
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata", k->meta);
+  const redisReply *fmt = hash_get(meta, "format"), *opt = hash_get(meta, "optimizer");
+  const redisReply *cons = hash_get(meta, "consistency");
+  if (fmt == NULL || strcmp(fmt->str, FORMAT_VERSION) != 0)
+    return ps_err_set(eb, PS_EVERSION, "%s: snapshot format %s, expected %s", k->meta,
+                      fmt ? fmt->str : "(none)", FORMAT_VERSION);
+  if (opt == NULL || strcmp(opt->str, ps_optim_name(&s->o.optim)) != 0 || cons == NULL ||
+      atoi(cons->str) != s->o.consistency)
+    return ps_err_set(eb, PS_ELAYOUT,
+                      "%s: replica written with optimizer %s and consistency %s; this shard runs "
+                      "%s and %d (change the config back, or delete the shard's keys)",
+                      k->meta, opt ? opt->str : "?", cons ? cons->str : "?",
+                      ps_optim_name(&s->o.optim), s->o.consistency);
   if (nfloats != s->o.nfloats || nslots != (uint64_t)ps_optim_nslots(s->o.optim.kind) ||
       once->len != (size_t)s->o.nworkers * 16)
     return ps_err_set(eb, PS_ELAYOUT,
@@ -245,9 +335,12 @@ static uint64_t field_u64(const redisReply *fields, const char *name, int *bad) 
   return strtoull(v->str, NULL, 10);
 }
 
-/* Replay log entries after the snapshot through the shard's own rules. */
+/* Replay log entries after the snapshot through the shard's own rules.
+ * Outside sync mode every applied entry must lead to the next version: an
+ * entry past it means appends were lost while Redis was away (REDIS.md),
+ * and the replay stops there rather than apply gradients out of order. */
 static int replay(redisContext *c, const keys *k, ps_shard *s, float *g, uint64_t *count,
-                  ps_errbuf *eb) {
+                  int *gap, ps_errbuf *eb) {
   char start[48];
   snprintf(start, sizeof start, "%" PRIu64 "-0", s->version + 1);
   for (;;) {
@@ -273,6 +366,16 @@ static int replay(redisContext *c, const keys *k, ps_shard *s, float *g, uint64_
       if (kind == NULL || bad || w >= (uint64_t)s->o.nworkers) {
         freeReplyObject(r);
         return ps_err_set(eb, PS_ECORRUPT, "%s entry %s: malformed", k->log, id);
+      }
+      uint64_t v = strtoull(id, NULL, 10);
+      if (s->accum == NULL && kind->str[0] == PS_LOG_PUSH && v != s->version + 1 &&
+          !(w < (uint64_t)s->o.nworkers && s->once[w].incarnation == inc &&
+            s->once[w].last_seq >= seq)) {
+        ps_log(PS_LOG_WARN, "%s: entry %s after version %" PRIu64 ": a hole in the log (appends "
+               "lost while Redis was away); replay stops here", k->log, id, s->version);
+        *gap = 1;
+        freeReplyObject(r);
+        return 0;
       }
       if (kind->str[0] == PS_LOG_PUSH) {
         const redisReply *gz = entry_field(f, "g");
@@ -348,6 +451,10 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
     goto out;
   }
   rc = load_snapshot(c, &k, meta, shard, eb);
+  const redisReply *sid = hash_get(meta, "snap");
+  if (sid != NULL)
+    snprintf(info->snap_id, sizeof info->snap_id, "%s", sid->str);
+  hash_u64(meta, "chunks", &info->snap_chunks);
   freeReplyObject(meta);
   if (rc != 0)
     goto out;
@@ -357,11 +464,22 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
     rc = ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
     goto out;
   }
-  rc = replay(c, &k, shard, g, &info->replayed, eb);
+  rc = replay(c, &k, shard, g, &info->replayed, &info->gap, eb);
   free(g);
   if (rc == 0)
     info->loaded = 1;
 out:
+  if (rc == 0) {
+    /* Redis remembers a stream's last id even after trimming: new entries
+     * must go above it. */
+    redisReply *x = redisCommand(c, "XINFO STREAM %s", k.log);
+    if (x != NULL && x->type == REDIS_REPLY_ARRAY) {
+      const redisReply *last = hash_get(x, "last-generated-id");
+      if (last != NULL && last->type == REDIS_REPLY_STRING)
+        sscanf(last->str, "%" SCNu64 "-%" SCNu64, &info->last_v, &info->last_k);
+    }
+    freeReplyObject(x);
+  }
   redisFree(c);
   info->seconds = (double)(ps_now_ns() - t0) * 1e-9;
   return rc;
@@ -415,6 +533,8 @@ struct ps_replica {
   char *gz;                 /* compression buffer for log entries */
   int gz_cap;
   int redis_down_logged;
+  uint64_t last_hb_ns;
+  int final_snapshot;       /* closing: the last snapshot is in flight */
 };
 
 static void start_snapshot(ps_replica *r);
@@ -456,6 +576,12 @@ static void schedule_reconnect(ps_replica *r) {
   unsigned cap = 100u << (r->attempts < 5 ? r->attempts : 5);
   if (cap > BACKOFF_CAP_MS)
     cap = BACKOFF_CAP_MS;
+  /* Never wait longer than one replication interval, so that a Redis that
+   * is back is current again within two. */
+  if (cap > (unsigned)r->cfg->replicate_interval_ms)
+    cap = (unsigned)r->cfg->replicate_interval_ms;
+  if (cap < 2)
+    cap = 2;
   r->attempts++;
   uv_timer_start(&r->retry, on_retry_timer, cap / 2 + (unsigned)rand() % (cap / 2 + 1), 0);
 }
@@ -500,49 +626,29 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   start_snapshot(r);
 }
 
-static void on_ready(ps_replica *r) {
-  redisAsyncCommand(r->ac, on_claimed, r, "EVAL %s 1 %s %s", CLAIM_SCRIPT, r->k.epoch,
-                    r->epoch_text);
-}
-
 static void on_auth(redisAsyncContext *ac, void *reply, void *priv) {
   (void)priv;
-  ps_replica *r = ac->data;
   redisReply *rep = reply;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
-    ps_log(PS_LOG_ERROR, "redis AUTH failed: %s", rep ? rep->str : "no reply");
+  if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+    ps_log(PS_LOG_ERROR, "redis AUTH failed: %s", rep->str);
     redisAsyncDisconnect(ac);
-    return;
   }
-  on_ready(r);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status) {
   ps_replica *r = ac->data;
-  if (status != REDIS_OK) {
-    if (!r->redis_down_logged)
-      ps_log(PS_LOG_WARN, "redis %s:%u: %s; serving on and retrying", r->cfg->redis.host,
-             r->cfg->redis.port, ac->errstr);
-    r->redis_down_logged = 1;
-    r->ac = NULL;  /* hiredis frees the context after this callback */
-    if (r->closing)
-      maybe_finish_close(r);
-    else
-      schedule_reconnect(r);
-    return;
-  }
-  char pw[512];
-  ps_errbuf eb = {0};
-  if (read_password(r->cfg, pw, sizeof pw, &eb) == 0 && pw[0] != '\0') {
-    redisAsyncContext *c = (redisAsyncContext *)ac;
-    if (r->cfg->redis_user[0])
-      redisAsyncCommand(c, on_auth, NULL, "AUTH %s %s", r->cfg->redis_user, pw);
-    else
-      redisAsyncCommand(c, on_auth, NULL, "AUTH %s", pw);
-    memset(pw, 0, sizeof pw);
-    return;
-  }
-  on_ready(r);
+  if (status == REDIS_OK)
+    return;  /* AUTH and CLAIM are already queued behind the connect */
+  if (!r->redis_down_logged)
+    ps_log(PS_LOG_WARN, "redis %s:%u: %s; serving on and retrying", r->cfg->redis.host,
+           r->cfg->redis.port, ac->errstr);
+  r->redis_down_logged = 1;
+  r->ac = NULL;  /* hiredis frees the context after this callback */
+  r->need_full = 1;
+  if (r->closing)
+    maybe_finish_close(r);
+  else
+    schedule_reconnect(r);
 }
 
 static void replica_connect(ps_replica *r) {
@@ -556,7 +662,7 @@ static void replica_connect(ps_replica *r) {
     return;
   }
   ac->data = r;
-  if (redisLibuvAttach(ac, r->loop) != REDIS_OK) {
+  if (uv_redis_attach(ac, r->loop) != REDIS_OK) {
     redisAsyncFree(ac);
     schedule_reconnect(r);
     return;
@@ -564,6 +670,19 @@ static void replica_connect(ps_replica *r) {
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
   r->ac = ac;
+  /* hiredis queues commands until the connection is up: AUTH and the
+   * epoch claim go first, so every append after them is authenticated
+   * and fenced, even those issued while connecting. */
+  char pw[512];
+  ps_errbuf eb = {0};
+  if (read_password(r->cfg, pw, sizeof pw, &eb) == 0 && pw[0] != '\0') {
+    if (r->cfg->redis_user[0])
+      redisAsyncCommand(ac, on_auth, NULL, "AUTH %s %s", r->cfg->redis_user, pw);
+    else
+      redisAsyncCommand(ac, on_auth, NULL, "AUTH %s", pw);
+  }
+  memset(pw, 0, sizeof pw);
+  redisAsyncCommand(ac, on_claimed, r, "EVAL %s 1 %s %s", CLAIM_SCRIPT, r->k.epoch, r->epoch_text);
 }
 
 /* ------------------------------------------------------------ the log */
@@ -594,10 +713,9 @@ static void on_logged(redisAsyncContext *ac, void *reply, void *priv) {
   free(q);
 }
 
-void ps_replica_log(ps_replica *r, int kind, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                    uint64_t step, const float *g, size_t n, void (*done)(void *arg, int status),
+void ps_replica_log(ps_replica *r, const ps_log_entry *e, void (*done)(void *arg, int status),
                     void *arg) {
-  if (!r->connected || r->closing) {
+  if (r->ac == NULL || r->closing) {
     r->need_full = 1;
     if (done)
       done(arg, -ENOTCONN);
@@ -605,16 +723,16 @@ void ps_replica_log(ps_replica *r, int kind, uint32_t worker, uint64_t incarnati
   }
   /* Stream ids grow with the version the entry leads to, so that a
    * snapshot of version S trims exactly the entries it covers (MINID S+1). */
-  uint64_t v = r->shard->version + (r->shard->accum != NULL && kind == PS_LOG_PUSH ? 1 : 0);
-  if (v > r->last_v) {
-    r->last_v = v;
+  if (e->v > r->last_v) {
+    r->last_v = e->v;
     r->last_k = 0;
   } else {
     r->last_k++;
   }
   int gz_len = 0;
-  if (g != NULL) {
-    int bound = LZ4_compressBound((int)(n * sizeof(float)));
+  if (e->g != NULL) {
+    int raw = (int)(e->n * sizeof(float));
+    int bound = LZ4_compressBound(raw);
     if (bound > r->gz_cap) {
       char *p = realloc(r->gz, (size_t)bound);
       if (p == NULL) {
@@ -626,36 +744,55 @@ void ps_replica_log(ps_replica *r, int kind, uint32_t worker, uint64_t incarnati
       r->gz = p;
       r->gz_cap = bound;
     }
-    gz_len = LZ4_compress_default((const char *)g, r->gz, (int)(n * sizeof(float)), r->gz_cap);
+    gz_len = LZ4_compress_default((const char *)e->g, r->gz, raw, r->gz_cap);
+    if (gz_len <= 0 && raw > 0) {
+      r->need_full = 1;
+      if (done)
+        done(arg, -EIO);
+      return;
+    }
   }
-  char id[48], ks[2] = {(char)kind, 0}, ws[16], is[24], ss[24], ts[24];
+  char id[48], ks[2] = {(char)e->kind, 0}, ws[16], is[24], ss[24], ts[24];
   snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64, r->last_v, r->last_k);
-  snprintf(ws, sizeof ws, "%u", worker);
-  snprintf(is, sizeof is, "%" PRIu64, incarnation);
-  snprintf(ss, sizeof ss, "%" PRIu64, seq);
-  snprintf(ts, sizeof ts, "%" PRIu64, step);
-  const char *argv[18] = {"EVAL", LOG_SCRIPT, "2", r->k.epoch, r->k.log, r->epoch_text, id,
-                          "k", ks, "w", ws, "i", is, "s", ss, "t", ts, "g"};
+  snprintf(ws, sizeof ws, "%u", e->worker);
+  snprintf(is, sizeof is, "%" PRIu64, e->incarnation);
+  snprintf(ss, sizeof ss, "%" PRIu64, e->seq);
+  snprintf(ts, sizeof ts, "%" PRIu64, e->step);
+  const char *argv[19] = {"EVAL", LOG_SCRIPT, "2", r->k.epoch, r->k.log, r->epoch_text, id,
+                          "k", ks, "w", ws, "i", is, "s", ss, "t", ts, "g",
+                          e->g ? r->gz : ""};
   size_t argl[19];
   for (int i = 0; i < 18; i++)
     argl[i] = strlen(argv[i]);
-  const char *full[19];
-  memcpy(full, argv, sizeof argv);
-  full[18] = g ? r->gz : "";
   argl[18] = (size_t)gz_len;
   log_req *q = malloc(sizeof *q);
   if (q == NULL) {
+    r->need_full = 1;
     if (done)
       done(arg, -ENOMEM);
     return;
   }
   *q = (log_req){r, done, arg};
   /* hiredis copies the arguments into its output buffer. */
-  if (redisAsyncCommandArgv(r->ac, on_logged, q, 19, full, argl) != REDIS_OK) {
+  if (redisAsyncCommandArgv(r->ac, on_logged, q, 19, argv, argl) != REDIS_OK) {
     free(q);
     r->need_full = 1;
     if (done)
       done(arg, -EIO);
+  }
+}
+
+void ps_replica_barrier(ps_replica *r, void (*done)(void *arg, int status), void *arg) {
+  log_req *q = r->ac != NULL && !r->closing ? malloc(sizeof *q) : NULL;
+  if (q == NULL) {
+    done(arg, -ENOTCONN);
+    return;
+  }
+  *q = (log_req){r, done, arg};
+  /* Redis answers in order: this PING's reply follows every earlier append's. */
+  if (redisAsyncCommand(r->ac, on_logged, q, "PING") != REDIS_OK) {
+    free(q);
+    done(arg, -EIO);
   }
 }
 
@@ -686,14 +823,21 @@ static void compress_work(uv_work_t *w) {
     }
     j->chunk_len[i] =
         LZ4_compress_default((const char *)(j->raw + off), j->chunk[i], (int)(n * sizeof(float)), bound);
+    if (j->chunk_len[i] <= 0) {
+      j->failed = 1;
+      return;
+    }
   }
 }
 
 static void snapshot_done(ps_replica *r) {
   job_free(r->job);
   r->job = NULL;
-  if (r->closing)
+  if (r->closing) {
+    if (r->ac != NULL)
+      redisAsyncDisconnect(r->ac);
     maybe_finish_close(r);
+  }
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
@@ -728,7 +872,7 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
     j->failed = 1;
   if (--j->pending > 0)
     return;
-  if (j->failed || r->ac == NULL || ac == NULL || r->closing) {
+  if (j->failed || r->ac == NULL || ac == NULL || (r->closing && !r->final_snapshot)) {
     r->need_full = 1;
     snapshot_done(r);
     return;
@@ -746,24 +890,29 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   snprintf(accum, sizeof accum, "%d", j->accum_count);
   snprintf(target, sizeof target, "%d", j->target);
   snprintf(t, sizeof t, "%lld", (long long)time(NULL));
+  char cons[8];
+  snprintf(cons, sizeof cons, "%d", r->shard->o.consistency);
   const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", r->k.epoch, r->k.meta, r->k.log,
                         r->epoch_text, trim,
                         "snap", j->id, "version", version, "global_step", gstep,
                         "nfloats", nfloats, "nslots", nslots, "chunks", chunks,
                         "layout", layout, "accum_count", accum, "target", target,
-                        "epoch", r->epoch_text, "time", t, "once", (const char *)j->once};
+                        "epoch", r->epoch_text, "time", t, "format", FORMAT_VERSION,
+                        "optimizer", ps_optim_name(&r->shard->o.optim), "consistency", cons,
+                        "once", (const char *)j->once};
   size_t argc = sizeof argv / sizeof argv[0];
   size_t argl[sizeof argv / sizeof argv[0]];
-  for (size_t i = 0; i < argc; i++)
+  for (size_t i = 0; i + 1 < argc; i++)
     argl[i] = strlen(argv[i]);
-  argl[argc - 1] = j->once_len;
+  argl[argc - 1] = j->once_len;  /* binary */
   redisAsyncCommandArgv(r->ac, on_switched, r, (int)argc, argv, argl);
 }
 
 static void after_compress(uv_work_t *w, int status) {
   snap_job *j = w->data;
   ps_replica *r = j->r;
-  if (status != 0 || j->failed || !r->connected || r->ac == NULL || r->closing) {
+  if (status != 0 || j->failed || !r->connected || r->ac == NULL ||
+      (r->closing && !r->final_snapshot)) {
     r->need_full = 1;
     snapshot_done(r);
     return;
@@ -785,7 +934,7 @@ static void after_compress(uv_work_t *w, int status) {
 }
 
 static void start_snapshot(ps_replica *r) {
-  if (r->job != NULL || !r->connected || r->closing)
+  if (r->job != NULL || !r->connected || (r->closing && !r->final_snapshot))
     return;
   ps_shard *s = r->shard;
   snap_job *j = calloc(1, sizeof *j);
@@ -827,11 +976,38 @@ static void start_snapshot(ps_replica *r) {
   }
 }
 
+static void on_heartbeat(redisAsyncContext *ac, void *reply, void *priv) {
+  (void)ac;
+  ps_replica *r = priv;
+  if (is_fenced(reply))
+    fence(r, ((redisReply *)reply)->str);
+}
+
+static void heartbeat(ps_replica *r) {
+  char payload[256], host[128] = "?", ttl[24];
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  snprintf(payload, sizeof payload,
+           "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " version %" PRIu64 " lag %" PRIu64,
+           (int)getpid(), host, r->epoch, r->shard->global_step, r->shard->version,
+           r->shard->version - r->snap_version);
+  snprintf(ttl, sizeof ttl, "%" PRId64, 3 * r->cfg->heartbeat_ms);
+  const char *argv[] = {"EVAL", HEARTBEAT_SCRIPT, "2", r->k.epoch, r->k.node, r->epoch_text,
+                        payload, ttl};
+  redisAsyncCommandArgv(r->ac, on_heartbeat, r, 8, argv, NULL);
+}
+
 static void on_interval(uv_timer_t *t) {
   ps_replica *r = t->data;
   if (r->updates > 0 || r->need_full)
     start_snapshot(r);
+  uint64_t now = ps_now_ns();
+  if (r->connected && now - r->last_hb_ns >= (uint64_t)r->cfg->heartbeat_ms * 1000000ULL) {
+    r->last_hb_ns = now;
+    heartbeat(r);
+  }
 }
+
 
 void ps_replica_updated(ps_replica *r) {
   if (++r->updates >= (uint64_t)r->cfg->replicate_every_updates)
@@ -840,24 +1016,29 @@ void ps_replica_updated(ps_replica *r) {
 
 uint64_t ps_replica_lag(const ps_replica *r) { return r->shard->version - r->snap_version; }
 
-ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index, uint64_t epoch,
-                           uint64_t layout_hash, ps_shard *shard, ps_replica_fenced_fn fenced,
-                           void *fenced_arg) {
+ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
+                           const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
+                           ps_replica_fenced_fn fenced, void *fenced_arg) {
   ps_replica *r = calloc(1, sizeof *r);
   if (r == NULL)
     return NULL;
   r->loop = loop;
   r->cfg = cfg;
   r->index = index;
-  r->epoch = epoch;
+  r->epoch = restored->epoch;
   r->layout_hash = layout_hash;
   r->shard = shard;
   r->fenced = fenced;
   r->fenced_arg = fenced_arg;
-  r->last_v = shard->version;
-  r->snap_version = shard->version;
+  r->last_v = restored->last_v;
+  r->last_k = restored->last_k;
+  /* The snapshot this incarnation started from is deleted after its
+   * first own one is switched in. */
+  snprintf(r->old_snap, sizeof r->old_snap, "%s", restored->snap_id);
+  r->old_chunks = restored->snap_chunks;
+  r->snap_version = restored->loaded ? restored->snap_version : 0;
   r->need_full = 1;  /* the first snapshot records this incarnation's start */
-  snprintf(r->epoch_text, sizeof r->epoch_text, "%" PRIu64, epoch);
+  snprintf(r->epoch_text, sizeof r->epoch_text, "%" PRIu64, r->epoch);
   make_keys(&r->k, cfg->cluster_id, index);
   uv_timer_init(loop, &r->retry);
   uv_timer_init(loop, &r->interval);
@@ -875,7 +1056,15 @@ void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg) {
   r->close_arg = arg;
   uv_close((uv_handle_t *)&r->retry, on_handle_closed);
   uv_close((uv_handle_t *)&r->interval, on_handle_closed);
+  if (r->ac == NULL)
+    return;
+  if (r->job == NULL && r->connected && r->snap_version != r->shard->version) {
+    /* A last snapshot, so that a clean stop loses nothing even in
+     * `snapshot` mode; snapshot_done disconnects after it. */
+    r->final_snapshot = 1;
+    start_snapshot(r);
+  }
   /* Replies still pending arrive first; then on_disconnect. */
-  if (r->ac != NULL)
+  if (r->job == NULL)
     redisAsyncDisconnect(r->ac);
 }

@@ -19,7 +19,11 @@ typedef struct ps_restore_info {
   uint64_t epoch;        /* this incarnation's epoch (Redis INCR) */
   uint64_t snap_version; /* version of the snapshot loaded */
   uint64_t replayed;     /* log entries replayed after it */
+  int gap;               /* replay stopped at a hole in the log (REDIS.md) */
   double seconds;        /* time spent, connect to ready */
+  char snap_id[48];      /* the snapshot found, deleted after the next one */
+  uint64_t snap_chunks;
+  uint64_t last_v, last_k;  /* the log's newest entry id: new ids go above it */
 } ps_restore_info;
 
 /* Start-up, blocking: connect to Redis (retrying with backoff while it is
@@ -43,22 +47,35 @@ typedef void (*ps_replica_fenced_fn)(void *arg, const char *why);
  * with backoff; while Redis is away the shard keeps serving and the next
  * connection starts with a full snapshot.  @return NULL on allocation
  * failure. */
-ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index, uint64_t epoch,
-                           uint64_t layout_hash, ps_shard *shard, ps_replica_fenced_fn fenced,
-                           void *fenced_arg);
+ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
+                           const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
+                           ps_replica_fenced_fn fenced, void *fenced_arg);
 
 /* Kinds of log entries. */
 enum { PS_LOG_PUSH = 'p', PS_LOG_FLUSH = 'f', PS_LOG_RESET = 'r' };
 
-/* Append one entry to the log, after the shard applied (or, in sync mode,
- * accepted) it: a push with its gradient (n floats), or a sync flush /
- * target reset (g NULL).  done(arg, status) runs once Redis stored it
- * (status 0) or when it cannot be stored now (status < 0: Redis away; the
- * entry is covered by the full snapshot written on reconnection).
- * Entries are stored in the order of the calls. */
-void ps_replica_log(ps_replica *r, int kind, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                    uint64_t step, const float *g, size_t n, void (*done)(void *arg, int status),
+typedef struct ps_log_entry {
+  int kind;              /* PS_LOG_* */
+  uint64_t v;            /* the version the entry leads to: its id is v-k */
+  uint32_t worker;       /* push: who, which incarnation, which sequence */
+  uint64_t incarnation, seq;
+  uint64_t step;         /* push: the global step it was computed at */
+  const float *g;        /* push: the gradient, n floats; NULL otherwise */
+  size_t n;
+} ps_log_entry;
+
+/* Append an entry to the log, after the shard applied (or, in sync mode,
+ * accepted) it.  done(arg, status) runs once Redis stored it (status 0) or
+ * when it cannot be stored now (status < 0: Redis away or refusing; the
+ * entry is then covered by the full snapshot written next).  Entries are
+ * stored in the order of the calls. */
+void ps_replica_log(ps_replica *r, const ps_log_entry *e, void (*done)(void *arg, int status),
                     void *arg);
+
+/* done(arg, status) runs after every entry appended before this call was
+ * answered: a duplicate push is acknowledged only once its original is
+ * stored. */
+void ps_replica_barrier(ps_replica *r, void (*done)(void *arg, int status), void *arg);
 
 /* The shard's version changed: counts towards the every-K-updates
  * snapshot trigger. */
@@ -67,8 +84,9 @@ void ps_replica_updated(ps_replica *r);
 /* Lag: updates applied since the newest snapshot Redis holds. */
 uint64_t ps_replica_lag(const ps_replica *r);
 
-/* Stop: writes a last snapshot when connected, then closes every handle;
- * done(arg) runs when all is released. */
+/* Stop: writes a last snapshot when connected and the newest one is
+ * older than the shard, then closes every handle; done(arg) runs when all
+ * is released. */
 void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg);
 
 #endif

@@ -363,6 +363,7 @@ const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }
 uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_step; }
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }
+void ps_client_set_incarnation(ps_client *c, uint64_t incarnation) { c->incarnation = incarnation; }
 uint64_t ps_client_duplicates(const ps_client *c) { return c->duplicates; }
 uint64_t ps_client_stale(const ps_client *c) { return c->stale; }
 const char *ps_client_error(const ps_client *c) { return c->error; }

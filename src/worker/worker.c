@@ -20,6 +20,7 @@
 #include "data/sampler.h"
 #include "nn/compute.h"
 #include "paramserv/client.h"
+#include "replica/registry.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -47,6 +48,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   float *params = NULL, *grad = NULL, *sum = NULL, *x = NULL, *test_x = NULL;
   uint8_t *y = NULL;
   size_t *idx = NULL;
+  ps_registry *registry = NULL;
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -82,6 +84,28 @@ int ps_worker_run(const ps_config *cfg, int index) {
       ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
     goto out;
+  }
+  if (cfg->replication != PS_REPLICATION_OFF) {
+    /* The incarnation and the data position live in Redis, so that a
+     * restarted worker is a new incarnation that goes on where it was. */
+    registry = ps_registry_new(cfg, "worker", index);
+    uint64_t epoch = 0;
+    if (registry == NULL ||
+        ps_registry_new_epoch(registry, (volatile int *)&stop_requested, &epoch, &eb) != 0) {
+      ps_log(PS_LOG_ERROR, "%s", registry ? eb.msg : "out of memory");
+      goto out;
+    }
+    ps_client_set_incarnation(client, epoch);
+    ps_data_pos pos;
+    if (ps_registry_load_pos(registry, &pos)) {
+      if (ps_sampler_seek(&sampler, pos) == 0)
+        ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
+               " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, epoch);
+      else
+        ps_log(PS_LOG_WARN, "data position epoch %" PRIu64 " offset %" PRIu64 " from Redis is "
+               "past this worker's %zu samples; starting its epoch over", pos.epoch, pos.offset,
+               ps_sampler_part_size(&sampler));
+    }
   }
   uint64_t last = ps_client_last_step(client);
   ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
@@ -126,6 +150,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
     if (rc == 0)
       rc = ps_client_pull(client, params);
     double now = ps_now_s();
+    if (registry != NULL && rc == 0)
+      ps_registry_tick(registry, &sampler.pos, local, (double)local / (now - t0), 0);
     if (steps_log >= (uint64_t)cfg->log_every) {
       ps_log(PS_LOG_INFO,
              "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %" PRIu64,
@@ -141,6 +167,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
     goto out;
   }
   double secs = ps_now_s() - t0;
+  if (registry != NULL)
+    ps_registry_tick(registry, &sampler.pos, local, (double)local / secs, 1);
   printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
          " samples, %.1f s, samples/s %.1f, pushes %" PRIu64 ", duplicates %" PRIu64
          ", stale %" PRIu64 "\n",
@@ -175,5 +203,6 @@ out:
   ps_dataset_close(&train);
   ps_model_close(&model);
   ps_client_free(client);
+  ps_registry_free(registry);
   return status;
 }

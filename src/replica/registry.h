@@ -1,0 +1,37 @@
+/* A process's own small records in Redis, written with short blocking
+ * calls from a process without an event loop (the worker): its
+ * incarnation epoch, its heartbeat, and a worker's data position.  Redis
+ * being away never stops the caller: writes are skipped and retried. */
+#ifndef PS_REPLICA_REGISTRY_H
+#define PS_REPLICA_REGISTRY_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "data/sampler.h"
+#include "paramserv/error.h"
+
+typedef struct ps_registry ps_registry;
+
+/* For `role` ("worker", "ps", "chief") number `index`.  Connects lazily.
+ * @return NULL on allocation failure. */
+ps_registry *ps_registry_new(const ps_config *cfg, const char *role, int index);
+void ps_registry_free(ps_registry *r);
+
+/* A new incarnation: INCR {<cluster>}:epoch:<role>:<index>.  Waits for
+ * Redis (logging what it waits for) until *stop becomes nonzero.
+ * @return 0 or a negative code with a message. */
+int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb);
+
+/* The worker's saved data position.  @return 1 when one was found, 0 when
+ * none (or Redis is away). */
+int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos);
+
+/* Called once per training step: saves the data position at most every
+ * 100 ms and refreshes the heartbeat every [worker] heartbeat_ms with TTL
+ * three times that, payload "pid P host H incarnation I step S steps/s R".
+ * force: save now (at exit). */
+void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,
+                      int force);
+
+#endif

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Recovery of the other parts: a killed worker comes back at its data
+# position while the others go on; Redis killed and started again during
+# training; a shard whose epoch was taken by a newer incarnation is fenced
+# out and exits.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+start_redis
+
+conf="$T/rec.conf"
+write_config "$conf" 2 2 "model.name=mlp" "train.last_step=4000" "train.threads=1" \
+  "train.log_every=100" "replication.mode=log" "replication.interval_ms=200"
+start ps0 "$BIN" ps --config "$conf" --index 0
+start ps1 "$BIN" ps --config "$conf" --index 1
+wait_for "$T/ps0.log" "listening on" 10
+wait_for "$T/ps1.log" "listening on" 10
+start w0 "$BIN" worker --config "$conf" --index 0
+start w1a "$BIN" worker --config "$conf" --index 1
+
+# count_steps FILE: step lines logged so far.
+count_steps() { grep -c ' step [0-9]* global' "$1" || true; }
+
+# --- a worker killed and started again ---------------------------------
+wait_for "$T/w1a.log" "step 300 global" 60
+kill -9 "$PID_w1a"
+n=$(count_steps "$T/w0.log")
+# The other worker is not held up: two more step lines (200 steps) while
+# worker 1 is dead, well within one sync timeout (5 s) of work.
+wait_for "$T/w0.log" "step $(( (n + 2) * 100 )) global" 5
+start w1b "$BIN" worker --config "$conf" --index 1
+wait_for "$T/w1b.log" "resumed data position" 20
+line=$(grep -o 'resumed data position epoch [0-9]* offset [0-9]*' "$T/w1b.log")
+offset=${line##* }
+[ "$offset" -gt 0 ] || fail "worker 1 resumed at offset $offset: expected where it was"
+echo "ok: worker 1 killed after 300+ steps, worker 0 went on ($n -> $((n + 2)) step lines); restarted worker $line"
+
+# --- Redis killed and started again -------------------------------------
+kill -9 "$PID_redis"
+wait "$PID_redis" 2>/dev/null || true
+n=$(count_steps "$T/w0.log")
+wait_for "$T/w0.log" "step $(( (n + 2) * 100 )) global" 20
+g=$(grep -o 'step [0-9]* global [0-9]*' "$T/w0.log" | tail -n 1 | awk '{print $4}')
+back=$(date +%s%N)
+start_redis
+ok=""
+for ((i = 0; i < 500; i++)); do
+  v0=$(redis-cli -p "$REDIS_PORT" hget "{itest:ps:0}:meta" version 2>/dev/null || true)
+  v1=$(redis-cli -p "$REDIS_PORT" hget "{itest:ps:1}:meta" version 2>/dev/null || true)
+  if [ -n "$v0" ] && [ -n "$v1" ] && [ "$v0" -ge "$g" ] && [ "$v1" -ge "$g" ]; then ok=1; break; fi
+  sleep 0.02
+done
+[ -n "$ok" ] || fail "Redis back: shard snapshots did not reach the global step $g of before"
+ms=$(( ($(date +%s%N) - back) / 1000000 ))
+echo "ok: Redis killed: training went on (2 more step lines); Redis back empty: both shards' snapshots at versions $v0, $v1 >= $g within $ms ms (interval 200 ms)"
+
+wait_exit "$PID_w0" 300 || fail "worker 0 exited $?"
+wait_exit "$PID_w1b" 300 || fail "worker 1 exited $?"
+acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/w0.log")
+awk -v a="$acc" 'BEGIN { exit !(a >= 0.85) }' || fail "test accuracy $acc after the kills"
+echo "ok: training reached its step limit: test accuracy $acc"
+
+# --- a stale incarnation is fenced out ------------------------------------
+# A newer incarnation takes shard 0's epoch; the running one's next write
+# is refused and it exits with status 1.
+start w2 "$BIN" worker --config "$conf" --index 0
+redis-cli -p "$REDIS_PORT" incr "{itest:ps:0}:epoch" >/dev/null
+set +e
+wait_exit "$PID_ps0" 20
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || fail "fenced shard exited $rc, expected 1"
+grep -q "fenced out by Redis" "$T/ps0.log" || fail "no fencing line in the shard's log"
+echo "ok: stale incarnation: $(grep -h -o 'epoch [0-9]* fenced out by Redis: .*' "$T/ps0.log" | head -1); exit status 1"
+kill -TERM "$PID_ps1" "$PID_w2" 2>/dev/null || true

@@ -656,13 +656,18 @@ int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb) {
 /* The secret and addresses                                                  */
 /* ------------------------------------------------------------------------ */
 
-int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb) {
+/* Read a private file named in the config (relative paths: to the
+ * config's directory): a regular file no one but its owner may read, at
+ * least `min` bytes, one trailing newline stripped.  `what` names it in
+ * messages.  @return its length or a negative code. */
+static int read_private(const ps_config *c, const char *what, const char *file, size_t min,
+                        uint8_t *buf, size_t cap, ps_errbuf *eb) {
   char path[2 * PS_CONFIG_PATH_MAX], more[2];
   const char *slash = strrchr(c->path, '/');
-  if (c->secret_file[0] == '/' || slash == NULL)
-    snprintf(path, sizeof path, "%s", c->secret_file);
+  if (file[0] == '/' || slash == NULL)
+    snprintf(path, sizeof path, "%s", file);
   else
-    snprintf(path, sizeof path, "%.*s/%s", (int)(slash - c->path), c->path, c->secret_file);
+    snprintf(path, sizeof path, "%.*s/%s", (int)(slash - c->path), c->path, file);
   cap = cap > INT_MAX ? INT_MAX : cap;
 
   struct stat sb;
@@ -671,15 +676,15 @@ int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbu
   FILE *f = fopen(path, "rbe"); /* e: close on exec */
   if (f == NULL || fstat(fileno(f), &sb) != 0) {
     int e = errno;
-    rc = ps_err_set(eb, -e, "secret %s: cannot open: %s", path, strerror(e));
+    rc = ps_err_set(eb, -e, "%s %s: cannot open: %s", what, path, strerror(e));
   } else if (!S_ISREG(sb.st_mode)) {
-    rc = ps_err_set(eb, PS_ECONFIG, "secret %s: not a regular file: expected a file of %d+ bytes",
-                    path, SECRET_MIN);
+    rc = ps_err_set(eb, PS_ECONFIG, "%s %s: not a regular file: expected a file of %zu+ bytes",
+                    what, path, min);
   } else if ((sb.st_mode & 077) != 0) {
     rc = ps_err_set(eb, PS_ECONFIG,
-                    "secret %s has mode %04o: expected no access for group and others "
+                    "%s %s has mode %04o: expected no access for group and others "
                     "(chmod 600 %s)",
-                    path, (unsigned)(sb.st_mode & 07777), path);
+                    what, path, (unsigned)(sb.st_mode & 07777), path);
   } else {
     errno = 0;
     n = fread(buf, 1, cap, f);
@@ -692,15 +697,15 @@ int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbu
       n--;
     int e = errno != 0 ? errno : EIO;
     if (ferror(f))
-      rc = ps_err_set(eb, -e, "secret %s: cannot read: %s", path, strerror(e));
+      rc = ps_err_set(eb, -e, "%s %s: cannot read: %s", what, path, strerror(e));
     else if (extra > 0)
-      rc = ps_err_set(eb, PS_ECONFIG, "secret %s is longer than %zu bytes: expected at most %zu",
-                      path, cap, cap);
-    else if (n < SECRET_MIN)
+      rc = ps_err_set(eb, PS_ECONFIG, "%s %s is longer than %zu bytes: expected at most %zu",
+                      what, path, cap, cap);
+    else if (n < min)
       rc = ps_err_set(eb, PS_ECONFIG,
-                      "secret %s is %zu bytes: expected at least %d (e.g. "
+                      "%s %s is %zu bytes: expected at least %zu (e.g. "
                       "head -c 32 /dev/urandom | base64 > %s)",
-                      path, n, SECRET_MIN, path);
+                      what, path, n, min, path);
   }
   if (f != NULL)
     fclose(f);
@@ -710,6 +715,22 @@ int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbu
     return rc;
   }
   return (int)n;
+}
+
+int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb) {
+  return read_private(c, "secret", c->secret_file, SECRET_MIN, buf, cap, eb);
+}
+
+int ps_config_read_redis_password(const ps_config *c, char *buf, size_t cap, ps_errbuf *eb) {
+  buf[0] = '\0';
+  if (c->redis_password_file[0] == '\0')
+    return 0;
+  int n = read_private(c, "[redis] password_file", c->redis_password_file, 1, (uint8_t *)buf,
+                       cap - 1, eb);
+  if (n < 0)
+    return n;
+  buf[n] = '\0';
+  return n;
 }
 
 int ps_addr_parse(const char *text, ps_addr *out) {

@@ -146,6 +146,11 @@ int ps_config_parse(const char *name, const char *text, ps_config *c, ps_errbuf 
  * holds nothing of the secret. */
 int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbuf *eb);
 
+/* Read [redis] password_file the same way (relative to the config's
+ * directory, owner-only), NUL-terminated into buf.  An empty setting gives
+ * "" and 0.  @return the length or a negative code with a message. */
+int ps_config_read_redis_password(const ps_config *c, char *buf, size_t cap, ps_errbuf *eb);
+
 /* Parse "host:port" / "[v6]:port": port 1-65535, host non-empty, printable,
  * without spaces or commas (an unbracketed IPv6 literal is refused as
  * ambiguous).  *out is written only on success.  @return 0 or PS_ECONFIG

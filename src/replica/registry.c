@@ -72,15 +72,9 @@ static redisContext *ctx(ps_registry *r, int wait) {
     return NULL;
   }
   redisSetTimeout(c, tv);
-  if (r->cfg->redis_password_file[0]) {
-    char pw[512] = "";
-    FILE *f = fopen(r->cfg->redis_password_file, "r");
-    size_t n = f ? fread(pw, 1, sizeof pw - 1, f) : 0;
-    if (f)
-      fclose(f);
-    pw[n] = '\0';
-    while (n > 0 && (pw[n - 1] == '\n' || pw[n - 1] == '\r'))
-      pw[--n] = '\0';
+  char pw[512];
+  ps_errbuf eb = {0};
+  if (ps_config_read_redis_password(r->cfg, pw, sizeof pw, &eb) > 0) {
     redisReply *a = r->cfg->redis_user[0] ? redisCommand(c, "AUTH %s %s", r->cfg->redis_user, pw)
                                           : redisCommand(c, "AUTH %s", pw);
     memset(pw, 0, sizeof pw);

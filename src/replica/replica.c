@@ -191,26 +191,9 @@ static redisContext *connect_sync(const ps_config *cfg, ps_errbuf *eb) {
   return c;
 }
 
-/* AUTH from the config: a password file, with or without an ACL user. */
-static int read_password(const ps_config *cfg, char *buf, size_t cap, ps_errbuf *eb) {
-  buf[0] = '\0';
-  if (cfg->redis_password_file[0] == '\0')
-    return 0;
-  FILE *f = fopen(cfg->redis_password_file, "r");
-  if (f == NULL)
-    return ps_err_set(eb, -errno, "[redis] password_file %s: %s", cfg->redis_password_file,
-                      strerror(errno));
-  size_t n = fread(buf, 1, cap - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-    buf[--n] = '\0';
-  return 0;
-}
-
 static int auth_sync(redisContext *c, const ps_config *cfg, ps_errbuf *eb) {
   char pw[512];
-  if (read_password(cfg, pw, sizeof pw, eb) != 0)
+  if (ps_config_read_redis_password(cfg, pw, sizeof pw, eb) < 0)
     return eb->code;
   if (pw[0] == '\0')
     return 0;
@@ -675,7 +658,7 @@ static void replica_connect(ps_replica *r) {
    * and fenced, even those issued while connecting. */
   char pw[512];
   ps_errbuf eb = {0};
-  if (read_password(r->cfg, pw, sizeof pw, &eb) == 0 && pw[0] != '\0') {
+  if (ps_config_read_redis_password(r->cfg, pw, sizeof pw, &eb) > 0) {
     if (r->cfg->redis_user[0])
       redisAsyncCommand(ac, on_auth, NULL, "AUTH %s %s", r->cfg->redis_user, pw);
     else

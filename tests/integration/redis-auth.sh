@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Redis AUTH from the config: an ACL user with a password file works end to
+# end; a wrong password is one clear line and exit status 1.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+REDIS_PORT=$(free_ports 1)
+start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$T" --requirepass "default-pw-9f2" --user paramserv on ">ps-pw-3c1" "~*" "&*" "+@all"
+for ((i = 0; i < 200; i++)); do
+  redis-cli -p "$REDIS_PORT" -a default-pw-9f2 --no-auth-warning ping 2>/dev/null | grep -q PONG && break
+  sleep 0.05
+done
+
+printf 'ps-pw-3c1\n' >"$T/redis-pw"
+chmod 600 "$T/redis-pw"
+write_config "$T/a.conf" 1 1 "model.name=mlp" "train.last_step=50" "train.threads=1" \
+  "replication.mode=log" "redis.user=paramserv" "redis.password_file=redis-pw"
+start ps0 "$BIN" ps --config "$T/a.conf" --index 0
+wait_for "$T/ps0.log" "listening on" 10
+"$BIN" worker --config "$T/a.conf" --index 0 >"$T/w0.log" 2>&1 || fail "worker exited $?"
+n=$(redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning xlen '{itest:ps:0}:log')
+[ "$n" -gt 0 ] || fail "no log entries written as user paramserv"
+kill -TERM "$PID_ps0"
+wait_exit "$PID_ps0" 10 || fail "ps exited $?"
+echo "ok: ACL user paramserv with a password file: 50 steps, $n log entries in Redis"
+
+printf 'wrong\n' >"$T/redis-pw"
+set +e
+"$BIN" ps --config "$T/a.conf" --index 0 >"$T/bad.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || fail "wrong Redis password: exit $rc, expected 1"
+grep -q "AUTH as paramserv failed" "$T/bad.log" || fail "wrong Redis password: $(cat "$T/bad.log")"
+echo "ok: wrong Redis password: $(grep -o 'redis .*AUTH.*' "$T/bad.log" | head -1)"

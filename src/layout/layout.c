@@ -296,3 +296,24 @@ double ps_layout_imbalance(const ps_layout *l) {
   /* Every shard holds floats, so the ratio of floats is the ratio of bytes. */
   return (double)max * l->nshards / (double)total;
 }
+
+int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layout,
+                          ps_errbuf *eb) {
+  ps_errbuf inner = {0};
+  ps_model_spec spec;
+  memset(layout, 0, sizeof *layout);
+  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &inner) != 0 ||
+      ps_model_build(&spec, model, &inner) != 0)
+    return ps_err_set(eb, inner.code, "%s: [model]: %s", cfg->path, inner.msg);
+  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
+  ps_layout_strategy_parse(cfg->layout_strategy, &strategy);
+  char desc[128];
+  int rc = ps_layout_build(&model->vars, ps_model_spec_format(&spec, desc, sizeof desc), cfg->nps,
+                           strategy, cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes,
+                           layout, &inner);
+  if (rc != 0) {
+    ps_model_close(model);
+    return ps_err_set(eb, rc, "%s: [layout]: %s", cfg->path, inner.msg);
+  }
+  return 0;
+}

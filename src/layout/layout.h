@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/config.h"
+#include "nn/model.h"
 #include "paramserv/error.h"
 #include "paramserv/vartable.h"
 
@@ -66,6 +68,14 @@ int ps_layout_build(const ps_vartable *t, const char *model_desc, int nshards,
                     ps_errbuf *eb);
 
 void ps_layout_close(ps_layout *l);
+
+/* The cluster's model and its layout, from the config's [model], [layout]
+ * and shard count: what every process of a cluster builds the same way.
+ * @return 0, or a negative code with a message naming the config file and
+ * section; nothing is left allocated then.  Free with ps_layout_close and
+ * ps_model_close. */
+int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layout,
+                          ps_errbuf *eb);
 
 /* "round-robin" | "greedy", exactly.  @return 0, or PS_EUSAGE (also for
  * NULL) leaving *out untouched.  The name is static; "unknown" for a value

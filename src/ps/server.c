@@ -658,8 +658,6 @@ int ps_server_run(const ps_config *cfg, int index) {
   s->index = index;
   int status = 1, loop_open = 0, shard_open = 0;
   ps_errbuf eb = {0};
-  ps_model_spec spec;
-  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
   char desc[128];
   int n = ps_config_read_secret(cfg, s->secret, sizeof s->secret, &eb);
   if (n < 0) {
@@ -667,18 +665,11 @@ int ps_server_run(const ps_config *cfg, int index) {
     goto out;
   }
   s->secret_len = (size_t)n;
-  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &eb) != 0 ||
-      ps_model_build(&spec, &s->model, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: [model]: %s", cfg->path, eb.msg);
+  if (ps_layout_for_cluster(cfg, &s->model, &s->layout, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }
-  ps_layout_strategy_parse(cfg->layout_strategy, &strategy);
-  if (ps_layout_build(&s->model.vars, ps_model_spec_format(&spec, desc, sizeof desc), cfg->nps,
-                      strategy, cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes,
-                      &s->layout, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: [layout]: %s", cfg->path, eb.msg);
-    goto out;
-  }
+  ps_model_spec_format(&s->model.spec, desc, sizeof desc);
   ps_shard_opts so = {.index = index, .nworkers = cfg->nworkers,
                       .nfloats = s->layout.shard_floats[index],
                       .consistency = cfg->consistency,

@@ -414,16 +414,7 @@ ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *e
   if (n < 0)
     goto fail;
   c->secret_len = (size_t)n;
-  ps_model_spec spec;
-  if (ps_model_spec_parse(c->cfg.model, c->cfg.hidden[0] ? c->cfg.hidden : NULL, &spec, eb) != 0 ||
-      ps_model_build(&spec, &c->model, eb) != 0)
-    goto fail;
-  char desc[128];
-  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
-  ps_layout_strategy_parse(c->cfg.layout_strategy, &strategy);
-  if (ps_layout_build(&c->model.vars, ps_model_spec_format(&spec, desc, sizeof desc), c->cfg.nps,
-                      strategy, c->cfg.split_bytes < 0 ? SIZE_MAX : (size_t)c->cfg.split_bytes,
-                      &c->layout, eb) != 0)
+  if (ps_layout_for_cluster(&c->cfg, &c->model, &c->layout, eb) != 0)
     goto fail;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);

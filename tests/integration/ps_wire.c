@@ -201,19 +201,11 @@ int main(int argc, char **argv) {
     die("usage: ps_wire CONFIG (shard 0 of CONFIG running)");
   ps_errbuf eb = {0};
   ps_model model;
-  ps_model_spec spec;
-  char desc[128];
-  ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
   if (ps_config_load(argv[1], &cfg, &eb) != 0 ||
       ps_config_read_secret(&cfg, secret, sizeof secret, &eb) < 0)
     die("%s", eb.msg);
   secret_len = (size_t)ps_config_read_secret(&cfg, secret, sizeof secret, &eb);
-  ps_layout_strategy_parse(cfg.layout_strategy, &strategy);
-  if (ps_model_spec_parse(cfg.model, cfg.hidden[0] ? cfg.hidden : NULL, &spec, &eb) != 0 ||
-      ps_model_build(&spec, &model, &eb) != 0 ||
-      ps_layout_build(&model.vars, ps_model_spec_format(&spec, desc, sizeof desc), cfg.nps,
-                      strategy, cfg.split_bytes < 0 ? SIZE_MAX : (size_t)cfg.split_bytes,
-                      &layout, &eb) != 0)
+  if (ps_layout_for_cluster(&cfg, &model, &layout, &eb) != 0)
     die("%s", eb.msg);
   slice = layout.shard_floats[0];
   float *before = malloc(slice * sizeof(float)), *now = malloc(slice * sizeof(float));

@@ -36,13 +36,6 @@ static void bench_usage(FILE *f) {
       "  bench-ps bytes B pull_gbps X push_gbps Y pull_ms P push_ms Q\n");
 }
 
-static int flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  if (ps_parse_i64(v, lo, hi, out) == 0)
-    return 0;
-  ps_cmd_error("--%s '%s': expected an integer in [%" PRId64 ", %" PRId64 "]", name, v, lo, hi);
-  return -1;
-}
-
 /* @return 0, 1 for --help (printed), or -1 after printing an error. */
 static int parse_opts(int argc, char **argv, bench_opts *o) {
   enum { O_CONFIG = 256, O_WORKER, O_ROUNDS, O_WARMUP };
@@ -61,9 +54,9 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
   while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
     case O_CONFIG: o->config = optarg; break;
-    case O_WORKER: rc = flag_i64("worker", optarg, 0, 1 << 20, &o->worker); break;
-    case O_ROUNDS: rc = flag_i64("rounds", optarg, 1, 1000000, &o->rounds); break;
-    case O_WARMUP: rc = flag_i64("warmup", optarg, 0, 1000000, &o->warmup); break;
+    case O_WORKER: rc = ps_cmd_flag_i64("worker", optarg, 0, 1 << 20, &o->worker); break;
+    case O_ROUNDS: rc = ps_cmd_flag_i64("rounds", optarg, 1, 1000000, &o->rounds); break;
+    case O_WARMUP: rc = ps_cmd_flag_i64("warmup", optarg, 0, 1000000, &o->warmup); break;
     case 'h': bench_usage(stdout); return 1;
     case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return -1;
     default:

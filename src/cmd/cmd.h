@@ -2,12 +2,19 @@
 #ifndef PS_CMD_CMD_H
 #define PS_CMD_CMD_H
 
+#include <stdint.h>
+
 /* Each verb takes argv with argv[0] = the verb's name and returns the
  * process's exit status: 0 success, 1 failure, 2 bad usage. */
 int ps_cmd_train(int argc, char **argv);
 int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
 int ps_cmd_bench_ps(int argc, char **argv);
+
+/* Parse the value of option --name as an integer in [lo, hi] (or a number,
+ * for _double); on failure print "--name 'v': expected ..." and return -1. */
+int ps_cmd_flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out);
+int ps_cmd_flag_double(const char *name, const char *v, double lo, double hi, double *out);
 
 /* Print "paramserv: error: <msg>" on one line to stderr. */
 void ps_cmd_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,9 +1,11 @@
 /* The paramserv binary: dispatches to its verbs. */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cmd/cmd.h"
+#include "common/parse.h"
 
 #define PS_VERSION "0.1.0"
 
@@ -47,6 +49,20 @@ void ps_cmd_error(const char *fmt, ...) {
     if (*p == '\n')
       *p = ' ';
   fprintf(stderr, "paramserv: error: %s\n", msg);
+}
+
+int ps_cmd_flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {
+  if (ps_parse_i64(v, lo, hi, out) == 0)
+    return 0;
+  ps_cmd_error("--%s '%s': expected an integer in [%" PRId64 ", %" PRId64 "]", name, v, lo, hi);
+  return -1;
+}
+
+int ps_cmd_flag_double(const char *name, const char *v, double lo, double hi, double *out) {
+  if (ps_parse_double(v, lo, hi, out) == 0)
+    return 0;
+  ps_cmd_error("--%s '%s': expected a number in [%g, %g]", name, v, lo, hi);
+  return -1;
 }
 
 int main(int argc, char **argv) {

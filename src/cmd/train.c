@@ -61,20 +61,6 @@ static void train_usage(FILE *f) {
       "  done steps S samples N seconds T samples/s R test_acc A\n");
 }
 
-static int flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  if (ps_parse_i64(v, lo, hi, out) == 0)
-    return 0;
-  ps_cmd_error("--%s '%s': expected an integer in [%" PRId64 ", %" PRId64 "]", name, v, lo, hi);
-  return -1;
-}
-
-static int flag_double(const char *name, const char *v, double lo, double hi, double *out) {
-  if (ps_parse_double(v, lo, hi, out) == 0)
-    return 0;
-  ps_cmd_error("--%s '%s': expected a number in [%g, %g]", name, v, lo, hi);
-  return -1;
-}
-
 /* @return 0, 1 for --help (printed), or -1 after printing an error. */
 static int parse_opts(int argc, char **argv, train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
@@ -117,22 +103,22 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     switch (c) {
     case O_MODEL: o->model = optarg; break;
     case O_HIDDEN: o->hidden = optarg; break;
-    case O_EPOCHS: rc = flag_i64("epochs", optarg, 1, 100000, &o->epochs); break;
-    case O_BATCH: rc = flag_i64("batch", optarg, 1, 65536, &o->batch); break;
+    case O_EPOCHS: rc = ps_cmd_flag_i64("epochs", optarg, 1, 100000, &o->epochs); break;
+    case O_BATCH: rc = ps_cmd_flag_i64("batch", optarg, 1, 65536, &o->batch); break;
     case O_OPTIM: optim_name = optarg; break;
-    case O_LR: rc = flag_double("lr", optarg, 0, 1e3, &o->lr); break;
-    case O_MOMENTUM: rc = flag_double("momentum", optarg, 0, 1, &o->momentum); break;
-    case O_WD: rc = flag_double("weight-decay", optarg, 0, 1, &o->weight_decay); break;
+    case O_LR: rc = ps_cmd_flag_double("lr", optarg, 0, 1e3, &o->lr); break;
+    case O_MOMENTUM: rc = ps_cmd_flag_double("momentum", optarg, 0, 1, &o->momentum); break;
+    case O_WD: rc = ps_cmd_flag_double("weight-decay", optarg, 0, 1, &o->weight_decay); break;
     case O_SCHED: sched_name = optarg; break;
-    case O_STEP_EPOCHS: rc = flag_double("step-epochs", optarg, 0, 1e6, &o->step_epochs); break;
-    case O_GAMMA: rc = flag_double("gamma", optarg, 0, 1, &o->gamma); break;
-    case O_MIN_LR: rc = flag_double("min-lr", optarg, 0, 1e3, &o->min_lr); break;
-    case O_WARMUP: rc = flag_i64("warmup-steps", optarg, 0, INT64_MAX, &o->warmup); break;
-    case O_THREADS: rc = flag_i64("threads", optarg, 1, 256, &o->threads); break;
-    case O_SEED: rc = flag_i64("seed", optarg, 0, INT64_MAX, &seed); break;
+    case O_STEP_EPOCHS: rc = ps_cmd_flag_double("step-epochs", optarg, 0, 1e6, &o->step_epochs); break;
+    case O_GAMMA: rc = ps_cmd_flag_double("gamma", optarg, 0, 1, &o->gamma); break;
+    case O_MIN_LR: rc = ps_cmd_flag_double("min-lr", optarg, 0, 1e3, &o->min_lr); break;
+    case O_WARMUP: rc = ps_cmd_flag_i64("warmup-steps", optarg, 0, INT64_MAX, &o->warmup); break;
+    case O_THREADS: rc = ps_cmd_flag_i64("threads", optarg, 1, 256, &o->threads); break;
+    case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_MAX, &seed); break;
     case O_DATA: o->data = optarg; break;
-    case O_MAX_STEPS: rc = flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
-    case O_TRAIN_LIMIT: rc = flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
+    case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
+    case O_TRAIN_LIMIT: rc = ps_cmd_flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
     case O_NO_EVAL: o->eval = 0; break;
     case O_LOG_LEVEL: {
       int lv = ps_log_level_parse(optarg);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -15,6 +16,32 @@
 
 #define POS_EVERY_NS 100000000ULL       /* 100 ms */
 #define RECONNECT_EVERY_NS 1000000000ULL /* 1 s */
+
+/* max(stored + 1, now in ms): atomic in Redis, so two starts never share
+ * an epoch. */
+static const char EPOCH_SCRIPT[] =
+    "local e = tonumber(redis.call('GET', KEYS[1]) or '0') + 1\n"
+    "local t = tonumber(ARGV[1])\n"
+    "if t > e then e = t end\n"
+    "redis.call('SET', KEYS[1], string.format('%d', e))\n"
+    "return e\n";
+
+int ps_redis_new_epoch(void *redis_context, const char *key, uint64_t *epoch, ps_errbuf *eb) {
+  redisContext *c = redis_context;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char now[32];
+  snprintf(now, sizeof now, "%lld", (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+  redisReply *r = redisCommand(c, "EVAL %s 1 %s %s", EPOCH_SCRIPT, key, now);
+  int rc = 0;
+  if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+    *epoch = (uint64_t)r->integer;
+  else
+    rc = ps_err_set(eb, r ? -EIO : -ECONNRESET, "redis: new epoch at %s: %s", key,
+                    r ? (r->str ? r->str : "unexpected reply") : c->errstr);
+  freeReplyObject(r);
+  return rc;
+}
 
 struct ps_registry {
   const ps_config *cfg;
@@ -24,6 +51,7 @@ struct ps_registry {
   uint64_t epoch;
   uint64_t last_try_ns, last_pos_ns, last_hb_ns;
   int down_logged;
+  int auth_failed;   /* a refused AUTH is not worth retrying */
   char host[128];
 };
 
@@ -82,6 +110,7 @@ static redisContext *ctx(ps_registry *r, int wait) {
     freeReplyObject(a);
     if (bad) {
       r->c = c;
+      r->auth_failed = 1;
       drop(r, "AUTH failed");
       return NULL;
     }
@@ -108,17 +137,23 @@ static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
 }
 
 int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb) {
+  char key[160];
+  snprintf(key, sizeof key, "{%s}:epoch:%s:%d", r->cfg->cluster_id, r->role, r->index);
   for (int attempt = 0; !*stop; attempt++) {
-    redisReply *rep = cmd(r, 1, "INCR {%s}:epoch:%s:%d", r->cfg->cluster_id, r->role, r->index);
-    if (rep != NULL && rep->type == REDIS_REPLY_INTEGER) {
-      r->epoch = *epoch = (uint64_t)rep->integer;
-      freeReplyObject(rep);
-      return 0;
-    }
-    if (rep != NULL) {
-      int rc = ps_err_set(eb, -EIO, "redis: INCR epoch: %s", rep->str ? rep->str : "bad reply");
-      freeReplyObject(rep);
-      return rc;
+    redisContext *c = ctx(r, 1);
+    if (c == NULL && r->auth_failed)
+      return ps_err_set(eb, -EACCES, "redis %s:%u: AUTH%s%s failed (see [redis] user and "
+                        "password_file in %s)", r->cfg->redis.host, r->cfg->redis.port,
+                        r->cfg->redis_user[0] ? " as " : "", r->cfg->redis_user, r->cfg->path);
+    if (c != NULL) {
+      int rc = ps_redis_new_epoch(c, key, epoch, eb);
+      if (rc == 0) {
+        r->epoch = *epoch;
+        return 0;
+      }
+      if (rc != -ECONNRESET)
+        return rc;
+      drop(r, eb->msg);
     }
     unsigned ms = 100u << (attempt < 4 ? attempt : 4);
     ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation; retry in %u ms",

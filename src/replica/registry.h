@@ -13,6 +13,13 @@
 
 typedef struct ps_registry ps_registry;
 
+/* Take a new epoch at `key` (opaque hiredis redisContext *): larger than
+ * the key's value and than the current time in milliseconds, so epochs
+ * keep growing even after Redis lost its data, and a new incarnation
+ * always outranks one that ran before it.  @return 0 or a negative code
+ * with a message. */
+int ps_redis_new_epoch(void *redis_context, const char *key, uint64_t *epoch, ps_errbuf *eb);
+
 /* For `role` ("worker", "ps", "chief") number `index`.  Connects lazily.
  * @return NULL on allocation failure. */
 ps_registry *ps_registry_new(const ps_config *cfg, const char *role, int index);

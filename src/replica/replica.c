@@ -22,6 +22,7 @@
 
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "replica/registry.h"
 
 #define CHUNK_FLOATS (256 * 1024)  /* 1 MiB of raw floats per snapshot chunk */
 #define BACKOFF_CAP_MS 2000
@@ -143,7 +144,7 @@ static void make_keys(keys *k, const char *cluster, int index) {
   snprintf(k->meta, sizeof k->meta, "{%s:ps:%d}:meta", cluster, index);
   snprintf(k->log, sizeof k->log, "{%s:ps:%d}:log", cluster, index);
   snprintf(k->snap_prefix, sizeof k->snap_prefix, "{%s:ps:%d}:snap:", cluster, index);
-  snprintf(k->node, sizeof k->node, "{%s}:node:ps:%d", cluster, index);
+  snprintf(k->node, sizeof k->node, "{%s:ps:%d}:node", cluster, index);
 }
 
 /* ------------------------------------------------------ state encoding */
@@ -404,14 +405,9 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   int rc = auth_sync(c, cfg, eb);
   if (rc != 0)
     goto out;
-  redisReply *r = redisCommand(c, "INCR %s", k.epoch);
-  if (r == NULL || r->type != REDIS_REPLY_INTEGER) {
-    rc = ps_err_set(eb, -EIO, "%s: INCR failed: %s", k.epoch, r ? r->str : c->errstr);
-    freeReplyObject(r);
+  rc = ps_redis_new_epoch(c, k.epoch, &info->epoch, eb);
+  if (rc != 0)
     goto out;
-  }
-  info->epoch = (uint64_t)r->integer;
-  freeReplyObject(r);
   redisReply *meta = redisCommand(c, "HGETALL %s", k.meta);
   if (meta == NULL || meta->type != REDIS_REPLY_ARRAY) {
     rc = ps_err_set(eb, -EIO, "%s: HGETALL failed: %s", k.meta, meta ? meta->str : c->errstr);
@@ -517,7 +513,9 @@ struct ps_replica {
   int gz_cap;
   int redis_down_logged;
   uint64_t last_hb_ns;
-  int final_snapshot;       /* closing: the last snapshot is in flight */
+  int final_snapshot;       /* closing: snapshots may still run */
+  int final_started;        /* closing: the last one was started */
+  int fenced_out;           /* a newer incarnation owns the shard */
 };
 
 static void start_snapshot(ps_replica *r);
@@ -541,6 +539,7 @@ static void on_handle_closed(uv_handle_t *h) {
 }
 
 static void fence(ps_replica *r, const char *why) {
+  r->fenced_out = 1;
   ps_log(PS_LOG_ERROR, "shard %d epoch %" PRIu64 " fenced out by Redis: %s", r->index, r->epoch,
          why);
   if (r->fenced)
@@ -573,7 +572,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
   ps_replica *r = ac->data;
   (void)status;
   r->ac = NULL;
-  if (r->connected || !r->redis_down_logged)
+  if (!r->closing && (r->connected || !r->redis_down_logged))
     ps_log(PS_LOG_WARN, "redis %s:%u: connection lost; serving on, %s", r->cfg->redis.host,
            r->cfg->redis.port, "a full snapshot follows when it is back");
   r->redis_down_logged = 1;
@@ -813,14 +812,29 @@ static void compress_work(uv_work_t *w) {
   }
 }
 
+/* Closing: write one last snapshot if the newest is older than the shard,
+ * then disconnect; on_disconnect finishes the close, possibly before this
+ * returns, so r must not be touched after it. */
+static void close_after_snapshots(ps_replica *r) {
+  if (r->ac != NULL && r->connected && !r->fenced_out && !r->final_started &&
+      r->snap_version != r->shard->version) {
+    r->final_started = 1;
+    start_snapshot(r);
+    if (r->job != NULL)
+      return;
+  }
+  if (r->ac != NULL) {
+    redisAsyncDisconnect(r->ac);
+    return;
+  }
+  maybe_finish_close(r);
+}
+
 static void snapshot_done(ps_replica *r) {
   job_free(r->job);
   r->job = NULL;
-  if (r->closing) {
-    if (r->ac != NULL)
-      redisAsyncDisconnect(r->ac);
-    maybe_finish_close(r);
-  }
+  if (r->closing)
+    close_after_snapshots(r);
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
@@ -1035,19 +1049,13 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
 
 void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg) {
   r->closing = 1;
+  /* A snapshot in flight is finished, and a clean stop loses nothing even
+   * in `snapshot` mode. */
+  r->final_snapshot = 1;
   r->close_done = done;
   r->close_arg = arg;
   uv_close((uv_handle_t *)&r->retry, on_handle_closed);
   uv_close((uv_handle_t *)&r->interval, on_handle_closed);
-  if (r->ac == NULL)
-    return;
-  if (r->job == NULL && r->connected && r->snap_version != r->shard->version) {
-    /* A last snapshot, so that a clean stop loses nothing even in
-     * `snapshot` mode; snapshot_done disconnects after it. */
-    r->final_snapshot = 1;
-    start_snapshot(r);
-  }
-  /* Replies still pending arrive first; then on_disconnect. */
   if (r->job == NULL)
-    redisAsyncDisconnect(r->ac);
+    close_after_snapshots(r);
 }

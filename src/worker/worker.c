@@ -103,7 +103,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
                " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, epoch);
       else
         ps_log(PS_LOG_WARN, "data position epoch %" PRIu64 " offset %" PRIu64 " from Redis is "
-               "past this worker's %zu samples; starting its epoch over", pos.epoch, pos.offset,
+               "past this worker's %zu samples; starting from the beginning", pos.epoch, pos.offset,
                ps_sampler_part_size(&sampler));
     }
   }

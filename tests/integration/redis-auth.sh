@@ -20,11 +20,14 @@ write_config "$T/a.conf" 1 1 "model.name=mlp" "train.last_step=50" "train.thread
 start ps0 "$BIN" ps --config "$T/a.conf" --index 0
 wait_for "$T/ps0.log" "listening on" 10
 "$BIN" worker --config "$T/a.conf" --index 0 >"$T/w0.log" 2>&1 || fail "worker exited $?"
-n=$(redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning xlen '{itest:ps:0}:log')
-[ "$n" -gt 0 ] || fail "no log entries written as user paramserv"
+rc() { redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning "$@"; }
+# The snapshot plus the log entries after it hold every one of the 50 updates.
+v=$(rc hget '{itest:ps:0}:meta' version)
+n=$(rc xlen '{itest:ps:0}:log')
+[ "$((v + n))" -eq 50 ] || fail "as user paramserv: snapshot version $v + $n log entries, expected 50 updates"
 kill -TERM "$PID_ps0"
 wait_exit "$PID_ps0" 10 || fail "ps exited $?"
-echo "ok: ACL user paramserv with a password file: 50 steps, $n log entries in Redis"
+echo "ok: ACL user paramserv with a password file: 50 updates in Redis (snapshot at version $v + $n log entries)"
 
 printf 'wrong\n' >"$T/redis-pw"
 set +e

@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 20
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
 
-PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4
+PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson
 ifeq ($(SAN),1)
 BUILD    := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -21,12 +21,12 @@ ARCHFLAGS := $(if $(filter 1,$(NATIVE)),-march=native,)
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
             -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror \
-            -fno-math-errno -MMD -MP -Iinclude -Isrc $(ARCHFLAGS) $(SANFLAGS) \
+            -fno-math-errno -MMD -MP -Iinclude -Isrc -I. $(ARCHFLAGS) $(SANFLAGS) \
             $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
 LDFLAGS  += $(SANFLAGS)
 
-LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src -name '*.c' | sort))
+LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 MAIN_OBJ := $(BUILD)/src/cmd/main.o
 BIN      := $(BUILD)/paramserv
@@ -97,7 +97,7 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz-smoke SAN=0
 
 # libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
-FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc \
+FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc -I. \
                -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 FUZZ_LIB_SRC := $(filter-out src/cmd/%,$(LIB_SRC))
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)

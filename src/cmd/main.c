@@ -19,6 +19,7 @@ static const verb verbs[] = {
     {"ps", ps_cmd_ps, "run one parameter-server shard of a cluster"},
     {"worker", ps_cmd_worker, "run one worker of a cluster"},
     {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
+    {"ckpt", ps_cmd_ckpt, "list, show, verify and export checkpoints"},
     {"bench-ps", ps_cmd_bench_ps, "time pulls and pushes against a running cluster's shards"},
 };
 

@@ -1,0 +1,285 @@
+/* The checkpoint format (recovery/FORMAT.md, version 1): writing a
+ * consistent cut of every shard's state into DIR/ckpt-<step>/ with a
+ * crash-safe commit, reading and verifying it back, finding the newest
+ * valid one, and retention. */
+#ifndef PS_RECOVERY_CHECKPOINT_H
+#define PS_RECOVERY_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/sampler.h"
+#include "layout/layout.h"
+#include "optim/optim.h"
+#include "paramserv/error.h"
+#include "paramserv/vartable.h"
+
+/* The version this build writes and the only one it reads. */
+#define PS_CKPT_FORMAT_VERSION 1
+
+/* "ckpt-" + at least 9 digits + NUL fits. */
+#define PS_CKPT_NAME_MAX 32
+
+/* Test-only: when this environment variable names a stage of the commit
+ * (shards, manifest, rename, index, retain; FORMAT.md section 5), the
+ * writer kills its own process with SIGKILL at that point. */
+#define PS_CKPT_CRASH_ENV "PS_CKPT_CRASH_AT"
+
+/* The byte filter applied to a shard file before LZ4 (FORMAT.md 2.2). */
+typedef enum ps_ckpt_filter {
+  PS_CKPT_FILTER_NONE = 0,
+  PS_CKPT_FILTER_SHUFFLE,  /* the 4 bytes of each float grouped plane by plane */
+} ps_ckpt_filter;
+
+/* "none" | "shuffle", exactly.  @return 0, or PS_EUSAGE leaving *out. */
+int ps_ckpt_filter_parse(const char *name, ps_ckpt_filter *out);
+/* A static string; "unknown" for a value outside the enum. */
+const char *ps_ckpt_filter_name(ps_ckpt_filter f);
+
+/* One worker's row of a shard's exactly-once table. */
+typedef struct ps_ckpt_once {
+  uint64_t incarnation;
+  uint64_t last_seq;
+} ps_ckpt_once;
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                            */
+/* ------------------------------------------------------------------ */
+
+/* One shard's state at the cut, as the chief gathered it.  Every pointer is
+ * borrowed: it must stay valid for the duration of ps_ckpt_write only. */
+typedef struct ps_ckpt_shard_state {
+  size_t nfloats;                           /* the slice's length */
+  const float *values;                      /* nfloats */
+  int nslots;                               /* ps_optim_nslots(optim.kind) */
+  const float *slots[PS_OPTIM_MAX_SLOTS];   /* nslots arrays of nfloats */
+  const float *accum;                       /* sync: the step's sum (nfloats); NULL: none */
+  int accum_count;                          /* sync: gradients in accum */
+  int target;                               /* sync: gradients that complete a step */
+  uint64_t version;                         /* updates applied to the slice */
+  uint64_t global_step;                     /* as the shard knows it */
+  int nonce;                                /* rows in once */
+  const ps_ckpt_once *once;                 /* the exactly-once table, one row per worker */
+} ps_ckpt_shard_state;
+
+/* Everything a checkpoint records.  Borrowed pointers, valid for the call. */
+typedef struct ps_ckpt_write_opts {
+  uint64_t step;                  /* the global step of the cut; names the directory */
+  double wall_time;               /* unix seconds; 0 = now */
+  const char *cluster_id;         /* at most 63 bytes */
+  const char *model;              /* ps_model_spec_format text, at most 127 bytes */
+  const ps_vartable *vars;        /* the table the layout was built from */
+  const ps_layout *layout;        /* its hash is recorded */
+  ps_optim optim;
+  int consistency;                /* ps_consistency */
+  ps_ckpt_filter filter;
+  const ps_ckpt_shard_state *shards;  /* layout->nshards entries, by shard index */
+  int nworkers;
+  const ps_data_pos *data_pos;    /* nworkers entries (NULL when nworkers is 0) */
+  uint64_t global_step;
+  /* Retention applied after the commit (ps_ckpt_retain). */
+  int64_t max_to_keep;            /* newest checkpoints kept; 0 = all */
+  double keep_every_n_hours;      /* 0 = off */
+} ps_ckpt_write_opts;
+
+/* What a write did, for logs, summaries and benchmarks. */
+typedef struct ps_ckpt_write_stats {
+  char name[PS_CKPT_NAME_MAX];    /* "ckpt-000000400" */
+  uint64_t raw_bytes;             /* uncompressed bytes of every shard file */
+  uint64_t stored_bytes;          /* compressed bytes of every shard file */
+  double compress_s;              /* filtering, compressing, hashing and writing the files */
+  double sync_s;                  /* fsyncs, renames and the index */
+  double total_s;
+} ps_ckpt_write_stats;
+
+/* Write the checkpoint o->step into `dir` (created if missing, with its
+ * parents) and commit it (FORMAT.md section 5): every file into
+ * DIR/.tmp-ckpt-<step>-<pid>/, fsync each, fsync that directory, rename it
+ * to DIR/ckpt-<step> (an existing ckpt-<step> is swapped out atomically and
+ * removed), fsync DIR; then retention protecting the new checkpoint
+ * (ps_ckpt_retain), which rewrites the index.  A crash at any point leaves
+ * the previous checkpoints and possibly the new one, complete; the index
+ * never names a missing directory.  Meant for one writer per directory (the
+ * chief's lease); it may run on any thread.
+ * @return 0 once committed (a failure to rewrite the index or to prune after
+ * that is logged as a warning: the checkpoint stands, and find_latest finds
+ * it unlisted); PS_EUSAGE (inconsistent opts: shard sizes that differ from
+ * the layout, nslots that differ from the optimizer, too-long strings);
+ * -errno (a file system step failed); -ENOMEM.  On error the message in eb
+ * names the step and the path, one error line is logged, the temporary
+ * directory is removed and the directory holds what it held before.
+ * `st` may be NULL; nothing the call borrowed is kept. */
+int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_stats *st,
+                  ps_errbuf *eb);
+
+/* ------------------------------------------------------------------ */
+/* Reading                                                            */
+/* ------------------------------------------------------------------ */
+
+/* One contiguous run of a variable held by one shard (a layout part). */
+typedef struct ps_ckpt_part {
+  int shard;
+  size_t start;      /* first element of the variable */
+  size_t count;
+  size_t shard_off;  /* offset in the shard's values, in floats */
+} ps_ckpt_part;
+
+typedef struct ps_ckpt_var {
+  char name[PS_VAR_NAME_MAX];
+  int ndim;
+  uint32_t shape[PS_VAR_MAX_DIMS];
+  size_t offset;           /* in the full arena, in floats */
+  size_t count;            /* product of shape */
+  int nparts;
+  ps_ckpt_part *parts;     /* by start; owned by the ps_ckpt */
+} ps_ckpt_var;
+
+typedef struct ps_ckpt_shard {
+  int index;
+  char file[PS_CKPT_NAME_MAX];   /* "shard-<index>.lz4" */
+  uint64_t version, global_step;
+  size_t floats;                 /* the slice's length */
+  int nslots, has_accum, accum_count, target;
+  int nonce;
+  ps_ckpt_once *once;            /* owned by the ps_ckpt */
+  uint64_t compressed_size, uncompressed_size, xxh64;
+} ps_ckpt_shard;
+
+/* A parsed manifest.  Every array is owned; free with ps_ckpt_close. */
+typedef struct ps_ckpt {
+  char *path;                    /* the checkpoint directory as opened; NULL when parsed from memory */
+  char name[PS_CKPT_NAME_MAX];   /* its last component, e.g. "ckpt-000000400" ("" from memory) */
+  int format_version;
+  uint64_t step, global_step;
+  double wall_time;
+  char cluster_id[64];
+  uint64_t layout_hash;
+  char model[128];
+  ps_optim optim;
+  int consistency;               /* ps_consistency */
+  ps_ckpt_filter filter;
+  int nvars;
+  ps_ckpt_var *vars;             /* in arena order */
+  size_t total_floats;           /* the full arena: sum of the variables' counts */
+  int nshards;
+  ps_ckpt_shard *shards;         /* by index */
+  int nworkers;
+  ps_data_pos *data_pos;         /* nworkers entries */
+} ps_ckpt;
+
+/* Parse and validate MANIFEST.json text (len bytes, no NUL needed) into
+ * *out.  Every field of FORMAT.md section 4 must be present and well typed,
+ * and the variables' parts must tile both the variables and the shards.
+ * @return 0; PS_EVERSION for a format_version other than
+ * PS_CKPT_FORMAT_VERSION (the message names both); PS_ECORRUPT for anything
+ * else, the message naming the field ("shards[1].xxh64: expected 16 hex
+ * digits"); -ENOMEM.  On error *out is left empty (ps_ckpt_close on it is
+ * harmless).  `json` is not kept. */
+int ps_ckpt_parse_manifest(const char *json, size_t len, ps_ckpt *out, ps_errbuf *eb);
+
+/* Read DIR/ckpt-<step>/MANIFEST.json (`path` is the checkpoint directory)
+ * and parse it.  Checks nothing of the shard files (ps_ckpt_verify does).
+ * @return as ps_ckpt_parse_manifest, or -errno when the manifest cannot be
+ * read; messages start with the manifest's path.  Free with ps_ckpt_close. */
+int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb);
+
+/* Free everything *c owns and leave it empty; NULL does nothing. */
+void ps_ckpt_close(ps_ckpt *c);
+
+/* Is this checkpoint of the running cluster's model and placement?
+ * @return 0, or PS_ELAYOUT with a message naming both sides (model text and
+ * layout hash of the checkpoint and of the cluster). */
+int ps_ckpt_check_layout(const ps_ckpt *c, uint64_t layout_hash, const char *model,
+                         ps_errbuf *eb);
+
+/* One shard file, decompressed and unfiltered: its values, then each slot,
+ * then the accumulator, each `floats` long, in one owned buffer. */
+typedef struct ps_ckpt_shard_data {
+  float *buf;                            /* owned; the pointers below point into it */
+  size_t nfloats;                        /* floats in buf */
+  float *values;
+  float *slots[PS_OPTIM_MAX_SLOTS];      /* NULL past nslots */
+  float *accum;                          /* NULL without has_accum */
+} ps_ckpt_shard_data;
+
+/* Read shard i's file: its size must be the manifest's compressed size, the
+ * LZ4 frame must decode (content checksum included) to exactly the
+ * uncompressed size, and the XXH64 of the unfiltered bytes must be the
+ * manifest's.  @return 0, -errno (cannot open or read, e.g. -ENOENT for a
+ * missing file), PS_ECORRUPT ("size mismatch", "lz4 frame: ...",
+ * "xxh64 mismatch (file X, manifest Y)"), -ENOMEM, -EINVAL (i out of
+ * range); messages start with the file's path.  On success *out owns a
+ * buffer the caller frees with ps_ckpt_shard_data_close; on error *out is
+ * empty. */
+int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb);
+
+/* Free d->buf and zero *d; NULL does nothing. */
+void ps_ckpt_shard_data_close(ps_ckpt_shard_data *d);
+
+/* Reassemble the full arena of values (c->total_floats floats, caller
+ * owned) from every shard file, reading each as ps_ckpt_read_shard does.
+ * @return 0 or its errors. */
+int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb);
+
+/* Check every shard file (size, LZ4 frame and its content checksum, size
+ * after decompression, XXH64).  @return 0 or the first file's error, as
+ * ps_ckpt_read_shard. */
+int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
+
+/* ------------------------------------------------------------------ */
+/* The directory: index, listing, fallback, retention                 */
+/* ------------------------------------------------------------------ */
+
+/* One checkpoint of a directory. */
+typedef struct ps_ckpt_entry {
+  char name[PS_CKPT_NAME_MAX];
+  uint64_t step;
+  double time;       /* unix seconds: the index's, else the manifest's, else the directory's mtime */
+  int in_index;      /* listed in DIR/checkpoint */
+  int on_disk;       /* its directory exists */
+  int latest;        /* the index's latest */
+} ps_ckpt_entry;
+
+/* Every checkpoint the index lists or the directory holds, by step
+ * ascending.  A missing `dir` has none.  @return the count (>= 0) with
+ * *out a malloc'd array the caller frees with free() (NULL when 0), or
+ * -errno / -ENOMEM with a message. */
+int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb);
+
+/* Find the newest valid checkpoint in `dir`: candidates are the index's
+ * entries and any ckpt-* directory it does not list, newest step first;
+ * each is opened, checked against (layout_hash, model) unless model is NULL,
+ * and verified (ps_ckpt_verify).  A candidate that fails gets one warning
+ * line (ps_log) naming it, the reason and "falling back to ckpt-<prev>" (or
+ * "no older checkpoint").  @return 1 with the newest valid one in *out
+ * (free with ps_ckpt_close), 0 when there is none (missing dir included;
+ * *out empty), or -errno when the directory cannot be read. */
+int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
+                        ps_errbuf *eb);
+
+/* Retention: keep the max_to_keep newest checkpoints (by step; 0 = all),
+ * plus, with keep_every_n_hours > 0, the oldest checkpoint of each window
+ * [k * h, (k + 1) * h) of unix time, and always `protect` (a checkpoint name
+ * or NULL: the one the chief restored from).  The index is rewritten to list
+ * exactly the kept ones (latest: the newest) before the others are deleted;
+ * temporary entries a crash left (.tmp-ckpt-*, .old-ckpt-*,
+ * checkpoint.tmp) are removed.  Must not run while a ps_ckpt_write on the
+ * same directory is in progress.  @return 0, or -errno with a message (the
+ * first failure; it goes on with the rest). */
+int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
+                   const char *protect, ps_errbuf *eb);
+
+/* ------------------------------------------------------------------ */
+/* Internal, for recovery/export.c                                    */
+/* ------------------------------------------------------------------ */
+
+/* Write len bytes of each of n buffers to `path` crash-safely: path.tmp,
+ * write, fsync, rename, fsync the parent.  @return 0 or -errno with a
+ * message naming the step. */
+int ps__ckpt_write_file(const char *path, const void *const *bufs, const size_t *lens, int n,
+                        ps_errbuf *eb);
+
+/* Create `path` and its missing parents (mode 0755).  @return 0 or -errno. */
+int ps__ckpt_mkdir_p(const char *path);
+
+#endif

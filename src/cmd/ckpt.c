@@ -1,0 +1,379 @@
+/* `paramserv ckpt`: list, show, verify and export the checkpoints of a
+ * checkpoint directory (recovery/FORMAT.md). */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cmd/cmd.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "recovery/checkpoint.h"
+#include "recovery/export.h"
+
+static const char *const consistency_names[] = {"async", "sync", "ssp"};
+
+static void ckpt_usage(FILE *f) {
+  fprintf(f,
+      "usage: paramserv ckpt ls DIR\n"
+      "       paramserv ckpt show CKPT\n"
+      "       paramserv ckpt verify CKPT\n"
+      "       paramserv ckpt export CKPT --format safetensors|npy OUT\n"
+      "\n"
+      "Inspect the checkpoints a chief wrote (format: recovery/FORMAT.md).\n"
+      "\n"
+      "  ls DIR      every checkpoint of the directory DIR: step, time, size, model, and\n"
+      "              whether the index lists it (manifests only: use verify for the files)\n"
+      "  show CKPT   a checkpoint's manifest: model, optimizer, variables, shards, workers\n"
+      "  verify CKPT check every shard file: size, LZ4 frame and checksum, XXH64\n"
+      "  export CKPT the variables' values as one .safetensors file or a directory of .npy\n"
+      "\n"
+      "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
+      "checkpoints: then show and export take its newest valid checkpoint and verify\n"
+      "checks every one.  `paramserv ckpt VERB --help` describes a verb.\n"
+      "Exit status: 0 success, 1 failure (damaged or unreadable), 2 bad usage.\n");
+}
+
+static void sub_usage(FILE *f, const char *verb) {
+  if (strcmp(verb, "ls") == 0)
+    fprintf(f, "usage: paramserv ckpt ls DIR\n\n"
+               "One line per checkpoint of DIR, oldest step first: name, step, time (UTC),\n"
+               "shards, stored size, model, and its state: latest / kept (listed in the\n"
+               "index), unlisted (a directory the index does not name), missing (named by\n"
+               "the index, no directory), or the reason its manifest is unreadable.\n"
+               "Shard files are not read: `paramserv ckpt verify DIR` checks them.\n");
+  else if (strcmp(verb, "show") == 0)
+    fprintf(f, "usage: paramserv ckpt show CKPT\n\n"
+               "Print the checkpoint's manifest: format version, step, time, cluster, model,\n"
+               "layout hash, optimizer, consistency, filter, every variable with its parts,\n"
+               "every shard file with its sizes, checksum and exactly-once table, and every\n"
+               "worker's data position.  CKPT may be a directory of checkpoints: its newest\n"
+               "valid one is shown.\n");
+  else if (strcmp(verb, "verify") == 0)
+    fprintf(f, "usage: paramserv ckpt verify CKPT\n\n"
+               "Decompress every shard file and check its size, its LZ4 frame (content\n"
+               "checksum included) and its XXH64 against the manifest.  CKPT may be a\n"
+               "directory of checkpoints: every one is verified, one line each.\n"
+               "Exit status 1 if any fails.\n");
+  else
+    fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy OUT\n\n"
+               "Reassemble every variable from the shard files (verified on the way) and\n"
+               "write its values, float32 in the manifest's shapes:\n"
+               "  --format safetensors  one file OUT (metadata: step, model, layout hash)\n"
+               "  --format npy          a directory OUT with one <variable>.npy per variable\n"
+               "Optimizer slots are not exported.  CKPT may be a directory of checkpoints:\n"
+               "its newest valid one is exported.\n");
+}
+
+/* Parse the verb's options: only --help, plus --format for export.
+ * @return 0, 1 for --help (printed), 2 after a usage error. */
+static int sub_opts(int argc, char **argv, const char **format) {
+  enum { O_FORMAT = 256 };
+  static const struct option longopts[] = {
+      {"format", required_argument, 0, O_FORMAT},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  const char *verb = argv[0];
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'h': sub_usage(stdout, verb); return 1;
+    case O_FORMAT:
+      if (format != NULL) {
+        *format = optarg;
+        break;
+      }
+      ps_cmd_error("ckpt %s: unknown option '--format' (see paramserv ckpt %s --help)", verb,
+                   verb);
+      return 2;
+    case ':': ps_cmd_error("ckpt %s: %s: expected a value", verb, argv[optind - 1]); return 2;
+    default:
+      ps_cmd_error("ckpt %s: unknown option '%s' (see paramserv ckpt %s --help)", verb,
+                   argv[optind - 1], verb);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+static int want_args(int argc, char **argv, int n, const char *what) {
+  if (argc - optind == n)
+    return 0;
+  ps_cmd_error("ckpt %s: expected %s, got %d argument%s (see paramserv ckpt %s --help)", argv[0],
+               what, argc - optind, argc - optind == 1 ? "" : "s", argv[0]);
+  return 2;
+}
+
+static const char *utc(double t, char *buf, size_t len) {
+  time_t s = (time_t)t;
+  struct tm tm;
+  if (t < 0 || gmtime_r(&s, &tm) == NULL || strftime(buf, len, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
+    snprintf(buf, len, "?");
+  return buf;
+}
+
+static const char *human_bytes(uint64_t b, char *buf, size_t len) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+static int has_manifest(const char *path) {
+  char m[4096];
+  struct stat st;
+  snprintf(m, sizeof m, "%s/MANIFEST.json", path);
+  return stat(m, &st) == 0;
+}
+
+/* Open CKPT: a checkpoint directory, or the newest valid checkpoint of a
+ * directory of them.  @return 0 or 1 after printing the error. */
+static int open_ckpt(const char *path, ps_ckpt *c) {
+  ps_errbuf eb = {0};
+  if (has_manifest(path)) {
+    if (ps_ckpt_open(c, path, &eb) == 0)
+      return 0;
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  int rc = ps_ckpt_find_latest(path, 0, NULL, c, &eb);
+  if (rc == 1)
+    return 0;
+  if (rc < 0)
+    ps_cmd_error("%s", eb.msg);
+  else
+    ps_cmd_error("%s: no valid checkpoint (no MANIFEST.json, and no ckpt-<step> directory "
+                 "that verifies)", path);
+  return 1;
+}
+
+/* ------------------------------------------------------------------ */
+
+static int cmd_ls(int argc, char **argv) {
+  int rc = sub_opts(argc, argv, NULL);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if ((rc = want_args(argc, argv, 1, "DIR")) != 0)
+    return rc;
+  const char *dir = argv[optind];
+  ps_ckpt_entry *e = NULL;
+  ps_errbuf eb = {0};
+  int n = ps_ckpt_list(dir, &e, &eb);
+  if (n < 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  struct stat st;
+  if (n == 0 && stat(dir, &st) != 0) {
+    ps_cmd_error("%s: no such directory", dir);
+    return 1;
+  }
+  printf("%-16s %10s  %-20s %6s  %10s  %-20s %s\n", "NAME", "STEP", "TIME", "SHARDS", "SIZE",
+         "MODEL", "STATE");
+  for (int i = 0; i < n; i++) {
+    char tbuf[32], sbuf[32], path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+    if (!e[i].on_disk) {
+      printf("%-16s %10" PRIu64 "  %-20s %6s  %10s  %-20s %s\n", e[i].name, e[i].step,
+             utc(e[i].time, tbuf, sizeof tbuf), "-", "-", "-",
+             "missing (listed in the index)");
+      continue;
+    }
+    ps_ckpt c;
+    if (ps_ckpt_open(&c, path, &eb) != 0) {
+      printf("%-16s %10" PRIu64 "  %-20s %6s  %10s  %-20s unreadable: %s\n", e[i].name,
+             e[i].step, utc(e[i].time, tbuf, sizeof tbuf), "-", "-", "-", eb.msg);
+      continue;
+    }
+    uint64_t bytes = 0;
+    for (int s = 0; s < c.nshards; s++)
+      bytes += c.shards[s].compressed_size;
+    printf("%-16s %10" PRIu64 "  %-20s %6d  %10s  %-20s %s\n", e[i].name, e[i].step,
+           utc(e[i].time, tbuf, sizeof tbuf), c.nshards, human_bytes(bytes, sbuf, sizeof sbuf),
+           c.model, e[i].latest ? "latest" : e[i].in_index ? "kept" : "unlisted");
+    ps_ckpt_close(&c);
+  }
+  free(e);
+  return 0;
+}
+
+static int cmd_show(int argc, char **argv) {
+  int rc = sub_opts(argc, argv, NULL);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
+    return rc;
+  ps_ckpt c;
+  if (open_ckpt(argv[optind], &c) != 0)
+    return 1;
+  char tbuf[32], b1[32], b2[32];
+  const ps_optim *o = &c.optim;
+  printf("checkpoint   %s\n", c.path);
+  printf("format       %d\n", c.format_version);
+  printf("step         %" PRIu64 " (global step %" PRIu64 ")\n", c.step, c.global_step);
+  printf("time         %s (%.3f)\n", utc(c.wall_time, tbuf, sizeof tbuf), c.wall_time);
+  printf("cluster      %s\n", c.cluster_id);
+  printf("model        %s\n", c.model);
+  printf("layout       %016" PRIx64 " (%d shards)\n", c.layout_hash, c.nshards);
+  printf("optimizer    %s lr %g momentum %g weight_decay %g beta1 %g beta2 %g eps %g "
+         "initial_accumulator %g\n", ps_optim_name(o), (double)o->lr, (double)o->momentum,
+         (double)o->weight_decay, (double)o->beta1, (double)o->beta2, (double)o->eps,
+         (double)o->initial_accumulator);
+  printf("consistency  %s\n", consistency_names[c.consistency]);
+  printf("filter       %s\n", ps_ckpt_filter_name(c.filter));
+  printf("variables    %d, %zu floats\n", c.nvars, c.total_floats);
+  for (int v = 0; v < c.nvars; v++) {
+    const ps_ckpt_var *var = &c.vars[v];
+    char shape[64];
+    size_t w = 0;
+    for (int d = 0; d < var->ndim; d++)
+      w += (size_t)snprintf(shape + w, sizeof shape - w, "%s%" PRIu32, d ? "x" : "",
+                            var->shape[d]);
+    printf("  %-20s float32[%s] offset %zu, %d part%s:", var->name, shape, var->offset,
+           var->nparts, var->nparts == 1 ? "" : "s");
+    for (int k = 0; k < var->nparts; k++)
+      printf(" %zu+%zu@%d:%zu", var->parts[k].start, var->parts[k].count, var->parts[k].shard,
+             var->parts[k].shard_off);
+    printf("\n");
+  }
+  printf("shards\n");
+  for (int i = 0; i < c.nshards; i++) {
+    const ps_ckpt_shard *s = &c.shards[i];
+    printf("  %-12s version %" PRIu64 ", global step %" PRIu64 ", %zu floats, %d slot%s, "
+           "accum %s, %s stored of %s (%.3f), xxh64 %016" PRIx64 "\n",
+           s->file, s->version, s->global_step, s->floats, s->nslots, s->nslots == 1 ? "" : "s",
+           s->has_accum ? "yes" : "no", human_bytes(s->compressed_size, b1, sizeof b1),
+           human_bytes(s->uncompressed_size, b2, sizeof b2),
+           (double)s->compressed_size / (double)s->uncompressed_size, s->xxh64);
+    if (s->has_accum || c.consistency == PS_CONSISTENCY_SYNC)
+      printf("    sync: %d gradients summed, %d complete a step\n", s->accum_count, s->target);
+    for (int w = 0; w < s->nonce; w++)
+      printf("    worker %d: incarnation %" PRIu64 ", last sequence %" PRIu64 "\n", w,
+             s->once[w].incarnation, s->once[w].last_seq);
+  }
+  printf("workers      %d\n", c.nworkers);
+  for (int w = 0; w < c.nworkers; w++)
+    printf("  worker %d: epoch %" PRIu64 ", offset %" PRIu64 "\n", w, c.data_pos[w].epoch,
+           c.data_pos[w].offset);
+  ps_ckpt_close(&c);
+  return 0;
+}
+
+/* @return 0 when the checkpoint at `path` verifies; prints one line either way. */
+static int verify_one(const char *path) {
+  ps_ckpt c;
+  ps_errbuf eb = {0};
+  int rc = ps_ckpt_open(&c, path, &eb);
+  if (rc == 0)
+    rc = ps_ckpt_verify(&c, &eb);
+  if (rc != 0) {
+    ps_cmd_error("%s", eb.msg);
+  } else {
+    uint64_t stored = 0, raw = 0;
+    for (int i = 0; i < c.nshards; i++) {
+      stored += c.shards[i].compressed_size;
+      raw += c.shards[i].uncompressed_size;
+    }
+    printf("%s: ok (step %" PRIu64 ", %d shard file%s, %" PRIu64 " bytes, %" PRIu64
+           " uncompressed)\n", path, c.step, c.nshards, c.nshards == 1 ? "" : "s", stored, raw);
+  }
+  ps_ckpt_close(&c);
+  return rc != 0;
+}
+
+static int cmd_verify(int argc, char **argv) {
+  int rc = sub_opts(argc, argv, NULL);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
+    return rc;
+  const char *path = argv[optind];
+  if (has_manifest(path))
+    return verify_one(path);
+  ps_ckpt_entry *e = NULL;
+  ps_errbuf eb = {0};
+  int n = ps_ckpt_list(path, &e, &eb);
+  if (n < 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  if (n == 0) {
+    free(e);
+    ps_cmd_error("%s: no MANIFEST.json and no ckpt-<step> directory", path);
+    return 1;
+  }
+  int bad = 0;
+  for (int i = 0; i < n; i++) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", path, e[i].name);
+    if (!e[i].on_disk) {
+      ps_cmd_error("%s: listed in the index but missing", p);
+      bad = 1;
+      continue;
+    }
+    bad |= verify_one(p);
+  }
+  free(e);
+  return bad;
+}
+
+static int cmd_export(int argc, char **argv) {
+  const char *format = NULL;
+  int rc = sub_opts(argc, argv, &format);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if ((rc = want_args(argc, argv, 2, "CKPT and OUT")) != 0)
+    return rc;
+  if (format == NULL || (strcmp(format, "safetensors") != 0 && strcmp(format, "npy") != 0)) {
+    ps_cmd_error("ckpt export: --format %s%s%s: expected safetensors or npy",
+                 format ? "'" : "", format ? format : "missing", format ? "'" : "");
+    return 2;
+  }
+  ps_ckpt c;
+  if (open_ckpt(argv[optind], &c) != 0)
+    return 1;
+  ps_errbuf eb = {0};
+  const char *out = argv[optind + 1];
+  rc = ps_ckpt_export(&c, format, out, &eb);
+  if (rc != 0)
+    ps_cmd_error("%s", eb.msg);
+  else
+    printf("exported %d variables (%zu floats) of %s to %s (%s)\n", c.nvars, c.total_floats,
+           c.path, out, format);
+  ps_ckpt_close(&c);
+  return rc != 0;
+}
+
+int ps_cmd_ckpt(int argc, char **argv) {
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } verbs[] = {{"ls", cmd_ls}, {"show", cmd_show}, {"verify", cmd_verify}, {"export", cmd_export}};
+  if (argc < 2) {
+    ckpt_usage(stderr);
+    return 2;
+  }
+  const char *v = argv[1];
+  if (strcmp(v, "-h") == 0 || strcmp(v, "--help") == 0 || strcmp(v, "help") == 0) {
+    ckpt_usage(stdout);
+    return 0;
+  }
+  /* Warnings of find_latest (a damaged checkpoint skipped) are worth seeing. */
+  ps_log_init("paramserv ckpt", PS_LOG_WARN);
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+    if (strcmp(v, verbs[i].name) == 0)
+      return verbs[i].run(argc - 1, argv + 1);
+  ps_cmd_error("ckpt: unknown verb '%s': expected ls, show, verify or export", v);
+  return 2;
+}

@@ -57,6 +57,7 @@ typedef struct server {
   reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
   int reply_nfree;
   ps_replica *replica;   /* NULL with replication = off */
+  uint8_t silent[PS_CONFIG_MAX_NODES];  /* workers whose heartbeat lapsed */
   int status;            /* the exit status */
 } server;
 
@@ -192,12 +193,14 @@ static void reply_bufs_free(server *s) {
 
 /* -------------------------------------------------- consistency rules */
 
-/* The smallest clock among live workers that have pulled at least once. */
+/* The smallest clock among live workers that have pulled at least once.
+ * Live: connected, and (with Redis) heart-beating, so that a worker that
+ * hangs with its connection open does not hold the others forever. */
 static int min_clock(const server *s, uint64_t *out) {
   int found = 0;
   for (const client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->has_clock &&
-        (!found || c->clock < *out)) {
+        !s->silent[c->index] && (!found || c->clock < *out)) {
       *out = c->clock;
       found = 1;
     }
@@ -601,6 +604,28 @@ static void stop(server *s, const char *why) {
   uv_close((uv_handle_t *)&s->sigint, NULL);
 }
 
+static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
+  server *s = arg;
+  int changed = 0;
+  for (int j = 0; j < n && j < PS_CONFIG_MAX_NODES; j++) {
+    /* A worker that has not beaten yet (starting) has no clock either:
+     * min_clock skips it for that reason already. */
+    uint8_t silent = !alive[j];
+    if (silent == s->silent[j])
+      continue;
+    s->silent[j] = silent;
+    changed = 1;
+    for (client *c = s->clients; c != NULL; c = c->next)
+      if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == (uint32_t)j) {
+        ps_log(PS_LOG_INFO, "%s: heartbeat %s", c->name,
+               silent ? "lapsed: the others do not wait for it" : "back");
+        break;
+      }
+  }
+  if (changed && s->cfg->consistency == PS_CONSISTENCY_SSP)
+    release_pulls(s);
+}
+
 static void on_fenced(void *arg, const char *why) {
   server *s = arg;
   (void)why;
@@ -759,6 +784,8 @@ int ps_server_run(const ps_config *cfg, int index) {
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   if (cfg->replication != PS_REPLICATION_OFF) {
     s->replica = ps_replica_new(&s->loop, cfg, index, &ri, s->layout.hash, &s->shard, on_fenced, s);
+    if (s->replica != NULL && cfg->consistency == PS_CONSISTENCY_SSP)
+      ps_replica_watch_workers(s->replica, on_workers_alive, s);
     if (s->replica == NULL) {
       ps_log(PS_LOG_ERROR, "out of memory for replication");
       stop(s, "start-up failed");

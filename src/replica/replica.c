@@ -516,6 +516,8 @@ struct ps_replica {
   int final_snapshot;       /* closing: snapshots may still run */
   int final_started;        /* closing: the last one was started */
   int fenced_out;           /* a newer incarnation owns the shard */
+  ps_replica_alive_fn alive_fn;
+  void *alive_arg;
 };
 
 static void start_snapshot(ps_replica *r);
@@ -994,6 +996,36 @@ static void heartbeat(ps_replica *r) {
   redisAsyncCommandArgv(r->ac, on_heartbeat, r, 8, argv, NULL);
 }
 
+static void on_workers(redisAsyncContext *ac, void *reply, void *priv) {
+  (void)ac;
+  ps_replica *r = priv;
+  redisReply *rep = reply;
+  if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || r->alive_fn == NULL)
+    return;
+  uint8_t alive[PS_CONFIG_MAX_NODES] = {0};
+  for (size_t j = 0; j < rep->elements && j < PS_CONFIG_MAX_NODES; j++)
+    alive[j] = rep->element[j]->type == REDIS_REPLY_STRING;
+  r->alive_fn(r->alive_arg, alive, (int)rep->elements);
+}
+
+/* MGET of every worker's heartbeat key. */
+static void watch_workers(ps_replica *r) {
+  int n = r->cfg->nworkers;
+  const char *argv[1 + PS_CONFIG_MAX_NODES];
+  char keys_buf[PS_CONFIG_MAX_NODES][96];
+  argv[0] = "MGET";
+  for (int j = 0; j < n; j++) {
+    snprintf(keys_buf[j], sizeof keys_buf[j], "{%s}:node:worker:%d", r->cfg->cluster_id, j);
+    argv[1 + j] = keys_buf[j];
+  }
+  redisAsyncCommandArgv(r->ac, on_workers, r, 1 + n, argv, NULL);
+}
+
+void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg) {
+  r->alive_fn = fn;
+  r->alive_arg = arg;
+}
+
 static void on_interval(uv_timer_t *t) {
   ps_replica *r = t->data;
   if (r->updates > 0 || r->need_full)
@@ -1002,6 +1034,8 @@ static void on_interval(uv_timer_t *t) {
   if (r->connected && now - r->last_hb_ns >= (uint64_t)r->cfg->heartbeat_ms * 1000000ULL) {
     r->last_hb_ns = now;
     heartbeat(r);
+    if (r->alive_fn != NULL)
+      watch_workers(r);
   }
 }
 

@@ -51,6 +51,13 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
                            ps_replica_fenced_fn fenced, void *fenced_arg);
 
+/* Called about once a heartbeat with which workers' heartbeat keys exist:
+ * alive[j] for j < nworkers. */
+typedef void (*ps_replica_alive_fn)(void *arg, const uint8_t *alive, int nworkers);
+
+/* Watch the workers' heartbeats (set before the loop runs). */
+void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg);
+
 /* Kinds of log entries. */
 enum { PS_LOG_PUSH = 'p', PS_LOG_FLUSH = 'f', PS_LOG_RESET = 'r' };
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# ssp: a worker that hangs with its connection open (SIGSTOP) stops
+# heart-beating; the shards stop waiting for it, so the other worker goes
+# past the staleness bound; when it resumes (SIGCONT) both finish.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+start_redis
+
+conf="$T/ssp.conf"
+write_config "$conf" 2 2 "model.name=mlp" "train.consistency=ssp" "train.staleness=3" \
+  "train.last_step=1500" "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
+  "worker.heartbeat_ms=200"
+start ps0 "$BIN" ps --config "$conf" --index 0
+start ps1 "$BIN" ps --config "$conf" --index 1
+wait_for "$T/ps0.log" "listening on" 10
+wait_for "$T/ps1.log" "listening on" 10
+start w0 "$BIN" worker --config "$conf" --index 0
+start w1 "$BIN" worker --config "$conf" --index 1
+wait_for "$T/w1.log" "step 100 global" 60
+kill -STOP "$PID_w1"
+stopped=$(grep -o 'step [0-9]* global' "$T/w1.log" | tail -n 1 | awk '{print $2}')
+# Without the heartbeat, worker 0 could not get more than staleness (3)
+# steps ahead of the hung worker; with it, it goes 200 steps past.
+wait_for "$T/w0.log" "step $((stopped + 200)) global" 30
+wait_for "$T/ps0.log" "heartbeat lapsed" 1
+kill -CONT "$PID_w1"
+wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
+wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
+kill -TERM "$PID_ps0" "$PID_ps1"
+wait_exit "$PID_ps0" 10 || fail "ps 0 exited $?"
+wait_exit "$PID_ps1" 10 || fail "ps 1 exited $?"
+echo "ok: ssp, worker 1 stopped (SIGSTOP) at local step $stopped: $(grep -h -o 'worker 1 .*heartbeat lapsed.*' "$T/ps0.log" | head -1); worker 0 went 200 steps past it; after SIGCONT both finished"

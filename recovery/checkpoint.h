@@ -269,17 +269,4 @@ int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model
 int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
                    const char *protect, ps_errbuf *eb);
 
-/* ------------------------------------------------------------------ */
-/* Internal, for recovery/export.c                                    */
-/* ------------------------------------------------------------------ */
-
-/* Write len bytes of each of n buffers to `path` crash-safely: path.tmp,
- * write, fsync, rename, fsync the parent.  @return 0 or -errno with a
- * message naming the step. */
-int ps__ckpt_write_file(const char *path, const void *const *bufs, const size_t *lens, int n,
-                        ps_errbuf *eb);
-
-/* Create `path` and its missing parents (mode 0755).  @return 0 or -errno. */
-int ps__ckpt_mkdir_p(const char *path);
-
 #endif

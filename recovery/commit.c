@@ -1,0 +1,502 @@
+/* The crash-safe side of a checkpoint directory (recovery/FORMAT.md
+ * section 5): files written under a temporary name and fsynced, checkpoints
+ * renamed into place, the index, listing and retention. */
+#include "recovery/commit.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "recovery/manifest.h"
+
+#define INDEX_FILE "checkpoint"
+#define INDEX_TMP "checkpoint.tmp"   /* what ps__ckpt_write_file names its temporary */
+#define TMP_PREFIX ".tmp-"            /* .tmp-ckpt-<step>-<pid> */
+#define OLD_PREFIX ".old-"            /* .old-ckpt-<step>-<pid>: a replaced checkpoint */
+
+#ifndef PS_RENAME_EXCHANGE
+#define PS_RENAME_EXCHANGE (1 << 1) /* linux/fs.h RENAME_EXCHANGE */
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Crash-safe files                                                   */
+/* ------------------------------------------------------------------ */
+
+/* Test-only crash points (PS_CKPT_CRASH_ENV): die as a kill -9 would. */
+void ps__ckpt_crash_point(const char *stage) {
+  const char *at = getenv(PS_CKPT_CRASH_ENV);
+  if (at != NULL && strcmp(at, stage) == 0) {
+    ps_log(PS_LOG_WARN, "checkpoint: test crash point '%s': killing this process", stage);
+    raise(SIGKILL);
+  }
+}
+
+int ps__ckpt_write_all(int fd, const void *buf, size_t len) {
+  const unsigned char *p = buf;
+  while (len > 0) {
+    ssize_t n = write(fd, p, len);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+int ps__ckpt_fsync_dir(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  int rc = fsync(fd) == 0 ? 0 : -errno;
+  close(fd);
+  return rc;
+}
+
+/* The directory part of `path` ("." when it has none). */
+static void parent_of(const char *path, char *out, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  if (slash == NULL)
+    snprintf(out, cap, ".");
+  else if (slash == path)
+    snprintf(out, cap, "/");
+  else
+    snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+static int rm_tree_at(int dfd, const char *name) {
+  if (unlinkat(dfd, name, 0) == 0 || errno == ENOENT)
+    return 0;
+  if (errno != EISDIR && errno != EPERM)
+    return -errno;
+  int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  DIR *d = fdopendir(fd);
+  if (d == NULL) {
+    int e = -errno;
+    close(fd);
+    return e;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    int r = rm_tree_at(dirfd(d), e->d_name);
+    if (r < 0 && rc == 0)
+      rc = r;
+  }
+  closedir(d);
+  if (unlinkat(dfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT && rc == 0)
+    rc = -errno;
+  return rc;
+}
+
+int ps__ckpt_rm_tree(const char *path) { return rm_tree_at(AT_FDCWD, path); }
+
+int ps__ckpt_mkdir_p(const char *path) {
+  char buf[PATH_MAX];
+  size_t n = strlen(path);
+  if (n == 0)
+    return -EINVAL;
+  if (n >= sizeof buf)
+    return -ENAMETOOLONG;
+  memcpy(buf, path, n + 1);
+  for (char *p = buf + 1;; p++) {
+    if (*p == '/' || *p == '\0') {
+      char c = *p;
+      *p = '\0';
+      if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return -errno;
+      *p = c;
+      if (c == '\0')
+        break;
+    }
+  }
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return -errno;
+  return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+}
+
+static int write_file_atomic(const char *path, const void *const *bufs, const size_t *lens, int n,
+                             const char *crash_stage, ps_errbuf *eb) {
+  char tmp[PATH_MAX], parent[PATH_MAX];
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", path);
+  parent_of(path, parent, sizeof parent);
+  const char *step = "create";
+  int rc = 0;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    rc = -errno;
+    goto err;
+  }
+  step = "write";
+  for (int i = 0; i < n && rc == 0; i++)
+    rc = ps__ckpt_write_all(fd, bufs[i], lens[i]);
+  if (rc == 0) {
+    step = "fsync";
+    rc = fsync(fd) == 0 ? 0 : -errno;
+  }
+  if (close(fd) != 0 && rc == 0) {
+    step = "close";
+    rc = -errno;
+  }
+  if (rc != 0)
+    goto err;
+  if (crash_stage != NULL)
+    ps__ckpt_crash_point(crash_stage);
+  step = "rename";
+  if (rename(tmp, path) != 0) {
+    rc = -errno;
+    goto err;
+  }
+  step = "fsync the directory of";
+  if ((rc = ps__ckpt_fsync_dir(parent)) != 0)
+    return ps_err_set(eb, rc, "%s %s: %s", step, path, strerror(-rc));
+  return 0;
+err:
+  unlink(tmp);
+  return ps_err_set(eb, rc, "%s %s: %s", step, tmp, strerror(-rc));
+}
+
+int ps__ckpt_write_file(const char *path, const void *const *bufs, const size_t *lens, int n,
+                        ps_errbuf *eb) {
+  return write_file_atomic(path, bufs, lens, n, NULL, eb);
+}
+
+/* ------------------------------------------------------------------ */
+/* Names in a checkpoint directory                                    */
+/* ------------------------------------------------------------------ */
+
+void ps__ckpt_name(uint64_t step, char out[PS_CKPT_NAME_MAX]) {
+  snprintf(out, PS_CKPT_NAME_MAX, "ckpt-%09" PRIu64, step);
+}
+
+int ps__ckpt_parse_name(const char *s, uint64_t *step) {
+  if (strncmp(s, "ckpt-", 5) != 0)
+    return -1;
+  const char *d = s + 5;
+  size_t n = strlen(d);
+  uint64_t v;
+  if (n < 9 || n > 20)
+    return -1;
+  /* The step is zero-padded; a u64 is not.  The padding is checked below. */
+  while (d[0] == '0' && d[1] != '\0')
+    d++;
+  if (ps__ckpt_parse_u64(d, &v) != 0)
+    return -1;
+  char canon[PS_CKPT_NAME_MAX];
+  ps__ckpt_name(v, canon);
+  if (strcmp(canon, s) != 0)
+    return -1;
+  *step = v;
+  return 0;
+}
+
+size_t ps__ckpt_tmp_path(char *out, size_t cap, const char *dir, const char *name) {
+  return (size_t)snprintf(out, cap, "%s/" TMP_PREFIX "%s-%ld", dir, name, (long)getpid());
+}
+
+/* ------------------------------------------------------------------ */
+/* Committing a checkpoint                                            */
+/* ------------------------------------------------------------------ */
+
+int ps__ckpt_commit_rename(const char *dir, const char *tmp, const char *final, const char *name,
+                           ps_errbuf *eb) {
+  if (rename(tmp, final) == 0)
+    return 0;
+  if (errno != EEXIST && errno != ENOTEMPTY)
+    return ps_err_set(eb, -errno, "rename %s to %s: %s", tmp, final, strerror(errno));
+  if (syscall(SYS_renameat2, AT_FDCWD, tmp, AT_FDCWD, final, PS_RENAME_EXCHANGE) == 0) {
+    int rc = ps__ckpt_fsync_dir(dir);
+    if (rc != 0)
+      return ps_err_set(eb, rc, "fsync %s: %s", dir, strerror(-rc));
+    ps__ckpt_rm_tree(tmp);  /* now the replaced checkpoint */
+    return 0;
+  }
+  if (errno != EINVAL && errno != ENOSYS)
+    return ps_err_set(eb, -errno, "exchange %s with %s: %s", tmp, final, strerror(errno));
+  /* No atomic exchange on this file system: move the old one aside first. */
+  char old[PATH_MAX];
+  snprintf(old, sizeof old, "%s/" OLD_PREFIX "%s-%ld", dir, name, (long)getpid());
+  ps__ckpt_rm_tree(old);
+  if (rename(final, old) != 0)
+    return ps_err_set(eb, -errno, "move %s aside: %s", final, strerror(errno));
+  if (rename(tmp, final) != 0) {
+    int e = errno;
+    rename(old, final);  /* put the old one back: the index may name it */
+    return ps_err_set(eb, -e, "rename %s to %s: %s", tmp, final, strerror(e));
+  }
+  int rc = ps__ckpt_fsync_dir(dir);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "fsync %s: %s", dir, strerror(-rc));
+  ps__ckpt_rm_tree(old);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The index, listing and retention                                   */
+/* ------------------------------------------------------------------ */
+
+typedef struct entry_list {
+  ps_ckpt_entry *e;
+  int n, cap;
+} entry_list;
+
+static ps_ckpt_entry *entry_get(entry_list *l, const char *name, uint64_t step) {
+  for (int i = 0; i < l->n; i++)
+    if (strcmp(l->e[i].name, name) == 0)
+      return &l->e[i];
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    ps_ckpt_entry *e = realloc(l->e, (size_t)cap * sizeof *e);
+    if (e == NULL)
+      return NULL;
+    l->e = e;
+    l->cap = cap;
+  }
+  ps_ckpt_entry *e = &l->e[l->n++];
+  memset(e, 0, sizeof *e);
+  snprintf(e->name, sizeof e->name, "%s", name);
+  e->step = step;
+  e->time = -1;
+  return e;
+}
+
+/* The index is advisory (the directories are the truth): a line that does
+ * not parse is reported and skipped. */
+static int read_index(const char *dir, entry_list *l, ps_errbuf *eb) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
+  FILE *f = fopen(path, "re");
+  if (f == NULL)
+    return errno == ENOENT ? 0 : ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
+  char line[256];
+  int lineno = 0, rc = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    lineno++;
+    line[strcspn(line, "\r\n")] = '\0';
+    char name[PS_CKPT_NAME_MAX + 8];
+    double t = -1;
+    uint64_t step;
+    int latest = 0;
+    if (sscanf(line, "latest: %39s", name) == 1)
+      latest = 1;
+    else if (sscanf(line, "kept: %39s %lf", name, &t) != 2 || !isfinite(t) || t < 0)
+      name[0] = '\0';
+    if (ps__ckpt_parse_name(name, &step) != 0) {
+      ps_log(PS_LOG_WARN, "%s:%d: ignoring a line that is neither 'latest: ckpt-<step>' nor "
+                          "'kept: ckpt-<step> <unix time>'", path, lineno);
+      continue;
+    }
+    ps_ckpt_entry *e = entry_get(l, name, step);
+    if (e == NULL) {
+      rc = ps_err_set(eb, -ENOMEM, "out of memory");
+      break;
+    }
+    e->in_index = 1;
+    if (latest)
+      e->latest = 1;
+    else
+      e->time = t;
+  }
+  fclose(f);
+  return rc;
+}
+
+static int cmp_entry_step(const void *a, const void *b) {
+  const ps_ckpt_entry *x = a, *y = b;
+  return x->step < y->step ? -1 : x->step > y->step;
+}
+
+int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
+  entry_list l = {0};
+  *out = NULL;
+  int rc = read_index(dir, &l, eb);
+  if (rc != 0)
+    goto fail;
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    if (errno == ENOENT)
+      goto done;
+    rc = ps_err_set(eb, -errno, "%s: %s", dir, strerror(errno));
+    goto fail;
+  }
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    uint64_t step;
+    char path[PATH_MAX];
+    struct stat st;
+    if (ps__ckpt_parse_name(de->d_name, &step) != 0)
+      continue;
+    snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+      continue;
+    ps_ckpt_entry *e = entry_get(&l, de->d_name, step);
+    if (e == NULL) {
+      closedir(d);
+      rc = ps_err_set(eb, -ENOMEM, "out of memory");
+      goto fail;
+    }
+    e->on_disk = 1;
+    if (e->time < 0) {
+      /* Not in the index: the manifest's time, else the directory's. */
+      ps_ckpt c;
+      ps_errbuf ignore = {0};
+      if (ps_ckpt_open(&c, path, &ignore) == 0)
+        e->time = c.wall_time;
+      else
+        e->time = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+      ps_ckpt_close(&c);
+    }
+  }
+  closedir(d);
+done:
+  if (l.n > 0)
+    qsort(l.e, (size_t)l.n, sizeof *l.e, cmp_entry_step);
+  *out = l.e;
+  return l.n;
+fail:
+  free(l.e);
+  return rc;
+}
+
+/* Newer first: by time, then by step. */
+static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
+  if (a->time != b->time)
+    return a->time > b->time;
+  return a->step > b->step;
+}
+
+static int remove_leftovers(const char *dir, ps_errbuf *eb) {
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return errno == ENOENT ? 0 : ps_err_set(eb, -errno, "%s: %s", dir, strerror(errno));
+  int rc = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    const char *n = de->d_name;
+    if (strncmp(n, TMP_PREFIX "ckpt-", strlen(TMP_PREFIX "ckpt-")) != 0 &&
+        strncmp(n, OLD_PREFIX "ckpt-", strlen(OLD_PREFIX "ckpt-")) != 0 &&
+        strcmp(n, INDEX_TMP) != 0)
+      continue;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, n);
+    int r = ps__ckpt_rm_tree(path);
+    if (r != 0 && rc == 0)
+      rc = ps_err_set(eb, r, "remove %s: %s", path, strerror(-r));
+    else if (r == 0)
+      ps_log(PS_LOG_INFO, "checkpoint: removed %s, left by an interrupted write", path);
+  }
+  closedir(d);
+  return rc;
+}
+
+static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const char *protect,
+                       ps_errbuf *eb) {
+  ps_ckpt_entry *e = NULL;
+  int n = ps_ckpt_list(dir, &e, eb);
+  if (n < 0)
+    return n;
+  int rc = remove_leftovers(dir, eb);
+  int *keep = calloc((size_t)n + 1, sizeof *keep);
+  if (keep == NULL) {
+    free(e);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  double period = hours * 3600.0;
+  int latest = -1;
+  for (int i = 0; i < n; i++) {
+    if (!e[i].on_disk)
+      continue;  /* the index named a missing directory: drop it from the index */
+    int newer_count = 0, older_in_window = 0;
+    for (int j = 0; j < n; j++) {
+      if (j == i || !e[j].on_disk)
+        continue;
+      if (newer(&e[j], &e[i]))
+        newer_count++;
+      else if (period > 0 && floor(e[j].time / period) == floor(e[i].time / period))
+        older_in_window = 1;
+    }
+    keep[i] = max_to_keep == 0 || newer_count < max_to_keep ||
+              (period > 0 && !older_in_window) ||
+              (protect != NULL && strcmp(protect, e[i].name) == 0);
+    if (keep[i] && (latest < 0 || newer(&e[i], &e[latest])))
+      latest = i;
+  }
+  if (protect != NULL)
+    for (int i = 0; i < n; i++)
+      if (keep[i] && strcmp(protect, e[i].name) == 0)
+        latest = i;
+
+  /* The index first, so that it never names a directory deleted below. */
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
+  if (latest < 0) {
+    if (unlink(path) == 0)
+      ps__ckpt_fsync_dir(dir);
+  } else {
+    size_t cap = 64 + (size_t)n * 96, len = 0;  /* a line is at most ~50 bytes */
+    char *text = malloc(cap);
+    if (text == NULL) {
+      free(keep);
+      free(e);
+      return ps_err_set(eb, -ENOMEM, "out of memory");
+    }
+    len += (size_t)snprintf(text + len, cap - len, "latest: %s\n", e[latest].name);
+    for (int i = 0; i < n; i++)
+      if (keep[i])
+        len += (size_t)snprintf(text + len, cap - len, "kept: %s %.3f\n", e[i].name, e[i].time);
+    const void *bufs[1] = {text};
+    int r = write_file_atomic(path, bufs, &len, 1, "index", eb);
+    free(text);
+    if (r != 0) {
+      free(keep);
+      free(e);
+      return r;
+    }
+  }
+  ps__ckpt_crash_point("retain");
+  for (int i = 0; i < n; i++) {
+    if (keep[i] || !e[i].on_disk)
+      continue;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
+    int r = ps__ckpt_rm_tree(p);
+    if (r != 0 && rc == 0)
+      rc = ps_err_set(eb, r, "remove %s: %s", p, strerror(-r));
+    else if (r == 0)
+      ps_log(PS_LOG_INFO, "checkpoint: deleted %s (retention)", e[i].name);
+  }
+  int r = ps__ckpt_fsync_dir(dir);
+  if (rc == 0 && r != 0 && r != -ENOENT)
+    rc = ps_err_set(eb, r, "fsync %s: %s", dir, strerror(-r));
+  free(keep);
+  free(e);
+  return rc;
+}
+
+int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
+                   const char *protect, ps_errbuf *eb) {
+  if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
+      !isfinite(keep_every_n_hours))
+    return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
+  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, eb);
+}

@@ -1,0 +1,703 @@
+/* MANIFEST.json (recovery/FORMAT.md section 4): building it from what a
+ * checkpoint write recorded, and parsing and validating it into a ps_ckpt. */
+#include "recovery/manifest.h"
+
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#define JSON_SAFE ((int64_t)1 << 53)
+
+/* Indexed by ps_consistency (common/config.h). */
+static const char *const consistency_names[] = {"async", "sync", "ssp"};
+
+/* ------------------------------------------------------------------ */
+/* Decimal and hex text                                               */
+/* ------------------------------------------------------------------ */
+
+int ps__ckpt_parse_u64(const char *s, uint64_t *out) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 20 || (n > 1 && s[0] == '0'))
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, NULL, 10);
+  if (errno != 0)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_hex64(const char *s, uint64_t *out) {
+  if (strlen(s) != 16)
+    return -1;
+  uint64_t v = 0;
+  for (int i = 0; i < 16; i++) {
+    char c = s[i];
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0)
+      return -1;
+    v = v << 4 | (uint64_t)d;
+  }
+  *out = v;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing the manifest                                               */
+/* ------------------------------------------------------------------ */
+
+static json_t *json_u64(uint64_t v) {
+  char b[24];
+  snprintf(b, sizeof b, "%" PRIu64, v);
+  return json_string(b);
+}
+
+static json_t *json_hex64(uint64_t v) {
+  char b[24];
+  snprintf(b, sizeof b, "%016" PRIx64, v);
+  return json_string(b);
+}
+
+/* The shortest decimal that reads back as the same float, so that the
+ * manifest says "0.001" rather than 0.0010000000474974513. */
+static json_t *json_float(float f) {
+  char b[32];
+  for (int prec = 1; prec <= 9; prec++) {
+    snprintf(b, sizeof b, "%.*g", prec, (double)f);
+    if ((float)strtod(b, NULL) == f)
+      break;
+  }
+  return json_real(strtod(b, NULL));
+}
+
+static json_t *json_pair_u64(uint64_t a, uint64_t b) {
+  json_t *p = json_array();
+  if (p != NULL && (json_array_append_new(p, json_u64(a)) != 0 ||
+                    json_array_append_new(p, json_u64(b)) != 0)) {
+    json_decref(p);
+    return NULL;
+  }
+  return p;
+}
+
+/* Every json_*_set_new / append_new steals its value, also on failure, and
+ * fails on a NULL container or value: one flag catches any allocation
+ * failure of the whole tree. */
+#define SET(obj, key, val) (ok &= json_object_set_new((obj), (key), (val)) == 0)
+#define APPEND(arr, val) (ok &= json_array_append_new((arr), (val)) == 0)
+
+char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_rec *recs,
+                              double wall) {
+  int ok = 1;
+  const ps_layout *l = o->layout;
+  const ps_vartable *t = o->vars;
+  json_t *root = json_object();
+  SET(root, "format", json_string("paramserv-checkpoint"));
+  SET(root, "format_version", json_integer(PS_CKPT_FORMAT_VERSION));
+  SET(root, "step", json_u64(o->step));
+  SET(root, "global_step", json_u64(o->global_step));
+  SET(root, "wall_time", json_real(wall));
+  SET(root, "cluster_id", json_string(o->cluster_id));
+  SET(root, "model", json_string(o->model));
+  SET(root, "layout_hash", json_hex64(l->hash));
+
+  json_t *opt = json_object();
+  SET(opt, "name", json_string(ps_optim_name(&o->optim)));
+  SET(opt, "lr", json_float(o->optim.lr));
+  SET(opt, "momentum", json_float(o->optim.momentum));
+  SET(opt, "weight_decay", json_float(o->optim.weight_decay));
+  SET(opt, "beta1", json_float(o->optim.beta1));
+  SET(opt, "beta2", json_float(o->optim.beta2));
+  SET(opt, "eps", json_float(o->optim.eps));
+  SET(opt, "initial_accumulator", json_float(o->optim.initial_accumulator));
+  SET(root, "optimizer", opt);
+  SET(root, "consistency", json_string(consistency_names[o->consistency]));
+  SET(root, "filter", json_string(ps_ckpt_filter_name(o->filter)));
+  SET(root, "nshards", json_integer(l->nshards));
+
+  /* The layout's parts are sorted by (var, start): one run per variable. */
+  json_t *vars = json_array();
+  int p = 0;
+  for (int v = 0; v < t->n; v++) {
+    const ps_var *var = &t->vars[v];
+    json_t *jv = json_object(), *shape = json_array(), *parts = json_array();
+    SET(jv, "name", json_string(var->name));
+    for (int d = 0; d < var->ndim; d++)
+      APPEND(shape, json_integer(var->shape[d]));
+    SET(jv, "shape", shape);
+    SET(jv, "dtype", json_string("float32"));
+    SET(jv, "offset", json_integer((json_int_t)var->offset));
+    SET(jv, "count", json_integer((json_int_t)var->count));
+    for (; p < l->nparts && l->parts[p].var == v; p++) {
+      const ps_part *pt = &l->parts[p];
+      json_t *jp = json_object();
+      SET(jp, "shard", json_integer(pt->shard));
+      SET(jp, "start", json_integer((json_int_t)pt->start));
+      SET(jp, "count", json_integer((json_int_t)pt->count));
+      SET(jp, "shard_off", json_integer((json_int_t)pt->shard_off));
+      APPEND(parts, jp);
+    }
+    SET(jv, "parts", parts);
+    APPEND(vars, jv);
+  }
+  SET(root, "variables", vars);
+
+  json_t *shards = json_array();
+  for (int i = 0; i < l->nshards; i++) {
+    const ps_ckpt_shard_state *s = &o->shards[i];
+    char file[PS_CKPT_NAME_MAX];
+    snprintf(file, sizeof file, "shard-%d.lz4", i);
+    json_t *js = json_object(), *once = json_array();
+    SET(js, "index", json_integer(i));
+    SET(js, "file", json_string(file));
+    SET(js, "version", json_u64(s->version));
+    SET(js, "global_step", json_u64(s->global_step));
+    SET(js, "floats", json_integer((json_int_t)s->nfloats));
+    SET(js, "nslots", json_integer(s->nslots));
+    SET(js, "has_accum", json_boolean(s->accum != NULL));
+    SET(js, "accum_count", json_integer(s->accum_count));
+    SET(js, "target", json_integer(s->target));
+    for (int w = 0; w < s->nonce; w++)
+      APPEND(once, json_pair_u64(s->once[w].incarnation, s->once[w].last_seq));
+    SET(js, "once", once);
+    SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
+    SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));
+    SET(js, "xxh64", json_hex64(recs[i].xxh64));
+    APPEND(shards, js);
+  }
+  SET(root, "shards", shards);
+
+  json_t *pos = json_array();
+  for (int w = 0; w < o->nworkers; w++)
+    APPEND(pos, json_pair_u64(o->data_pos[w].epoch, o->data_pos[w].offset));
+  SET(root, "data_positions", pos);
+
+  /* 16 digits: the optimizer's short decimals print as written, and the
+   * wall time keeps its microseconds. */
+  char *text = ok ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(16)) : NULL;
+  json_decref(root);
+  return text;
+}
+
+#undef SET
+#undef APPEND
+
+/* ------------------------------------------------------------------ */
+/* Parsing the manifest                                               */
+/* ------------------------------------------------------------------ */
+
+/* What a JSON value is, for messages: `a string "abc"`, `an integer 3`. */
+static const char *found(const json_t *v, char *buf, size_t cap) {
+  if (v == NULL)
+    return "nothing (missing)";
+  switch (json_typeof(v)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: snprintf(buf, cap, "a string \"%.40s\"", json_string_value(v)); return buf;
+  case JSON_INTEGER:
+    snprintf(buf, cap, "an integer %" JSON_INTEGER_FORMAT, json_integer_value(v));
+    return buf;
+  case JSON_REAL: snprintf(buf, cap, "a number %g", json_real_value(v)); return buf;
+  case JSON_TRUE: return "true";
+  case JSON_FALSE: return "false";
+  case JSON_NULL: return "null";
+  }
+  return "?";
+}
+
+/* The dotted name of a field, for messages: "shards[1].xxh64". */
+typedef struct fpath {
+  char s[96];
+} fpath;
+
+/* Append s to p, cut at the buffer's end: a field name only appears in
+ * messages. */
+static void fpath_add(fpath *p, const char *s) {
+  size_t at = strlen(p->s), n = strlen(s);
+  if (n > sizeof p->s - 1 - at)
+    n = sizeof p->s - 1 - at;
+  memcpy(p->s + at, s, n);
+  p->s[at + n] = '\0';
+}
+
+static fpath fp(const char *prefix, const char *key) {
+  fpath p = {{0}};
+  if (prefix != NULL && prefix[0] != '\0') {
+    fpath_add(&p, prefix);
+    fpath_add(&p, ".");
+  }
+  fpath_add(&p, key);
+  return p;
+}
+
+static fpath fpi(const char *prefix, const char *key, size_t i) {
+  fpath p = fp(prefix, key);
+  char idx[24];
+  snprintf(idx, sizeof idx, "[%zu]", i);
+  fpath_add(&p, idx);
+  return p;
+}
+
+static int bad(ps_errbuf *eb, const char *field, const char *expected, const json_t *v) {
+  char buf[80];
+  return ps_err_set(eb, PS_ECORRUPT, "%s: expected %s, found %s", field, expected,
+                    found(v, buf, sizeof buf));
+}
+
+static json_t *get_type(json_t *obj, const char *prefix, const char *key, json_type type,
+                        const char *expected, ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  if (v == NULL || json_typeof(v) != type) {
+    bad(eb, fp(prefix, key).s, expected, v);
+    return NULL;
+  }
+  return v;
+}
+
+static int get_int(json_t *obj, const char *prefix, const char *key, int64_t lo, int64_t hi,
+                   int64_t *out, ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  if (v == NULL || !json_is_integer(v) || json_integer_value(v) < lo ||
+      json_integer_value(v) > hi) {
+    char exp[80];
+    snprintf(exp, sizeof exp, "an integer in [%" PRId64 ", %" PRId64 "]", lo, hi);
+    return bad(eb, fp(prefix, key).s, exp, v);
+  }
+  *out = json_integer_value(v);
+  return 0;
+}
+
+static int get_number(json_t *obj, const char *prefix, const char *key, double lo, double hi,
+                      double *out, ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  double d = v != NULL && json_is_number(v) ? json_number_value(v) : NAN;
+  if (!(d >= lo && d <= hi)) {
+    char exp[80];
+    snprintf(exp, sizeof exp, "a number in [%g, %g]", lo, hi);
+    return bad(eb, fp(prefix, key).s, exp, v);
+  }
+  *out = d;
+  return 0;
+}
+
+static int get_bool(json_t *obj, const char *prefix, const char *key, int *out, ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  if (v == NULL || !json_is_boolean(v))
+    return bad(eb, fp(prefix, key).s, "true or false", v);
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* A string of 1 to max bytes without control characters. */
+static int get_str(json_t *obj, const char *prefix, const char *key, size_t min, size_t max,
+                   const char **out, ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  if (v != NULL && json_is_string(v)) {
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v), i = 0;
+    while (i < n && (unsigned char)s[i] >= 0x20 && s[i] != 0x7f)
+      i++;
+    if (i == n && n >= min && n <= max) {
+      *out = s;
+      return 0;
+    }
+  }
+  char exp[80];
+  snprintf(exp, sizeof exp, "a string of %zu to %zu printable bytes", min, max);
+  return bad(eb, fp(prefix, key).s, exp, v);
+}
+
+static int u64_value(const json_t *v, const char *field, uint64_t *out, ps_errbuf *eb) {
+  if (v == NULL || !json_is_string(v) || ps__ckpt_parse_u64(json_string_value(v), out) != 0)
+    return bad(eb, field, "a decimal u64 in a string", v);
+  return 0;
+}
+
+static int get_u64(json_t *obj, const char *prefix, const char *key, uint64_t *out,
+                   ps_errbuf *eb) {
+  return u64_value(json_object_get(obj, key), fp(prefix, key).s, out, eb);
+}
+
+static int get_hex64(json_t *obj, const char *prefix, const char *key, uint64_t *out,
+                     ps_errbuf *eb) {
+  json_t *v = json_object_get(obj, key);
+  if (v == NULL || !json_is_string(v) || parse_hex64(json_string_value(v), out) != 0)
+    return bad(eb, fp(prefix, key).s, "16 lowercase hex digits in a string", v);
+  return 0;
+}
+
+/* A list of [u64, u64] pairs. */
+static int get_pairs(json_t *obj, const char *prefix, const char *key, uint64_t **out, int *n,
+                     ps_errbuf *eb) {
+  json_t *a = get_type(obj, prefix, key, JSON_ARRAY, "an array of [u64, u64] pairs", eb);
+  if (a == NULL)
+    return PS_ECORRUPT;
+  size_t len = json_array_size(a);
+  if (len > INT_MAX / 2)
+    return bad(eb, fp(prefix, key).s, "a shorter array", a);
+  *out = calloc(len * 2 + 1, sizeof **out);
+  if (*out == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  *n = (int)len;
+  for (size_t i = 0; i < len; i++) {
+    json_t *p = json_array_get(a, i);
+    fpath f = fpi(prefix, key, i);
+    if (!json_is_array(p) || json_array_size(p) != 2)
+      return bad(eb, f.s, "a pair [\"<u64>\", \"<u64>\"]", p);
+    fpath f0 = fp(f.s, "0"), f1 = fp(f.s, "1");
+    if (u64_value(json_array_get(p, 0), f0.s, &(*out)[2 * i], eb) != 0 ||
+        u64_value(json_array_get(p, 1), f1.s, &(*out)[2 * i + 1], eb) != 0)
+      return PS_ECORRUPT;
+  }
+  return 0;
+}
+
+static int parse_optimizer(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
+  json_t *o = get_type(root, "", "optimizer", JSON_OBJECT, "an object", eb);
+  const char *name;
+  if (o == NULL || get_str(o, "optimizer", "name", 1, 15, &name, eb) != 0)
+    return PS_ECORRUPT;
+  c->optim.lr = 0;
+  if (ps_optim_parse(name, &c->optim) != 0)
+    return bad(eb, "optimizer.name", "sgd, momentum, nesterov, adagrad or adam",
+               json_object_get(o, "name"));
+  static const char *const keys[] = {"lr",   "momentum", "weight_decay",       "beta1",
+                                     "beta2", "eps",     "initial_accumulator"};
+  float *fields[] = {&c->optim.lr,    &c->optim.momentum, &c->optim.weight_decay,
+                     &c->optim.beta1, &c->optim.beta2,    &c->optim.eps,
+                     &c->optim.initial_accumulator};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+    double d;
+    if (get_number(o, "optimizer", keys[i], -FLT_MAX, FLT_MAX, &d, eb) != 0)
+      return PS_ECORRUPT;
+    *fields[i] = (float)d;
+  }
+  return 0;
+}
+
+static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
+  json_t *a = get_type(root, "", "shards", JSON_ARRAY, "an array", eb);
+  if (a == NULL)
+    return PS_ECORRUPT;
+  if (json_array_size(a) != (size_t)c->nshards) {
+    char exp[48];
+    snprintf(exp, sizeof exp, "an array of nshards (%d) entries", c->nshards);
+    return bad(eb, "shards", exp, a);
+  }
+  c->shards = calloc((size_t)c->nshards, sizeof *c->shards);
+  if (c->shards == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  int nslots = ps_optim_nslots(c->optim.kind);
+  for (int i = 0; i < c->nshards; i++) {
+    json_t *s = json_array_get(a, (size_t)i);
+    ps_ckpt_shard *sh = &c->shards[i];
+    fpath pre = fpi("", "shards", (size_t)i);
+    if (!json_is_object(s))
+      return bad(eb, pre.s, "an object", s);
+    int64_t v;
+    const char *file;
+    char want[PS_CKPT_NAME_MAX];
+    snprintf(want, sizeof want, "shard-%d.lz4", i);
+    if (get_int(s, pre.s, "index", i, i, &v, eb) != 0 ||
+        get_str(s, pre.s, "file", 1, PS_CKPT_NAME_MAX - 1, &file, eb) != 0)
+      return PS_ECORRUPT;
+    if (strcmp(file, want) != 0) {
+      char exp[48];
+      snprintf(exp, sizeof exp, "\"%s\"", want);
+      return bad(eb, fp(pre.s, "file").s, exp, json_object_get(s, "file"));
+    }
+    snprintf(sh->file, sizeof sh->file, "%s", file);
+    sh->index = i;
+    if (get_u64(s, pre.s, "version", &sh->version, eb) != 0 ||
+        get_u64(s, pre.s, "global_step", &sh->global_step, eb) != 0 ||
+        get_int(s, pre.s, "floats", 1, (int64_t)PS_CKPT_MAX_FLOATS, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->floats = (size_t)v;
+    if (get_int(s, pre.s, "nslots", nslots, nslots, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->nslots = (int)v;
+    if (get_bool(s, pre.s, "has_accum", &sh->has_accum, eb) != 0 ||
+        get_int(s, pre.s, "accum_count", 0, INT_MAX, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->accum_count = (int)v;
+    if (get_int(s, pre.s, "target", 0, INT_MAX, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->target = (int)v;
+    uint64_t *pairs = NULL;
+    int rc = get_pairs(s, pre.s, "once", &pairs, &sh->nonce, eb);
+    if (pairs != NULL) {
+      sh->once = calloc((size_t)sh->nonce + 1, sizeof *sh->once);
+      for (int w = 0; sh->once != NULL && w < sh->nonce; w++)
+        sh->once[w] = (ps_ckpt_once){pairs[2 * w], pairs[2 * w + 1]};
+      free(pairs);
+      if (sh->once == NULL && rc == 0)
+        rc = ps_err_set(eb, -ENOMEM, "out of memory");
+    }
+    if (rc != 0)
+      return rc;
+    uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->has_accum);
+    if (get_int(s, pre.s, "compressed_size", 0, JSON_SAFE, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->compressed_size = (uint64_t)v;
+    if (get_int(s, pre.s, "uncompressed_size", (int64_t)raw, (int64_t)raw, &v, eb) != 0)
+      return PS_ECORRUPT;
+    sh->uncompressed_size = raw;
+    if (get_hex64(s, pre.s, "xxh64", &sh->xxh64, eb) != 0)
+      return PS_ECORRUPT;
+  }
+  return 0;
+}
+
+static int cmp_name_ptr(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+typedef struct part_ref {
+  int shard;
+  size_t off, count;
+} part_ref;
+
+static int cmp_part_ref(const void *a, const void *b) {
+  const part_ref *x = a, *y = b;
+  if (x->shard != y->shard)
+    return x->shard < y->shard ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int parse_variables(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
+  json_t *a = get_type(root, "", "variables", JSON_ARRAY, "an array", eb);
+  if (a == NULL)
+    return PS_ECORRUPT;
+  size_t n = json_array_size(a);
+  if (n == 0 || n > INT_MAX / 2)
+    return bad(eb, "variables", "a non-empty array", a);
+  c->vars = calloc(n, sizeof *c->vars);
+  if (c->vars == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  c->nvars = (int)n;
+  size_t total = 0, nparts = 0;
+  for (size_t i = 0; i < n; i++) {
+    json_t *jv = json_array_get(a, i);
+    ps_ckpt_var *v = &c->vars[i];
+    fpath pre = fpi("", "variables", i);
+    if (!json_is_object(jv))
+      return bad(eb, pre.s, "an object", jv);
+    const char *name, *dtype;
+    if (get_str(jv, pre.s, "name", 1, PS_VAR_NAME_MAX - 1, &name, eb) != 0)
+      return PS_ECORRUPT;
+    snprintf(v->name, sizeof v->name, "%s", name);
+    json_t *shape = get_type(jv, pre.s, "shape", JSON_ARRAY, "an array of 1 to 4 dimensions", eb);
+    if (shape == NULL)
+      return PS_ECORRUPT;
+    if (json_array_size(shape) < 1 || json_array_size(shape) > PS_VAR_MAX_DIMS)
+      return bad(eb, fp(pre.s, "shape").s, "an array of 1 to 4 dimensions", shape);
+    v->ndim = (int)json_array_size(shape);
+    uint64_t count = 1;
+    for (int d = 0; d < v->ndim; d++) {
+      json_t *x = json_array_get(shape, (size_t)d);
+      if (!json_is_integer(x) || json_integer_value(x) < 1 ||
+          json_integer_value(x) > (json_int_t)UINT32_MAX)
+        return bad(eb, fpi(pre.s, "shape", (size_t)d).s, "an integer in [1, 4294967295]", x);
+      v->shape[d] = (uint32_t)json_integer_value(x);
+      if (count > PS_CKPT_MAX_FLOATS / v->shape[d])
+        return bad(eb, fp(pre.s, "shape").s, "at most 2^48 elements", shape);
+      count *= v->shape[d];
+    }
+    v->count = (size_t)count;
+    if (get_str(jv, pre.s, "dtype", 1, 16, &dtype, eb) != 0)
+      return PS_ECORRUPT;
+    if (strcmp(dtype, "float32") != 0)
+      return bad(eb, fp(pre.s, "dtype").s, "\"float32\"", json_object_get(jv, "dtype"));
+    int64_t x;
+    /* Variables are back to back in the arena, in this order. */
+    if (get_int(jv, pre.s, "offset", (int64_t)total, (int64_t)total, &x, eb) != 0 ||
+        get_int(jv, pre.s, "count", (int64_t)count, (int64_t)count, &x, eb) != 0)
+      return PS_ECORRUPT;
+    v->offset = total;
+    total += v->count;
+    if (total > JSON_SAFE)
+      return bad(eb, fp(pre.s, "count").s, "a total below 2^53 elements", json_object_get(jv, "count"));
+
+    json_t *parts = get_type(jv, pre.s, "parts", JSON_ARRAY, "a non-empty array", eb);
+    if (parts == NULL)
+      return PS_ECORRUPT;
+    size_t np = json_array_size(parts);
+    if (np == 0 || np > (size_t)INT_MAX)
+      return bad(eb, fp(pre.s, "parts").s, "a non-empty array", parts);
+    v->parts = calloc(np, sizeof *v->parts);
+    if (v->parts == NULL)
+      return ps_err_set(eb, -ENOMEM, "out of memory");
+    v->nparts = (int)np;
+    nparts += np;
+    size_t start = 0;
+    for (size_t k = 0; k < np; k++) {
+      json_t *jp = json_array_get(parts, k);
+      fpath pp = fpi(pre.s, "parts", k);
+      ps_ckpt_part *p = &v->parts[k];
+      if (!json_is_object(jp))
+        return bad(eb, pp.s, "an object", jp);
+      /* Parts tile the variable in order: each starts where the last ended. */
+      if (get_int(jp, pp.s, "shard", 0, c->nshards - 1, &x, eb) != 0)
+        return PS_ECORRUPT;
+      p->shard = (int)x;
+      if (get_int(jp, pp.s, "start", (int64_t)start, (int64_t)start, &x, eb) != 0)
+        return PS_ECORRUPT;
+      p->start = start;
+      if (get_int(jp, pp.s, "count", 1, (int64_t)(v->count - start), &x, eb) != 0)
+        return PS_ECORRUPT;
+      p->count = (size_t)x;
+      size_t fl = c->shards[p->shard].floats;
+      if (p->count > fl || get_int(jp, pp.s, "shard_off", 0, (int64_t)(fl - p->count), &x, eb) != 0) {
+        if (p->count > fl)
+          bad(eb, fp(pp.s, "count").s, "at most the shard's floats", json_object_get(jp, "count"));
+        return PS_ECORRUPT;
+      }
+      p->shard_off = (size_t)x;
+      start += p->count;
+    }
+    if (start != v->count)
+      return bad(eb, fp(pre.s, "parts").s, "parts that cover the variable", parts);
+  }
+  c->total_floats = total;
+
+  /* Unique names. */
+  const char **names = malloc(n * sizeof *names);
+  if (names == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++)
+    names[i] = c->vars[i].name;
+  qsort(names, n, sizeof *names, cmp_name_ptr);
+  for (size_t i = 1; i < n; i++)
+    if (strcmp(names[i - 1], names[i]) == 0) {
+      int rc = ps_err_set(eb, PS_ECORRUPT, "variables: the name \"%s\" appears twice", names[i]);
+      free(names);
+      return rc;
+    }
+  free(names);
+
+  /* Each shard's parts tile its slice from 0, without gap or overlap. */
+  part_ref *refs = malloc(nparts * sizeof *refs);
+  if (refs == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  size_t r = 0;
+  for (int i = 0; i < c->nvars; i++)
+    for (int k = 0; k < c->vars[i].nparts; k++)
+      refs[r++] = (part_ref){c->vars[i].parts[k].shard, c->vars[i].parts[k].shard_off,
+                             c->vars[i].parts[k].count};
+  qsort(refs, nparts, sizeof *refs, cmp_part_ref);
+  int rc = 0;
+  size_t k = 0;
+  for (int s = 0; s < c->nshards && rc == 0; s++) {
+    size_t at = 0;
+    for (; k < nparts && refs[k].shard == s; k++) {
+      if (refs[k].off != at)
+        break;
+      at += refs[k].count;
+    }
+    if (at != c->shards[s].floats || (k < nparts && refs[k].shard == s))
+      rc = ps_err_set(eb, PS_ECORRUPT,
+                      "variables: the parts on shard %d do not tile its %zu floats from 0 "
+                      "(a gap or an overlap at float %zu)", s, c->shards[s].floats, at);
+  }
+  free(refs);
+  return rc;
+}
+
+static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
+  if (!json_is_object(root))
+    return bad(eb, "the manifest", "a JSON object", root);
+  const char *s;
+  int64_t v;
+  if (get_str(root, "", "format", 1, 64, &s, eb) != 0)
+    return PS_ECORRUPT;
+  if (strcmp(s, "paramserv-checkpoint") != 0)
+    return bad(eb, "format", "\"paramserv-checkpoint\"", json_object_get(root, "format"));
+  json_t *ver = json_object_get(root, "format_version");
+  if (ver == NULL || !json_is_integer(ver))
+    return bad(eb, "format_version", "an integer", ver);
+  if (json_integer_value(ver) != PS_CKPT_FORMAT_VERSION)
+    return ps_err_set(eb, PS_EVERSION,
+                      "format_version %" JSON_INTEGER_FORMAT " is not supported: this build "
+                      "reads version %d",
+                      json_integer_value(ver), PS_CKPT_FORMAT_VERSION);
+  c->format_version = PS_CKPT_FORMAT_VERSION;
+  if (get_u64(root, "", "step", &c->step, eb) != 0 ||
+      get_u64(root, "", "global_step", &c->global_step, eb) != 0 ||
+      get_number(root, "", "wall_time", 0, 1e12, &c->wall_time, eb) != 0 ||
+      get_str(root, "", "cluster_id", 0, sizeof c->cluster_id - 1, &s, eb) != 0)
+    return PS_ECORRUPT;
+  snprintf(c->cluster_id, sizeof c->cluster_id, "%s", s);
+  if (get_str(root, "", "model", 1, sizeof c->model - 1, &s, eb) != 0)
+    return PS_ECORRUPT;
+  snprintf(c->model, sizeof c->model, "%s", s);
+  if (get_hex64(root, "", "layout_hash", &c->layout_hash, eb) != 0 ||
+      parse_optimizer(root, c, eb) != 0 || get_str(root, "", "consistency", 1, 8, &s, eb) != 0)
+    return PS_ECORRUPT;
+  c->consistency = -1;
+  for (int i = 0; i < 3; i++)
+    if (strcmp(s, consistency_names[i]) == 0)
+      c->consistency = i;
+  if (c->consistency < 0)
+    return bad(eb, "consistency", "async, sync or ssp", json_object_get(root, "consistency"));
+  if (get_str(root, "", "filter", 1, 16, &s, eb) != 0)
+    return PS_ECORRUPT;
+  if (ps_ckpt_filter_parse(s, &c->filter) != 0)
+    return bad(eb, "filter", "none or shuffle", json_object_get(root, "filter"));
+  if (get_int(root, "", "nshards", 1, PS_LAYOUT_MAX_SHARDS, &v, eb) != 0)
+    return PS_ECORRUPT;
+  c->nshards = (int)v;
+  int rc = parse_shards(root, c, eb);
+  if (rc == 0)
+    rc = parse_variables(root, c, eb);
+  if (rc != 0)
+    return rc;
+  uint64_t *pairs = NULL;
+  rc = get_pairs(root, "", "data_positions", &pairs, &c->nworkers, eb);
+  if (pairs != NULL) {
+    c->data_pos = calloc((size_t)c->nworkers + 1, sizeof *c->data_pos);
+    for (int w = 0; c->data_pos != NULL && w < c->nworkers; w++)
+      c->data_pos[w] = (ps_data_pos){pairs[2 * w], pairs[2 * w + 1]};
+    free(pairs);
+    if (c->data_pos == NULL && rc == 0)
+      rc = ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  return rc;
+}
+
+/* Keep a message one line whatever the input held. */
+static void mask_controls(ps_errbuf *eb) {
+  if (eb == NULL)
+    return;
+  for (char *p = eb->msg; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
+}
+
+int ps_ckpt_parse_manifest(const char *json, size_t len, ps_ckpt *out, ps_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  json_error_t je;
+  json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+  if (root == NULL) {
+    int rc = ps_err_set(eb, PS_ECORRUPT, "not valid JSON (line %d column %d: %s)", je.line,
+                        je.column, je.text);
+    mask_controls(eb);
+    return rc;
+  }
+  int rc = parse_root(root, out, eb);
+  json_decref(root);
+  if (rc != 0) {
+    mask_controls(eb);
+    ps_ckpt_close(out);
+  }
+  return rc;
+}

@@ -1,0 +1,32 @@
+/* Internal to recovery/: building MANIFEST.json (FORMAT.md section 4).  The
+ * parser's contract is ps_ckpt_parse_manifest in recovery/checkpoint.h. */
+#ifndef PS_RECOVERY_MANIFEST_H
+#define PS_RECOVERY_MANIFEST_H
+
+#include <stdint.h>
+
+#include "recovery/checkpoint.h"
+
+/* Floats per shard slice: keeps every byte count of a shard file below 2^53,
+ * so that JSON numbers carry them exactly. */
+#define PS_CKPT_MAX_FLOATS ((uint64_t)1 << 48)
+
+/* What writing one shard file measured, for its manifest entry. */
+typedef struct ps__ckpt_shard_rec {
+  uint64_t raw;     /* uncompressed bytes */
+  uint64_t stored;  /* bytes of the LZ4 frame */
+  uint64_t xxh64;   /* of the unfiltered bytes */
+} ps__ckpt_shard_rec;
+
+/* The manifest of the checkpoint `o` describes, its shard files measured by
+ * recs (o->layout->nshards entries), written at unix time `wall`.
+ * @return NUL-terminated JSON text the caller frees with free(), or NULL
+ * when out of memory.  Nothing borrowed is kept. */
+char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_rec *recs,
+                              double wall);
+
+/* A u64 as FORMAT.md writes it: 1 to 20 decimal digits, no leading zero,
+ * at most UINT64_MAX.  @return 0, or -1 leaving *out. */
+int ps__ckpt_parse_u64(const char *s, uint64_t *out);
+
+#endif

@@ -61,15 +61,28 @@ awk -v a="$acc" 'BEGIN { exit !(a >= 0.85) }' || fail "test accuracy $acc after 
 echo "ok: training reached its step limit: test accuracy $acc"
 
 # --- a stale incarnation is fenced out ------------------------------------
-# A newer incarnation takes shard 0's epoch; the running one's next write
-# is refused and it exits with status 1.
+# A second shard 0 starts while the first still runs (say, a node thought
+# dead comes back): it takes the epoch and the log.  The first one's next
+# write is refused and it exits with status 1: it never writes over the
+# newer incarnation's state.  (The second may or may not get the port.)
 start w2 "$BIN" worker --config "$conf" --index 0
-redis-cli -p "$REDIS_PORT" incr "{itest:ps:0}:epoch" >/dev/null
+start ps0b "$BIN" ps --config "$conf" --index 0
 set +e
 wait_exit "$PID_ps0" 20
 rc=$?
 set -e
 [ "$rc" -eq 1 ] || fail "fenced shard exited $rc, expected 1"
 grep -q "fenced out by Redis" "$T/ps0.log" || fail "no fencing line in the shard's log"
-echo "ok: stale incarnation: $(grep -h -o 'epoch [0-9]* fenced out by Redis: .*' "$T/ps0.log" | head -1); exit status 1"
-kill -TERM "$PID_ps1" "$PID_w2" 2>/dev/null || true
+kill -TERM "$PID_ps0b" 2>/dev/null || true
+echo "ok: stale incarnation: a second shard 0 took the epoch and the log; the first: $(grep -h -o 'epoch [0-9]* fenced out by Redis: .*' "$T/ps0.log" | head -1); exit status 1"
+
+# A write by hand to the epoch (as a newer incarnation would) is noticed
+# by an idle shard through its fenced heartbeat.
+redis-cli -p "$REDIS_PORT" incr "{itest:ps:1}:epoch" >/dev/null
+set +e
+wait_exit "$PID_ps1" 20
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || fail "idle fenced shard 1 exited $rc, expected 1"
+echo "ok: idle shard 1 fenced by its heartbeat: $(grep -h -o 'fenced out by Redis: .*' "$T/ps1.log" | head -1); exit status 1"
+kill -TERM "$PID_w2" 2>/dev/null || true

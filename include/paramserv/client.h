@@ -10,7 +10,7 @@
  * returns when every shard has answered.
  *
  * Faults: when a shard's connection fails, the client reconnects with
- * exponential backoff and full jitter (capped at 5 s), logs what it waits
+ * exponential backoff and full jitter (capped at 1 s), logs what it waits
  * for, and re-sends the request; a push is re-sent with the same sequence
  * number, so the shard applies it exactly once.  Past [worker] give_up_s
  * (0 = never) the call fails.  An ERROR that says not to retry (wrong

@@ -28,7 +28,7 @@
 #include "proto/proto.h"
 
 #define BACKOFF_BASE_MS 100
-#define BACKOFF_CAP_MS 5000
+#define BACKOFF_CAP_MS 1000
 
 enum { L_DOWN = 0, L_CONNECTING, L_HANDSHAKE, L_READY };
 enum { OP_NONE = 0, OP_PULL, OP_PUSH };

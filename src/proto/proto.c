@@ -9,49 +9,14 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "common/endian.h"
+
 /* Integers are written with shifts and so do not depend on the host, but
  * float arrays travel as the host's bytes: only a little-endian host sends
  * the little-endian IEEE 754 floats the spec promises. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "paramserv's wire format copies floats as host bytes: little-endian hosts only");
 _Static_assert(sizeof(float) == 4, "the wire carries 4-byte IEEE 754 floats");
-
-/* ------------------------------------------------------------------------ */
-/* Little-endian integers                                                   */
-/* ------------------------------------------------------------------------ */
-
-static void put_u16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p) {
-  return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Message sizes and field rules shared by the encoder and the decoder      */
@@ -154,22 +119,22 @@ const char *ps_role_name(int role) {
 /* ------------------------------------------------------------------------ */
 
 static void put_header(uint8_t *p, int type, uint64_t request_id, uint32_t length) {
-  put_u32(p, PS_PROTO_MAGIC);
-  put_u16(p + 4, PS_PROTO_VERSION);
-  put_u16(p + 6, (uint16_t)type);
-  put_u32(p + 8, 0);
-  put_u64(p + 12, request_id);
-  put_u32(p + 20, length);
+  ps_put_le32(p, PS_PROTO_MAGIC);
+  ps_put_le16(p + 4, PS_PROTO_VERSION);
+  ps_put_le16(p + 6, (uint16_t)type);
+  ps_put_le32(p + 8, 0);
+  ps_put_le64(p + 12, request_id);
+  ps_put_le32(p + 20, length);
 }
 
 int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_header *h,
                            ps_errbuf *eb) {
-  h->magic = get_u32(buf);
-  h->version = get_u16(buf + 4);
-  h->type = get_u16(buf + 6);
-  h->flags = get_u32(buf + 8);
-  h->request_id = get_u64(buf + 12);
-  h->length = get_u32(buf + 20);
+  h->magic = ps_get_le32(buf);
+  h->version = ps_get_le16(buf + 4);
+  h->type = ps_get_le16(buf + 6);
+  h->flags = ps_get_le32(buf + 8);
+  h->request_id = ps_get_le64(buf + 12);
+  h->length = ps_get_le32(buf + 20);
 
   if (h->magic != PS_PROTO_MAGIC)
     return ps_err_set(eb, PS_EFORMAT,
@@ -255,58 +220,58 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     const ps_msg_challenge *m = &msg->u.challenge;
     memcpy(p, m->nonce, PS_PROTO_NONCE_SIZE);
     p[32] = m->role;
-    put_u32(p + 36, m->index);
-    put_u64(p + 40, m->incarnation);
+    ps_put_le32(p + 36, m->index);
+    ps_put_le64(p + 40, m->incarnation);
     break;
   }
   case PS_MSG_HELLO: {
     const ps_msg_hello *m = &msg->u.hello;
     p[0] = m->role;
-    put_u32(p + 4, m->index);
-    put_u64(p + 8, m->incarnation);
-    put_u64(p + 16, m->layout_hash);
+    ps_put_le32(p + 4, m->index);
+    ps_put_le64(p + 8, m->incarnation);
+    ps_put_le64(p + 16, m->layout_hash);
     memcpy(p + 24, m->proof, PS_PROTO_PROOF_SIZE);
-    put_u16(p + 56, (uint16_t)strnlen(m->cluster_id, sizeof m->cluster_id));
+    ps_put_le16(p + 56, (uint16_t)strnlen(m->cluster_id, sizeof m->cluster_id));
     break;
   }
   case PS_MSG_WELCOME: {
     const ps_msg_welcome *m = &msg->u.welcome;
-    put_u32(p, m->index);
+    ps_put_le32(p, m->index);
     p[4] = m->consistency;
-    put_u64(p + 8, m->incarnation);
-    put_u64(p + 16, m->layout_hash);
-    put_u64(p + 24, m->slice_floats);
-    put_u64(p + 32, m->version);
-    put_u64(p + 40, m->global_step);
-    put_u32(p + 48, m->max_payload);
+    ps_put_le64(p + 8, m->incarnation);
+    ps_put_le64(p + 16, m->layout_hash);
+    ps_put_le64(p + 24, m->slice_floats);
+    ps_put_le64(p + 32, m->version);
+    ps_put_le64(p + 40, m->global_step);
+    ps_put_le32(p + 48, m->max_payload);
     break;
   }
   case PS_MSG_PULL:
-    put_u32(p, msg->u.pull.worker);
-    put_u64(p + 8, msg->u.pull.step);
+    ps_put_le32(p, msg->u.pull.worker);
+    ps_put_le64(p + 8, msg->u.pull.step);
     break;
   case PS_MSG_PULL_REPLY: {
     const ps_msg_pull_reply *m = &msg->u.pull_reply;
-    put_u64(p, m->version);
-    put_u64(p + 8, m->global_step);
-    put_u64(p + 16, m->count);
+    ps_put_le64(p, m->version);
+    ps_put_le64(p + 8, m->global_step);
+    ps_put_le64(p + 16, m->count);
     break;
   }
   case PS_MSG_PUSH: {
     const ps_msg_push *m = &msg->u.push;
-    put_u32(p, m->worker);
-    put_u64(p + 8, m->incarnation);
-    put_u64(p + 16, m->seq);
-    put_u64(p + 24, m->step);
-    put_u64(p + 32, m->count);
+    ps_put_le32(p, m->worker);
+    ps_put_le64(p + 8, m->incarnation);
+    ps_put_le64(p + 16, m->seq);
+    ps_put_le64(p + 24, m->step);
+    ps_put_le64(p + 32, m->count);
     break;
   }
   case PS_MSG_PUSH_ACK: {
     const ps_msg_push_ack *m = &msg->u.push_ack;
-    put_u64(p, m->seq);
-    put_u64(p + 8, m->version);
-    put_u64(p + 16, m->global_step);
-    put_u32(p + 24, m->status);
+    ps_put_le64(p, m->seq);
+    ps_put_le64(p + 8, m->version);
+    ps_put_le64(p + 16, m->global_step);
+    ps_put_le32(p + 24, m->status);
     break;
   }
   case PS_MSG_STATS_REPLY: {
@@ -316,19 +281,19 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
                             m->pulls,            m->bytes_in,      m->bytes_out,
                             m->clients};
     for (int i = 0; i < 10; i++)
-      put_u64(p + 8 * i, v[i]);
+      ps_put_le64(p + 8 * i, v[i]);
     break;
   }
   case PS_MSG_ERROR: {
     const ps_msg_error *m = &msg->u.error;
-    put_u32(p, (uint32_t)m->code);
-    put_u32(p + 4, m->flags);
-    put_u16(p + 8, (uint16_t)strnlen(m->message, PS_PROTO_ERROR_MSG_MAX));
+    ps_put_le32(p, (uint32_t)m->code);
+    ps_put_le32(p + 4, m->flags);
+    ps_put_le16(p + 8, (uint16_t)strnlen(m->message, PS_PROTO_ERROR_MSG_MAX));
     break;
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
-    put_u64(p, msg->u.ping.token);
+    ps_put_le64(p, msg->u.ping.token);
     break;
   default:
     break;
@@ -452,7 +417,7 @@ static int decode_hello(const uint8_t *p, size_t len, ps_msg_hello *m, ps_errbuf
   if ((rc = check_fixed("HELLO", len, HELLO_FIXED, eb)) != 0 ||
       (rc = check_role("HELLO", p[0], eb)) != 0 || (rc = check_pad("HELLO", p, 1, 3, eb)) != 0)
     return rc;
-  size_t id_len = get_u16(p + 56);
+  size_t id_len = ps_get_le16(p + 56);
   if (id_len < 1 || id_len > PS_PROTO_CLUSTER_ID_MAX)
     return ps_err_set(eb, PS_EFORMAT, "HELLO: cluster id length is %zu, expected 1..%d", id_len,
                       PS_PROTO_CLUSTER_ID_MAX);
@@ -466,9 +431,9 @@ static int decode_hello(const uint8_t *p, size_t len, ps_msg_hello *m, ps_errbuf
     return ps_err_set(eb, PS_EFORMAT, "HELLO: cluster id byte %d is 0x%02x, expected [A-Za-z0-9_.-]",
                       bad, (unsigned)(unsigned char)id[bad]);
   m->role = p[0];
-  m->index = get_u32(p + 4);
-  m->incarnation = get_u64(p + 8);
-  m->layout_hash = get_u64(p + 16);
+  m->index = ps_get_le32(p + 4);
+  m->incarnation = ps_get_le64(p + 8);
+  m->layout_hash = ps_get_le64(p + 16);
   memcpy(m->proof, p + 24, PS_PROTO_PROOF_SIZE);
   memcpy(m->cluster_id, id, id_len);
   m->cluster_id[id_len] = '\0';
@@ -480,9 +445,9 @@ static int decode_error(const uint8_t *p, size_t len, ps_msg_error *m, ps_errbuf
   if ((rc = check_fixed("ERROR", len, ERROR_FIXED, eb)) != 0 ||
       (rc = check_pad("ERROR", p, 10, 6, eb)) != 0)
     return rc;
-  m->code = (int32_t)get_u32(p);
-  m->flags = get_u32(p + 4);
-  size_t msg_len = get_u16(p + 8);
+  m->code = (int32_t)ps_get_le32(p);
+  m->flags = ps_get_le32(p + 4);
+  size_t msg_len = ps_get_le16(p + 8);
   if (m->code >= 0)
     return ps_err_set(eb, PS_EFORMAT, "ERROR: code is %" PRId32 ", expected a negative error code",
                       m->code);
@@ -511,9 +476,9 @@ static int decode_pull_reply(const uint8_t *p, size_t len, ps_msg_pull_reply *m,
   if ((rc = check_fixed("PULL_REPLY", len, PULL_REPLY_FIXED, eb)) != 0 ||
       (rc = check_pad("PULL_REPLY", p, 24, 8, eb)) != 0)
     return rc;
-  m->version = get_u64(p);
-  m->global_step = get_u64(p + 8);
-  m->count = get_u64(p + 16);
+  m->version = ps_get_le64(p);
+  m->global_step = ps_get_le64(p + 8);
+  m->count = ps_get_le64(p + 16);
   if ((rc = check_count("PULL_REPLY", len, PULL_REPLY_FIXED, m->count, eb)) != 0)
     return rc;
   m->data = p + PULL_REPLY_FIXED;
@@ -525,11 +490,11 @@ static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *
   if ((rc = check_fixed("PUSH", len, PUSH_FIXED, eb)) != 0 ||
       (rc = check_pad("PUSH", p, 4, 4, eb)) != 0 || (rc = check_pad("PUSH", p, 40, 8, eb)) != 0)
     return rc;
-  m->worker = get_u32(p);
-  m->incarnation = get_u64(p + 8);
-  m->seq = get_u64(p + 16);
-  m->step = get_u64(p + 24);
-  m->count = get_u64(p + 32);
+  m->worker = ps_get_le32(p);
+  m->incarnation = ps_get_le64(p + 8);
+  m->seq = ps_get_le64(p + 16);
+  m->step = ps_get_le64(p + 24);
+  m->count = ps_get_le64(p + 32);
   if ((rc = check_count("PUSH", len, PUSH_FIXED, m->count, eb)) != 0)
     return rc;
   m->data = p + PUSH_FIXED;
@@ -547,38 +512,38 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
       return rc;
     memcpy(m->nonce, p, PS_PROTO_NONCE_SIZE);
     m->role = p[32];
-    m->index = get_u32(p + 36);
-    m->incarnation = get_u64(p + 40);
+    m->index = ps_get_le32(p + 36);
+    m->incarnation = ps_get_le64(p + 40);
     break;
   }
   case PS_MSG_WELCOME: {
     ps_msg_welcome *m = &out->u.welcome;
     if ((rc = check_pad(name, p, 5, 3, eb)) != 0 || (rc = check_pad(name, p, 52, 4, eb)) != 0)
       return rc;
-    m->index = get_u32(p);
+    m->index = ps_get_le32(p);
     m->consistency = p[4];
-    m->incarnation = get_u64(p + 8);
-    m->layout_hash = get_u64(p + 16);
-    m->slice_floats = get_u64(p + 24);
-    m->version = get_u64(p + 32);
-    m->global_step = get_u64(p + 40);
-    m->max_payload = get_u32(p + 48);
+    m->incarnation = ps_get_le64(p + 8);
+    m->layout_hash = ps_get_le64(p + 16);
+    m->slice_floats = ps_get_le64(p + 24);
+    m->version = ps_get_le64(p + 32);
+    m->global_step = ps_get_le64(p + 40);
+    m->max_payload = ps_get_le32(p + 48);
     break;
   }
   case PS_MSG_PULL:
     if ((rc = check_pad(name, p, 4, 4, eb)) != 0)
       return rc;
-    out->u.pull.worker = get_u32(p);
-    out->u.pull.step = get_u64(p + 8);
+    out->u.pull.worker = ps_get_le32(p);
+    out->u.pull.step = ps_get_le64(p + 8);
     break;
   case PS_MSG_PUSH_ACK: {
     ps_msg_push_ack *m = &out->u.push_ack;
     if ((rc = check_pad(name, p, 28, 4, eb)) != 0)
       return rc;
-    m->seq = get_u64(p);
-    m->version = get_u64(p + 8);
-    m->global_step = get_u64(p + 16);
-    m->status = get_u32(p + 24);
+    m->seq = ps_get_le64(p);
+    m->version = ps_get_le64(p + 8);
+    m->global_step = ps_get_le64(p + 16);
+    m->status = ps_get_le32(p + 24);
     if (m->status > PS_PUSH_STALE)
       return ps_err_set(eb, PS_EFORMAT,
                         "PUSH_ACK: status is %" PRIu32 ", expected 0..2 (applied, duplicate, stale)",
@@ -592,12 +557,12 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
                              &m->pulls,            &m->bytes_in,      &m->bytes_out,
                              &m->clients};
     for (int i = 0; i < 10; i++)
-      *v[i] = get_u64(p + 8 * i);
+      *v[i] = ps_get_le64(p + 8 * i);
     break;
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
-    out->u.ping.token = get_u64(p);
+    out->u.ping.token = ps_get_le64(p);
     break;
   default: /* STATS: nothing to read */
     break;
@@ -661,9 +626,9 @@ static int compute_proof(const uint8_t *secret, size_t secret_len,
   memcpy(in, nonce, PS_PROTO_NONCE_SIZE);
   uint8_t *p = in + PS_PROTO_NONCE_SIZE;
   p[0] = hello->role;
-  put_u32(p + 1, hello->index);
-  put_u64(p + 5, hello->incarnation);
-  put_u64(p + 13, hello->layout_hash);
+  ps_put_le32(p + 1, hello->index);
+  ps_put_le64(p + 5, hello->incarnation);
+  ps_put_le64(p + 13, hello->layout_hash);
   memcpy(p + 21, hello->cluster_id, id_len);
   size_t n = PS_PROTO_NONCE_SIZE + 21 + id_len;
 

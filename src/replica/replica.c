@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/endian.h"
 #include "common/timeutil.h"
 #include "replica/registry.h"
 
@@ -196,18 +197,6 @@ static float *raw_array(ps_shard *s, size_t i) {
   return s->accum;
 }
 
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
 /* --------------------------------------------------------- start-up */
 
 static redisContext *connect_sync(const ps_config *cfg, ps_errbuf *eb) {
@@ -325,8 +314,8 @@ static int load_snapshot(redisContext *c, const keys *k, const redisReply *meta,
                       chunks, done, total);
   const uint8_t *ob = (const uint8_t *)once->str;
   for (int w = 0; w < s->o.nworkers; w++) {
-    s->once[w].incarnation = get_u64(ob + 16 * w);
-    s->once[w].last_seq = get_u64(ob + 16 * w + 8);
+    s->once[w].incarnation = ps_get_le64(ob + 16 * w);
+    s->once[w].last_seq = ps_get_le64(ob + 16 * w + 8);
   }
   s->version = version;
   s->global_step = gstep;
@@ -1028,8 +1017,8 @@ static void start_snapshot(ps_replica *r) {
   for (size_t a = 0; a < arrays; a++)
     memcpy(j->raw + a * s->o.nfloats, raw_array(s, a), s->o.nfloats * sizeof(float));
   for (int w = 0; w < s->o.nworkers; w++) {
-    put_u64(j->once + 16 * w, s->once[w].incarnation);
-    put_u64(j->once + 16 * w + 8, s->once[w].last_seq);
+    ps_put_le64(j->once + 16 * w, s->once[w].incarnation);
+    ps_put_le64(j->once + 16 * w + 8, s->once[w].last_seq);
   }
   j->version = s->version;
   j->global_step = s->global_step;

@@ -13,44 +13,24 @@
 
 #include <cmocka.h>
 
+#include "tmpdir.h"
+
 #include "common/config.h"
 
 /* ------------------------------------------------------------------------ */
 /* Fixtures: a fresh temp directory per test                                 */
 /* ------------------------------------------------------------------------ */
 
-static char tmp[64];
 static ps_config cfg; /* large: kept off the stack */
 
 static int setup(void **state) {
   (void)state;
-  snprintf(tmp, sizeof tmp, "/tmp/test_config.XXXXXX");
-  return mkdtemp(tmp) != NULL ? 0 : -1;
+  return tmpdir_create("test_config");
 }
 
 static int teardown(void **state) {
   (void)state;
-  DIR *d = opendir(tmp);
-  if (d == NULL)
-    return -1;
-  struct dirent *e;
-  char p[512];
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    snprintf(p, sizeof p, "%s/%s", tmp, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  return rmdir(tmp);
-}
-
-/* The full path of `name` in the temp directory, in a buffer the next call
- * overwrites. */
-static const char *at(const char *name) {
-  static char p[512];
-  snprintf(p, sizeof p, "%s/%s", tmp, name);
-  return p;
+  return tmpdir_remove();
 }
 
 static void put(const char *name, const char *text, mode_t mode) {

@@ -13,43 +13,22 @@
 
 #include <cmocka.h>
 
+#include "tmpdir.h"
+
 #include "data/idx.h"
 
 /* ------------------------------------------------------------------------ */
 /* Fixtures: a fresh temp directory per test, and writers of IDX files      */
 /* ------------------------------------------------------------------------ */
 
-static char tmp[64];
-
 static int setup(void **state) {
   (void)state;
-  snprintf(tmp, sizeof tmp, "/tmp/test_idx.XXXXXX");
-  return mkdtemp(tmp) != NULL ? 0 : -1;
+  return tmpdir_create("test_idx");
 }
 
 static int teardown(void **state) {
   (void)state;
-  DIR *d = opendir(tmp);
-  if (d == NULL)
-    return -1;
-  struct dirent *e;
-  char p[512];
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-      continue;
-    snprintf(p, sizeof p, "%s/%s", tmp, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  return rmdir(tmp);
-}
-
-/* The full path of `name` inside the temp directory, in a static buffer that
- * the next call overwrites: callers copy it when they need it longer. */
-static const char *at(const char *name) {
-  static char p[512];
-  snprintf(p, sizeof p, "%s/%s", tmp, name);
-  return p;
+  return tmpdir_remove();
 }
 
 static void put_raw(const char *name, const void *buf, size_t len, int gz) {

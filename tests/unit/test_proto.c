@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "common/endian.h"
 #include "proto/proto.h"
 
 #define MAX_PAYLOAD (1u << 20)
@@ -168,21 +169,6 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
 static _Alignas(16) uint8_t frame[4096];
 static ps_errbuf eb;
 
-static void put_u16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* Encode the sample of `type` into frame; returns the frame's length. */
 static size_t encode_sample(int type, ps_msg *m) {
   sample(type, m);
@@ -195,7 +181,7 @@ static size_t encode_sample(int type, ps_msg *m) {
  * header first, then exactly `length` payload bytes.  Returns the code. */
 static int decode_frame(uint32_t length, ps_msg *out) {
   ps_frame_header h;
-  put_u32(frame + 20, length);
+  ps_put_le32(frame + 20, length);
   memset(&eb, 0, sizeof eb);
   int rc = ps_proto_decode_header(frame, MAX_PAYLOAD, &h, &eb);
   if (rc != 0)
@@ -383,10 +369,10 @@ static void test_other_version(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PULL, &m);
-  put_u16(frame + 4, 2);
+  ps_put_le16(frame + 4, 2);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
                 "protocol version 2, expected version 1");
-  put_u16(frame + 4, 0);
+  ps_put_le16(frame + 4, 0);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION, "version 0");
 }
 
@@ -394,9 +380,9 @@ static void test_unknown_type(void **state) {
   (void)state;
   ps_msg m;
   encode_sample(PS_MSG_STATS, &m);
-  put_u16(frame + 6, 13);
+  ps_put_le16(frame + 6, 13);
   expect_reject(0, PS_EFORMAT, "unknown message type 13");
-  put_u16(frame + 6, 0);
+  ps_put_le16(frame + 6, 0);
   expect_reject(0, PS_EFORMAT, "unknown message type 0");
   /* decode refuses a header it did not accept, too. */
   ps_frame_header h = {.type = 99, .length = 0};
@@ -408,7 +394,7 @@ static void test_header_flags(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PUSH, &m);
-  put_u32(frame + 8, 0x80);
+  ps_put_le32(frame + 8, 0x80);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EFORMAT,
                 "PUSH: header flags are 0x80, expected 0");
 }
@@ -418,7 +404,7 @@ static void test_payload_cap(void **state) {
   ps_msg m;
   ps_frame_header h;
   encode_sample(PS_MSG_PING, &m);
-  put_u32(frame + 20, PS_PROTO_SMALL_PAYLOAD_MAX);
+  ps_put_le32(frame + 20, PS_PROTO_SMALL_PAYLOAD_MAX);
   assert_int_equal(ps_proto_decode_header(frame, MAX_PAYLOAD, &h, &eb), 0);
   expect_reject(PS_PROTO_SMALL_PAYLOAD_MAX + 1, PS_EFORMAT,
                 "PING: payload is 2049 bytes, more than the cap of 2048");
@@ -427,13 +413,13 @@ static void test_payload_cap(void **state) {
   encode_sample(PS_MSG_PUSH, &m);
   uint64_t cap = ps_proto_max_payload(5);
   assert_int_equal(cap, 48 + 20);
-  put_u32(frame + 20, 48 + 20);
+  ps_put_le32(frame + 20, 48 + 20);
   assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), 0);
-  put_u32(frame + 20, 48 + 24);
+  ps_put_le32(frame + 20, 48 + 24);
   assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), PS_EFORMAT);
   assert_non_null(strstr(eb.msg, "PUSH: payload is 72 bytes, more than the cap of 68"));
   encode_sample(PS_MSG_PULL_REPLY, &m);
-  put_u32(frame + 20, 4000);
+  ps_put_le32(frame + 20, 4000);
   assert_int_equal(ps_proto_decode_header(frame, ps_proto_max_payload(5), &h, &eb), PS_EFORMAT);
   assert_non_null(strstr(eb.msg, "PULL_REPLY"));
   /* The small cap does not apply to floats. */
@@ -477,12 +463,12 @@ static void test_count_mismatch(void **state) {
   (void)state;
   ps_msg m;
   encode_sample(PS_MSG_PUSH, &m);
-  put_u64(frame + 24 + 32, 1);
+  ps_put_le64(frame + 24 + 32, 1);
   expect_reject(51, PS_EFORMAT, "PUSH: payload is 51 bytes, expected 48 + 4 * count (count 1) = 52");
-  put_u64(frame + 24 + 32, 6);
+  ps_put_le64(frame + 24 + 32, 6);
   expect_reject(48 + 20, PS_EFORMAT, "expected 48 + 4 * count (count 6) = 72");
   encode_sample(PS_MSG_PULL_REPLY, &m);
-  put_u64(frame + 24 + 16, 4);
+  ps_put_le64(frame + 24 + 16, 4);
   expect_reject(32 + 20, PS_EFORMAT,
                 "PULL_REPLY: payload is 52 bytes, expected 32 + 4 * count (count 4) = 48");
 }
@@ -493,12 +479,12 @@ static void test_count_overflow(void **state) {
   /* 4 * 2^62 wraps to 0 in 64 bits, so a careless check would accept an
    * empty tail and hand the server a count of 2^62. */
   encode_sample(PS_MSG_PUSH, &m);
-  put_u64(frame + 24 + 32, UINT64_C(1) << 62);
+  ps_put_le64(frame + 24 + 32, UINT64_C(1) << 62);
   expect_reject(48, PS_EFORMAT, "PUSH: payload is 48 bytes, expected 48 + 4 * count (count 4611686018427387904)");
-  put_u64(frame + 24 + 32, UINT64_MAX);
+  ps_put_le64(frame + 24 + 32, UINT64_MAX);
   expect_reject(48 + 20, PS_EFORMAT, "overflows");
   encode_sample(PS_MSG_PULL_REPLY, &m);
-  put_u64(frame + 24 + 16, UINT64_C(1) << 62);
+  ps_put_le64(frame + 24 + 16, UINT64_C(1) << 62);
   expect_reject(32, PS_EFORMAT, "PULL_REPLY: payload is 32 bytes");
 }
 
@@ -536,13 +522,13 @@ static void test_bad_fields(void **state) {
   frame[24 + 32] = 5;
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "CHALLENGE: role is 5");
   n = encode_sample(PS_MSG_PUSH_ACK, &m);
-  put_u32(frame + 24 + 24, 3);
+  ps_put_le32(frame + 24 + 24, 3);
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "PUSH_ACK: status is 3, expected 0..2");
   n = encode_sample(PS_MSG_ERROR, &m);
-  put_u32(frame + 24, 0);
+  ps_put_le32(frame + 24, 0);
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "ERROR: code is 0");
   n = encode_sample(PS_MSG_ERROR, &m);
-  put_u32(frame + 24 + 4, 2);
+  ps_put_le32(frame + 24 + 4, 2);
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "ERROR: flags are 0x2");
 }
 
@@ -553,7 +539,7 @@ static void test_bad_cluster_id(void **state) {
     ps_msg m;
     encode_sample(PS_MSG_HELLO, &m);
     size_t len = strlen(bad[i]);
-    put_u16(frame + 24 + 56, (uint16_t)len);
+    ps_put_le16(frame + 24 + 56, (uint16_t)len);
     memcpy(frame + 24 + 58, bad[i], len);
     expect_reject((uint32_t)(58 + len), PS_EFORMAT, "HELLO: cluster id byte");
   }
@@ -568,14 +554,14 @@ static void test_cluster_id_length(void **state) {
   (void)state;
   ps_msg m;
   encode_sample(PS_MSG_HELLO, &m);
-  put_u16(frame + 24 + 56, 0);
+  ps_put_le16(frame + 24 + 56, 0);
   expect_reject(58, PS_EFORMAT, "HELLO: cluster id length is 0, expected 1..63");
   encode_sample(PS_MSG_HELLO, &m);
-  put_u16(frame + 24 + 56, 64);
+  ps_put_le16(frame + 24 + 56, 64);
   memset(frame + 24 + 58, 'a', 64);
   expect_reject(58 + 64, PS_EFORMAT, "HELLO: cluster id length is 64, expected 1..63");
   encode_sample(PS_MSG_HELLO, &m);
-  put_u16(frame + 24 + 56, 9);
+  ps_put_le16(frame + 24 + 56, 9);
   expect_reject(58 + 10, PS_EFORMAT, "HELLO: payload is 68 bytes, expected 58 + cluster id length 9 = 67");
 }
 
@@ -589,7 +575,7 @@ static void test_error_message(void **state) {
   frame[24 + 16] = '\0';
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "ERROR: message byte 0 is 0x00");
   encode_sample(PS_MSG_ERROR, &m);
-  put_u16(frame + 24 + 8, 1025);
+  ps_put_le16(frame + 24 + 8, 1025);
   memset(frame + 24 + 16, 'z', 1025);
   expect_reject(16 + 1025, PS_EFORMAT, "ERROR: message length is 1025, expected at most 1024");
 }

@@ -1,0 +1,45 @@
+/* A private temporary directory for a unit test's files: created in the
+ * test's setup, emptied and removed in its teardown. */
+#ifndef PS_TESTS_TMPDIR_H
+#define PS_TESTS_TMPDIR_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmp[64];
+
+/* mkdtemp /tmp/<prefix>.XXXXXX.  @return 0 or -1 (cmocka's setup rule). */
+static inline int tmpdir_create(const char *prefix) {
+  snprintf(tmp, sizeof tmp, "/tmp/%s.XXXXXX", prefix);
+  return mkdtemp(tmp) != NULL ? 0 : -1;
+}
+
+/* Remove the files in the directory (not subdirectories) and it. */
+static inline int tmpdir_remove(void) {
+  DIR *d = opendir(tmp);
+  if (d == NULL)
+    return -1;
+  struct dirent *e;
+  char p[512];
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    snprintf(p, sizeof p, "%s/%s", tmp, e->d_name);
+    unlink(p);
+  }
+  closedir(d);
+  return rmdir(tmp);
+}
+
+/* The full path of `name` inside the directory, in a static buffer that the
+ * next call overwrites: callers copy it when they need it longer. */
+static inline const char *at(const char *name) {
+  static char p[512];
+  snprintf(p, sizeof p, "%s/%s", tmp, name);
+  return p;
+}
+
+#endif

@@ -1050,7 +1050,7 @@ static void heartbeat(ps_replica *r) {
   snprintf(payload, sizeof payload,
            "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " version %" PRIu64 " lag %" PRIu64,
            (int)getpid(), host, r->epoch, r->shard->global_step, r->shard->version,
-           r->shard->version - r->snap_version);
+           ps_replica_lag(r));
   snprintf(ttl, sizeof ttl, "%" PRId64, 3 * r->cfg->heartbeat_ms);
   const char *argv[] = {"EVAL", HEARTBEAT_SCRIPT, "2", r->k.epoch, r->k.node, r->epoch_text,
                         payload, ttl};

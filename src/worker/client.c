@@ -370,13 +370,13 @@ const char *ps_client_error(const ps_client *c) { return c->error; }
 
 static void close_walk(uv_handle_t *h, void *arg) {
   (void)arg;
-  if (!uv_is_closing(h)) {
-    /* A connection's handle belongs to its ps_conn, which frees itself. */
-    if (h->type == UV_TCP && h->data != NULL && h->data != arg)
-      ps_conn_close((ps_conn *)h->data);
-    else
-      uv_close(h, NULL);
-  }
+  if (uv_is_closing(h))
+    return;
+  /* A TCP handle belongs to its ps_conn (its data), which frees itself. */
+  if (h->type == UV_TCP)
+    ps_conn_close((ps_conn *)h->data);
+  else
+    uv_close(h, NULL);
 }
 
 void ps_client_free(ps_client *c) {

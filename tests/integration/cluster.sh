@@ -35,7 +35,7 @@ run_mode() {
   echo "ok: $mode: $last global steps in $((SECONDS - t0)) s, test accuracy $acc (bar $bar); $(grep -h 'done:' "$T/$mode-w0.log" "$T/$mode-w1.log" | sed 's/.*done: //' | tr '\n' ';')"
 }
 
-run_mode async 5000 0.87
+run_mode async 4000 0.87 "train.schedule=cosine"
 run_mode sync 800 0.85
 run_mode ssp 2000 0.85 "train.staleness=3"
 

@@ -14,6 +14,7 @@ run_kills() {
   local mode=$1 last=$2
   local conf="$T/$mode.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=$last" "train.threads=1" \
+    "train.schedule=cosine" \
     "train.log_every=100" "replication.mode=$mode" "replication.interval_ms=200"
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   local gen=(0 0)

@@ -23,7 +23,7 @@ wait_for "$T/ps0.log" "listening on" 10
 rc() { redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning "$@"; }
 # The snapshot plus the log entries after it hold every one of the 50 updates.
 v=$(rc hget '{itest:ps:0}:meta' version)
-n=$(rc xlen '{itest:ps:0}:log')
+n=$(rc xlen "$(rc get '{itest:ps:0}:logkey')")
 [ "$((v + n))" -eq 50 ] || fail "as user paramserv: snapshot version $v + $n log entries, expected 50 updates"
 kill -TERM "$PID_ps0"
 wait_exit "$PID_ps0" 10 || fail "ps exited $?"

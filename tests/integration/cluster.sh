@@ -12,10 +12,7 @@ run_mode() {
   local conf="$T/$mode.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.consistency=$mode" "train.last_step=$last" \
     "train.threads=1" "train.log_every=500" "$@"
-  start "$mode-ps0" "$BIN" ps --config "$conf" --index 0
-  start "$mode-ps1" "$BIN" ps --config "$conf" --index 1
-  wait_for "$T/$mode-ps0.log" "listening on" 10
-  wait_for "$T/$mode-ps1.log" "listening on" 10
+  start_shards "$mode-ps" "$conf" 2
   local t0=$SECONDS
   start "$mode-w0" "$BIN" worker --config "$conf" --index 0
   local w0=$!
@@ -28,10 +25,7 @@ run_mode() {
   [ -n "$acc" ] || fail "$mode: worker 0 printed no final accuracy"
   awk -v a="$acc" -v b="$bar" 'BEGIN { exit !(a >= b) }' ||
     fail "$mode: test accuracy $acc, expected at least $bar"
-  local ps0=${PIDS[-4]} ps1=${PIDS[-3]}
-  kill -TERM "$ps0" "$ps1"
-  wait_exit "$ps0" 10 || fail "$mode: ps 0 exited $? after SIGTERM"
-  wait_exit "$ps1" 10 || fail "$mode: ps 1 exited $? after SIGTERM"
+  stop_shards "$mode-ps" 2
   echo "ok: $mode: $last global steps in $((SECONDS - t0)) s, test accuracy $acc (bar $bar); $(grep -h 'done:' "$T/$mode-w0.log" "$T/$mode-w1.log" | sed 's/.*done: //' | tr '\n' ';')"
 }
 
@@ -44,10 +38,7 @@ run_mode ssp 2000 0.85 "train.staleness=3"
 conf="$T/sync-kill.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.consistency=sync" "train.last_step=400" \
   "train.threads=1" "train.log_every=50" "train.sync_timeout_ms=300"
-start sk-ps0 "$BIN" ps --config "$conf" --index 0
-start sk-ps1 "$BIN" ps --config "$conf" --index 1
-wait_for "$T/sk-ps0.log" "listening on" 10
-wait_for "$T/sk-ps1.log" "listening on" 10
+start_shards sk-ps "$conf" 2
 start sk-w0 "$BIN" worker --config "$conf" --index 0
 start sk-w1 "$BIN" worker --config "$conf" --index 1
 wait_for "$T/sk-w1.log" "step 100 global" 60
@@ -55,9 +46,7 @@ kill -9 "$PID_sk_w1"
 wait_exit "$PID_sk_w0" 120 || fail "sync after a worker's death: worker 0 exited $?"
 grep -q "^final test_acc" "$T/sk-w0.log" || fail "sync after a worker's death: no final accuracy"
 wait_for "$T/sk-ps0.log" "applied them without the missing workers" 1
-kill -TERM "$PID_sk_ps0" "$PID_sk_ps1"
-wait_exit "$PID_sk_ps0" 10 || fail "ps 0 exited $?"
-wait_exit "$PID_sk_ps1" 10 || fail "ps 1 exited $?"
+stop_shards sk-ps 2
 echo "ok: sync, worker 1 killed at step 100: $(grep -h 'without the missing' "$T/sk-ps0.log" | head -1 | sed 's/^ps.0: warn: //'); worker 0 $(sed -n 's/^final //p' "$T/sk-w0.log")"
 
 # DOWNPOUR's communication window with ADAG: 4 local steps per push, the
@@ -65,10 +54,7 @@ echo "ok: sync, worker 1 killed at step 100: $(grep -h 'without the missing' "$T
 conf="$T/window.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.last_step=600" "train.window=4" "train.adag=yes" \
   "train.threads=1" "train.log_every=100"
-start win-ps0 "$BIN" ps --config "$conf" --index 0
-start win-ps1 "$BIN" ps --config "$conf" --index 1
-wait_for "$T/win-ps0.log" "listening on" 10
-wait_for "$T/win-ps1.log" "listening on" 10
+start_shards win-ps "$conf" 2
 start win-w0 "$BIN" worker --config "$conf" --index 0
 start win-w1 "$BIN" worker --config "$conf" --index 1
 wait_exit "$PID_win_w0" 120 || fail "window: worker 0 exited $?"
@@ -76,7 +62,5 @@ wait_exit "$PID_win_w1" 120 || fail "window: worker 1 exited $?"
 acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/win-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.8) }' || fail "window 4 + adag: test accuracy '$acc', expected >= 0.8"
 local_steps=$(sed -n 's/^worker 0 done: \([0-9]*\) local steps.*/\1/p' "$T/win-w0.log")
-kill -TERM "$PID_win_ps0" "$PID_win_ps1"
-wait_exit "$PID_win_ps0" 10 || fail "ps 0 exited $?"
-wait_exit "$PID_win_ps1" 10 || fail "ps 1 exited $?"
+stop_shards win-ps 2
 echo "ok: window 4 + adag: 600 pushes, worker 0 took $local_steps local steps, test accuracy $acc"

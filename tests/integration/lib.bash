@@ -93,6 +93,27 @@ start() {
   eval "PID_${name//[^a-zA-Z0-9]/_}=$!"
 }
 
+# start_shards PREFIX CONF N: shards 0..N-1 as PREFIX0, PREFIX1, ...
+# (logs $T/PREFIXi.log, pids $PID_PREFIXi), each up and listening.
+start_shards() {
+  local prefix=$1 conf=$2 n=$3 i
+  for ((i = 0; i < n; i++)); do start "$prefix$i" "$BIN" ps --config "$conf" --index "$i"; done
+  for ((i = 0; i < n; i++)); do wait_for "$T/$prefix$i.log" "listening on" 10; done
+}
+
+# stop_shards PREFIX N: SIGTERM each, and each must exit 0.
+stop_shards() {
+  local prefix=$1 n=$2 i v
+  for ((i = 0; i < n; i++)); do
+    v="PID_${prefix//[^a-zA-Z0-9]/_}$i"
+    kill -TERM "${!v}"
+  done
+  for ((i = 0; i < n; i++)); do
+    v="PID_${prefix//[^a-zA-Z0-9]/_}$i"
+    wait_exit "${!v}" 10 || fail "$prefix$i exited $? after SIGTERM"
+  done
+}
+
 # wait_exit PID SECONDS: wait for the process to exit; prints its status.
 wait_exit() {
   local pid=$1 secs=$2 i

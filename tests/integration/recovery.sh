@@ -11,10 +11,7 @@ start_redis
 conf="$T/rec.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.last_step=4000" "train.threads=1" \
   "train.log_every=100" "replication.mode=log" "replication.interval_ms=200"
-start ps0 "$BIN" ps --config "$conf" --index 0
-start ps1 "$BIN" ps --config "$conf" --index 1
-wait_for "$T/ps0.log" "listening on" 10
-wait_for "$T/ps1.log" "listening on" 10
+start_shards ps "$conf" 2
 start w0 "$BIN" worker --config "$conf" --index 0
 start w1a "$BIN" worker --config "$conf" --index 1
 

@@ -17,16 +17,14 @@ printf 'ps-pw-3c1\n' >"$T/redis-pw"
 chmod 600 "$T/redis-pw"
 write_config "$T/a.conf" 1 1 "model.name=mlp" "train.last_step=50" "train.threads=1" \
   "replication.mode=log" "redis.user=paramserv" "redis.password_file=redis-pw"
-start ps0 "$BIN" ps --config "$T/a.conf" --index 0
-wait_for "$T/ps0.log" "listening on" 10
+start_shards ps "$T/a.conf" 1
 "$BIN" worker --config "$T/a.conf" --index 0 >"$T/w0.log" 2>&1 || fail "worker exited $?"
 rc() { redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning "$@"; }
 # The snapshot plus the log entries after it hold every one of the 50 updates.
 v=$(rc hget '{itest:ps:0}:meta' version)
 n=$(rc xlen "$(rc get '{itest:ps:0}:logkey')")
 [ "$((v + n))" -eq 50 ] || fail "as user paramserv: snapshot version $v + $n log entries, expected 50 updates"
-kill -TERM "$PID_ps0"
-wait_exit "$PID_ps0" 10 || fail "ps exited $?"
+stop_shards ps 1
 echo "ok: ACL user paramserv with a password file: 50 updates in Redis (snapshot at version $v + $n log entries)"
 
 printf 'wrong\n' >"$T/redis-pw"

@@ -11,10 +11,7 @@ conf="$T/ssp.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.consistency=ssp" "train.staleness=3" \
   "train.last_step=1500" "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
   "worker.heartbeat_ms=200"
-start ps0 "$BIN" ps --config "$conf" --index 0
-start ps1 "$BIN" ps --config "$conf" --index 1
-wait_for "$T/ps0.log" "listening on" 10
-wait_for "$T/ps1.log" "listening on" 10
+start_shards ps "$conf" 2
 start w0 "$BIN" worker --config "$conf" --index 0
 start w1 "$BIN" worker --config "$conf" --index 1
 wait_for "$T/w1.log" "step 100 global" 60
@@ -27,7 +24,5 @@ wait_for "$T/ps0.log" "heartbeat lapsed" 1
 kill -CONT "$PID_w1"
 wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
-kill -TERM "$PID_ps0" "$PID_ps1"
-wait_exit "$PID_ps0" 10 || fail "ps 0 exited $?"
-wait_exit "$PID_ps1" 10 || fail "ps 1 exited $?"
+stop_shards ps 2
 echo "ok: ssp, worker 1 stopped (SIGSTOP) at local step $stopped: $(grep -h -o 'worker 1 .*heartbeat lapsed.*' "$T/ps0.log" | head -1); worker 0 went 200 steps past it; after SIGCONT both finished"

@@ -7,13 +7,11 @@ cd "$(dirname "$0")/../.."
 WIRE=${PS_WIRE:-$(dirname "$BIN")/tests/ps_wire}
 
 write_config "$T/wire.conf" 2 2 "model.name=mlp"
-start ps0 "$BIN" ps --config "$T/wire.conf" --index 0
-wait_for "$T/ps0.log" "listening on" 10
+start_shards ps "$T/wire.conf" 1
 "$WIRE" "$T/wire.conf" || fail "ps_wire"
 # One log line per refused peer, naming it and the reason.
 n=$(grep -c 'closing$' "$T/ps0.log" || true)
 [ "$n" -ge 12 ] || fail "expected a log line per refused connection, found $n"
 grep -m1 'closing$' "$T/ps0.log" | sed 's/^/ok: logged: /'
-kill -TERM "$PID_ps0"
-wait_exit "$PID_ps0" 10 || fail "ps exited $? after SIGTERM"
+stop_shards ps 1
 echo "ok: shard exited 0 on SIGTERM"

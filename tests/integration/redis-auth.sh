@@ -21,8 +21,10 @@ start_shards ps "$T/a.conf" 1
 "$BIN" worker --config "$T/a.conf" --index 0 >"$T/w0.log" 2>&1 || fail "worker exited $?"
 rc() { redis-cli -p "$REDIS_PORT" --user paramserv --pass ps-pw-3c1 --no-auth-warning "$@"; }
 # The snapshot plus the log entries after it hold every one of the 50 updates.
-v=$(rc hget '{itest:ps:0}:meta' version)
-n=$(rc xlen "$(rc get '{itest:ps:0}:logkey')")
+# One script reads both: the shard's last snapshot may switch between two reads.
+read -r v n < <(rc eval "local v = redis.call('HGET', KEYS[1], 'version')
+  local n = redis.call('XLEN', redis.call('GET', KEYS[2]))
+  return v .. ' ' .. n" 2 '{itest:ps:0}:meta' '{itest:ps:0}:logkey')
 [ "$((v + n))" -eq 50 ] || fail "as user paramserv: snapshot version $v + $n log entries, expected 50 updates"
 stop_shards ps 1
 echo "ok: ACL user paramserv with a password file: 50 updates in Redis (snapshot at version $v + $n log entries)"

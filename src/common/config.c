@@ -70,6 +70,7 @@ static const char *const strategies[] = {"round-robin", "greedy", NULL};
 /* ENUM choices are stored as their index: these follow the enums' order. */
 static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
+static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
 
 #define FIELD(f) .offset = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define LIST(f, n) FIELD(f), .count_offset = offsetof(ps_config, n)
@@ -161,8 +162,8 @@ static const ps_setting settings[] = {
     {"replication", "every_updates", INT, FIELD(replicate_every_updates), .min = 1,
      .max = POW2(31), .def = "100",
      .help = "a shard also snapshots after this many updates (bounds the log to replay)"},
-    {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "yes",
-     .help = "a shard with no replica initializes its variables (no: waits for the chief)"},
+    {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "no",
+     .help = "a shard with no replica initializes its variables itself (no: the chief does)"},
 
     {"checkpoint", "dir", STRING, FIELD(checkpoint_dir), .min = 1,
      .def = "/var/lib/paramserv/checkpoints", .help = "checkpoint directory, written by the chief"},
@@ -174,6 +175,17 @@ static const ps_setting settings[] = {
      .help = "newest checkpoints kept; older ones are deleted"},
     {"checkpoint", "keep_every_n_hours", DOUBLE, FIELD(keep_every_n_hours), .max = 1e6,
      .def = "0", .help = "also keep one checkpoint per this many hours (0: off)"},
+    {"checkpoint", "filter", STRING, FIELD(checkpoint_filter), .choices = ckpt_filters,
+     .def = "shuffle", .help = "byte filter before LZ4: shuffle (groups float bytes) or none"},
+
+    {"chief", "lease_ms", INT, FIELD(chief_lease_ms), .min = 100, .max = 3600000, .def = "5000",
+     .help = "the chief's lease in Redis lasts this long; renewed every third of it"},
+    {"chief", "log_every_steps", INT, FIELD(chief_log_every), .max = POW2(31), .def = "500",
+     .help = "the chief logs progress every this many global steps (0: off)"},
+    {"chief", "eval_every_steps", INT, FIELD(chief_eval_every), .max = POW2(31), .def = "1000",
+     .help = "the chief measures test accuracy every this many global steps (0: off)"},
+    {"chief", "summary_file", STRING, FIELD(summary_file), .def = "",
+     .help = "JSON-lines summaries (empty: summaries.jsonl in the checkpoint directory)"},
 
     {"worker", "give_up_s", INT, FIELD(worker_give_up_s), .max = POW2(31), .def = "0",
      .help = "a worker exits after failing to reach a shard for this long (0: never)"},

@@ -75,6 +75,11 @@ typedef struct ps_config {
   char checkpoint_dir[PS_CONFIG_PATH_MAX];
   int64_t checkpoint_every_steps, checkpoint_every_secs, max_to_keep;
   double keep_every_n_hours;
+  char checkpoint_filter[8];      /* none|shuffle */
+
+  /* [chief] (step 4) */
+  int64_t chief_lease_ms, chief_log_every, chief_eval_every;
+  char summary_file[PS_CONFIG_PATH_MAX];
 
   /* [worker] */
   int64_t worker_give_up_s;       /* 0 = never give up */

@@ -51,6 +51,8 @@ write_config() {
   local kv sec key
   # Tests that do not start Redis run without replication.
   case " $* " in *" replication.mode="*) ;; *) set -- "$@" "replication.mode=off" ;; esac
+  # Tests without a chief let the shards initialize themselves.
+  case " $* " in *" replication.self_init="*) ;; *) set -- "$@" "replication.self_init=yes" ;; esac
   [ -n "${REDIS_PORT:-}" ] && set -- "$@" "redis.address=127.0.0.1:$REDIS_PORT"
   for kv in "$@"; do
     sec=${kv%%.*}

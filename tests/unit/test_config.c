@@ -134,7 +134,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c->replication, PS_REPLICATION_LOG);
   assert_int_equal(c->replicate_interval_ms, 200);
   assert_int_equal(c->replicate_every_updates, 100);
-  assert_int_equal(c->ps_self_init, 1);
+  assert_int_equal(c->ps_self_init, 0);
   assert_string_equal(c->checkpoint_dir, "/var/lib/paramserv/checkpoints");
   assert_int_equal(c->checkpoint_every_steps, 0);
   assert_int_equal(c->checkpoint_every_secs, 600);
@@ -330,7 +330,7 @@ static const bad_case bad_cases[] = {
     {C PSW "[checkpoint]\ndir =\n", "cluster.conf:5:", "[checkpoint] dir", "1 to 1023 characters"},
     /* sections and keys */
     {C PSW "\n[trian]\nbatch = 5\n", "cluster.conf:5:", "unknown section [trian]",
-     "expected one of cluster, redis, model, train, layout, replication, checkpoint, worker"},
+     "expected one of cluster, redis, model, train, layout, replication, checkpoint, chief, worker"},
     {C PSW "[trian]\n", "cluster.conf:4:", "unknown section [trian]", "expected one of cluster"},
     {C PSW "[train]\nbach = 5\n", "cluster.conf:5:", "unknown key [train] bach",
      "expected one of optimizer, lr, momentum"},

@@ -11,6 +11,9 @@ int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
 int ps_cmd_bench_ps(int argc, char **argv);
 int ps_cmd_ckpt(int argc, char **argv);
+int ps_cmd_chief(int argc, char **argv);
+int ps_cmd_local(int argc, char **argv);
+int ps_cmd_status(int argc, char **argv);
 
 /* Parse the value of option --name as an integer in [lo, hi] (or a number,
  * for _double); on failure print "--name 'v': expected ..." and return -1. */

@@ -16,10 +16,13 @@ typedef struct verb {
 } verb;
 
 static const verb verbs[] = {
+    {"local", ps_cmd_local, "run a whole cluster on this machine, Redis included, supervised"},
+    {"chief", ps_cmd_chief, "run the chief of a cluster: init, checkpoints, hooks, restore"},
     {"ps", ps_cmd_ps, "run one parameter-server shard of a cluster"},
     {"worker", ps_cmd_worker, "run one worker of a cluster"},
     {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
     {"ckpt", ps_cmd_ckpt, "list, show, verify and export checkpoints"},
+    {"status", ps_cmd_status, "show every node of a cluster, its lease and its checkpoints"},
     {"bench-ps", ps_cmd_bench_ps, "time pulls and pushes against a running cluster's shards"},
 };
 

@@ -14,7 +14,8 @@
   X(ECONFIG,  -4005, "invalid configuration")                             \
   X(EUSAGE,   -4006, "invalid command-line usage")                        \
   X(ESHAPE,   -4007, "shape mismatch")                                    \
-  X(ENAN,     -4008, "non-finite value")
+  X(ENAN,     -4008, "non-finite value")                                  \
+  X(ESTOPPED, -4009, "the run was ended by the chief")
 
 enum {
 #define PS__ERR_ENUM(name, val, msg) PS_##name = val,

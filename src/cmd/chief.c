@@ -1,9 +1,63 @@
-/* `paramserv chief`: not written yet. */
+/* `paramserv chief --config FILE`: the cluster's chief (chief/chief.h). */
+#include <getopt.h>
+#include <stdio.h>
+
+#include "chief/chief.h"
 #include "cmd/cmd.h"
+#include "common/config.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: paramserv chief --config FILE\n"
+          "\n"
+          "Run the chief of the cluster in FILE: take the lease in Redis (one chief acts at a\n"
+          "time; a second waits), give every shard its state (its Redis replica, else the\n"
+          "newest valid checkpoint in [checkpoint] dir, else the seeded initialization),\n"
+          "then checkpoint, log, evaluate and guard against NaN/Inf as [checkpoint] and\n"
+          "[chief] say, and end the run at [train] last_step.\n"
+          "\n"
+          "  --config FILE   the cluster's config file (see systemd/cluster.conf)\n"
+          "  -h, --help      this help\n"
+          "\n"
+          "Exit status: 0 the run reached last_step (a final checkpoint was written and every\n"
+          "shard told to stop) or SIGTERM; 1 an error (a restart may help); 2 bad usage;\n"
+          "3 the weights went NaN or Inf (restarting will not help; the last good\n"
+          "checkpoint is kept).\n");
+}
 
 int ps_cmd_chief(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  ps_cmd_error("chief: not implemented yet");
-  return 1;
+  static const struct option longopts[] = {
+      {"config", required_argument, 0, 'c'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  const char *config = NULL;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'c': config = optarg; break;
+    case 'h': usage(stdout); return 0;
+    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
+    default:
+      ps_cmd_error("unknown option '%s' (see paramserv chief --help)", argv[optind - 1]);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    ps_cmd_error("unexpected argument '%s' (see paramserv chief --help)", argv[optind]);
+    return 2;
+  }
+  if (config == NULL) {
+    ps_cmd_error("paramserv chief needs --config FILE");
+    return 2;
+  }
+  static ps_config cfg;
+  ps_errbuf eb = {0};
+  if (ps_config_load(config, &cfg, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  return ps_chief_run(&cfg);
 }

@@ -1,4 +1,4 @@
-/* Encoding and decoding of wire frames (src/proto/PROTOCOL.md, version 1): pure, no I/O. */
+/* Encoding and decoding of wire frames (src/proto/PROTOCOL.md, version 2): pure, no I/O. */
 #include "proto/proto.h"
 
 #include <inttypes.h>
@@ -34,9 +34,17 @@ enum {
   PUSH_FIXED = 48,
   PUSH_ACK_SIZE = 32,
   STATS_SIZE = 0,
-  STATS_REPLY_SIZE = 80,
+  STATS_REPLY_SIZE = 88,
   ERROR_FIXED = 16,
   PING_SIZE = 8,
+  STATE_SIZE = 48,          /* the ps_msg_state block inside CUT_REPLY and LOAD */
+  CUT_SIZE = 16,
+  CUT_REPLY_SIZE = 8 + STATE_SIZE,
+  FETCH_SIZE = 24,
+  FETCH_REPLY_FIXED = 32,
+  LOAD_FIXED = STATE_SIZE + 16,
+  STOP_SIZE = 8,
+  FLOAT_FIXED_MAX = 64,     /* the largest fixed part of a float-carrying type */
 };
 
 static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
@@ -46,9 +54,15 @@ static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_PUSH_ACK] = PUSH_ACK_SIZE,     [PS_MSG_STATS] = STATS_SIZE,
     [PS_MSG_STATS_REPLY] = STATS_REPLY_SIZE, [PS_MSG_ERROR] = ERROR_FIXED,
     [PS_MSG_PING] = PING_SIZE,             [PS_MSG_PONG] = PING_SIZE,
+    [PS_MSG_CUT] = CUT_SIZE,               [PS_MSG_CUT_REPLY] = CUT_REPLY_SIZE,
+    [PS_MSG_RESUME] = PING_SIZE,           [PS_MSG_FETCH] = FETCH_SIZE,
+    [PS_MSG_FETCH_REPLY] = FETCH_REPLY_FIXED, [PS_MSG_LOAD] = LOAD_FIXED,
+    [PS_MSG_STOP] = STOP_SIZE,
 };
 
-_Static_assert(PULL_REPLY_FIXED % 16 == 0 && PUSH_FIXED % 16 == 0,
+_Static_assert(PULL_REPLY_FIXED % 16 == 0 && PUSH_FIXED % 16 == 0 &&
+                   FETCH_REPLY_FIXED % 16 == 0 && LOAD_FIXED % 16 == 0 &&
+                   LOAD_FIXED <= FLOAT_FIXED_MAX && PUSH_FIXED <= FLOAT_FIXED_MAX,
                "floats must start 16-byte aligned in the payload");
 _Static_assert(PS_PROTO_HEADER_SIZE + HELLO_FIXED + PS_PROTO_CLUSTER_ID_MAX <=
                    PS_PROTO_SMALL_PAYLOAD_MAX &&
@@ -58,7 +72,43 @@ _Static_assert(PS_PROTO_HEADER_SIZE + STATS_REPLY_SIZE <= PS_PROTO_PREFIX_MAX,
                "PS_PROTO_PREFIX_MAX must hold a header and any fixed part");
 
 static int is_float_type(int type) {
-  return type == PS_MSG_PULL_REPLY || type == PS_MSG_PUSH;
+  return type == PS_MSG_PULL_REPLY || type == PS_MSG_PUSH || type == PS_MSG_FETCH_REPLY ||
+         type == PS_MSG_LOAD;
+}
+
+/* The count and data of a float-carrying message. */
+static uint64_t float_count(const ps_msg *m) {
+  switch (m->type) {
+  case PS_MSG_PUSH: return m->u.push.count;
+  case PS_MSG_PULL_REPLY: return m->u.pull_reply.count;
+  case PS_MSG_FETCH_REPLY: return m->u.fetch_reply.count;
+  case PS_MSG_LOAD: return m->u.load.count;
+  default: return 0;
+  }
+}
+
+static const uint8_t *float_data(const ps_msg *m) {
+  switch (m->type) {
+  case PS_MSG_PUSH: return m->u.push.data;
+  case PS_MSG_PULL_REPLY: return m->u.pull_reply.data;
+  case PS_MSG_FETCH_REPLY: return m->u.fetch_reply.data;
+  case PS_MSG_LOAD: return m->u.load.data;
+  default: return NULL;
+  }
+}
+
+static void set_float_data(ps_msg *m, const uint8_t *data) {
+  switch (m->type) {
+  case PS_MSG_PUSH: m->u.push.data = data; break;
+  case PS_MSG_PULL_REPLY: m->u.pull_reply.data = data; break;
+  case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = data; break;
+  case PS_MSG_LOAD: m->u.load.data = data; break;
+  default: break;
+  }
+}
+
+static int state_ok(const ps_msg_state *st) {
+  return st->nslots <= 2 && st->has_accum <= 1;
 }
 
 static int role_ok(unsigned role) {
@@ -102,6 +152,10 @@ const char *ps_proto_type_name(int type) {
       [PS_MSG_PUSH_ACK] = "PUSH_ACK",   [PS_MSG_STATS] = "STATS",
       [PS_MSG_STATS_REPLY] = "STATS_REPLY", [PS_MSG_ERROR] = "ERROR",
       [PS_MSG_PING] = "PING",           [PS_MSG_PONG] = "PONG",
+      [PS_MSG_CUT] = "CUT",             [PS_MSG_CUT_REPLY] = "CUT_REPLY",
+      [PS_MSG_RESUME] = "RESUME",       [PS_MSG_FETCH] = "FETCH",
+      [PS_MSG_FETCH_REPLY] = "FETCH_REPLY", [PS_MSG_LOAD] = "LOAD",
+      [PS_MSG_STOP] = "STOP",
   };
   if (type < 1 || type > PS_MSG_TYPE_MAX)
     return "unknown";
@@ -187,15 +241,24 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
     n += id_len;
     break;
   }
+  case PS_MSG_LOAD:
+    if (!state_ok(&msg->u.load.state) || msg->u.load.offset > msg->u.load.state.image_floats ||
+        msg->u.load.count > msg->u.load.state.image_floats - msg->u.load.offset)
+      return -1;
+    /* fall through */
   case PS_MSG_PULL_REPLY:
-  case PS_MSG_PUSH: {
-    uint64_t count = type == PS_MSG_PUSH ? msg->u.push.count : msg->u.pull_reply.count;
-    const uint8_t *data = type == PS_MSG_PUSH ? msg->u.push.data : msg->u.pull_reply.data;
-    if (count > (UINT32_MAX - n) / 4 || (count > 0 && data == NULL))
+  case PS_MSG_PUSH:
+  case PS_MSG_FETCH_REPLY: {
+    uint64_t count = float_count(msg);
+    if (count > (UINT32_MAX - n) / 4 || (count > 0 && float_data(msg) == NULL))
       return -1;
     n += 4 * count;
     break;
   }
+  case PS_MSG_CUT_REPLY:
+    if (!state_ok(&msg->u.cut_reply.state))
+      return -1;
+    break;
   case PS_MSG_PUSH_ACK:
     if (msg->u.push_ack.status > PS_PUSH_STALE)
       return -1;
@@ -210,6 +273,17 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
   }
   *len = (uint32_t)n;
   return 0;
+}
+
+static void put_state(uint8_t *p, const ps_msg_state *st) {
+  ps_put_le64(p, st->version);
+  ps_put_le64(p + 8, st->global_step);
+  ps_put_le64(p + 16, st->image_floats);
+  ps_put_le32(p + 24, st->nslots);
+  ps_put_le32(p + 28, st->has_accum);
+  ps_put_le32(p + 32, st->accum_count);
+  ps_put_le32(p + 36, st->target);
+  ps_put_le32(p + 40, st->nonce);
 }
 
 /* Write the fixed part of msg's payload at p; padding is written as zeros. */
@@ -282,8 +356,35 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
                             m->clients};
     for (int i = 0; i < 10; i++)
       ps_put_le64(p + 8 * i, v[i]);
+    ps_put_le64(p + 80, m->flags);
     break;
   }
+  case PS_MSG_CUT:
+    ps_put_le64(p, msg->u.cut.cut_id);
+    ps_put_le32(p + 8, msg->u.cut.hold_ms);
+    break;
+  case PS_MSG_CUT_REPLY:
+    ps_put_le64(p, msg->u.cut_reply.cut_id);
+    put_state(p + 8, &msg->u.cut_reply.state);
+    break;
+  case PS_MSG_FETCH:
+    ps_put_le64(p, msg->u.fetch.cut_id);
+    ps_put_le64(p + 8, msg->u.fetch.offset);
+    ps_put_le64(p + 16, msg->u.fetch.count);
+    break;
+  case PS_MSG_FETCH_REPLY:
+    ps_put_le64(p, msg->u.fetch_reply.cut_id);
+    ps_put_le64(p + 8, msg->u.fetch_reply.offset);
+    ps_put_le64(p + 16, msg->u.fetch_reply.count);
+    break;
+  case PS_MSG_LOAD:
+    put_state(p, &msg->u.load.state);
+    ps_put_le64(p + STATE_SIZE, msg->u.load.offset);
+    ps_put_le64(p + STATE_SIZE + 8, msg->u.load.count);
+    break;
+  case PS_MSG_STOP:
+    ps_put_le64(p, msg->u.stop.step);
+    break;
   case PS_MSG_ERROR: {
     const ps_msg_error *m = &msg->u.error;
     ps_put_le32(p, (uint32_t)m->code);
@@ -293,6 +394,7 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
+  case PS_MSG_RESUME:
     ps_put_le64(p, msg->u.ping.token);
     break;
   default:
@@ -323,15 +425,9 @@ size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, siz
       p[fixed + i] = msg_byte_ok(c) ? c : '?';
     }
     break;
-  case PS_MSG_PULL_REPLY:
-    if (tail > 0)
-      memcpy(p + fixed, msg->u.pull_reply.data, tail);
-    break;
-  case PS_MSG_PUSH:
-    if (tail > 0)
-      memcpy(p + fixed, msg->u.push.data, tail);
-    break;
   default:
+    if (is_float_type(msg->type) && tail > 0)
+      memcpy(p + fixed, float_data(msg), tail);
     break;
   }
   return PS_PROTO_HEADER_SIZE + (size_t)len;
@@ -344,10 +440,7 @@ size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *o
   /* The floats are not read here, so only their count is checked: a
    * stand-in pointer lets payload_length accept a NULL data pointer. */
   ps_msg m = *msg;
-  if (m.type == PS_MSG_PUSH)
-    m.u.push.data = (const uint8_t *)"";
-  else
-    m.u.pull_reply.data = (const uint8_t *)"";
+  set_float_data(&m, (const uint8_t *)"");
   if (payload_length(&m, &len) != 0)
     return 0;
   put_header(out, m.type, request_id, len);
@@ -356,9 +449,9 @@ size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *o
 }
 
 uint64_t ps_proto_max_payload(uint64_t floats) {
-  if (floats > (UINT64_MAX - PUSH_FIXED) / 4)
+  if (floats > (UINT64_MAX - FLOAT_FIXED_MAX) / 4)
     return UINT64_MAX;
-  return PUSH_FIXED + 4 * floats;
+  return FLOAT_FIXED_MAX + 4 * floats;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -501,6 +594,57 @@ static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *
   return 0;
 }
 
+static int get_state(const char *name, const uint8_t *p, ps_msg_state *st, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_pad(name, p, 44, 4, eb)) != 0)
+    return rc;
+  st->version = ps_get_le64(p);
+  st->global_step = ps_get_le64(p + 8);
+  st->image_floats = ps_get_le64(p + 16);
+  st->nslots = ps_get_le32(p + 24);
+  st->has_accum = ps_get_le32(p + 28);
+  st->accum_count = ps_get_le32(p + 32);
+  st->target = ps_get_le32(p + 36);
+  st->nonce = ps_get_le32(p + 40);
+  if (!state_ok(st))
+    return ps_err_set(eb, PS_EFORMAT, "%s: %" PRIu32 " slots and has_accum %" PRIu32
+                      ", expected at most 2 slots and has_accum 0 or 1", name, st->nslots,
+                      st->has_accum);
+  return 0;
+}
+
+static int decode_fetch_reply(const uint8_t *p, size_t len, ps_msg_fetch_reply *m,
+                              ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("FETCH_REPLY", len, FETCH_REPLY_FIXED, eb)) != 0 ||
+      (rc = check_pad("FETCH_REPLY", p, 24, 8, eb)) != 0)
+    return rc;
+  m->cut_id = ps_get_le64(p);
+  m->offset = ps_get_le64(p + 8);
+  m->count = ps_get_le64(p + 16);
+  if ((rc = check_count("FETCH_REPLY", len, FETCH_REPLY_FIXED, m->count, eb)) != 0)
+    return rc;
+  m->data = p + FETCH_REPLY_FIXED;
+  return 0;
+}
+
+static int decode_load(const uint8_t *p, size_t len, ps_msg_load *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("LOAD", len, LOAD_FIXED, eb)) != 0 ||
+      (rc = get_state("LOAD", p, &m->state, eb)) != 0)
+    return rc;
+  m->offset = ps_get_le64(p + STATE_SIZE);
+  m->count = ps_get_le64(p + STATE_SIZE + 8);
+  if ((rc = check_count("LOAD", len, LOAD_FIXED, m->count, eb)) != 0)
+    return rc;
+  if (m->offset > m->state.image_floats || m->count > m->state.image_floats - m->offset)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "LOAD: floats %" PRIu64 "..+%" PRIu64 " lie outside the image of %" PRIu64,
+                      m->offset, m->count, m->state.image_floats);
+  m->data = p + LOAD_FIXED;
+  return 0;
+}
+
 /* The fixed-size messages: the length was checked by the caller. */
 static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) {
   const char *name = ps_proto_type_name(type);
@@ -558,11 +702,33 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
                              &m->clients};
     for (int i = 0; i < 10; i++)
       *v[i] = ps_get_le64(p + 8 * i);
+    m->flags = ps_get_le64(p + 80);
+    if ((m->flags & ~(uint64_t)(PS_STATS_INITIALIZED | PS_STATS_PAUSED)) != 0)
+      return ps_err_set(eb, PS_EFORMAT, "STATS_REPLY: flags are 0x%" PRIx64 ", expected only 0x3",
+                        m->flags);
     break;
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
+  case PS_MSG_RESUME:
     out->u.ping.token = ps_get_le64(p);
+    break;
+  case PS_MSG_CUT:
+    if ((rc = check_pad(name, p, 12, 4, eb)) != 0)
+      return rc;
+    out->u.cut.cut_id = ps_get_le64(p);
+    out->u.cut.hold_ms = ps_get_le32(p + 8);
+    break;
+  case PS_MSG_CUT_REPLY:
+    out->u.cut_reply.cut_id = ps_get_le64(p);
+    return get_state(name, p + 8, &out->u.cut_reply.state, eb);
+  case PS_MSG_FETCH:
+    out->u.fetch.cut_id = ps_get_le64(p);
+    out->u.fetch.offset = ps_get_le64(p + 8);
+    out->u.fetch.count = ps_get_le64(p + 16);
+    break;
+  case PS_MSG_STOP:
+    out->u.stop.step = ps_get_le64(p);
     break;
   default: /* STATS: nothing to read */
     break;
@@ -596,6 +762,12 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
     break;
   case PS_MSG_PUSH:
     rc = decode_push(payload, len, &out->u.push, eb);
+    break;
+  case PS_MSG_FETCH_REPLY:
+    rc = decode_fetch_reply(payload, len, &out->u.fetch_reply, eb);
+    break;
+  case PS_MSG_LOAD:
+    rc = decode_load(payload, len, &out->u.load, eb);
     break;
   default:
     rc = check_exact(name, len, fixed_size[type], eb);

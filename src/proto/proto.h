@@ -9,7 +9,7 @@
 #include "paramserv/error.h"
 
 #define PS_PROTO_MAGIC 0x56525350u  /* the bytes "PSRV" */
-#define PS_PROTO_VERSION 1
+#define PS_PROTO_VERSION 2
 #define PS_PROTO_HEADER_SIZE 24
 #define PS_PROTO_NONCE_SIZE 32
 #define PS_PROTO_PROOF_SIZE 32      /* HMAC-SHA256 */
@@ -33,7 +33,15 @@ typedef enum ps_msg_type {
   PS_MSG_ERROR = 10,
   PS_MSG_PING = 11,
   PS_MSG_PONG = 12,
-  PS_MSG_TYPE_MAX = 12
+  /* Version 2: the chief's control of the shards (PROTOCOL.md, "The chief"). */
+  PS_MSG_CUT = 13,        /* chief -> shard: copy the state, hold pushes */
+  PS_MSG_CUT_REPLY = 14,
+  PS_MSG_RESUME = 15,     /* chief -> shard: apply the held pushes; answered by PONG */
+  PS_MSG_FETCH = 16,      /* chief -> shard: a piece of the copied state */
+  PS_MSG_FETCH_REPLY = 17,
+  PS_MSG_LOAD = 18,       /* chief -> shard: a piece of a state to start from; PONG */
+  PS_MSG_STOP = 19,       /* chief -> shard -> workers: the run is over */
+  PS_MSG_TYPE_MAX = 19
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_WORKER = 1, PS_ROLE_CHIEF = 2, PS_ROLE_PS = 3, PS_ROLE_TOOL = 4 } ps_role;
@@ -110,11 +118,58 @@ typedef struct ps_msg_push_ack {
   uint32_t status;        /* PS_PUSH_* */
 } ps_msg_push_ack;
 
+/* STATS_REPLY flags. */
+#define PS_STATS_INITIALIZED 0x1u  /* the shard holds a state (restored, loaded or self-initialized) */
+#define PS_STATS_PAUSED 0x2u       /* a CUT holds its pushes */
+
 typedef struct ps_msg_stats_reply {
   uint64_t version, global_step, incarnation;
   uint64_t pushes_applied, pushes_duplicate, pushes_stale, pulls;
   uint64_t bytes_in, bytes_out, clients;
+  uint64_t flags;         /* PS_STATS_* */
 } ps_msg_stats_reply;
+
+/* A shard's whole state as one run of floats, the "state image" of CUT,
+ * FETCH and LOAD: values, each optimizer slot, the sync accumulator when
+ * has_accum, then `nonce` exactly-once rows of 16 bytes (incarnation, last
+ * sequence; little-endian u64) = 4 floats' room each. */
+typedef struct ps_msg_state {
+  uint64_t version, global_step;
+  uint64_t image_floats;  /* the whole image */
+  uint32_t nslots;        /* 0..2 */
+  uint32_t has_accum;     /* 0 or 1 */
+  uint32_t accum_count, target;
+  uint32_t nonce;         /* exactly-once rows */
+} ps_msg_state;
+
+typedef struct ps_msg_cut {
+  uint64_t cut_id;
+  uint32_t hold_ms;       /* resume by itself after this long without a RESUME */
+} ps_msg_cut;
+
+typedef struct ps_msg_cut_reply {
+  uint64_t cut_id;
+  ps_msg_state state;
+} ps_msg_cut_reply;
+
+typedef struct ps_msg_fetch {
+  uint64_t cut_id, offset, count;  /* floats of the image */
+} ps_msg_fetch;
+
+typedef struct ps_msg_fetch_reply {
+  uint64_t cut_id, offset, count;
+  const uint8_t *data;
+} ps_msg_fetch_reply;
+
+typedef struct ps_msg_load {
+  ps_msg_state state;
+  uint64_t offset, count;  /* this piece, in floats of the image */
+  const uint8_t *data;
+} ps_msg_load;
+
+typedef struct ps_msg_stop {
+  uint64_t step;          /* the global step the run ended at */
+} ps_msg_stop;
 
 typedef struct ps_msg_error {
   int32_t code;           /* a PS_E* or -errno value */
@@ -138,7 +193,14 @@ typedef struct ps_msg {
     ps_msg_push_ack push_ack;
     ps_msg_stats_reply stats_reply;
     ps_msg_error error;
-    ps_msg_ping ping;   /* PING and PONG */
+    ps_msg_ping ping;   /* PING and PONG; RESUME and LOAD are answered by a PONG */
+    ps_msg_cut cut;
+    ps_msg_cut_reply cut_reply;
+    ps_msg_ping resume; /* token = the cut id */
+    ps_msg_fetch fetch;
+    ps_msg_fetch_reply fetch_reply;
+    ps_msg_load load;
+    ps_msg_stop stop;
   } u;
 } ps_msg;
 
@@ -186,8 +248,8 @@ size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, siz
 size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);
 
 /* The largest payload a frame of float-carrying type can need for a slice
- * of `floats` floats (48 + 4 * floats, saturating): what a shard passes as
- * max_payload. */
+ * of `floats` floats (64 + 4 * floats, saturating): what a shard passes as
+ * max_payload.  A FETCH_REPLY or LOAD piece is at most `floats` long. */
 uint64_t ps_proto_max_payload(uint64_t floats);
 
 /* HMAC-SHA256 (OpenSSL) with key `secret` over the server's nonce and the

@@ -28,62 +28,12 @@
 #include "proto/proto.h"
 #include "ps/shard.h"
 #include "replica/replica.h"
+#include "ps/server_internal.h"
 
 #define HANDSHAKE_TIMEOUT_MS 10000
 #define TICK_MS 50
 
-typedef struct client client;
-typedef struct reply_buf reply_buf;
-
-typedef struct server {
-  uv_loop_t loop;
-  uv_tcp_t listener;
-  uv_signal_t sigterm, sigint;
-  uv_timer_t tick;
-  const ps_config *cfg;
-  int index;
-  uint64_t incarnation;
-  uint8_t secret[4096];
-  size_t secret_len;
-  ps_model model;
-  ps_layout layout;
-  ps_shard shard;
-  uint64_t max_payload;
-  client *clients;
-  int nclients;
-  int stopping;
-  uint64_t sync_started_ns;  /* when the current step's first gradient came */
-  uint64_t pulls, bytes_in_closed, bytes_out_closed;
-  reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
-  int reply_nfree;
-  ps_replica *replica;   /* NULL with replication = off */
-  uint8_t silent[PS_CONFIG_MAX_NODES];  /* workers whose heartbeat lapsed */
-  int status;            /* the exit status */
-} server;
-
-enum { C_HANDSHAKE = 0, C_READY };
-
-struct client {
-  server *srv;
-  ps_conn *conn;
-  client *prev, *next;
-  int state;
-  uint64_t accepted_ns;
-  uint8_t nonce[PS_PROTO_NONCE_SIZE];
-  int role;
-  uint32_t index;
-  uint64_t incarnation;
-  int pull_held;          /* a PULL waits for its condition */
-  uint64_t pull_req, pull_step;
-  int has_clock;
-  uint64_t clock;         /* ssp: steps the worker has completed */
-  char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
-  int refused;            /* REFUSE logged why it is closing */
-  int refs;               /* acks waiting for Redis hold the client */
-  int closed;             /* its connection is gone */
-};
-
-static void client_unref(client *cl) {
+void client_unref(client *cl) {
   if (--cl->refs == 0 && cl->closed)
     free(cl);
 }
@@ -247,16 +197,6 @@ static void set_name(client *cl) {
            ps_conn_peer(cl->conn));
 }
 
-/* Log, answer with ERROR, close.  The shard's state is not touched. */
-#define REFUSE(cl, code, flags, ...)                                                     \
-  do {                                                                                   \
-    char why_[512];                                                                      \
-    snprintf(why_, sizeof why_, __VA_ARGS__);                                            \
-    ps_log(PS_LOG_WARN, "%s: %s; closing", (cl)->name, why_);                            \
-    (cl)->refused = 1;                                                                   \
-    ps_conn_fail((cl)->conn, (code), (flags), "%s", why_);                               \
-  } while (0)
-
 static void on_hello(client *cl, const ps_msg_hello *h) {
   server *s = cl->srv;
   cl->role = h->role;
@@ -287,6 +227,13 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   }
   if (h->role != PS_ROLE_WORKER && h->role != PS_ROLE_TOOL && h->role != PS_ROLE_CHIEF) {
     REFUSE(cl, PS_EFORMAT, 0, "role %s may not connect to a shard", ps_role_name(h->role));
+    return;
+  }
+  if (h->role == PS_ROLE_WORKER && !s->initialized) {
+    /* Not an error of the worker's: it waits and tries again. */
+    cl->refused = 1;
+    ps_conn_fail(cl->conn, -EAGAIN, PS_ERROR_RETRY,
+                 "shard %d is waiting for the chief to initialize it", s->index);
     return;
   }
   cl->state = C_READY;
@@ -364,7 +311,7 @@ static void ack_logged(void *arg, int status) {
   client_unref(cl);
 }
 
-static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
+void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   server *s = cl->srv;
   if (cl->role != PS_ROLE_WORKER) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from a %s: only workers push", ps_role_name(cl->role));
@@ -381,7 +328,17 @@ static void on_push(client *cl, uint64_t req, const ps_msg_push *p) {
            p->count, s->shard.o.nfloats);
     return;
   }
+  if (ps_control_hold_push(cl, req, p))
+    return;
   uint64_t before = s->shard.version;
+  if (s->index == 0 && s->cfg->last_step > 0 && s->cfg->consistency != PS_CONSISTENCY_SYNC &&
+      s->shard.version >= (uint64_t)s->cfg->last_step) {
+    /* The global step is at the limit: the run's last checkpoint is cut
+     * there, so nothing more is applied. */
+    s->shard.pushes_stale++;
+    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, PS_PUSH_STALE);
+    return;
+  }
   ps_push_result r = ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data);
   if (r == PS_SHARD_OLD_INCARNATION) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
@@ -444,6 +401,7 @@ static void on_stats(client *cl, uint64_t req) {
     r->bytes_out += ps_conn_bytes_out(c->conn);
   }
   r->clients = (uint64_t)s->nclients;
+  r->flags = (s->initialized ? PS_STATS_INITIALIZED : 0) | (s->paused ? PS_STATS_PAUSED : 0);
   ps_conn_send_msg(cl->conn, &m, req);
 }
 
@@ -468,7 +426,14 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     on_pull(cl, h->request_id, &m.u.pull);
     break;
   case PS_MSG_PUSH:
-    on_push(cl, h->request_id, &m.u.push);
+    ps_server_push(cl, h->request_id, &m.u.push);
+    break;
+  case PS_MSG_CUT:
+  case PS_MSG_RESUME:
+  case PS_MSG_FETCH:
+  case PS_MSG_LOAD:
+  case PS_MSG_STOP:
+    ps_control_frame(cl, h->request_id, &m);
     break;
   case PS_MSG_STATS:
     on_stats(cl, h->request_id);
@@ -557,6 +522,7 @@ static void on_connection(uv_stream_t *listener, int status) {
 static void on_tick(uv_timer_t *t) {
   server *s = t->data;
   uint64_t now = ps_now_ns();
+  ps_control_tick(s, now);
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
       REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);
@@ -586,7 +552,7 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
-static void stop(server *s, const char *why) {
+void ps_server_stop(server *s, const char *why) {
   if (s->stopping)
     return;
   s->stopping = 1;
@@ -602,6 +568,7 @@ static void stop(server *s, const char *why) {
   uv_close((uv_handle_t *)&s->tick, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
   uv_close((uv_handle_t *)&s->sigint, NULL);
+  uv_close((uv_handle_t *)&s->stop_timer, NULL);
 }
 
 static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
@@ -630,11 +597,25 @@ static void on_fenced(void *arg, const char *why) {
   server *s = arg;
   (void)why;
   s->status = 1;
-  stop(s, "fenced out by a newer incarnation");
+  ps_server_stop(s, "fenced out by a newer incarnation");
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
-  stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  ps_server_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+int ps_server_start_replica(server *s) {
+  if (s->cfg->replication == PS_REPLICATION_OFF)
+    return 0;
+  s->replica = ps_replica_new(&s->loop, s->cfg, s->index, &s->ri, s->layout.hash, &s->shard,
+                              on_fenced, s);
+  if (s->replica == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory for replication");
+    return -ENOMEM;
+  }
+  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
+    ps_replica_watch_workers(s->replica, on_workers_alive, s);
+  return 0;
 }
 
 static int listen_on(server *s, const ps_addr *a) {
@@ -695,19 +676,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     goto out;
   }
   ps_model_spec_format(&s->model.spec, desc, sizeof desc);
-  ps_shard_opts so = {.index = index, .nworkers = cfg->nworkers,
-                      .nfloats = s->layout.shard_floats[index],
-                      .consistency = cfg->consistency,
-                      .replicas_to_aggregate = cfg->replicas_to_aggregate > 0
-                                                   ? (int)cfg->replicas_to_aggregate
-                                                   : cfg->nworkers};
-  so.optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
-  ps_optim_parse(cfg->optimizer, &so.optim);
-  so.optim.lr = (float)cfg->lr;
-  so.optim.momentum = (float)cfg->momentum;
-  so.optim.weight_decay = (float)cfg->weight_decay;
-  ps_sched_parse(cfg->schedule, &so.sched);
-  so.sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  ps_shard_opts so = ps_shard_opts_for(cfg, &s->layout, index);
   if (ps_shard_init(&s->shard, &so, NULL) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;
@@ -746,20 +715,18 @@ int ps_server_run(const ps_config *cfg, int index) {
            " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")%s",
            ri.seconds, ri.snap_version, ri.replayed, s->shard.version, s->shard.global_step,
            ri.epoch, ri.gap ? "; the log had a hole, updates after it were lost" : "");
-  } else if (cfg->replication != PS_REPLICATION_OFF && !cfg->ps_self_init) {
-    ps_log(PS_LOG_ERROR, "%s: no replica of shard %d in Redis and [replication] self_init = no: "
-           "expected the chief to initialize it (set self_init = yes until the chief runs)",
-           cfg->path, index);
-    goto out;
-  } else {
-    /* No replica: until the chief exists (step 4) a shard initializes its
-     * own slice from the model's seeded initializers, the same values the
-     * whole model gets in `paramserv train` with the same seed. */
+    s->initialized = 1;
+  } else if (cfg->ps_self_init) {
+    /* Without a chief a shard initializes its own slice from the model's
+     * seeded initializers, the same values the whole model gets in
+     * `paramserv train` with the same seed. */
     ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, s->shard.values);
     if (cfg->replication != PS_REPLICATION_OFF)
       ps_log(PS_LOG_INFO, "no replica in Redis: initialized from seed %" PRId64 " (epoch %" PRIu64
              ")", cfg->seed, ri.epoch);
+    s->initialized = 1;
   }
+  s->ri = ri;
 
   if (uv_loop_init(&s->loop) != 0)
     goto out;
@@ -782,30 +749,30 @@ int ps_server_run(const ps_config *cfg, int index) {
   s->sigterm.data = s->sigint.data = s;
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
-  if (cfg->replication != PS_REPLICATION_OFF) {
-    s->replica = ps_replica_new(&s->loop, cfg, index, &ri, s->layout.hash, &s->shard, on_fenced, s);
-    if (s->replica != NULL && cfg->consistency == PS_CONSISTENCY_SSP)
-      ps_replica_watch_workers(s->replica, on_workers_alive, s);
-    if (s->replica == NULL) {
-      ps_log(PS_LOG_ERROR, "out of memory for replication");
-      stop(s, "start-up failed");
-      s->status = 1;
-    }
+  uv_timer_init(&s->loop, &s->stop_timer);
+  s->stop_timer.data = s;
+  /* A shard without a state replicates nothing until the chief loads one:
+   * a snapshot of zeros must never become the replica a restart trusts. */
+  if (s->initialized && ps_server_start_replica(s) != 0) {
+    ps_server_stop(s, "start-up failed");
+    s->status = 1;
   }
   static const char *const modes[] = {"async", "sync", "ssp"};
   static const char *const durability[] = {"off", "snapshot", "log"};
   ps_log(PS_LOG_INFO,
          "listening on %s: shard %d of %d, %zu floats (%s), %s, replication %s, version %" PRIu64
-         ", layout %016" PRIx64 ", ready %.3f s after start",
+         ", layout %016" PRIx64 ", ready %.3f s after start%s",
          addr, index, cfg->nps, so.nfloats, desc, modes[cfg->consistency],
          durability[cfg->replication], s->shard.version, s->layout.hash,
-         (double)(ps_now_ns() - started_ns) * 1e-9);
+         (double)(ps_now_ns() - started_ns) * 1e-9,
+         s->initialized ? "" : "; waiting for the chief to initialize this shard");
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = s->status;
 out:
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
   reply_bufs_free(s);
+  ps_control_free(s);
   if (shard_open)
     ps_shard_close(&s->shard);
   ps_layout_close(&s->layout);

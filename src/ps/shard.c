@@ -2,8 +2,30 @@
 #include "ps/shard.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/endian.h"
+#include "paramserv/error.h"
+
+ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index) {
+  ps_shard_opts so = {.index = index, .nworkers = cfg->nworkers,
+                      .nfloats = layout->shard_floats[index],
+                      .consistency = cfg->consistency,
+                      .replicas_to_aggregate = cfg->replicas_to_aggregate > 0
+                                                   ? (int)cfg->replicas_to_aggregate
+                                                   : cfg->nworkers};
+  so.optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
+  ps_optim_parse(cfg->optimizer, &so.optim);
+  so.optim.lr = (float)cfg->lr;
+  so.optim.momentum = (float)cfg->momentum;
+  so.optim.weight_decay = (float)cfg->weight_decay;
+  ps_sched_parse(cfg->schedule, &so.sched);
+  so.sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  return so;
+}
 
 static float *alloc_floats(size_t n) {
   void *p = NULL;
@@ -116,4 +138,83 @@ ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation,
   }
   s->pushes_applied++;
   return PS_SHARD_APPLIED;
+}
+
+/* ------------------------------------------------------------ images */
+
+uint64_t ps_shard_image_floats(size_t n, int nslots, int has_accum, int nonce) {
+  return (uint64_t)n * (uint64_t)(1 + nslots + has_accum) + 4 * (uint64_t)nonce;
+}
+
+ps_shard_image_info ps_shard_image_info_of(const ps_shard *s) {
+  ps_shard_image_info in = {
+      .version = s->version,
+      .global_step = s->global_step,
+      .nslots = ps_optim_nslots(s->o.optim.kind),
+      .has_accum = s->accum != NULL,
+      .accum_count = s->accum_count,
+      .target = s->target,
+      .nonce = s->o.nworkers,
+  };
+  in.image_floats = ps_shard_image_floats(s->o.nfloats, in.nslots, in.has_accum, in.nonce);
+  return in;
+}
+
+void ps_shard_image_write(const ps_shard *s, float *img) {
+  size_t n = s->o.nfloats;
+  memcpy(img, s->values, n * sizeof(float));
+  img += n;
+  for (int i = 0; i < ps_optim_nslots(s->o.optim.kind); i++, img += n)
+    memcpy(img, s->slots[i], n * sizeof(float));
+  if (s->accum != NULL) {
+    memcpy(img, s->accum, n * sizeof(float));
+    img += n;
+  }
+  uint8_t *rows = (uint8_t *)img;
+  for (int j = 0; j < s->o.nworkers; j++) {
+    ps_put_le64(rows + 16 * j, s->once[j].incarnation);
+    ps_put_le64(rows + 16 * j + 8, s->once[j].last_seq);
+  }
+}
+
+int ps_shard_image_check(const ps_shard *s, const ps_shard_image_info *info, char *why,
+                         size_t why_len) {
+  ps_shard_image_info mine = ps_shard_image_info_of(s);
+  if (info->nslots == mine.nslots && info->has_accum == mine.has_accum &&
+      info->image_floats == ps_shard_image_floats(s->o.nfloats, info->nslots, info->has_accum,
+                                                  info->nonce) &&
+      info->nonce >= 0)
+    return 0;
+  snprintf(why, why_len,
+           "state of %" PRIu64 " floats with %d slots, accumulator %d and %d exactly-once rows; "
+           "this shard holds %zu floats with %d slots and accumulator %d",
+           info->image_floats, info->nslots, info->has_accum, info->nonce, s->o.nfloats,
+           mine.nslots, mine.has_accum);
+  return PS_ELAYOUT;
+}
+
+void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const float *img) {
+  size_t n = s->o.nfloats;
+  memcpy(s->values, img, n * sizeof(float));
+  img += n;
+  for (int i = 0; i < info->nslots; i++, img += n)
+    memcpy(s->slots[i], img, n * sizeof(float));
+  if (info->has_accum) {
+    memcpy(s->accum, img, n * sizeof(float));
+    img += n;
+  }
+  s->accum_count = info->accum_count;
+  s->target = info->target > 0 ? info->target : s->o.replicas_to_aggregate;
+  s->version = info->version;
+  s->global_step = info->global_step;
+  /* Rows for workers this cluster does not have are dropped; workers the
+   * image lacks start with none. */
+  const uint8_t *rows = (const uint8_t *)img;
+  for (int j = 0; j < s->o.nworkers; j++) {
+    s->once[j] = (ps_once){0};
+    if (j < info->nonce) {
+      s->once[j].incarnation = ps_get_le64(rows + 16 * j);
+      s->once[j].last_seq = ps_get_le64(rows + 16 * j + 8);
+    }
+  }
 }

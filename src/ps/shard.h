@@ -40,6 +40,11 @@ typedef struct ps_shard {
   uint64_t pushes_applied, pushes_duplicate, pushes_stale;
 } ps_shard;
 
+/* The options of shard `index` of the cluster in cfg (slice length from
+ * `layout`, optimizer and schedule from [train]). */
+#include "layout/layout.h"
+ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index);
+
 /* Allocate the state; values start as `initial` (copied) or zero when NULL,
  * slots at the optimizer's initial values.  @return 0 or -ENOMEM. */
 int ps_shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial);
@@ -73,5 +78,37 @@ int ps_shard_sync_flush(ps_shard *s);
 
 /* Sync: wait for replicas_to_aggregate gradients per step again. */
 void ps_shard_sync_reset_target(ps_shard *s);
+
+/* ------------------------------------------------------------------ */
+/* The state image (PROTOCOL.md, "The chief"): the whole state as one run
+ * of floats, for the chief's cuts and loads.                           */
+/* ------------------------------------------------------------------ */
+
+/* The image's fixed fields (the same as the wire's ps_msg_state). */
+typedef struct ps_shard_image_info {
+  uint64_t version, global_step;
+  uint64_t image_floats;
+  int nslots, has_accum, accum_count, target, nonce;
+} ps_shard_image_info;
+
+/* The fields of an image of this shard's current state. */
+ps_shard_image_info ps_shard_image_info_of(const ps_shard *s);
+
+/* The floats of an image with these counts: n * (1 + nslots + has_accum)
+ * + 4 * nonce. */
+uint64_t ps_shard_image_floats(size_t n, int nslots, int has_accum, int nonce);
+
+/* Copy the whole state into img (ps_shard_image_info_of(s).image_floats
+ * floats). */
+void ps_shard_image_write(const ps_shard *s, float *img);
+
+/* Does `info` describe an image this shard can load?  @return 0, or
+ * PS_ELAYOUT with a message naming what differs. */
+int ps_shard_image_check(const ps_shard *s, const ps_shard_image_info *info, char *why,
+                         size_t why_len);
+
+/* Replace the state with the image (checked by ps_shard_image_check): values,
+ * slots, accumulator, version, global step and exactly-once table. */
+void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const float *img);
 
 #endif

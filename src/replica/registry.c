@@ -163,12 +163,31 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
   return ps_err_set(eb, -EINTR, "stopped while waiting for Redis");
 }
 
-int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos) {
-  redisReply *rep = cmd(r, 1, "GET {%s}:pos:%s:%d", r->cfg->cluster_id, r->role, r->index);
-  int found = rep != NULL && rep->type == REDIS_REPLY_STRING &&
-              sscanf(rep->str, "%" SCNu64 " %" SCNu64, &pos->epoch, &pos->offset) == 2;
+void *ps_registry_redis(ps_registry *r, int wait) { return ctx(r, wait); }
+
+void ps_registry_lost(ps_registry *r, const char *why) { drop(r, why); }
+
+int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos) {
+  redisReply *rep = cmd(r, 1, "GET {%s}:pos:worker:%d", r->cfg->cluster_id, worker);
+  int found = rep == NULL ? -1
+              : rep->type == REDIS_REPLY_STRING &&
+                      sscanf(rep->str, "%" SCNu64 " %" SCNu64, &pos->epoch, &pos->offset) == 2
+                  ? 1
+                  : 0;
   freeReplyObject(rep);
   return found;
+}
+
+int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
+  redisReply *rep = cmd(r, 1, "SET {%s}:pos:worker:%d %" PRIu64 " %" PRIu64, r->cfg->cluster_id,
+                        worker, pos->epoch, pos->offset);
+  int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
+  freeReplyObject(rep);
+  return ok ? 0 : -1;
+}
+
+int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos) {
+  return ps_registry_get_pos(r, r->index, pos) == 1;
 }
 
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,

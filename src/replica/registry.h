@@ -41,4 +41,17 @@ int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos);
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,
                       int force);
 
+/* The connection (an opaque hiredis redisContext *), connected now if
+ * needed (wait: even if the last attempt failed less than a second ago);
+ * NULL while Redis is away.  After a NULL reply of a command on it, call
+ * ps_registry_lost. */
+void *ps_registry_redis(ps_registry *r, int wait);
+void ps_registry_lost(ps_registry *r, const char *why);
+
+/* Worker j's saved data position (1), none (0), or Redis away (-1). */
+int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos);
+/* Save worker j's data position (the chief, restoring a checkpoint).
+ * @return 0 or -1 (Redis away). */
+int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos);
+
 #endif

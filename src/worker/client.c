@@ -26,12 +26,13 @@
 #include "net/conn.h"
 #include "nn/model.h"
 #include "proto/proto.h"
+#include "worker/control.h"
 
 #define BACKOFF_BASE_MS 100
 #define BACKOFF_CAP_MS 1000
 
 enum { L_DOWN = 0, L_CONNECTING, L_HANDSHAKE, L_READY };
-enum { OP_NONE = 0, OP_PULL, OP_PUSH };
+enum { OP_NONE = 0, OP_PULL, OP_PUSH, OP_REQ };
 
 typedef struct link {
   struct ps_client *cl;
@@ -54,11 +55,13 @@ typedef struct link {
   uint64_t pulled_version; /* of the weights the current gradient was computed on */
   uint32_t ack_status;
   int consistency;
+  ps_msg req;              /* OP_REQ: the request (a LOAD's floats are borrowed) */
 } link;
 
 struct ps_client {
   uv_loop_t loop;
   ps_config cfg;
+  int role;                /* PS_ROLE_WORKER, or PS_ROLE_CHIEF (worker/control.h) */
   int index;
   uint64_t incarnation;
   uint8_t secret[4096];
@@ -75,6 +78,12 @@ struct ps_client {
   int fatal;               /* a non-retryable error ended the call */
   int fatal_code;
   char error[1024];
+  int deadline_ms;         /* a call fails with -ETIMEDOUT after this long; 0: never */
+  uv_timer_t deadline;
+  int timed_out;
+  uint64_t connects;       /* handshakes completed, over all links */
+  ps_client_reply_fn reply_fn;  /* OP_REQ */
+  void *reply_arg;
 };
 
 static void set_error(ps_client *c, int code, const char *fmt, ...)
@@ -127,6 +136,17 @@ static void send_op(link *l) {
   l->req_id = ++c->next_req;
   ps_msg m;
   memset(&m, 0, sizeof m);
+  if (l->op == OP_REQ) {
+    if (l->req.type == PS_MSG_LOAD) {
+      uint8_t prefix[PS_PROTO_PREFIX_MAX];
+      size_t plen = ps_proto_encode_prefix(&l->req, l->req_id, prefix);
+      ps_conn_send(l->conn, prefix, plen, l->req.u.load.data, l->req.u.load.count * sizeof(float),
+                   NULL, NULL);
+    } else {
+      ps_conn_send_msg(l->conn, &l->req, l->req_id);
+    }
+    return;
+  }
   if (l->op == OP_PULL) {
     m.type = PS_MSG_PULL;
     m.u.pull.worker = (uint32_t)c->index;
@@ -149,6 +169,16 @@ static void send_op(link *l) {
   ps_conn_send(l->conn, prefix, plen, l->slice, m.u.push.count * sizeof(float), NULL, NULL);
 }
 
+/* The reply each control request gets. */
+static int reply_type(int type) {
+  switch (type) {
+  case PS_MSG_STATS: return PS_MSG_STATS_REPLY;
+  case PS_MSG_CUT: return PS_MSG_CUT_REPLY;
+  case PS_MSG_FETCH: return PS_MSG_FETCH_REPLY;
+  default: return PS_MSG_PONG;  /* PING, RESUME, LOAD, STOP */
+  }
+}
+
 static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
   link *l = ps_conn_data(conn);
   ps_client *c = l->cl;
@@ -157,6 +187,11 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   if (ps_proto_decode(h, payload, h->length, &m, &eb) != 0) {
     ps_log(PS_LOG_WARN, "shard %d: %s; reconnecting", l->index, eb.msg);
     ps_conn_close(conn);
+    return;
+  }
+  if (m.type == PS_MSG_STOP) {
+    set_error(c, PS_ESTOPPED, "shard %d: the chief ended the run at global step %" PRIu64,
+              l->index, m.u.stop.step);
     return;
   }
   if (m.type == PS_MSG_ERROR) {
@@ -174,7 +209,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   case L_HANDSHAKE:
     if (m.type == PS_MSG_CHALLENGE) {
       ps_msg hello = {.type = PS_MSG_HELLO};
-      hello.u.hello.role = PS_ROLE_WORKER;
+      hello.u.hello.role = (uint8_t)c->role;
       hello.u.hello.index = (uint32_t)c->index;
       hello.u.hello.incarnation = c->incarnation;
       hello.u.hello.layout_hash = c->layout.hash;
@@ -202,13 +237,22 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
                (double)(ps_now_ns() - l->down_since_ns) * 1e-9);
       l->down_since_ns = 0;
       l->attempts = 0;
+      c->connects++;
       send_op(l);
       return;
     }
     break;
   case L_READY:
+    if (h->request_id < l->req_id)
+      return;  /* the reply to a call that timed out */
     if (h->request_id != l->req_id)
       break;
+    if (l->op == OP_REQ && !l->done && (int)m.type == reply_type(l->req.type)) {
+      if (c->reply_fn != NULL)
+        c->reply_fn(c->reply_arg, l->index, &m);
+      l->done = 1;
+      return;
+    }
     if (m.type == PS_MSG_PULL_REPLY && l->op == OP_PULL && !l->done) {
       if (m.u.pull_reply.count != c->layout.shard_floats[l->index])
         break;
@@ -300,12 +344,21 @@ static void link_connect(link *l) {
   }
 }
 
-/* Run the loop until every link has done its operation, or a fatal error. */
+static void on_deadline(uv_timer_t *t) {
+  ps_client *c = t->data;
+  c->timed_out = 1;
+}
+
+/* Run the loop until every link has done its operation, a fatal error, or
+ * the deadline. */
 static int run_op(ps_client *c) {
   c->fatal = 0;
+  c->timed_out = 0;
+  if (c->deadline_ms > 0)
+    uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->deadline_ms, 0);
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
-    l->done = 0;
+    l->done = l->op == OP_NONE;
     if (l->state == L_DOWN && !uv_is_active((uv_handle_t *)&l->retry))
       link_connect(l);
     else
@@ -315,13 +368,24 @@ static int run_op(ps_client *c) {
     int pending = 0;
     for (int i = 0; i < c->nlinks; i++)
       pending += !c->links[i].done;
-    if (pending == 0 || c->fatal)
+    if (pending == 0 || c->fatal || c->timed_out)
       break;
     uv_run(&c->loop, UV_RUN_ONCE);
   }
-  for (int i = 0; i < c->nlinks; i++)
-    c->links[i].op = OP_NONE;
-  return c->fatal ? (c->fatal_code ? c->fatal_code : -EIO) : 0;
+  uv_timer_stop(&c->deadline);
+  int timed_out = 0;
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    if (l->op != OP_NONE && !l->done && !c->fatal && c->timed_out && !timed_out) {
+      timed_out = 1;
+      snprintf(c->error, sizeof c->error, "shard %d: no reply within %d ms (%s)", l->index,
+               c->deadline_ms, l->state == L_READY ? "connected" : l->last_error);
+    }
+    l->op = OP_NONE;
+  }
+  if (c->fatal)
+    return c->fatal_code ? c->fatal_code : -EIO;
+  return timed_out ? -ETIMEDOUT : 0;
 }
 
 int ps_client_pull(ps_client *c, float *params) {
@@ -364,6 +428,30 @@ uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_s
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }
 void ps_client_set_incarnation(ps_client *c, uint64_t incarnation) { c->incarnation = incarnation; }
+
+/* worker/control.h */
+void ps_client_set_deadline(ps_client *c, int ms) { c->deadline_ms = ms; }
+uint64_t ps_client_connects(const ps_client *c) { return c->connects; }
+const ps_layout *ps_client_layout(const ps_client *c) { return &c->layout; }
+const ps_model *ps_client_model(const ps_client *c) { return &c->model; }
+const ps_config *ps_client_config(const ps_client *c) { return &c->cfg; }
+
+int ps_client_request(ps_client *c, const ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
+  c->reply_fn = fn;
+  c->reply_arg = arg;
+  int any = 0;
+  for (int i = 0; i < c->nlinks; i++) {
+    link *l = &c->links[i];
+    l->op = reqs[i].type != 0 ? OP_REQ : OP_NONE;
+    l->req = reqs[i];
+    any |= l->op != OP_NONE;
+  }
+  if (!any)
+    return 0;
+  int rc = run_op(c);
+  c->reply_fn = NULL;
+  return rc;
+}
 uint64_t ps_client_duplicates(const ps_client *c) { return c->duplicates; }
 uint64_t ps_client_stale(const ps_client *c) { return c->stale; }
 const char *ps_client_error(const ps_client *c) { return c->error; }
@@ -397,6 +485,10 @@ void ps_client_free(ps_client *c) {
 }
 
 ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb) {
+  return ps_client_new_as(config_path, PS_ROLE_WORKER, worker_index, eb);
+}
+
+ps_client *ps_client_new_as(const char *config_path, int role, int worker_index, ps_errbuf *eb) {
   ps_client *c = calloc(1, sizeof *c);
   if (c == NULL) {
     ps_err_set(eb, -ENOMEM, "out of memory");
@@ -404,7 +496,8 @@ ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *e
   }
   if (ps_config_load(config_path, &c->cfg, eb) != 0)
     goto fail;
-  if (worker_index < 0 || worker_index >= c->cfg.nworkers) {
+  c->role = role;
+  if (role == PS_ROLE_WORKER && (worker_index < 0 || worker_index >= c->cfg.nworkers)) {
     ps_err_set(eb, PS_EUSAGE, "worker index %d: %s lists workers 0..%d", worker_index,
                config_path, c->cfg.nworkers - 1);
     goto fail;
@@ -424,6 +517,8 @@ ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *e
     ps_err_set(eb, -ENOMEM, "cannot start an event loop");
     goto fail;
   }
+  uv_timer_init(&c->loop, &c->deadline);
+  c->deadline.data = c;
   c->nlinks = c->cfg.nps;
   c->links = calloc((size_t)c->nlinks, sizeof *c->links);
   if (c->links == NULL) {

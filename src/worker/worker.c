@@ -85,17 +85,29 @@ int ps_worker_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
     goto out;
   }
+  uint64_t epoch = 0;
   if (cfg->replication != PS_REPLICATION_OFF) {
     /* The incarnation and the data position live in Redis, so that a
      * restarted worker is a new incarnation that goes on where it was. */
     registry = ps_registry_new(cfg, "worker", index);
-    uint64_t epoch = 0;
     if (registry == NULL ||
         ps_registry_new_epoch(registry, (volatile int *)&stop_requested, &epoch, &eb) != 0) {
       ps_log(PS_LOG_ERROR, "%s", registry ? eb.msg : "out of memory");
       goto out;
     }
     ps_client_set_incarnation(client, epoch);
+  }
+  uint64_t last = ps_client_last_step(client);
+  ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
+         index, cfg->nworkers, ps_sampler_part_size(&sampler), batch, threads, last);
+
+  uint64_t local = 0, samples = 0, window_steps = 0;
+  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
+  uint64_t samples_log = 0, steps_log = 0;
+  int rc = ps_client_pull(client, params);
+  if (rc == 0 && registry != NULL) {
+    /* Read after the first pull: shards admit workers only once the chief
+     * initialized them, after it restored the positions of a checkpoint. */
     ps_data_pos pos;
     if (ps_registry_load_pos(registry, &pos)) {
       if (ps_sampler_seek(&sampler, pos) == 0)
@@ -107,14 +119,6 @@ int ps_worker_run(const ps_config *cfg, int index) {
                ps_sampler_part_size(&sampler));
     }
   }
-  uint64_t last = ps_client_last_step(client);
-  ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
-         index, cfg->nworkers, ps_sampler_part_size(&sampler), batch, threads, last);
-
-  uint64_t local = 0, samples = 0, window_steps = 0;
-  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
-  uint64_t samples_log = 0, steps_log = 0;
-  int rc = ps_client_pull(client, params);
   while (rc == 0 && !stop_requested && (last == 0 || ps_client_global_step(client) < last)) {
     size_t n = ps_sampler_next(&sampler, idx, (size_t)batch);
     ps_dataset_images_f32(&train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
@@ -162,7 +166,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
-  if (rc != 0) {
+  if (rc == PS_ESTOPPED) {
+    ps_log(PS_LOG_INFO, "%s", ps_client_error(client));
+  } else if (rc != 0) {
     ps_log(PS_LOG_ERROR, "%s", ps_client_error(client));
     goto out;
   }

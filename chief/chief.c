@@ -1,0 +1,939 @@
+/* The chief (see chief.h).
+ *
+ * One thread runs a 100 ms control loop: renew the lease, ask every shard
+ * for its STATS (a deadline keeps a dead shard from blocking the loop),
+ * load any shard that holds no state, note nodes lost and back, and fire
+ * the hooks.  A checkpoint is a consistent cut: CUT to every shard (each
+ * copies its state and holds pushes), RESUME to every shard once all have
+ * copied, so training stalls only for the copies; then the images are
+ * fetched while training goes on and written by a second thread (compress,
+ * hash, fsync, rename: recovery/checkpoint.c).  An evaluation runs on a
+ * third thread over weights pulled like a worker pulls them.  The chief
+ * has no libuv loop of its own (the client runs one per call), so its
+ * background work runs on plain threads rather than libuv's pool. */
+#include "chief/chief.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chief/lease.h"
+#include "chief/summary.h"
+#include "common/endian.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "data/idx.h"
+#include "nn/compute.h"
+#include "recovery/checkpoint.h"
+#include "recovery/plan.h"
+#include "replica/registry.h"
+#include "worker/control.h"
+
+#define TICK_MS 100
+#define HOLD_MS 2000          /* a shard resumes by itself if RESUME never comes */
+#define PIECE_FLOATS (1u << 20)
+
+typedef struct chief chief;
+
+/* A checkpoint being written by the writer thread: it owns the images. */
+typedef struct ckpt_job {
+  chief *ch;
+  uint64_t step;
+  float *img[PS_CONFIG_MAX_NODES];
+  ps_shard_image_info info[PS_CONFIG_MAX_NODES];
+  ps_data_pos pos[PS_CONFIG_MAX_NODES];
+  double stall_ms, fetch_s;
+  /* results */
+  int rc;
+  char err[1024];
+  char nonfinite[256];
+  ps_ckpt_write_stats st;
+} ckpt_job;
+
+typedef struct eval_job {
+  chief *ch;
+  uint64_t step;
+  float *params;
+  double loss, accuracy;
+  char nonfinite[256];
+} eval_job;
+
+/* A thread running one job at a time. */
+typedef struct bg {
+  pthread_t t;
+  atomic_int state;  /* 0 idle, 1 running, 2 finished (to be joined) */
+  void *(*fn)(void *);
+  void *job;
+} bg;
+
+struct chief {
+  const ps_config *cfg;
+  ps_client *client;
+  const ps_layout *layout;
+  const ps_model *model;
+  char model_text[128];
+  ps_registry *reg;
+  ps_lease lease;
+  uint64_t lease_ok_ns;       /* last renewal Redis confirmed */
+  ps_summary sum;
+  /* The shards as the last STATS saw them. */
+  ps_msg_stats_reply stats[PS_CONFIG_MAX_NODES];
+  int stats_ok[PS_CONFIG_MAX_NODES];
+  int up[PS_CONFIG_MAX_NODES];
+  uint64_t incarnation[PS_CONFIG_MAX_NODES];
+  int worker_up[PS_CONFIG_MAX_NODES];
+  uint64_t workers_checked_ns;
+  uint64_t gstep;
+  /* Hooks. */
+  uint64_t last_ckpt_step;
+  double last_ckpt_time;
+  char last_ckpt_name[PS_CKPT_NAME_MAX];
+  uint64_t next_log_step, log_step0;
+  double log_t0;
+  uint64_t next_eval_step;
+  uint64_t cut_id;
+  bg writer, evaler;
+  ps_compute *compute;
+  ps_dataset test;
+  float *test_x;
+  int status;
+  int stopping;
+};
+
+static volatile sig_atomic_t stop_signal;
+static void on_signal(int sig) { stop_signal = sig; }
+
+/* ------------------------------------------------------------ threads */
+
+static void *bg_main(void *arg) {
+  bg *b = arg;
+  b->fn(b->job);
+  atomic_store(&b->state, 2);
+  return NULL;
+}
+
+static int bg_start(bg *b, void *(*fn)(void *), void *job) {
+  b->fn = fn;
+  b->job = job;
+  atomic_store(&b->state, 1);
+  if (pthread_create(&b->t, NULL, bg_main, b) != 0) {
+    atomic_store(&b->state, 0);
+    return -1;
+  }
+  return 0;
+}
+
+/* The finished job, joined, or NULL while idle or running. */
+static void *bg_finished(bg *b) {
+  if (atomic_load(&b->state) != 2)
+    return NULL;
+  pthread_join(b->t, NULL);
+  atomic_store(&b->state, 0);
+  return b->job;
+}
+
+static int bg_busy(bg *b) { return atomic_load(&b->state) != 0; }
+
+/* The first non-finite value of a float run, as "variable[element]". */
+static int find_nonfinite(const chief *ch, const float *v, size_t n, int shard, char *what,
+                          size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(v[i])) {
+      if (shard < 0)
+        snprintf(what, len, "%s at element %zu of the model", isnan(v[i]) ? "NaN" : "Inf", i);
+      else
+        snprintf(what, len, "%s in shard %d at element %zu", isnan(v[i]) ? "NaN" : "Inf", shard,
+                 i);
+      (void)ch;
+      return 1;
+    }
+  return 0;
+}
+
+/* -------------------------------------------------------------- lease */
+
+static void *redis(chief *ch) { return ps_registry_redis(ch->reg, 0); }
+
+/* Renew the lease when a third of it has passed.  @return 0, or -1 when
+ * this chief must stop acting (another holds it, or Redis has not
+ * confirmed it for a whole lease). */
+static int lease_tick(chief *ch) {
+  uint64_t now = ps_now_ns();
+  uint64_t third = (uint64_t)ch->cfg->chief_lease_ms * 1000000ULL / 3;
+  if (now - ch->lease_ok_ns < third)
+    return 0;
+  void *c = redis(ch);
+  char holder[256] = "";
+  int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
+  if (rc == 1) {
+    ch->lease_ok_ns = now;
+    return 0;
+  }
+  if (rc == 0) {
+    ps_log(PS_LOG_ERROR, "lost the lease %s to another chief (%s): exiting so that only one acts",
+           ch->lease.key, holder);
+    return -1;
+  }
+  if (c != NULL)
+    ps_registry_lost(ch->reg, "lease renewal got no reply");
+  if (now - ch->lease_ok_ns > (uint64_t)ch->cfg->chief_lease_ms * 1000000ULL) {
+    ps_log(PS_LOG_ERROR, "Redis has not confirmed the lease for %" PRId64 " ms: another chief may "
+           "hold it now; exiting so that only one acts", ch->cfg->chief_lease_ms);
+    return -1;
+  }
+  return 0;
+}
+
+/* Wait for the lease.  @return 0 once held, 1 on a stop signal. */
+static int lease_wait(chief *ch) {
+  int said = 0;
+  while (!stop_signal) {
+    void *c = ps_registry_redis(ch->reg, 1);
+    char holder[256] = "";
+    int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
+    if (rc == 1) {
+      ch->lease_ok_ns = ps_now_ns();
+      return 0;
+    }
+    if (rc < 0 && c != NULL)
+      ps_registry_lost(ch->reg, "lease: no reply");
+    if (!said)
+      ps_log(PS_LOG_INFO, "waiting for the lease %s: %s", ch->lease.key,
+             rc == 0 ? holder : "Redis is away");
+    said = 1;
+    usleep((useconds_t)(ch->cfg->chief_lease_ms * 1000 / 3));
+  }
+  return 1;
+}
+
+/* ------------------------------------------------------- shard calls */
+
+/* A control call to the shards (reqs: one per shard, type 0 = none). */
+static int call(chief *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
+  if (lease_tick(ch) != 0) {
+    ch->status = PS_CHIEF_FAILED;
+    ch->stopping = 1;
+    return -EPERM;
+  }
+  return ps_client_request(ch->client, reqs, fn, arg);
+}
+
+static void on_stats(void *arg, int shard, const ps_msg *m) {
+  chief *ch = arg;
+  ch->stats[shard] = m->u.stats_reply;
+  ch->stats_ok[shard] = 1;
+}
+
+/* STATS from every shard.  @return 0 when every shard answered. */
+static int poll_stats(chief *ch) {
+  ps_msg reqs[PS_CONFIG_MAX_NODES];
+  memset(reqs, 0, sizeof reqs);
+  for (int i = 0; i < ch->cfg->nps; i++) {
+    reqs[i].type = PS_MSG_STATS;
+    ch->stats_ok[i] = 0;
+  }
+  int rc = call(ch, reqs, on_stats, ch);
+  for (int i = 0; i < ch->cfg->nps; i++) {
+    char node[32];
+    snprintf(node, sizeof node, "ps %d", i);
+    if (ch->stats_ok[i] && !ch->up[i]) {
+      if (ch->incarnation[i] != 0) {
+        ps_log(PS_LOG_INFO, "%s is back (incarnation %" PRIu64 ", version %" PRIu64 ")", node,
+               ch->stats[i].incarnation, ch->stats[i].version);
+        ps_summary_event(&ch->sum, ch->gstep, "node_back", "{s:s}", "node", node);
+      }
+      ch->up[i] = 1;
+    } else if (!ch->stats_ok[i] && ch->up[i]) {
+      ps_log(PS_LOG_WARN, "%s lost: %s", node, ps_client_error(ch->client));
+      ps_summary_event(&ch->sum, ch->gstep, "node_lost", "{s:s}", "node", node);
+      ch->up[i] = 0;
+    }
+    if (ch->stats_ok[i] && ch->incarnation[i] != 0 &&
+        ch->stats[i].incarnation != ch->incarnation[i] && ch->up[i])
+      ps_log(PS_LOG_INFO, "%s restarted (incarnation %" PRIu64 " -> %" PRIu64 ")", node,
+             ch->incarnation[i], ch->stats[i].incarnation);
+    if (ch->stats_ok[i])
+      ch->incarnation[i] = ch->stats[i].incarnation;
+  }
+  if (ch->stats_ok[0])
+    ch->gstep = ch->stats[0].global_step;
+  return rc;
+}
+
+/* Workers: their heartbeats in Redis, once a second. */
+static void poll_workers(chief *ch) {
+  uint64_t now = ps_now_ns();
+  if (now - ch->workers_checked_ns < 1000000000ULL)
+    return;
+  ch->workers_checked_ns = now;
+  redisContext *c = redis(ch);
+  if (c == NULL)
+    return;
+  for (int j = 0; j < ch->cfg->nworkers; j++) {
+    redisReply *r = redisCommand(c, "EXISTS {%s}:node:worker:%d", ch->cfg->cluster_id, j);
+    if (r == NULL) {
+      ps_registry_lost(ch->reg, "heartbeat check got no reply");
+      return;
+    }
+    int up = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (up == (ch->worker_up[j] == 1))
+      continue;
+    char node[32];
+    snprintf(node, sizeof node, "worker %d", j);
+    if (ch->worker_up[j] != 0) {  /* 0: not seen yet */
+      ps_log(up ? PS_LOG_INFO : PS_LOG_WARN, "%s %s", node, up ? "is back" : "lost (no heartbeat)");
+      ps_summary_event(&ch->sum, ch->gstep, up ? "node_back" : "node_lost", "{s:s}", "node",
+                       node);
+    }
+    ch->worker_up[j] = up ? 1 : -1;
+  }
+}
+
+/* ------------------------------------------------------------- restore */
+
+/* LOAD an image into shard i, piece by piece. */
+static int load_shard(chief *ch, int i, const float *img, const ps_shard_image_info *in) {
+  ps_msg reqs[PS_CONFIG_MAX_NODES];
+  size_t piece = ch->layout->shard_floats[i] < PIECE_FLOATS ? ch->layout->shard_floats[i]
+                                                             : PIECE_FLOATS;
+  for (uint64_t off = 0; off < in->image_floats;) {
+    uint64_t n = in->image_floats - off < piece ? in->image_floats - off : piece;
+    memset(reqs, 0, sizeof reqs);
+    ps_msg *m = &reqs[i];
+    m->type = PS_MSG_LOAD;
+    m->u.load.state = (ps_msg_state){
+        .version = in->version, .global_step = in->global_step, .image_floats = in->image_floats,
+        .nslots = (uint32_t)in->nslots, .has_accum = (uint32_t)in->has_accum,
+        .accum_count = (uint32_t)in->accum_count, .target = (uint32_t)in->target,
+        .nonce = (uint32_t)in->nonce};
+    m->u.load.offset = off;
+    m->u.load.count = n;
+    m->u.load.data = (const uint8_t *)(img + off);
+    int rc = call(ch, reqs, NULL, NULL);
+    if (rc != 0)
+      return rc;
+    off += n;
+  }
+  return 0;
+}
+
+/* Give every shard that holds no state one: the newest valid checkpoint's
+ * slice, or the seeded initialization.  `everyone`: no shard had a state
+ * (a fresh or a whole-cluster restart), so the checkpoint's data positions
+ * are restored too.  @return 0, or -1 (logged). */
+static int load_missing(chief *ch, int everyone) {
+  const ps_config *cfg = ch->cfg;
+  ps_ckpt ck;
+  ps_errbuf eb = {0};
+  memset(&ck, 0, sizeof ck);
+  int found = ps_ckpt_find_latest(cfg->checkpoint_dir, ch->layout->hash, ch->model_text, &ck, &eb);
+  if (found < 0) {
+    ps_log(PS_LOG_WARN, "%s; starting from the seeded initialization", eb.msg);
+    found = 0;
+  }
+  if (found && everyone) {
+    for (int j = 0; j < ck.nworkers && j < cfg->nworkers; j++)
+      if (ps_registry_set_pos(ch->reg, j, &ck.data_pos[j]) != 0)
+        ps_log(PS_LOG_WARN, "redis: could not restore worker %d's data position", j);
+    ps_log(PS_LOG_INFO, "restored %d workers' data positions from %s", ck.nworkers, ck.name);
+  }
+  int rc = 0;
+  for (int i = 0; i < cfg->nps && rc == 0; i++) {
+    if (ch->stats[i].flags & PS_STATS_INITIALIZED)
+      continue;
+    float *img = NULL;
+    ps_shard_image_info in;
+    uint64_t t0 = ps_now_ns();
+    if (ps_plan_shard_image(cfg, ch->layout, ch->model, found ? &ck : NULL, i, &img, &in, &eb) !=
+        0) {
+      ps_log(PS_LOG_ERROR, "shard %d: %s", i, eb.msg);
+      rc = -1;
+      break;
+    }
+    rc = load_shard(ch, i, img, &in);
+    free(img);
+    if (rc != 0) {
+      ps_log(PS_LOG_WARN, "shard %d: loading its state: %s", i, ps_client_error(ch->client));
+      break;
+    }
+    const char *src = found ? ck.name : "the seeded initialization";
+    ps_log(PS_LOG_INFO, "shard %d: loaded from %s: version %" PRIu64 ", global step %" PRIu64
+           " (%.3f s)", i, src, in.version, in.global_step, (double)(ps_now_ns() - t0) * 1e-9);
+    if (!everyone && found)
+      ps_log(PS_LOG_WARN, "shard %d had lost its state: it goes on from %s's, step %" PRIu64
+             ", while the others keep theirs", i, ck.name, ck.step);
+    ps_summary_event(&ch->sum, in.global_step, "restore", "{s:s, s:i, s:s}", "source",
+                     ps_plan_source_name(found ? PS_PLAN_CHECKPOINT : PS_PLAN_INIT), "shard", i,
+                     "from", found ? ck.name : "seed");
+  }
+  ps_ckpt_close(&ck);
+  return rc == 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------- checkpoint */
+
+typedef struct cut_ctx {
+  chief *ch;
+  ckpt_job *job;
+  uint64_t cut_id;
+  int replied;
+} cut_ctx;
+
+static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
+  cut_ctx *x = arg;
+  if (m->u.cut_reply.cut_id != x->cut_id)
+    return;
+  const ps_msg_state *st = &m->u.cut_reply.state;
+  x->job->info[shard] = (ps_shard_image_info){
+      .version = st->version, .global_step = st->global_step, .image_floats = st->image_floats,
+      .nslots = (int)st->nslots, .has_accum = (int)st->has_accum,
+      .accum_count = (int)st->accum_count, .target = (int)st->target, .nonce = (int)st->nonce};
+  x->replied++;
+}
+
+static void on_fetch_reply(void *arg, int shard, const ps_msg *m) {
+  cut_ctx *x = arg;
+  const ps_msg_fetch_reply *f = &m->u.fetch_reply;
+  ckpt_job *job = x->job;
+  if (f->cut_id != x->cut_id || f->offset + f->count > job->info[shard].image_floats)
+    return;
+  memcpy(job->img[shard] + f->offset, f->data, f->count * sizeof(float));
+}
+
+static void job_free(ckpt_job *job) {
+  if (job == NULL)
+    return;
+  for (int i = 0; i < PS_CONFIG_MAX_NODES; i++)
+    free(job->img[i]);
+  free(job);
+}
+
+/* Take a consistent cut of every shard and fetch the copies.  @return the
+ * job, ready for the writer, or NULL (logged; try again later). */
+static ckpt_job *cut(chief *ch) {
+  const ps_config *cfg = ch->cfg;
+  ckpt_job *job = calloc(1, sizeof *job);
+  if (job == NULL)
+    return NULL;
+  job->ch = ch;
+  cut_ctx x = {.ch = ch, .job = job, .cut_id = ++ch->cut_id};
+  ps_msg reqs[PS_CONFIG_MAX_NODES];
+  memset(reqs, 0, sizeof reqs);
+  for (int i = 0; i < cfg->nps; i++) {
+    reqs[i].type = PS_MSG_CUT;
+    reqs[i].u.cut.cut_id = x.cut_id;
+    reqs[i].u.cut.hold_ms = HOLD_MS;
+  }
+  uint64_t connects = ps_client_connects(ch->client);
+  uint64_t t0 = ps_now_ns();
+  int rc = call(ch, reqs, on_cut_reply, &x);
+  /* Resume whatever was cut, even after a failure. */
+  for (int i = 0; i < cfg->nps; i++) {
+    reqs[i].type = PS_MSG_RESUME;
+    reqs[i].u.resume.token = x.cut_id;
+  }
+  int rc2 = call(ch, reqs, NULL, NULL);
+  job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;
+  if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
+      ps_client_connects(ch->client) != connects) {
+    ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
+           rc || rc2 ? ps_client_error(ch->client) : "a shard reconnected during it");
+    job_free(job);
+    return NULL;
+  }
+  job->step = job->info[0].global_step;
+  /* Fetch while training goes on. */
+  uint64_t t1 = ps_now_ns();
+  for (int i = 0; i < cfg->nps; i++) {
+    job->img[i] = malloc((size_t)(job->info[i].image_floats ? job->info[i].image_floats : 1) *
+                         sizeof(float));
+    if (job->img[i] == NULL) {
+      ps_log(PS_LOG_ERROR, "checkpoint: out of memory for shard %d's copy", i);
+      job_free(job);
+      return NULL;
+    }
+  }
+  /* Every shard's next piece in each round, each at most its slice long
+   * (the cap of its frames). */
+  uint64_t got[PS_CONFIG_MAX_NODES] = {0};
+  for (;;) {
+    int any = 0;
+    memset(reqs, 0, sizeof reqs);
+    for (int i = 0; i < cfg->nps; i++) {
+      uint64_t left = job->info[i].image_floats - got[i];
+      uint64_t piece = ch->layout->shard_floats[i] < PIECE_FLOATS ? ch->layout->shard_floats[i]
+                                                                  : PIECE_FLOATS;
+      if (left == 0)
+        continue;
+      reqs[i].type = PS_MSG_FETCH;
+      reqs[i].u.fetch.cut_id = x.cut_id;
+      reqs[i].u.fetch.offset = got[i];
+      reqs[i].u.fetch.count = left < piece ? left : piece;
+      any = 1;
+    }
+    if (!any)
+      break;
+    if (call(ch, reqs, on_fetch_reply, &x) != 0 || ps_client_connects(ch->client) != connects) {
+      ps_log(PS_LOG_WARN, "checkpoint: fetching the copies failed (%s); trying again later",
+             ps_client_error(ch->client));
+      job_free(job);
+      return NULL;
+    }
+    for (int i = 0; i < cfg->nps; i++)
+      if (reqs[i].type)
+        got[i] += reqs[i].u.fetch.count;
+  }
+  job->fetch_s = (double)(ps_now_ns() - t1) * 1e-9;
+  /* The workers' data positions, as Redis holds them now. */
+  for (int j = 0; j < cfg->nworkers; j++)
+    if (ps_registry_get_pos(ch->reg, j, &job->pos[j]) != 1)
+      job->pos[j] = (ps_data_pos){0};
+  return job;
+}
+
+static void *write_main(void *arg) {
+  ckpt_job *job = arg;
+  chief *ch = job->ch;
+  const ps_config *cfg = ch->cfg;
+  ps_ckpt_shard_state shards[PS_CONFIG_MAX_NODES];
+  ps_ckpt_once once[PS_CONFIG_MAX_NODES][PS_CONFIG_MAX_NODES];
+  memset(shards, 0, sizeof shards);
+  for (int i = 0; i < cfg->nps; i++) {
+    const ps_shard_image_info *in = &job->info[i];
+    size_t n = ch->layout->shard_floats[i];
+    const float *img = job->img[i];
+    /* The guard: never checkpoint weights that went NaN or Inf. */
+    if (find_nonfinite(ch, img, n, i, job->nonfinite, sizeof job->nonfinite))
+      return NULL;
+    ps_ckpt_shard_state *s = &shards[i];
+    s->nfloats = n;
+    s->values = img;
+    s->nslots = in->nslots;
+    for (int k = 0; k < in->nslots; k++)
+      s->slots[k] = img + n * (size_t)(1 + k);
+    s->accum = in->has_accum ? img + n * (size_t)(1 + in->nslots) : NULL;
+    s->accum_count = in->accum_count;
+    s->target = in->target;
+    s->version = in->version;
+    s->global_step = in->global_step;
+    const uint8_t *rows = (const uint8_t *)(img + n * (size_t)(1 + in->nslots + in->has_accum));
+    s->nonce = in->nonce < PS_CONFIG_MAX_NODES ? in->nonce : PS_CONFIG_MAX_NODES;
+    for (int j = 0; j < s->nonce; j++) {
+      once[i][j].incarnation = ps_get_le64(rows + 16 * j);
+      once[i][j].last_seq = ps_get_le64(rows + 16 * j + 8);
+    }
+    s->once = once[i];
+  }
+  ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
+  ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);
+  ps_shard_opts so = ps_shard_opts_for(cfg, ch->layout, 0);
+  ps_ckpt_write_opts o = {
+      .step = job->step,
+      .cluster_id = cfg->cluster_id,
+      .model = ch->model_text,
+      .vars = &ch->model->vars,
+      .layout = ch->layout,
+      .optim = so.optim,
+      .consistency = cfg->consistency,
+      .filter = filter,
+      .shards = shards,
+      .nworkers = cfg->nworkers,
+      .data_pos = job->pos,
+      .global_step = job->step,
+      .max_to_keep = cfg->max_to_keep,
+      .keep_every_n_hours = cfg->keep_every_n_hours,
+  };
+  ps_errbuf eb = {0};
+  job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);
+  if (job->rc != 0)
+    snprintf(job->err, sizeof job->err, "%s", eb.msg);
+  return NULL;
+}
+
+/* Stop the cluster: STOP to every shard, which tells its workers. */
+static void stop_cluster(chief *ch) {
+  ps_msg reqs[PS_CONFIG_MAX_NODES];
+  memset(reqs, 0, sizeof reqs);
+  for (int i = 0; i < ch->cfg->nps; i++) {
+    reqs[i].type = PS_MSG_STOP;
+    reqs[i].u.stop.step = ch->gstep;
+  }
+  for (int attempt = 0; attempt < 3; attempt++)
+    if (call(ch, reqs, NULL, NULL) == 0)
+      return;
+  ps_log(PS_LOG_WARN, "stop: %s", ps_client_error(ch->client));
+}
+
+static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
+  ps_log(PS_LOG_ERROR, "non-finite weights at global step %" PRIu64 ": %s; stopping the run "
+         "(the last good checkpoint is %s)", step, what,
+         ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
+  ps_summary_event(&ch->sum, step, "nan", "{s:s, s:s}", "reason", what, "last_good",
+                   ch->last_ckpt_name);
+  stop_cluster(ch);
+  ch->status = PS_CHIEF_NONFINITE;
+  ch->stopping = 1;
+}
+
+/* A finished write: log it and its summary. */
+static void write_done(chief *ch, ckpt_job *job) {
+  if (job->nonfinite[0]) {
+    fail_nonfinite(ch, job->step, job->nonfinite);
+  } else if (job->rc != 0) {
+    ps_log(PS_LOG_ERROR, "checkpoint at step %" PRIu64 " failed: %s", job->step, job->err);
+  } else {
+    double mb = (double)job->st.raw_bytes / 1e6;
+    ps_log(PS_LOG_INFO, "checkpoint %s: step %" PRIu64 ", stall %.1f ms, fetch %.2f s, write %.2f s"
+           " (%.0f MB, ratio %.2f)", job->st.name, job->step, job->stall_ms, job->fetch_s,
+           job->st.total_s, mb,
+           job->st.stored_bytes ? (double)job->st.raw_bytes / (double)job->st.stored_bytes : 0.0);
+    ps_summary_event(&ch->sum, job->step, "checkpoint", "{s:s, s:f, s:f, s:f}", "name",
+                     job->st.name, "stall_ms", job->stall_ms, "write_s", job->st.total_s, "mb", mb);
+    snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", job->st.name);
+  }
+  job_free(job);
+}
+
+/* Cut and hand the copies to the writer; wait: finish before returning. */
+static int checkpoint(chief *ch, int wait) {
+  ckpt_job *job = cut(ch);
+  if (job == NULL)
+    return -1;
+  ch->last_ckpt_step = job->step;
+  ch->last_ckpt_time = ps_now_s();
+  if (bg_start(&ch->writer, write_main, job) != 0) {
+    write_main(job);
+    write_done(ch, job);
+    return 0;
+  }
+  while (wait && bg_busy(&ch->writer)) {
+    ckpt_job *done = bg_finished(&ch->writer);
+    if (done != NULL) {
+      write_done(ch, done);
+      break;
+    }
+    if (lease_tick(ch) != 0)
+      return -1;
+    usleep(10000);
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------- evaluation */
+
+static void *eval_main(void *arg) {
+  eval_job *e = arg;
+  chief *ch = e->ch;
+  size_t total = ch->model->vars.total;
+  if (find_nonfinite(ch, e->params, total, -1, e->nonfinite, sizeof e->nonfinite))
+    return NULL;
+  size_t right = 0;
+  e->loss = ps_compute_eval(ch->compute, e->params, ch->test_x, ch->test.labels, ch->test.n,
+                            &right);
+  e->accuracy = (double)right / (double)ch->test.n;
+  return NULL;
+}
+
+static void eval_done(chief *ch, eval_job *e, int final) {
+  if (e->nonfinite[0]) {
+    fail_nonfinite(ch, e->step, e->nonfinite);
+  } else {
+    ps_log(PS_LOG_INFO, "%sevaluation at global step %" PRIu64 ": test loss %.4f, test accuracy "
+           "%.4f", final ? "final " : "", e->step, e->loss, e->accuracy);
+    if (final)
+      printf("final test_acc %.4f global_step %" PRIu64 "\n", e->accuracy, e->step);
+    fflush(stdout);
+    ps_summary_eval(&ch->sum, e->step, e->loss, e->accuracy);
+  }
+  free(e->params);
+  free(e);
+}
+
+static int evaluate(chief *ch, int wait) {
+  if (ch->compute == NULL)
+    return -1;
+  eval_job *e = calloc(1, sizeof *e);
+  if (e == NULL || (e->params = malloc(ch->model->vars.total * sizeof(float))) == NULL) {
+    free(e);
+    return -1;
+  }
+  e->ch = ch;
+  if (lease_tick(ch) != 0 || ps_client_pull(ch->client, e->params) != 0) {
+    ps_log(PS_LOG_WARN, "evaluation: pulling the weights: %s", ps_client_error(ch->client));
+    free(e->params);
+    free(e);
+    return -1;
+  }
+  e->step = ps_client_global_step(ch->client);
+  if (wait || bg_start(&ch->evaler, eval_main, e) != 0) {
+    eval_main(e);
+    eval_done(ch, e, wait);
+  }
+  return 0;
+}
+
+/* --------------------------------------------------------------- hooks */
+
+static void hooks(chief *ch) {
+  const ps_config *cfg = ch->cfg;
+  uint64_t g = ch->gstep;
+  double now = ps_now_s();
+  ckpt_job *wj = bg_finished(&ch->writer);
+  if (wj != NULL)
+    write_done(ch, wj);
+  eval_job *ej = bg_finished(&ch->evaler);
+  if (ej != NULL)
+    eval_done(ch, ej, 0);
+  if (ch->stopping)
+    return;
+  if (cfg->chief_log_every > 0 && g >= ch->next_log_step) {
+    double sps = now > ch->log_t0 ? (double)(g - ch->log_step0) / (now - ch->log_t0) : 0.0;
+    if (g > 0) {
+      ps_log(PS_LOG_INFO, "global step %" PRIu64 "%s%" PRId64 ", %.1f steps/s", g,
+             cfg->last_step ? " of " : "", cfg->last_step, sps);
+      ps_summary_progress(&ch->sum, g, sps);
+    }
+    ch->next_log_step = (g / (uint64_t)cfg->chief_log_every + 1) * (uint64_t)cfg->chief_log_every;
+    ch->log_step0 = g;
+    ch->log_t0 = now;
+  }
+  if (cfg->last_step > 0 && g >= (uint64_t)cfg->last_step)
+    return;  /* the finish takes it from here */
+  int due = (cfg->checkpoint_every_steps > 0 &&
+             g >= ch->last_ckpt_step + (uint64_t)cfg->checkpoint_every_steps) ||
+            (cfg->checkpoint_every_secs > 0 &&
+             now - ch->last_ckpt_time >= (double)cfg->checkpoint_every_secs);
+  if (due && g > ch->last_ckpt_step && !bg_busy(&ch->writer))
+    checkpoint(ch, 0);
+  if (cfg->chief_eval_every > 0 && g >= ch->next_eval_step && !bg_busy(&ch->evaler) &&
+      ch->compute != NULL) {
+    evaluate(ch, 0);
+    ch->next_eval_step = (g / (uint64_t)cfg->chief_eval_every + 1) * (uint64_t)cfg->chief_eval_every;
+  }
+}
+
+/* The run reached last_step: a final checkpoint there, a final
+ * evaluation, then STOP. */
+static void finish(chief *ch) {
+  while (bg_busy(&ch->writer) || bg_busy(&ch->evaler)) {
+    hooks(ch);
+    if (lease_tick(ch) != 0)
+      return;
+    usleep(10000);
+  }
+  if (ch->stopping)
+    return;
+  if (ch->last_ckpt_step != ch->gstep || !ch->last_ckpt_name[0]) {
+    for (int attempt = 0; attempt < 5 && checkpoint(ch, 1) != 0; attempt++)
+      if (ch->stopping)
+        return;
+  }
+  if (ch->stopping)
+    return;
+  evaluate(ch, 1);
+  if (ch->stopping)
+    return;
+  ps_log(PS_LOG_INFO, "reached last_step %" PRId64 ": final checkpoint %s; stopping the cluster",
+         ch->cfg->last_step, ch->last_ckpt_name[0] ? ch->last_ckpt_name : "(none)");
+  stop_cluster(ch);
+  ps_summary_event(&ch->sum, ch->gstep, "stop", "{s:s}", "checkpoint", ch->last_ckpt_name);
+  ch->status = PS_CHIEF_DONE;
+  ch->stopping = 1;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static int setup_eval(chief *ch) {
+  ps_errbuf eb = {0};
+  if (ps_dataset_load(ch->cfg->data_dir, "t10k", &ch->test, &eb) != 0) {
+    ps_log(PS_LOG_WARN, "%s: evaluations off", eb.msg);
+    return -1;
+  }
+  ch->test_x = malloc(ch->test.n * ch->model->in_size * sizeof(float));
+  ch->compute = ch->test_x ? ps_compute_new(ch->model, 1, 256, &eb) : NULL;
+  if (ch->compute == NULL) {
+    ps_log(PS_LOG_WARN, "evaluations off: %s", ch->test_x ? eb.msg : "out of memory");
+    return -1;
+  }
+  ps_dataset_images_f32(&ch->test, NULL, ch->test.n, PS_DATA_MEAN, PS_DATA_STD, ch->test_x);
+  return 0;
+}
+
+/* The schedule goes on from the newest checkpoint in the directory. */
+static void schedule_from_dir(chief *ch) {
+  ps_errbuf eb = {0};
+  ps_ckpt_entry *e = NULL;
+  int n = ps_ckpt_list(ch->cfg->checkpoint_dir, &e, &eb);
+  ch->last_ckpt_time = ps_now_s();
+  ch->last_ckpt_step = ch->gstep;
+  for (int i = n - 1; i >= 0; i--)
+    if (e[i].on_disk) {
+      ch->last_ckpt_step = e[i].step;
+      ch->last_ckpt_time = e[i].time;
+      snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", e[i].name);
+      break;
+    }
+  free(e);
+  if (n < 0)
+    ps_log(PS_LOG_WARN, "%s", eb.msg);
+}
+
+int ps_chief_run(const ps_config *cfg) {
+  ps_log_init("chief", ps_log_level_parse(cfg->log_level) < 0 ? PS_LOG_INFO
+                                                               : ps_log_level_parse(cfg->log_level));
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  chief *ch = calloc(1, sizeof *ch);
+  if (ch == NULL)
+    return PS_CHIEF_FAILED;
+  ch->cfg = cfg;
+  ch->status = PS_CHIEF_FAILED;
+  ps_errbuf eb = {0};
+  uint64_t token = 0;
+  char path[4200];
+  ch->client = ps_client_new_as(cfg->path, PS_ROLE_CHIEF, 0, &eb);
+  if (ch->client == NULL) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  ch->layout = ps_client_layout(ch->client);
+  ch->model = ps_client_model(ch->client);
+  ps_model_spec_format(&ch->model->spec, ch->model_text, sizeof ch->model_text);
+  ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 3 > 200 ? cfg->chief_lease_ms / 3
+                                                                          : 200));
+  ch->reg = ps_registry_new(cfg, "chief", 0);
+  if (ch->reg == NULL ||
+      ps_registry_new_epoch(ch->reg, (volatile int *)&stop_signal, &token, &eb) != 0) {
+    if (stop_signal)
+      ch->status = PS_CHIEF_DONE;
+    else
+      ps_log(PS_LOG_ERROR, "%s", ch->reg ? eb.msg : "out of memory");
+    goto out;
+  }
+  ps_lease_init(&ch->lease, cfg->cluster_id, token, cfg->chief_lease_ms);
+  if (lease_wait(ch) != 0) {
+    ch->status = PS_CHIEF_DONE;
+    goto out;
+  }
+  if (cfg->summary_file[0])
+    snprintf(path, sizeof path, "%s", cfg->summary_file);
+  else
+    snprintf(path, sizeof path, "%s/summaries.jsonl", cfg->checkpoint_dir);
+  if (ps_summary_open(&ch->sum, path) != 0)
+    ps_log(PS_LOG_WARN, "%s: cannot append summaries: %s", path, strerror(errno));
+  ps_log(PS_LOG_INFO, "holding the lease %s (token %" PRIu64 "); model %s, %d shards, %d workers,"
+         " checkpoints in %s", ch->lease.key, token, ch->model_text, cfg->nps, cfg->nworkers,
+         cfg->checkpoint_dir);
+  ps_summary_event(&ch->sum, 0, "chief", "{s:I}", "token", (long long)token);
+  if (cfg->chief_eval_every > 0 || cfg->last_step > 0)
+    setup_eval(ch);
+
+  /* The restore plan: wait until every shard answers. */
+  int said = 0;
+  uint64_t t0 = ps_now_ns();
+  while (!stop_signal && !ch->stopping && poll_stats(ch) != 0) {
+    if (!said || ps_now_ns() - t0 > 10000000000ULL) {
+      ps_log(PS_LOG_INFO, "waiting for every shard to answer: %s", ps_client_error(ch->client));
+      said = 1;
+      t0 = ps_now_ns();
+    }
+    usleep(TICK_MS * 1000);
+  }
+  if (stop_signal || ch->stopping)
+    goto done;
+  int missing = 0;
+  for (int i = 0; i < cfg->nps; i++)
+    missing += !(ch->stats[i].flags & PS_STATS_INITIALIZED);
+  if (missing == 0) {
+    ps_log(PS_LOG_INFO, "every shard holds its state (restored from Redis, or running): global "
+           "step %" PRIu64, ch->gstep);
+    ps_summary_event(&ch->sum, ch->gstep, "restore", "{s:s}", "source",
+                     ps_plan_source_name(PS_PLAN_REDIS));
+  } else if (load_missing(ch, missing == cfg->nps) != 0) {
+    goto done;
+  } else {
+    poll_stats(ch);
+  }
+  if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours, NULL, &eb) <
+      0)
+    ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
+  schedule_from_dir(ch);
+  ch->next_eval_step = cfg->chief_eval_every > 0
+                           ? (ch->gstep / (uint64_t)cfg->chief_eval_every + 1) *
+                                 (uint64_t)cfg->chief_eval_every
+                           : UINT64_MAX;
+  ch->log_t0 = ps_now_s();
+  ch->log_step0 = ch->gstep;
+  ch->next_log_step = ch->gstep + 1;
+
+  while (!stop_signal && !ch->stopping) {
+    uint64_t tick0 = ps_now_ns();
+    if (poll_stats(ch) == 0) {
+      int missing_now = 0;
+      for (int i = 0; i < cfg->nps; i++)
+        missing_now += !(ch->stats[i].flags & PS_STATS_INITIALIZED);
+      if (missing_now > 0)
+        load_missing(ch, missing_now == cfg->nps);
+    }
+    poll_workers(ch);
+    if (ch->stopping)
+      break;
+    if (cfg->last_step > 0 && ch->gstep >= (uint64_t)cfg->last_step && ch->stats_ok[0]) {
+      finish(ch);
+      break;
+    }
+    hooks(ch);
+    uint64_t spent = (ps_now_ns() - tick0) / 1000000ULL;
+    if (spent < TICK_MS)
+      usleep((useconds_t)(TICK_MS - spent) * 1000);
+  }
+done:
+  if (stop_signal)
+    ch->status = PS_CHIEF_DONE;
+  /* Let a write in flight finish: a checkpoint is never cut short. */
+  while (bg_busy(&ch->writer)) {
+    ckpt_job *j = bg_finished(&ch->writer);
+    if (j != NULL)
+      write_done(ch, j);
+    else
+      usleep(10000);
+  }
+  while (bg_busy(&ch->evaler)) {
+    eval_job *e = bg_finished(&ch->evaler);
+    if (e != NULL) {
+      free(e->params);
+      free(e);
+    } else {
+      usleep(10000);
+    }
+  }
+  if (stop_signal)
+    ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
+           stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (redis(ch) != NULL && ch->lease.key[0])
+    ps_lease_release(&ch->lease, redis(ch));
+out:
+  ps_summary_close(&ch->sum);
+  ps_compute_free(ch->compute);
+  free(ch->test_x);
+  ps_dataset_close(&ch->test);
+  ps_registry_free(ch->reg);
+  ps_client_free(ch->client);
+  int status = ch->status;
+  free(ch);
+  return status;
+}

@@ -1,0 +1,51 @@
+/* The chief's lease (see lease.h). */
+#include "chief/lease.h"
+
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Renew if ours, take if free; either way report who holds it. */
+static const char TAKE_SCRIPT[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if v == ARGV[1] or not v then\n"
+    "  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return {1, ARGV[1]} end\n"
+    "return {0, v}\n";
+
+static const char RELEASE_SCRIPT[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end\n"
+    "return 0\n";
+
+void ps_lease_init(ps_lease *l, const char *cluster, uint64_t token, int64_t ms) {
+  char host[128] = "?";
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  snprintf(l->key, sizeof l->key, "{%s}:chief", cluster);
+  snprintf(l->value, sizeof l->value, "token %" PRIu64 " host %s pid %d", token, host,
+           (int)getpid());
+  l->token = token;
+  l->ms = ms;
+}
+
+int ps_lease_take(const ps_lease *l, void *redis, char *holder, size_t holder_len) {
+  char ms[32];
+  snprintf(ms, sizeof ms, "%" PRId64, l->ms);
+  redisReply *r = redisCommand(redis, "EVAL %s 1 %s %s %s", TAKE_SCRIPT, l->key, l->value, ms);
+  if (r == NULL)
+    return -1;
+  int rc = -1;
+  if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+      r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_STRING) {
+    rc = r->element[0]->integer == 1;
+    snprintf(holder, holder_len, "%s", r->element[1]->str);
+  }
+  freeReplyObject(r);
+  return rc;
+}
+
+void ps_lease_release(const ps_lease *l, void *redis) {
+  redisReply *r = redisCommand(redis, "EVAL %s 1 %s %s", RELEASE_SCRIPT, l->key, l->value);
+  freeReplyObject(r);
+}

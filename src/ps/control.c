@@ -1,0 +1,271 @@
+/* The chief's requests to a shard (PROTOCOL.md, "The chief"): CUT copies
+ * the whole state into an image and holds pushes until RESUME, so that the
+ * chief's cut of all shards is taken while all are paused; FETCH reads the
+ * image back in pieces while training goes on; LOAD gives an uninitialized
+ * shard its first state; STOP ends the run.  Only the chief may send them. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/timeutil.h"
+#include "ps/server_internal.h"
+
+/* A push that came while a cut held pushes: applied at RESUME, in order. */
+typedef struct held_push {
+  struct held_push *next;
+  client *cl;             /* holds a reference */
+  uint64_t req;
+  ps_msg_push p;          /* p.data points at the copy below */
+  float data[];
+} held_push;
+
+static float *grow(float *img, uint64_t *cap, uint64_t want) {
+  if (want <= *cap && img != NULL)
+    return img;
+  free(img);
+  *cap = 0;
+  void *p = NULL;
+  if (posix_memalign(&p, 64, (size_t)(want ? want : 1) * sizeof(float)) != 0)
+    return NULL;
+  *cap = want;
+  return p;
+}
+
+static void resume(server *s, const char *why) {
+  if (!s->paused)
+    return;
+  s->paused = 0;
+  held_push *h = s->held;
+  s->held = s->held_tail = NULL;
+  int n = 0;
+  while (h != NULL) {
+    held_push *next = h->next;
+    if (!h->cl->closed && !s->stopping)
+      ps_server_push(h->cl, h->req, &h->p);
+    client_unref(h->cl);
+    free(h);
+    h = next;
+    n++;
+  }
+  ps_log(n > 0 || why[0] != 'R' ? PS_LOG_INFO : PS_LOG_DEBUG,
+         "cut %" PRIu64 ": %s; %d held pushes applied", s->cut_id, why, n);
+}
+
+int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
+  server *s = cl->srv;
+  if (!s->paused)
+    return 0;
+  held_push *h = malloc(sizeof *h + p->count * sizeof(float));
+  if (h == NULL) {
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding a push",
+                 s->index);
+    return 1;
+  }
+  h->next = NULL;
+  h->cl = cl;
+  h->req = req;
+  h->p = *p;
+  memcpy(h->data, p->data, p->count * sizeof(float));
+  h->p.data = (const uint8_t *)h->data;
+  cl->refs++;
+  if (s->held_tail)
+    s->held_tail->next = h;
+  else
+    s->held = h;
+  s->held_tail = h;
+  return 1;
+}
+
+void ps_control_tick(server *s, uint64_t now_ns) {
+  if (s->paused && now_ns >= s->resume_at_ns)
+    resume(s, "no RESUME from the chief in time: resumed by itself");
+}
+
+void ps_control_free(server *s) {
+  s->paused = 0;
+  while (s->held != NULL) {
+    held_push *h = s->held;
+    s->held = h->next;
+    client_unref(h->cl);
+    free(h);
+  }
+  s->held_tail = NULL;
+  free(s->cut_img);
+  free(s->load_img);
+  s->cut_img = s->load_img = NULL;
+  s->cut_cap = s->load_cap = 0;
+}
+
+static void send_pong(client *cl, uint64_t req, uint64_t token) {
+  ps_msg m = {.type = PS_MSG_PONG};
+  m.u.ping.token = token;
+  ps_conn_send_msg(cl->conn, &m, req);
+}
+
+static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
+  server *s = cl->srv;
+  if (!s->initialized) {
+    REFUSE(cl, PS_EFORMAT, PS_ERROR_RETRY, "CUT of shard %d, which holds no state yet", s->index);
+    return;
+  }
+  ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
+  float *img = grow(s->cut_img, &s->cut_cap, in.image_floats);
+  s->cut_img = img;
+  if (img == NULL) {
+    REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a copy of %" PRIu64 " floats",
+           in.image_floats);
+    return;
+  }
+  uint64_t t0 = ps_now_ns();
+  ps_shard_image_write(&s->shard, img);
+  s->cut_info = in;
+  s->cut_id = c->cut_id;
+  s->paused = 1;
+  s->resume_at_ns = ps_now_ns() + (uint64_t)c->hold_ms * 1000000ULL;
+  ps_msg m = {.type = PS_MSG_CUT_REPLY};
+  m.u.cut_reply.cut_id = c->cut_id;
+  m.u.cut_reply.state = (ps_msg_state){
+      .version = in.version, .global_step = in.global_step, .image_floats = in.image_floats,
+      .nslots = (uint32_t)in.nslots, .has_accum = (uint32_t)in.has_accum,
+      .accum_count = (uint32_t)in.accum_count, .target = (uint32_t)in.target,
+      .nonce = (uint32_t)in.nonce};
+  ps_conn_send_msg(cl->conn, &m, req);
+  ps_log(PS_LOG_DEBUG, "cut %" PRIu64 ": copied %" PRIu64 " floats at version %" PRIu64
+         " in %.2f ms; holding pushes", c->cut_id, in.image_floats, in.version,
+         (double)(ps_now_ns() - t0) * 1e-6);
+}
+
+static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
+  server *s = cl->srv;
+  uint64_t total = s->cut_img != NULL ? s->cut_info.image_floats : 0;
+  if (f->cut_id != s->cut_id || s->cut_img == NULL) {
+    REFUSE(cl, PS_EFORMAT, 0, "FETCH of cut %" PRIu64 ", this shard holds cut %" PRIu64, f->cut_id,
+           s->cut_id);
+    return;
+  }
+  if (f->offset > total || f->count > total - f->offset || f->count > s->shard.o.nfloats) {
+    REFUSE(cl, PS_EFORMAT, 0,
+           "FETCH of floats %" PRIu64 "..+%" PRIu64 ": the copy holds %" PRIu64
+           " and a piece is at most %zu",
+           f->offset, f->count, total, s->shard.o.nfloats);
+    return;
+  }
+  ps_msg m = {.type = PS_MSG_FETCH_REPLY};
+  m.u.fetch_reply.cut_id = f->cut_id;
+  m.u.fetch_reply.offset = f->offset;
+  m.u.fetch_reply.count = f->count;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
+  /* The copy stays until the next CUT, which the chief sends only after
+   * its fetches are answered. */
+  ps_conn_send(cl->conn, prefix, plen, s->cut_img + f->offset, f->count * sizeof(float), NULL,
+               NULL);
+}
+
+static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
+  server *s = cl->srv;
+  if (s->initialized) {
+    REFUSE(cl, PS_EFORMAT, 0, "LOAD of shard %d, which already holds a state at version %" PRIu64,
+           s->index, s->shard.version);
+    return;
+  }
+  ps_shard_image_info in = {
+      .version = l->state.version, .global_step = l->state.global_step,
+      .image_floats = l->state.image_floats, .nslots = (int)l->state.nslots,
+      .has_accum = (int)l->state.has_accum, .accum_count = (int)l->state.accum_count,
+      .target = (int)l->state.target, .nonce = (int)l->state.nonce};
+  char why[256];
+  if (l->state.nonce > PS_CONFIG_MAX_NODES || l->state.target > PS_CONFIG_MAX_NODES ||
+      ps_shard_image_check(&s->shard, &in, why, sizeof why) != 0) {
+    if (l->state.nonce > PS_CONFIG_MAX_NODES || l->state.target > PS_CONFIG_MAX_NODES)
+      snprintf(why, sizeof why, "%" PRIu32 " exactly-once rows and a target of %" PRIu32
+               ", expected at most %d", l->state.nonce, l->state.target, PS_CONFIG_MAX_NODES);
+    REFUSE(cl, PS_ELAYOUT, 0, "LOAD: %s", why);
+    return;
+  }
+  if (l->offset == 0)
+    s->load_next = 0;
+  if (l->offset != s->load_next || l->count > s->shard.o.nfloats) {
+    REFUSE(cl, PS_EFORMAT, 0, "LOAD piece at float %" PRIu64 " of %" PRIu64
+           " floats, expected the piece at %" PRIu64 " of at most %zu",
+           l->offset, l->count, s->load_next, s->shard.o.nfloats);
+    return;
+  }
+  s->load_img = grow(s->load_img, &s->load_cap, in.image_floats);
+  if (s->load_img == NULL) {
+    REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a state of %" PRIu64 " floats",
+           in.image_floats);
+    return;
+  }
+  memcpy(s->load_img + l->offset, l->data, l->count * sizeof(float));
+  s->load_next = l->offset + l->count;
+  if (s->load_next == in.image_floats) {
+    ps_shard_image_load(&s->shard, &in, s->load_img);
+    free(s->load_img);
+    s->load_img = NULL;
+    s->load_cap = s->load_next = 0;
+    s->initialized = 1;
+    ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
+           "; workers admitted", s->shard.version, s->shard.global_step);
+    if (ps_server_start_replica(s) != 0) {
+      s->status = 1;
+      ps_server_stop(s, "cannot replicate the loaded state");
+      return;
+    }
+  }
+  send_pong(cl, req, l->offset + l->count);
+}
+
+static void on_stop_timer(uv_timer_t *t) {
+  server *s = t->data;
+  s->status = 0;
+  ps_server_stop(s, "the chief ended the run");
+}
+
+static void on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
+  server *s = cl->srv;
+  if (uv_is_active((uv_handle_t *)&s->stop_timer))
+    return;
+  ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64 "; telling the workers",
+         st->step);
+  ps_msg m = {.type = PS_MSG_STOP};
+  m.u.stop.step = st->step;
+  for (client *c = s->clients; c != NULL; c = c->next)
+    if (c->state == C_READY && c->role == PS_ROLE_WORKER)
+      ps_conn_send_msg(c->conn, &m, 0);
+  send_pong(cl, req, st->step);
+  resume(s, "stopping");
+  /* Exit once the frames are out. */
+  uv_timer_start(&s->stop_timer, on_stop_timer, 200, 0);
+}
+
+void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
+  server *s = cl->srv;
+  if (cl->role != PS_ROLE_CHIEF) {
+    REFUSE(cl, PS_EFORMAT, 0, "%s from a %s: only the chief sends it", ps_proto_type_name(m->type),
+           ps_role_name(cl->role));
+    return;
+  }
+  switch (m->type) {
+  case PS_MSG_CUT:
+    on_cut(cl, req, &m->u.cut);
+    break;
+  case PS_MSG_RESUME:
+    if (m->u.resume.token == s->cut_id)
+      resume(s, "RESUME");
+    send_pong(cl, req, m->u.resume.token);
+    break;
+  case PS_MSG_FETCH:
+    on_fetch(cl, req, &m->u.fetch);
+    break;
+  case PS_MSG_LOAD:
+    on_load(cl, req, &m->u.load);
+    break;
+  case PS_MSG_STOP:
+    on_stop(cl, req, &m->u.stop);
+    break;
+  default:
+    break;
+  }
+}

@@ -1,0 +1,110 @@
+/* The shard server's state, shared by server.c (workers' requests) and
+ * control.c (the chief's requests).  Private to src/ps/. */
+#ifndef PS_PS_SERVER_INTERNAL_H
+#define PS_PS_SERVER_INTERNAL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "layout/layout.h"
+#include "net/conn.h"
+#include "nn/model.h"
+#include "proto/proto.h"
+#include "ps/shard.h"
+#include "replica/replica.h"
+
+typedef struct client client;
+typedef struct reply_buf reply_buf;
+
+typedef struct server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_signal_t sigterm, sigint;
+  uv_timer_t tick;
+  const ps_config *cfg;
+  int index;
+  uint64_t incarnation;
+  uint8_t secret[4096];
+  size_t secret_len;
+  ps_model model;
+  ps_layout layout;
+  ps_shard shard;
+  uint64_t max_payload;
+  client *clients;
+  int nclients;
+  int stopping;
+  uint64_t sync_started_ns;  /* when the current step's first gradient came */
+  uint64_t pulls, bytes_in_closed, bytes_out_closed;
+  reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
+  int reply_nfree;
+  ps_replica *replica;   /* NULL with replication = off */
+  uint8_t silent[PS_CONFIG_MAX_NODES];  /* workers whose heartbeat lapsed */
+  int status;            /* the exit status */
+  int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
+  ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
+  /* control.c */
+  uint64_t cut_id;              /* of the newest CUT */
+  int paused;                   /* pushes are held until RESUME */
+  uint64_t resume_at_ns;        /* or until then */
+  float *cut_img;               /* the newest CUT's copy */
+  uint64_t cut_cap;             /* floats allocated at cut_img */
+  ps_shard_image_info cut_info;
+  struct held_push *held, *held_tail;
+  float *load_img;              /* a LOAD being received */
+  uint64_t load_cap, load_next;
+  uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
+} server;
+
+enum { C_HANDSHAKE = 0, C_READY };
+
+struct client {
+  server *srv;
+  ps_conn *conn;
+  client *prev, *next;
+  int state;
+  uint64_t accepted_ns;
+  uint8_t nonce[PS_PROTO_NONCE_SIZE];
+  int role;
+  uint32_t index;
+  uint64_t incarnation;
+  int pull_held;          /* a PULL waits for its condition */
+  uint64_t pull_req, pull_step;
+  int has_clock;
+  uint64_t clock;         /* ssp: steps the worker has completed */
+  char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
+  int refused;            /* REFUSE logged why it is closing */
+  int refs;               /* acks waiting for Redis hold the client */
+  int closed;             /* its connection is gone */
+};
+
+void client_unref(client *cl);
+
+/* Log, answer with ERROR, close.  The shard's state is not touched. */
+#define REFUSE(cl, code, flags, ...)                                                     \
+  do {                                                                                   \
+    char why_[512];                                                                      \
+    snprintf(why_, sizeof why_, __VA_ARGS__);                                            \
+    ps_log(PS_LOG_WARN, "%s: %s; closing", (cl)->name, why_);                            \
+    (cl)->refused = 1;                                                                   \
+    ps_conn_fail((cl)->conn, (code), (flags), "%s", why_);                               \
+  } while (0)
+
+/* control.c: the chief's frames (CUT, RESUME, FETCH, LOAD, STOP). */
+void ps_control_frame(client *cl, uint64_t req, const ps_msg *m);
+/* A push that arrived while a cut holds pushes: queue it.  @return 1 if
+ * queued (or refused), 0 if the shard is not paused. */
+int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p);
+/* on_tick: resume a cut whose RESUME did not come in time. */
+void ps_control_tick(server *s, uint64_t now_ns);
+/* Free the control state (images, held pushes). */
+void ps_control_free(server *s);
+
+/* server.c, for control.c */
+void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
+int ps_server_start_replica(server *s);
+void ps_server_stop(server *s, const char *why);
+
+#endif

@@ -259,6 +259,10 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
     if (!state_ok(&msg->u.cut_reply.state))
       return -1;
     break;
+  case PS_MSG_STATS_REPLY:
+    if ((msg->u.stats_reply.flags & ~(uint64_t)(PS_STATS_INITIALIZED | PS_STATS_PAUSED)) != 0)
+      return -1;
+    break;
   case PS_MSG_PUSH_ACK:
     if (msg->u.push_ack.status > PS_PUSH_STALE)
       return -1;
@@ -594,9 +598,13 @@ static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *
   return 0;
 }
 
-static int get_state(const char *name, const uint8_t *p, ps_msg_state *st, ps_errbuf *eb) {
+/* The state block at payload offset `at` (8 in CUT_REPLY, 0 in LOAD); errors
+ * name payload offsets, as every other message's do. */
+static int get_state(const char *name, const uint8_t *payload, size_t at, ps_msg_state *st,
+                     ps_errbuf *eb) {
+  const uint8_t *p = payload + at;
   int rc;
-  if ((rc = check_pad(name, p, 44, 4, eb)) != 0)
+  if ((rc = check_pad(name, payload, at + 44, 4, eb)) != 0)
     return rc;
   st->version = ps_get_le64(p);
   st->global_step = ps_get_le64(p + 8);
@@ -631,7 +639,7 @@ static int decode_fetch_reply(const uint8_t *p, size_t len, ps_msg_fetch_reply *
 static int decode_load(const uint8_t *p, size_t len, ps_msg_load *m, ps_errbuf *eb) {
   int rc;
   if ((rc = check_fixed("LOAD", len, LOAD_FIXED, eb)) != 0 ||
-      (rc = get_state("LOAD", p, &m->state, eb)) != 0)
+      (rc = get_state("LOAD", p, 0, &m->state, eb)) != 0)
     return rc;
   m->offset = ps_get_le64(p + STATE_SIZE);
   m->count = ps_get_le64(p + STATE_SIZE + 8);
@@ -721,7 +729,7 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
     break;
   case PS_MSG_CUT_REPLY:
     out->u.cut_reply.cut_id = ps_get_le64(p);
-    return get_state(name, p + 8, &out->u.cut_reply.state, eb);
+    return get_state(name, p, 8, &out->u.cut_reply.state, eb);
   case PS_MSG_FETCH:
     out->u.fetch.cut_id = ps_get_le64(p);
     out->u.fetch.offset = ps_get_le64(p + 8);

@@ -207,8 +207,9 @@ typedef struct ps_msg {
 /* Decode and check the 24-byte header at buf (at least
  * PS_PROTO_HEADER_SIZE bytes).  Rejects a wrong magic (PS_EFORMAT), another
  * version (PS_EVERSION, naming both), an unknown type (PS_EFORMAT), nonzero
- * header flags (PS_EFORMAT: none are defined in version 1), and a payload
- * longer than `max_payload` for float-carrying types (PULL_REPLY, PUSH) or
+ * header flags (PS_EFORMAT: none are defined in version 2), and a payload
+ * longer than `max_payload` for float-carrying types (PULL_REPLY, PUSH,
+ * FETCH_REPLY, LOAD) or
  * than PS_PROTO_SMALL_PAYLOAD_MAX for the others (PS_EFORMAT); each with a
  * one-line message in eb.  *h is filled in even when the header is refused,
  * so that an ERROR reply can echo its request_id. */
@@ -217,34 +218,38 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
 
 /* Decode the payload of a frame whose header `h` was accepted; `len` must
  * equal h->length.  Checks the exact length of every fixed part, that
- * counts match the bytes present (PULL_REPLY, PUSH), that padding and
- * reserved fields are zero, that roles, PUSH_ACK status and ERROR code and
- * flags hold defined values, and that strings fit and hold only allowed
- * bytes (cluster id [A-Za-z0-9_.-], 1..63; ERROR message printable ASCII).
- * For PULL_REPLY and PUSH, out->u.*.data points into `payload`, valid as
- * long as payload is; nothing else points into it.
+ * counts match the bytes present (PULL_REPLY, PUSH, FETCH_REPLY, LOAD), that
+ * padding and reserved fields are zero, that roles, PUSH_ACK status, ERROR
+ * code and flags, STATS_REPLY flags and a state block's nslots (0..2) and
+ * has_accum (0..1) hold defined values, that a LOAD piece lies within its
+ * image (offset + count <= image_floats), and that strings fit and hold only
+ * allowed bytes (cluster id [A-Za-z0-9_.-], 1..63; ERROR message printable
+ * ASCII).  For PULL_REPLY, PUSH, FETCH_REPLY and LOAD, out->u.*.data points
+ * into `payload`, valid as long as payload is; nothing else points into it.
  * @return 0 or PS_EFORMAT with a message naming the type and what was
  * wrong; on error *out is zeroed. */
 int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len, ps_msg *out,
                     ps_errbuf *eb);
 
 /* Encode a whole frame (header + payload) of any type into out, which has
- * `cap` bytes.  For PULL_REPLY and PUSH the floats are copied from
- * msg->u.*.data.  An ERROR message is cut at PS_PROTO_ERROR_MSG_MAX bytes
+ * `cap` bytes.  For PULL_REPLY, PUSH, FETCH_REPLY and LOAD the floats are
+ * copied from msg->u.*.data.  An ERROR message is cut at PS_PROTO_ERROR_MSG_MAX bytes
  * and any byte outside printable ASCII is sent as '?', so that any error
  * text can be sent.  @return the frame's length, or 0 if it does not fit or
  * if msg is something ps_proto_decode would refuse (unknown type or role,
  * bad cluster id, PUSH_ACK status > 2, ERROR code >= 0 or unknown ERROR
- * flags, a count whose frame length overflows 32 bits, NULL data with a
- * nonzero count). */
+ * flags, unknown STATS_REPLY flags, a CUT_REPLY or LOAD state with nslots > 2
+ * or has_accum > 1, a LOAD piece outside its image, a count whose frame
+ * length overflows 32 bits, NULL data with a nonzero count). */
 size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap);
 
-/* Encode only the header and fixed part of a PULL_REPLY or PUSH frame into
- * out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of floats must
- * follow it on the wire (so that large slices are sent without a copy).
- * msg->u.*.data is not read.  @return the prefix length (56 for
- * PULL_REPLY, 72 for PUSH), or 0 for any other type or a count whose frame
- * length overflows 32 bits. */
+/* Encode only the header and fixed part of a PULL_REPLY, PUSH, FETCH_REPLY
+ * or LOAD frame into out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of
+ * floats must follow it on the wire (so that large slices are sent without
+ * a copy).  msg->u.*.data is not read.  @return the prefix length (56 for
+ * PULL_REPLY and FETCH_REPLY, 72 for PUSH, 88 for LOAD), or 0 for any other
+ * type, a count whose frame length overflows 32 bits, or a LOAD that
+ * ps_proto_encode would refuse. */
 size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);
 
 /* The largest payload a frame of float-carrying type can need for a slice

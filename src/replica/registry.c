@@ -179,8 +179,9 @@ int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos) {
 }
 
 int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
-  redisReply *rep = cmd(r, 1, "SET {%s}:pos:worker:%d %" PRIu64 " %" PRIu64, r->cfg->cluster_id,
-                        worker, pos->epoch, pos->offset);
+  char value[48];
+  snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64, pos->epoch, pos->offset);
+  redisReply *rep = cmd(r, 1, "SET {%s}:pos:worker:%d %s", r->cfg->cluster_id, worker, value);
   int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
   freeReplyObject(rep);
   return ok ? 0 : -1;

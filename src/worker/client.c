@@ -379,7 +379,8 @@ static int run_op(ps_client *c) {
     if (l->op != OP_NONE && !l->done && !c->fatal && c->timed_out && !timed_out) {
       timed_out = 1;
       snprintf(c->error, sizeof c->error, "shard %d: no reply within %d ms (%s)", l->index,
-               c->deadline_ms, l->state == L_READY ? "connected" : l->last_error);
+               c->deadline_ms, l->state == L_READY ? "connected"
+                                       : l->last_error[0] ? l->last_error : "connecting");
     }
     l->op = OP_NONE;
   }

@@ -17,17 +17,26 @@ static void check_error(int rc, const ps_errbuf *eb) {
     abort();
 }
 
+/* The floats of a float-carrying message (PULL_REPLY, PUSH, FETCH_REPLY,
+ * LOAD), or NULL. */
 static const uint8_t *floats_of(const ps_msg *m, uint64_t *count) {
-  if (m->type == PS_MSG_PUSH) {
-    *count = m->u.push.count;
-    return m->u.push.data;
+  switch (m->type) {
+  case PS_MSG_PUSH: *count = m->u.push.count; return m->u.push.data;
+  case PS_MSG_PULL_REPLY: *count = m->u.pull_reply.count; return m->u.pull_reply.data;
+  case PS_MSG_FETCH_REPLY: *count = m->u.fetch_reply.count; return m->u.fetch_reply.data;
+  case PS_MSG_LOAD: *count = m->u.load.count; return m->u.load.data;
+  default: *count = 0; return NULL;
   }
-  if (m->type == PS_MSG_PULL_REPLY) {
-    *count = m->u.pull_reply.count;
-    return m->u.pull_reply.data;
+}
+
+static void clear_floats(ps_msg *m) {
+  switch (m->type) {
+  case PS_MSG_PUSH: m->u.push.data = NULL; break;
+  case PS_MSG_PULL_REPLY: m->u.pull_reply.data = NULL; break;
+  case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = NULL; break;
+  case PS_MSG_LOAD: m->u.load.data = NULL; break;
+  default: break;
   }
-  *count = 0;
-  return NULL;
 }
 
 /* Two decoded messages are the same when their floats hold the same bytes
@@ -39,10 +48,8 @@ static int same_msg(const ps_msg *a, const ps_msg *b) {
   if (na != nb || (na > 0 && memcmp(fa, fb, 4 * na) != 0))
     return 0;
   ps_msg x = *a, y = *b;
-  if (x.type == PS_MSG_PUSH)
-    x.u.push.data = y.u.push.data = NULL;
-  else if (x.type == PS_MSG_PULL_REPLY)
-    x.u.pull_reply.data = y.u.pull_reply.data = NULL;
+  clear_floats(&x);
+  clear_floats(&y);
   return memcmp(&x, &y, sizeof x) == 0;
 }
 

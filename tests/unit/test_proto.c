@@ -19,6 +19,18 @@
 
 static const float floats[5] = {1.5f, -2.25f, 0.0f, 3.0e38f, -1.0e-30f};
 
+/* The state block of CUT_REPLY and LOAD, every field distinct. */
+static void sample_state(ps_msg_state *st) {
+  st->version = 0x2122232425262728u;
+  st->global_step = 0x3132333435363738u;
+  st->image_floats = 0x0000414243444546u;
+  st->nslots = 2;
+  st->has_accum = 1;
+  st->accum_count = 0x51525354u;
+  st->target = 0x61626364u;
+  st->nonce = 0x71727374u;
+}
+
 /* A valid message of `type` in which every field has a distinct value, so
  * that a field written at the wrong offset shows up. */
 static void sample(int type, ps_msg *m) {
@@ -80,6 +92,7 @@ static void sample(int type, ps_msg *m) {
     s->version = 1, s->global_step = 2, s->incarnation = 3, s->pushes_applied = 4;
     s->pushes_duplicate = 5, s->pushes_stale = 6, s->pulls = 7, s->bytes_in = 8;
     s->bytes_out = 9, s->clients = UINT64_MAX;
+    s->flags = PS_STATS_INITIALIZED | PS_STATS_PAUSED;
     break;
   }
   case PS_MSG_ERROR:
@@ -91,9 +104,63 @@ static void sample(int type, ps_msg *m) {
   case PS_MSG_PONG:
     m->u.ping.token = 0xc1c2c3c4c5c6c7c8u;
     break;
+  case PS_MSG_CUT:
+    m->u.cut.cut_id = 0xd1d2d3d4d5d6d7d8u;
+    m->u.cut.hold_ms = 0xe1e2e3e4u;
+    break;
+  case PS_MSG_CUT_REPLY:
+    m->u.cut_reply.cut_id = 0xd1d2d3d4d5d6d7d8u;
+    sample_state(&m->u.cut_reply.state);
+    break;
+  case PS_MSG_RESUME:
+    m->u.resume.token = 0xd1d2d3d4d5d6d7d8u;
+    break;
+  case PS_MSG_FETCH:
+    m->u.fetch.cut_id = 0xd1d2d3d4d5d6d7d8u;
+    m->u.fetch.offset = 0x0102030405060708u;
+    m->u.fetch.count = 0x1112131415161718u;
+    break;
+  case PS_MSG_FETCH_REPLY:
+    m->u.fetch_reply.cut_id = 0xd1d2d3d4d5d6d7d8u;
+    m->u.fetch_reply.offset = 0x0102030405060708u;
+    m->u.fetch_reply.count = 5;
+    m->u.fetch_reply.data = (const uint8_t *)floats;
+    break;
+  case PS_MSG_LOAD:
+    sample_state(&m->u.load.state);
+    /* The last piece: it ends exactly at the end of the image. */
+    m->u.load.offset = m->u.load.state.image_floats - 5;
+    m->u.load.count = 5;
+    m->u.load.data = (const uint8_t *)floats;
+    break;
+  case PS_MSG_STOP:
+    m->u.stop.step = 0xf1f2f3f4f5f6f7f8u;
+    break;
   default: /* STATS */
     break;
   }
+}
+
+/* Point a float-carrying message at data. */
+static void set_float_data(ps_msg *m, const uint8_t *data) {
+  switch (m->type) {
+  case PS_MSG_PULL_REPLY: m->u.pull_reply.data = data; break;
+  case PS_MSG_PUSH: m->u.push.data = data; break;
+  case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = data; break;
+  case PS_MSG_LOAD: m->u.load.data = data; break;
+  default: fail_msg("%s carries no floats", ps_proto_type_name(m->type));
+  }
+}
+
+static void assert_state_equal(const ps_msg_state *a, const ps_msg_state *b) {
+  assert_true(a->version == b->version);
+  assert_true(a->global_step == b->global_step);
+  assert_true(a->image_floats == b->image_floats);
+  assert_int_equal(a->nslots, b->nslots);
+  assert_int_equal(a->has_accum, b->has_accum);
+  assert_int_equal(a->accum_count, b->accum_count);
+  assert_int_equal(a->target, b->target);
+  assert_int_equal(a->nonce, b->nonce);
 }
 
 static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
@@ -159,7 +226,39 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     break;
   case PS_MSG_PING:
   case PS_MSG_PONG:
+  case PS_MSG_RESUME:
     assert_true(a->u.ping.token == b->u.ping.token);
+    break;
+  case PS_MSG_CUT:
+    assert_true(a->u.cut.cut_id == b->u.cut.cut_id);
+    assert_int_equal(a->u.cut.hold_ms, b->u.cut.hold_ms);
+    break;
+  case PS_MSG_CUT_REPLY:
+    assert_true(a->u.cut_reply.cut_id == b->u.cut_reply.cut_id);
+    assert_state_equal(&a->u.cut_reply.state, &b->u.cut_reply.state);
+    break;
+  case PS_MSG_FETCH:
+    assert_true(a->u.fetch.cut_id == b->u.fetch.cut_id);
+    assert_true(a->u.fetch.offset == b->u.fetch.offset);
+    assert_true(a->u.fetch.count == b->u.fetch.count);
+    break;
+  case PS_MSG_FETCH_REPLY:
+    assert_true(a->u.fetch_reply.cut_id == b->u.fetch_reply.cut_id);
+    assert_true(a->u.fetch_reply.offset == b->u.fetch_reply.offset);
+    assert_true(a->u.fetch_reply.count == b->u.fetch_reply.count);
+    if (a->u.fetch_reply.count > 0)
+      assert_memory_equal(a->u.fetch_reply.data, b->u.fetch_reply.data,
+                          4 * a->u.fetch_reply.count);
+    break;
+  case PS_MSG_LOAD:
+    assert_state_equal(&a->u.load.state, &b->u.load.state);
+    assert_true(a->u.load.offset == b->u.load.offset);
+    assert_true(a->u.load.count == b->u.load.count);
+    if (a->u.load.count > 0)
+      assert_memory_equal(a->u.load.data, b->u.load.data, 4 * a->u.load.count);
+    break;
+  case PS_MSG_STOP:
+    assert_true(a->u.stop.step == b->u.stop.step);
     break;
   default:
     break;
@@ -217,17 +316,83 @@ static void test_roundtrip_every_type(void **state) {
     assert_int_equal(ps_proto_decode(&h, frame + PS_PROTO_HEADER_SIZE, h.length, &out, &eb), 0);
     assert_msg_equal(&m, &out);
     /* The exact sizes of PROTOCOL.md. */
-    static const size_t want[PS_MSG_TYPE_MAX + 1] = {0, 48, 58 + 10, 56, 16, 32 + 20, 48 + 20,
-                                                     32, 0, 80, 16 + 48, 8, 8};
+    static const size_t want[PS_MSG_TYPE_MAX + 1] = {
+        0,       48,      58 + 10, 56, 16,      32 + 20, 48 + 20, 32, 0, 88, 16 + 48, 8, 8,
+        /* CUT */ 16, 56, 8,       24, 32 + 20, 64 + 20, 8};
     assert_int_equal(h.length, want[type]);
   }
+}
+
+/* The offsets of PROTOCOL.md's tables for the version-2 messages, read back
+ * from the encoded bytes rather than through the decoder, so that a field
+ * that the encoder and the decoder both put at the same wrong offset shows
+ * up. */
+static void test_v2_payload_bytes(void **state) {
+  (void)state;
+  ps_msg m;
+  const uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
+
+  encode_sample(PS_MSG_STATS_REPLY, &m);
+  for (int i = 0; i < 9; i++)
+    assert_true(ps_get_le64(p + 8 * i) == (uint64_t)(i + 1));
+  assert_true(ps_get_le64(p + 72) == UINT64_MAX);
+  assert_true(ps_get_le64(p + 80) == 3);
+
+  encode_sample(PS_MSG_CUT, &m);
+  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+  assert_int_equal(ps_get_le32(p + 8), 0xe1e2e3e4u);
+  assert_int_equal(ps_get_le32(p + 12), 0);
+
+  /* The state block: at 8 in CUT_REPLY, at 0 in LOAD. */
+  static const struct {
+    int type;
+    size_t at;
+  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 0}};
+  for (size_t i = 0; i < 2; i++) {
+    encode_sample(blocks[i].type, &m);
+    const uint8_t *b = p + blocks[i].at;
+    assert_true(ps_get_le64(b) == 0x2122232425262728u);
+    assert_true(ps_get_le64(b + 8) == 0x3132333435363738u);
+    assert_true(ps_get_le64(b + 16) == 0x0000414243444546u);
+    assert_int_equal(ps_get_le32(b + 24), 2);
+    assert_int_equal(ps_get_le32(b + 28), 1);
+    assert_int_equal(ps_get_le32(b + 32), 0x51525354u);
+    assert_int_equal(ps_get_le32(b + 36), 0x61626364u);
+    assert_int_equal(ps_get_le32(b + 40), 0x71727374u);
+    assert_int_equal(ps_get_le32(b + 44), 0);
+  }
+  encode_sample(PS_MSG_CUT_REPLY, &m);
+  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+
+  encode_sample(PS_MSG_RESUME, &m);
+  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+
+  encode_sample(PS_MSG_FETCH, &m);
+  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+  assert_true(ps_get_le64(p + 8) == 0x0102030405060708u);
+  assert_true(ps_get_le64(p + 16) == 0x1112131415161718u);
+
+  encode_sample(PS_MSG_FETCH_REPLY, &m);
+  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+  assert_true(ps_get_le64(p + 8) == 0x0102030405060708u);
+  assert_true(ps_get_le64(p + 16) == 5);
+  assert_true(ps_get_le64(p + 24) == 0);
+  assert_memory_equal(p + 32, floats, sizeof floats);
+
+  encode_sample(PS_MSG_LOAD, &m);
+  assert_true(ps_get_le64(p + 48) == 0x0000414243444546u - 5);
+  assert_true(ps_get_le64(p + 56) == 5);
+  assert_memory_equal(p + 64, floats, sizeof floats);
+
+  encode_sample(PS_MSG_STOP, &m);
+  assert_true(ps_get_le64(p) == 0xf1f2f3f4f5f6f7f8u);
 }
 
 static void test_header_bytes(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PING, &m);
-  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 1, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
+  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 2, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
                                    4,   3,   2,   1,   8, 0, 0,  0, 0xc8, 0xc7, 0xc6, 0xc5,
                                    0xc4, 0xc3, 0xc2, 0xc1};
   assert_int_equal(n, sizeof want);
@@ -266,22 +431,27 @@ static void test_empty_and_max_strings(void **state) {
 
 static void test_encode_prefix(void **state) {
   (void)state;
-  static const int types[] = {PS_MSG_PULL_REPLY, PS_MSG_PUSH};
-  for (size_t i = 0; i < 2; i++) {
+  /* Prefix = header + fixed part. */
+  static const struct {
+    int type;
+    size_t prefix;
+  } types[] = {{PS_MSG_PULL_REPLY, 24 + 32},
+               {PS_MSG_PUSH, 24 + 48},
+               {PS_MSG_FETCH_REPLY, 24 + 32},
+               {PS_MSG_LOAD, 24 + 64}};
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     ps_msg m, out;
-    size_t n = encode_sample(types[i], &m);
+    size_t n = encode_sample(types[i].type, &m);
     uint8_t whole[512];
     memcpy(whole, frame, n);
     /* The prefix does not read the floats: a NULL pointer must do. */
     ps_msg bare = m;
-    if (types[i] == PS_MSG_PUSH)
-      bare.u.push.data = NULL;
-    else
-      bare.u.pull_reply.data = NULL;
+    set_float_data(&bare, NULL);
     memset(frame, 0xee, sizeof frame);
     size_t np = ps_proto_encode_prefix(&bare, 0x0102030405060708u, frame);
-    assert_int_equal(np, types[i] == PS_MSG_PUSH ? 72 : 56);
+    assert_int_equal(np, types[i].prefix);
     assert_true(np <= PS_PROTO_PREFIX_MAX);
+    assert_int_equal((np - PS_PROTO_HEADER_SIZE) % 16, 0);  /* floats 16-byte aligned */
     memcpy(frame + np, floats, sizeof floats);
     assert_int_equal(np + sizeof floats, n);
     assert_memory_equal(frame, whole, n);
@@ -289,13 +459,34 @@ static void test_encode_prefix(void **state) {
     assert_msg_equal(&m, &out);
   }
   ps_msg m;
-  sample(PS_MSG_PULL, &m);
-  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  static const int not_float[] = {PS_MSG_PULL, PS_MSG_CUT, PS_MSG_CUT_REPLY, PS_MSG_FETCH,
+                                  PS_MSG_STATS_REPLY, PS_MSG_RESUME, PS_MSG_STOP};
+  for (size_t i = 0; i < sizeof not_float / sizeof not_float[0]; i++) {
+    sample(not_float[i], &m);
+    assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  }
   sample(PS_MSG_PUSH, &m);
   m.u.push.count = UINT64_C(1) << 30;  /* 48 + 2^32 bytes: no 32-bit length */
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
   m.u.push.count = (UINT32_MAX - 48) / 4;
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 72);
+  sample(PS_MSG_FETCH_REPLY, &m);
+  m.u.fetch_reply.count = (UINT32_MAX - 32) / 4 + 1;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  m.u.fetch_reply.count = (UINT32_MAX - 32) / 4;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 56);
+  sample(PS_MSG_LOAD, &m);  /* an image of ~2^46 floats: the bound is the length */
+  m.u.load.offset = 0;
+  m.u.load.count = (UINT32_MAX - 64) / 4 + 1;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  m.u.load.count = (UINT32_MAX - 64) / 4;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 88);
+  /* The prefix is held to LOAD's rules, too. */
+  m.u.load.offset = m.u.load.state.image_floats - m.u.load.count + 1;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  m.u.load.offset = 0;
+  m.u.load.state.nslots = 3;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
 }
 
 static void test_encode_too_small(void **state) {
@@ -333,8 +524,58 @@ static void test_encode_refuses_invalid(void **state) {
   sample(PS_MSG_PUSH, &m);
   m.u.push.data = NULL;
   assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
-  m.type = (ps_msg_type)13;
+  sample(PS_MSG_STATS_REPLY, &m);
+  m.u.stats_reply.flags = 0x4;
   assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.u.stats_reply.flags = UINT64_C(1) << 63;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  sample(PS_MSG_FETCH_REPLY, &m);
+  m.u.fetch_reply.data = NULL;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  sample(PS_MSG_LOAD, &m);
+  m.u.load.data = NULL;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.type = (ps_msg_type)(PS_MSG_TYPE_MAX + 1);
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.type = (ps_msg_type)0;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+
+  /* The state block of CUT_REPLY and LOAD: at most 2 slots, has_accum 0 or 1. */
+  static const int with_state[] = {PS_MSG_CUT_REPLY, PS_MSG_LOAD};
+  for (size_t i = 0; i < 2; i++) {
+    sample(with_state[i], &m);
+    ps_msg_state *st = with_state[i] == PS_MSG_LOAD ? &m.u.load.state : &m.u.cut_reply.state;
+    st->nslots = 3;
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+    st->nslots = UINT32_MAX;
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+    st->nslots = 0;
+    st->has_accum = 2;
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+    st->has_accum = 0;
+    assert_true(ps_proto_encode(&m, 1, frame, sizeof frame) > 0);
+  }
+
+  /* A LOAD piece must lie within its image: offset + count <= image_floats. */
+  sample(PS_MSG_LOAD, &m);
+  m.u.load.offset++;  /* one float past the end */
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.u.load.offset = m.u.load.state.image_floats + 1;
+  m.u.load.count = 0;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.u.load.offset = UINT64_MAX;  /* offset + count wraps to 4 */
+  m.u.load.count = 5;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.u.load.offset = 0;
+  m.u.load.state.image_floats = 4;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+  m.u.load.state.image_floats = 5;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 64 + 20);
+  /* An empty piece at the very end is within the image. */
+  m.u.load.offset = 5;
+  m.u.load.count = 0;
+  m.u.load.data = NULL;
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 64);
 }
 
 static void test_encode_sanitizes_error_message(void **state) {
@@ -369,19 +610,29 @@ static void test_other_version(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PULL, &m);
-  ps_put_le16(frame + 4, 2);
+  /* A version-1 peer is refused, with both versions named. */
+  ps_put_le16(frame + 4, 1);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 2, expected version 1");
+                "protocol version 1, expected version 2");
+  ps_put_le16(frame + 4, 3);
+  expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
+                "protocol version 3, expected version 2");
   ps_put_le16(frame + 4, 0);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION, "version 0");
+  /* Version 1's 80-byte STATS_REPLY, should one get past the header. */
+  n = encode_sample(PS_MSG_STATS_REPLY, &m);
+  assert_int_equal(n, PS_PROTO_HEADER_SIZE + 88);
+  expect_reject(80, PS_EFORMAT, "STATS_REPLY: payload is 80 bytes, expected 88");
 }
 
 static void test_unknown_type(void **state) {
   (void)state;
   ps_msg m;
   encode_sample(PS_MSG_STATS, &m);
-  ps_put_le16(frame + 6, 13);
-  expect_reject(0, PS_EFORMAT, "unknown message type 13");
+  ps_put_le16(frame + 6, 20);
+  expect_reject(0, PS_EFORMAT, "unknown message type 20, expected 1..19");
+  ps_put_le16(frame + 6, 0xffff);
+  expect_reject(0, PS_EFORMAT, "unknown message type 65535");
   ps_put_le16(frame + 6, 0);
   expect_reject(0, PS_EFORMAT, "unknown message type 0");
   /* decode refuses a header it did not accept, too. */
@@ -409,21 +660,50 @@ static void test_payload_cap(void **state) {
   expect_reject(PS_PROTO_SMALL_PAYLOAD_MAX + 1, PS_EFORMAT,
                 "PING: payload is 2049 bytes, more than the cap of 2048");
 
-  /* A float-carrying frame is held to the caller's cap instead. */
-  encode_sample(PS_MSG_PUSH, &m);
+  /* The version-2 control messages carry no floats: the small cap. */
+  static const int small[] = {PS_MSG_CUT, PS_MSG_CUT_REPLY, PS_MSG_RESUME, PS_MSG_FETCH,
+                              PS_MSG_STOP, PS_MSG_STATS_REPLY};
+  for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+    encode_sample(small[i], &m);
+    ps_put_le32(frame + 20, PS_PROTO_SMALL_PAYLOAD_MAX + 1);
+    assert_int_equal(ps_proto_decode_header(frame, MAX_PAYLOAD, &h, &eb), PS_EFORMAT);
+    char needle[96];
+    snprintf(needle, sizeof needle, "%s: payload is 2049 bytes, more than the cap of 2048",
+             ps_proto_type_name(small[i]));
+    assert_non_null(strstr(eb.msg, needle));
+  }
+
+  /* A float-carrying frame is held to the caller's cap instead: 64 (LOAD's
+   * fixed part, the largest) + 4 * floats. */
   uint64_t cap = ps_proto_max_payload(5);
-  assert_int_equal(cap, 48 + 20);
-  ps_put_le32(frame + 20, 48 + 20);
-  assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), 0);
-  ps_put_le32(frame + 20, 48 + 24);
-  assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), PS_EFORMAT);
-  assert_non_null(strstr(eb.msg, "PUSH: payload is 72 bytes, more than the cap of 68"));
-  encode_sample(PS_MSG_PULL_REPLY, &m);
-  ps_put_le32(frame + 20, 4000);
-  assert_int_equal(ps_proto_decode_header(frame, ps_proto_max_payload(5), &h, &eb), PS_EFORMAT);
-  assert_non_null(strstr(eb.msg, "PULL_REPLY"));
-  /* The small cap does not apply to floats. */
-  assert_int_equal(ps_proto_decode_header(frame, ps_proto_max_payload(1000), &h, &eb), 0);
+  assert_int_equal(cap, 64 + 20);
+  assert_int_equal(ps_proto_max_payload(0), 64);
+  static const int with_floats[] = {PS_MSG_PULL_REPLY, PS_MSG_PUSH, PS_MSG_FETCH_REPLY,
+                                    PS_MSG_LOAD};
+  for (size_t i = 0; i < sizeof with_floats / sizeof with_floats[0]; i++) {
+    encode_sample(with_floats[i], &m);
+    ps_put_le32(frame + 20, 64 + 20);
+    assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), 0);
+    ps_put_le32(frame + 20, 64 + 21);
+    assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), PS_EFORMAT);
+    char needle[96];
+    snprintf(needle, sizeof needle, "%s: payload is 85 bytes, more than the cap of 84",
+             ps_proto_type_name(with_floats[i]));
+    assert_non_null(strstr(eb.msg, needle));
+    /* The small cap does not apply to floats. */
+    ps_put_le32(frame + 20, 4000);
+    assert_int_equal(ps_proto_decode_header(frame, ps_proto_max_payload(5), &h, &eb),
+                     PS_EFORMAT);
+    assert_int_equal(ps_proto_decode_header(frame, ps_proto_max_payload(1000), &h, &eb), 0);
+  }
+  /* A whole LOAD piece of a slice fits the slice's cap. */
+  ps_msg load;
+  sample(PS_MSG_LOAD, &load);
+  load.u.load.offset = 0;
+  load.u.load.count = 5;
+  assert_int_equal(ps_proto_encode(&load, 1, frame, sizeof frame), 24 + ps_proto_max_payload(5));
+  assert_true(ps_proto_max_payload((UINT64_MAX - 64) / 4) == UINT64_MAX - 3);
+  assert_true(ps_proto_max_payload((UINT64_MAX - 64) / 4 + 1) == UINT64_MAX);
   assert_true(ps_proto_max_payload(UINT64_MAX / 2) == UINT64_MAX);
 }
 
@@ -471,6 +751,17 @@ static void test_count_mismatch(void **state) {
   ps_put_le64(frame + 24 + 16, 4);
   expect_reject(32 + 20, PS_EFORMAT,
                 "PULL_REPLY: payload is 52 bytes, expected 32 + 4 * count (count 4) = 48");
+  encode_sample(PS_MSG_FETCH_REPLY, &m);
+  ps_put_le64(frame + 24 + 16, 6);
+  expect_reject(32 + 20, PS_EFORMAT,
+                "FETCH_REPLY: payload is 52 bytes, expected 32 + 4 * count (count 6) = 56");
+  expect_reject(32 + 22, PS_EFORMAT,
+                "FETCH_REPLY: payload is 54 bytes, expected 32 + 4 * count (count 6) = 56");
+  encode_sample(PS_MSG_LOAD, &m);
+  ps_put_le64(frame + 24 + 56, 4);
+  expect_reject(64 + 20, PS_EFORMAT,
+                "LOAD: payload is 84 bytes, expected 64 + 4 * count (count 4) = 80");
+  expect_reject(64 + 17, PS_EFORMAT, "LOAD: payload is 81 bytes, expected 64 + 4 * count");
 }
 
 static void test_count_overflow(void **state) {
@@ -486,6 +777,23 @@ static void test_count_overflow(void **state) {
   encode_sample(PS_MSG_PULL_REPLY, &m);
   ps_put_le64(frame + 24 + 16, UINT64_C(1) << 62);
   expect_reject(32, PS_EFORMAT, "PULL_REPLY: payload is 32 bytes");
+  encode_sample(PS_MSG_FETCH_REPLY, &m);
+  ps_put_le64(frame + 24 + 16, UINT64_C(1) << 62);
+  expect_reject(32, PS_EFORMAT,
+                "FETCH_REPLY: payload is 32 bytes, expected 32 + 4 * count "
+                "(count 4611686018427387904)");
+  ps_put_le64(frame + 24 + 16, UINT64_MAX);
+  expect_reject(32 + 20, PS_EFORMAT, "overflows");
+  /* LOAD's count is checked against the bytes before the image bounds. */
+  encode_sample(PS_MSG_LOAD, &m);
+  ps_put_le64(frame + 24 + 16, UINT64_MAX);  /* image_floats */
+  ps_put_le64(frame + 24 + 56, UINT64_C(1) << 62);
+  expect_reject(64, PS_EFORMAT,
+                "LOAD: payload is 64 bytes, expected 64 + 4 * count (count 4611686018427387904)");
+  ps_put_le64(frame + 24 + 56, UINT64_MAX);
+  expect_reject(64 + 20, PS_EFORMAT,
+                "LOAD: payload is 84 bytes, expected 64 + 4 * count (count 18446744073709551615), "
+                "which overflows");
 }
 
 static void test_nonzero_padding(void **state) {
@@ -497,7 +805,8 @@ static void test_nonzero_padding(void **state) {
       {PS_MSG_CHALLENGE, 33, 35}, {PS_MSG_HELLO, 1, 3},       {PS_MSG_WELCOME, 5, 7},
       {PS_MSG_WELCOME, 52, 55},   {PS_MSG_PULL, 4, 7},        {PS_MSG_PULL_REPLY, 24, 31},
       {PS_MSG_PUSH, 4, 7},        {PS_MSG_PUSH, 40, 47},      {PS_MSG_PUSH_ACK, 28, 31},
-      {PS_MSG_ERROR, 10, 15},
+      {PS_MSG_ERROR, 10, 15},     {PS_MSG_CUT, 12, 15},       {PS_MSG_CUT_REPLY, 52, 55},
+      {PS_MSG_FETCH_REPLY, 24, 31}, {PS_MSG_LOAD, 44, 47},
   };
   for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
     for (int off = pads[i].from; off <= pads[i].to; off++) {
@@ -530,6 +839,116 @@ static void test_bad_fields(void **state) {
   n = encode_sample(PS_MSG_ERROR, &m);
   ps_put_le32(frame + 24 + 4, 2);
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "ERROR: flags are 0x2");
+}
+
+/* nslots and has_accum of the state block of CUT_REPLY (at 8) and LOAD (at 0). */
+static void test_bad_state(void **state) {
+  (void)state;
+  static const struct {
+    int type;
+    size_t at;
+  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 0}};
+  for (size_t i = 0; i < 2; i++) {
+    const char *name = ps_proto_type_name(blocks[i].type);
+    uint8_t *b = frame + PS_PROTO_HEADER_SIZE + blocks[i].at;
+    char needle[128];
+    ps_msg m, out;
+    uint32_t len = (uint32_t)(encode_sample(blocks[i].type, &m) - PS_PROTO_HEADER_SIZE);
+    ps_put_le32(b + 24, 3);
+    snprintf(needle, sizeof needle,
+             "%s: 3 slots and has_accum 1, expected at most 2 slots and has_accum 0 or 1", name);
+    expect_reject(len, PS_EFORMAT, needle);
+    ps_put_le32(b + 24, UINT32_MAX);
+    snprintf(needle, sizeof needle, "%s: 4294967295 slots", name);
+    expect_reject(len, PS_EFORMAT, needle);
+    ps_put_le32(b + 24, 2);
+    ps_put_le32(b + 28, 2);
+    snprintf(needle, sizeof needle, "%s: 2 slots and has_accum 2", name);
+    expect_reject(len, PS_EFORMAT, needle);
+    /* Every valid combination, and the fields with no rule at their extremes. */
+    for (uint32_t slots = 0; slots <= 2; slots++)
+      for (uint32_t accum = 0; accum <= 1; accum++) {
+        encode_sample(blocks[i].type, &m);
+        ps_put_le32(b + 24, slots);
+        ps_put_le32(b + 28, accum);
+        ps_put_le32(b + 32, UINT32_MAX);  /* accum_count */
+        ps_put_le32(b + 36, 0);           /* target */
+        ps_put_le32(b + 40, UINT32_MAX);  /* nonce */
+        assert_int_equal(decode_frame(len, &out), 0);
+        const ps_msg_state *st =
+            blocks[i].type == PS_MSG_LOAD ? &out.u.load.state : &out.u.cut_reply.state;
+        assert_int_equal(st->nslots, slots);
+        assert_int_equal(st->has_accum, accum);
+        assert_int_equal(st->accum_count, UINT32_MAX);
+        assert_int_equal(st->target, 0);
+        assert_int_equal(st->nonce, UINT32_MAX);
+      }
+  }
+}
+
+/* A LOAD piece must lie within its image: offset + count <= image_floats,
+ * checked without overflow. */
+static void test_load_bounds(void **state) {
+  (void)state;
+  ps_msg m, out;
+  uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
+  encode_sample(PS_MSG_LOAD, &m);
+  ps_put_le64(p + 16, 100);  /* image_floats */
+  ps_put_le64(p + 48, 95);   /* offset: the last 5 floats */
+  assert_int_equal(decode_frame(64 + 20, &out), 0);
+  assert_true(out.u.load.offset == 95 && out.u.load.count == 5);
+  assert_true(out.u.load.state.image_floats == 100);
+  assert_ptr_equal(out.u.load.data, p + 64);
+  ps_put_le64(p + 48, 0);
+  assert_int_equal(decode_frame(64 + 20, &out), 0);
+
+  ps_put_le64(p + 48, 96);
+  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 96..+5 lie outside the image of 100");
+  ps_put_le64(p + 48, 101);
+  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 101..+5 lie outside the image of 100");
+  /* offset + count wraps to 4, which a careless check would take for in bounds. */
+  ps_put_le64(p + 48, UINT64_MAX);
+  expect_reject(64 + 20, PS_EFORMAT,
+                "LOAD: floats 18446744073709551615..+5 lie outside the image of 100");
+  ps_put_le64(p + 48, 0);
+  ps_put_le64(p + 16, 4);
+  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 0..+5 lie outside the image of 4");
+  ps_put_le64(p + 16, 0);
+  expect_reject(64 + 20, PS_EFORMAT, "outside the image of 0");
+
+  /* Empty pieces: within the image up to its end, not past it. */
+  ps_put_le64(p + 56, 0);
+  ps_put_le64(p + 16, 100);
+  ps_put_le64(p + 48, 100);
+  assert_int_equal(decode_frame(64, &out), 0);
+  assert_true(out.u.load.count == 0);
+  ps_put_le64(p + 48, 101);
+  expect_reject(64, PS_EFORMAT, "LOAD: floats 101..+0 lie outside the image of 100");
+}
+
+static void test_stats_reply_flags(void **state) {
+  (void)state;
+  ps_msg m, out;
+  for (uint64_t flags = 0; flags <= 3; flags++) {
+    sample(PS_MSG_STATS_REPLY, &m);
+    m.u.stats_reply.flags = flags;
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 88);
+    assert_true(ps_get_le64(frame + PS_PROTO_HEADER_SIZE + 80) == flags);
+    assert_int_equal(decode_frame(88, &out), 0);
+    assert_true(out.u.stats_reply.flags == flags);
+    assert_msg_equal(&m, &out);
+  }
+  assert_int_equal(PS_STATS_INITIALIZED, 0x1);
+  assert_int_equal(PS_STATS_PAUSED, 0x2);
+  static const uint64_t bad[] = {0x4, 0x7, UINT64_C(1) << 32, UINT64_C(1) << 63, UINT64_MAX};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    encode_sample(PS_MSG_STATS_REPLY, &m);
+    ps_put_le64(frame + PS_PROTO_HEADER_SIZE + 80, bad[i]);
+    char needle[96];
+    snprintf(needle, sizeof needle, "STATS_REPLY: flags are 0x%llx, expected only 0x3",
+             (unsigned long long)bad[i]);
+    expect_reject(88, PS_EFORMAT, needle);
+  }
 }
 
 static void test_bad_cluster_id(void **state) {
@@ -666,8 +1085,17 @@ static void test_names(void **state) {
   assert_string_equal(ps_proto_type_name(PS_MSG_STATS_REPLY), "STATS_REPLY");
   assert_string_equal(ps_proto_type_name(PS_MSG_CHALLENGE), "CHALLENGE");
   assert_string_equal(ps_proto_type_name(PS_MSG_PONG), "PONG");
+  assert_string_equal(ps_proto_type_name(13), "CUT");
+  assert_string_equal(ps_proto_type_name(14), "CUT_REPLY");
+  assert_string_equal(ps_proto_type_name(15), "RESUME");
+  assert_string_equal(ps_proto_type_name(16), "FETCH");
+  assert_string_equal(ps_proto_type_name(17), "FETCH_REPLY");
+  assert_string_equal(ps_proto_type_name(18), "LOAD");
+  assert_string_equal(ps_proto_type_name(19), "STOP");
+  assert_int_equal(PS_MSG_TYPE_MAX, 19);
+  assert_int_equal(PS_PROTO_VERSION, 2);
   assert_string_equal(ps_proto_type_name(0), "unknown");
-  assert_string_equal(ps_proto_type_name(17), "unknown");
+  assert_string_equal(ps_proto_type_name(20), "unknown");
   assert_string_equal(ps_proto_type_name(-1), "unknown");
   assert_string_equal(ps_role_name(PS_ROLE_WORKER), "worker");
   assert_string_equal(ps_role_name(PS_ROLE_CHIEF), "chief");
@@ -679,6 +1107,7 @@ static void test_names(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_every_type),
+      cmocka_unit_test(test_v2_payload_bytes),
       cmocka_unit_test(test_header_bytes),
       cmocka_unit_test(test_empty_and_max_strings),
       cmocka_unit_test(test_encode_prefix),
@@ -696,6 +1125,9 @@ int main(void) {
       cmocka_unit_test(test_count_overflow),
       cmocka_unit_test(test_nonzero_padding),
       cmocka_unit_test(test_bad_fields),
+      cmocka_unit_test(test_bad_state),
+      cmocka_unit_test(test_load_bounds),
+      cmocka_unit_test(test_stats_reply_flags),
       cmocka_unit_test(test_bad_cluster_id),
       cmocka_unit_test(test_cluster_id_length),
       cmocka_unit_test(test_error_message),

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The chief in a real cluster (2 shards, 2 workers, Redis, durability log):
+#  - two chiefs started at once: one holds the lease and writes checkpoints,
+#    the other waits and writes none;
+#  - the acting chief killed mid-run: training never stops, the other takes
+#    over and the checkpoint schedule goes on;
+#  - kill -9 of everything and FLUSHALL: the restart resumes from the
+#    checkpoint directory at the saved step with the saved data positions;
+#  - last_step: a final checkpoint there, every process exits 0, nothing is
+#    left running, and the accuracy meets step 2's bar.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+start_redis
+LAST=4000
+write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=$LAST" "train.threads=1" \
+  "train.schedule=cosine" "replication.mode=log" "replication.self_init=no" \
+  "checkpoint.dir=$T/ckpt" "checkpoint.every_steps=500" "checkpoint.every_secs=0" \
+  "chief.lease_ms=1500" "chief.eval_every_steps=0" "chief.log_every_steps=250"
+
+start_cluster() {  # SUFFIX
+  start_shards "ps$1_" "$T/c.conf" 2
+  start "w$1_0" "$BIN" worker --config "$T/c.conf" --index 0
+  start "w$1_1" "$BIN" worker --config "$T/c.conf" --index 1
+}
+pid() { local v="PID_$1"; echo "${!v}"; }
+ckpt_count() { grep -c "checkpoint ckpt-" "$T/$1.log" || true; }
+# The newest global step a worker has logged.
+gstep() { grep -ho 'global [0-9]*' "$T"/w"$1"_*.log 2>/dev/null | awk '{print $2}' | sort -n | tail -1; }
+
+# --- two chiefs at once
+start_cluster a
+start chiefA "$BIN" chief --config "$T/c.conf"
+start chiefB "$BIN" chief --config "$T/c.conf"
+for ((i = 0; i < 200; i++)); do
+  grep -q "holding the lease" "$T/chiefA.log" "$T/chiefB.log" 2>/dev/null && break
+  sleep 0.05
+done
+if grep -q "holding the lease" "$T/chiefA.log"; then act=chiefA other=chiefB; else act=chiefB other=chiefA; fi
+wait_for "$T/$other.log" "waiting for the lease" 10
+wait_for "$T/$act.log" "checkpoint ckpt-" 30
+[ "$(ckpt_count "$other")" -eq 0 ] || fail "the chief without the lease wrote a checkpoint"
+echo "ok: two chiefs at once: $act holds the lease and checkpoints, $other waits ($(grep -o 'waiting for the lease.*' "$T/$other.log" | head -1))"
+
+# --- the acting chief killed: training goes on, the other takes over
+kill -9 "$(pid "$act")"
+g0=$(gstep a)
+wait_for "$T/$other.log" "holding the lease" 10
+wait_for "$T/$other.log" "every shard holds its state" 10
+g1=$(gstep a)
+wait_for "$T/$other.log" "checkpoint ckpt-" 30
+[ "$(ckpt_count "$act")" -ge 1 ] || fail "no checkpoint before the kill"
+last_a=$(grep -o 'checkpoint ckpt-[0-9]*' "$T/$act.log" | tail -1 | grep -o '[0-9]*$')
+first_b=$(grep -o 'checkpoint ckpt-[0-9]*' "$T/$other.log" | head -1 | grep -o '[0-9]*$')
+[ "$((10#$first_b))" -gt "$((10#$last_a))" ] || fail "schedule went back: $first_b after $last_a"
+echo "ok: chief $act killed at global step ~$g0: training went on (step ~$g1 when $other took the lease); $other's first checkpoint at step $((10#$first_b)) after $((10#$last_a))"
+
+# --- whole cluster killed, Redis flushed: resume from the checkpoint directory
+wait_for "$T/$other.log" "global step 2[0-9]* of" 60
+for p in psa_0 psa_1 wa_0 wa_1 "$other"; do kill -9 "$(pid "$p")" 2>/dev/null || true; done
+for p in psa_0 psa_1 wa_0 wa_1 "$other"; do wait "$(pid "$p")" 2>/dev/null || true; done
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+saved=$(sed -n 's/^latest: ckpt-0*\([0-9][0-9]*\)$/\1/p' "$T/ckpt/checkpoint")
+[ -n "$saved" ] || fail "no latest checkpoint in the index: $(cat "$T/ckpt/checkpoint")"
+# The data positions the checkpoint saved, worker by worker ("epoch offset").
+read -r -a pos < <(python3 -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(" ".join("%d:%d" % (int(p[0]), int(p[1])) for p in m["data_positions"]))' \
+  "$T/ckpt/ckpt-$(printf %09d "$saved")/MANIFEST.json")
+start_cluster b
+start chiefC "$BIN" chief --config "$T/c.conf"
+wait_for "$T/chiefC.log" "shard 1: loaded from ckpt-0*$saved" 20
+grep -q "shard 0: loaded from ckpt-0*$saved: version [0-9]*, global step $saved " "$T/chiefC.log" ||
+  fail "shard 0 not restored at step $saved: $(grep 'loaded from' "$T/chiefC.log")"
+for j in 0 1; do
+  wait_for "$T/wb_$j.log" "resumed data position" 20
+  want="epoch ${pos[j]%%:*} offset ${pos[j]##*:}"
+  grep -q "resumed data position $want " "$T/wb_$j.log" ||
+    fail "worker $j: $(grep 'resumed data position' "$T/wb_$j.log"), expected $want"
+done
+echo "ok: kill -9 of every process + FLUSHALL: restored from ckpt at step $saved, data positions ${pos[*]} (epoch:offset)"
+
+# --- the run ends at last_step: final checkpoint, every process exits 0
+wait_exit "$(pid chiefC)" 120 || fail "chief exited $?"
+for p in psb_0 psb_1 wb_0 wb_1; do
+  wait_exit "$(pid "$p")" 15 || fail "$p exited $?"
+done
+grep -q "reached last_step $LAST: final checkpoint ckpt-0*$LAST;" "$T/chiefC.log" ||
+  fail "no final checkpoint at $LAST"
+[ -f "$T/ckpt/ckpt-$(printf %09d $LAST)/MANIFEST.json" ] || fail "ckpt-$LAST missing"
+acc=$(sed -n 's/^final test_acc \([0-9.]*\) .*/\1/p' "$T/chiefC.log")
+python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.87 else 1)" ||
+  fail "final test accuracy $acc < 0.87"
+left=$(pgrep -f "paramserv .*--config $T/c.conf" || true)
+[ -z "$left" ] || fail "still running: $left"
+echo "ok: last_step $LAST: final checkpoint ckpt-$LAST, chief + 2 ps + 2 workers exited 0, none left; test accuracy $acc (bar 0.87)"

@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -25,10 +24,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "chief/cut.h"
 #include "chief/lease.h"
 #include "chief/summary.h"
-#include "common/endian.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
 #include "nn/compute.h"
@@ -39,24 +39,10 @@
 
 #define TICK_MS 100
 #define HOLD_MS 2000          /* a shard resumes by itself if RESUME never comes */
-#define PIECE_FLOATS (1u << 20)
+#define PIECE_FLOATS (1u << 20)  /* floats per LOAD piece */
 
 typedef struct chief chief;
 
-/* A checkpoint being written by the writer thread: it owns the images. */
-typedef struct ckpt_job {
-  chief *ch;
-  uint64_t step;
-  float *img[PS_CONFIG_MAX_NODES];
-  ps_shard_image_info info[PS_CONFIG_MAX_NODES];
-  ps_data_pos pos[PS_CONFIG_MAX_NODES];
-  double stall_ms, fetch_s;
-  /* results */
-  int rc;
-  char err[1024];
-  char nonfinite[256];
-  ps_ckpt_write_stats st;
-} ckpt_job;
 
 typedef struct eval_job {
   chief *ch;
@@ -76,6 +62,7 @@ typedef struct bg {
 
 struct chief {
   const ps_config *cfg;
+  ps_cut_env cut_env;
   ps_client *client;
   const ps_layout *layout;
   const ps_model *model;
@@ -142,22 +129,6 @@ static void *bg_finished(bg *b) {
 
 static int bg_busy(bg *b) { return atomic_load(&b->state) != 0; }
 
-/* The first non-finite value of a float run, as "variable[element]". */
-static int find_nonfinite(const chief *ch, const float *v, size_t n, int shard, char *what,
-                          size_t len) {
-  for (size_t i = 0; i < n; i++)
-    if (!isfinite(v[i])) {
-      if (shard < 0)
-        snprintf(what, len, "%s at element %zu of the model", isnan(v[i]) ? "NaN" : "Inf", i);
-      else
-        snprintf(what, len, "%s in shard %d at element %zu", isnan(v[i]) ? "NaN" : "Inf", shard,
-                 i);
-      (void)ch;
-      return 1;
-    }
-  return 0;
-}
-
 /* -------------------------------------------------------------- lease */
 
 static void *redis(chief *ch) { return ps_registry_redis(ch->reg, 0); }
@@ -205,10 +176,13 @@ static int lease_wait(chief *ch) {
     }
     if (rc < 0 && c != NULL)
       ps_registry_lost(ch->reg, "lease: no reply");
-    if (!said)
+    if (!said) {
       ps_log(PS_LOG_INFO, "waiting for the lease %s: %s", ch->lease.key,
              rc == 0 ? holder : "Redis is away");
+      ps_notify_status("standby: waiting for the lease (%s)", rc == 0 ? holder : "Redis is away");
+    }
     said = 1;
+    ps_notify_watchdog();
     usleep((useconds_t)(ch->cfg->chief_lease_ms * 1000 / 3));
   }
   return 1;
@@ -230,6 +204,10 @@ static void on_stats(void *arg, int shard, const ps_msg *m) {
   chief *ch = arg;
   ch->stats[shard] = m->u.stats_reply;
   ch->stats_ok[shard] = 1;
+}
+
+static int cut_call(void *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
+  return call(ch, reqs, fn, arg);
 }
 
 /* STATS from every shard.  @return 0 when every shard answered. */
@@ -381,181 +359,8 @@ static int load_missing(chief *ch, int everyone) {
 
 /* ---------------------------------------------------------- checkpoint */
 
-typedef struct cut_ctx {
-  chief *ch;
-  ckpt_job *job;
-  uint64_t cut_id;
-  int replied;
-} cut_ctx;
-
-static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
-  cut_ctx *x = arg;
-  if (m->u.cut_reply.cut_id != x->cut_id)
-    return;
-  const ps_msg_state *st = &m->u.cut_reply.state;
-  x->job->info[shard] = (ps_shard_image_info){
-      .version = st->version, .global_step = st->global_step, .image_floats = st->image_floats,
-      .nslots = (int)st->nslots, .has_accum = (int)st->has_accum,
-      .accum_count = (int)st->accum_count, .target = (int)st->target, .nonce = (int)st->nonce};
-  x->replied++;
-}
-
-static void on_fetch_reply(void *arg, int shard, const ps_msg *m) {
-  cut_ctx *x = arg;
-  const ps_msg_fetch_reply *f = &m->u.fetch_reply;
-  ckpt_job *job = x->job;
-  if (f->cut_id != x->cut_id || f->offset + f->count > job->info[shard].image_floats)
-    return;
-  memcpy(job->img[shard] + f->offset, f->data, f->count * sizeof(float));
-}
-
-static void job_free(ckpt_job *job) {
-  if (job == NULL)
-    return;
-  for (int i = 0; i < PS_CONFIG_MAX_NODES; i++)
-    free(job->img[i]);
-  free(job);
-}
-
-/* Take a consistent cut of every shard and fetch the copies.  @return the
- * job, ready for the writer, or NULL (logged; try again later). */
-static ckpt_job *cut(chief *ch) {
-  const ps_config *cfg = ch->cfg;
-  ckpt_job *job = calloc(1, sizeof *job);
-  if (job == NULL)
-    return NULL;
-  job->ch = ch;
-  cut_ctx x = {.ch = ch, .job = job, .cut_id = ++ch->cut_id};
-  ps_msg reqs[PS_CONFIG_MAX_NODES];
-  memset(reqs, 0, sizeof reqs);
-  for (int i = 0; i < cfg->nps; i++) {
-    reqs[i].type = PS_MSG_CUT;
-    reqs[i].u.cut.cut_id = x.cut_id;
-    reqs[i].u.cut.hold_ms = HOLD_MS;
-  }
-  uint64_t connects = ps_client_connects(ch->client);
-  uint64_t t0 = ps_now_ns();
-  int rc = call(ch, reqs, on_cut_reply, &x);
-  /* Resume whatever was cut, even after a failure. */
-  for (int i = 0; i < cfg->nps; i++) {
-    reqs[i].type = PS_MSG_RESUME;
-    reqs[i].u.resume.token = x.cut_id;
-  }
-  int rc2 = call(ch, reqs, NULL, NULL);
-  job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;
-  if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
-      ps_client_connects(ch->client) != connects) {
-    ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
-           rc || rc2 ? ps_client_error(ch->client) : "a shard reconnected during it");
-    job_free(job);
-    return NULL;
-  }
-  job->step = job->info[0].global_step;
-  /* Fetch while training goes on. */
-  uint64_t t1 = ps_now_ns();
-  for (int i = 0; i < cfg->nps; i++) {
-    job->img[i] = malloc((size_t)(job->info[i].image_floats ? job->info[i].image_floats : 1) *
-                         sizeof(float));
-    if (job->img[i] == NULL) {
-      ps_log(PS_LOG_ERROR, "checkpoint: out of memory for shard %d's copy", i);
-      job_free(job);
-      return NULL;
-    }
-  }
-  /* Every shard's next piece in each round, each at most its slice long
-   * (the cap of its frames). */
-  uint64_t got[PS_CONFIG_MAX_NODES] = {0};
-  for (;;) {
-    int any = 0;
-    memset(reqs, 0, sizeof reqs);
-    for (int i = 0; i < cfg->nps; i++) {
-      uint64_t left = job->info[i].image_floats - got[i];
-      uint64_t piece = ch->layout->shard_floats[i] < PIECE_FLOATS ? ch->layout->shard_floats[i]
-                                                                  : PIECE_FLOATS;
-      if (left == 0)
-        continue;
-      reqs[i].type = PS_MSG_FETCH;
-      reqs[i].u.fetch.cut_id = x.cut_id;
-      reqs[i].u.fetch.offset = got[i];
-      reqs[i].u.fetch.count = left < piece ? left : piece;
-      any = 1;
-    }
-    if (!any)
-      break;
-    if (call(ch, reqs, on_fetch_reply, &x) != 0 || ps_client_connects(ch->client) != connects) {
-      ps_log(PS_LOG_WARN, "checkpoint: fetching the copies failed (%s); trying again later",
-             ps_client_error(ch->client));
-      job_free(job);
-      return NULL;
-    }
-    for (int i = 0; i < cfg->nps; i++)
-      if (reqs[i].type)
-        got[i] += reqs[i].u.fetch.count;
-  }
-  job->fetch_s = (double)(ps_now_ns() - t1) * 1e-9;
-  /* The workers' data positions, as Redis holds them now. */
-  for (int j = 0; j < cfg->nworkers; j++)
-    if (ps_registry_get_pos(ch->reg, j, &job->pos[j]) != 1)
-      job->pos[j] = (ps_data_pos){0};
-  return job;
-}
-
 static void *write_main(void *arg) {
-  ckpt_job *job = arg;
-  chief *ch = job->ch;
-  const ps_config *cfg = ch->cfg;
-  ps_ckpt_shard_state shards[PS_CONFIG_MAX_NODES];
-  ps_ckpt_once once[PS_CONFIG_MAX_NODES][PS_CONFIG_MAX_NODES];
-  memset(shards, 0, sizeof shards);
-  for (int i = 0; i < cfg->nps; i++) {
-    const ps_shard_image_info *in = &job->info[i];
-    size_t n = ch->layout->shard_floats[i];
-    const float *img = job->img[i];
-    /* The guard: never checkpoint weights that went NaN or Inf. */
-    if (find_nonfinite(ch, img, n, i, job->nonfinite, sizeof job->nonfinite))
-      return NULL;
-    ps_ckpt_shard_state *s = &shards[i];
-    s->nfloats = n;
-    s->values = img;
-    s->nslots = in->nslots;
-    for (int k = 0; k < in->nslots; k++)
-      s->slots[k] = img + n * (size_t)(1 + k);
-    s->accum = in->has_accum ? img + n * (size_t)(1 + in->nslots) : NULL;
-    s->accum_count = in->accum_count;
-    s->target = in->target;
-    s->version = in->version;
-    s->global_step = in->global_step;
-    const uint8_t *rows = (const uint8_t *)(img + n * (size_t)(1 + in->nslots + in->has_accum));
-    s->nonce = in->nonce < PS_CONFIG_MAX_NODES ? in->nonce : PS_CONFIG_MAX_NODES;
-    for (int j = 0; j < s->nonce; j++) {
-      once[i][j].incarnation = ps_get_le64(rows + 16 * j);
-      once[i][j].last_seq = ps_get_le64(rows + 16 * j + 8);
-    }
-    s->once = once[i];
-  }
-  ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
-  ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);
-  ps_shard_opts so = ps_shard_opts_for(cfg, ch->layout, 0);
-  ps_ckpt_write_opts o = {
-      .step = job->step,
-      .cluster_id = cfg->cluster_id,
-      .model = ch->model_text,
-      .vars = &ch->model->vars,
-      .layout = ch->layout,
-      .optim = so.optim,
-      .consistency = cfg->consistency,
-      .filter = filter,
-      .shards = shards,
-      .nworkers = cfg->nworkers,
-      .data_pos = job->pos,
-      .global_step = job->step,
-      .max_to_keep = cfg->max_to_keep,
-      .keep_every_n_hours = cfg->keep_every_n_hours,
-  };
-  ps_errbuf eb = {0};
-  job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);
-  if (job->rc != 0)
-    snprintf(job->err, sizeof job->err, "%s", eb.msg);
+  ps_cut_write(arg);
   return NULL;
 }
 
@@ -574,6 +379,8 @@ static void stop_cluster(chief *ch) {
 }
 
 static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
+  if (ch->status == PS_CHIEF_NONFINITE)
+    return;  /* the evaluation and a checkpoint may both find it */
   ps_log(PS_LOG_ERROR, "non-finite weights at global step %" PRIu64 ": %s; stopping the run "
          "(the last good checkpoint is %s)", step, what,
          ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
@@ -585,7 +392,7 @@ static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
 }
 
 /* A finished write: log it and its summary. */
-static void write_done(chief *ch, ckpt_job *job) {
+static void write_done(chief *ch, ps_cut *job) {
   if (job->nonfinite[0]) {
     fail_nonfinite(ch, job->step, job->nonfinite);
   } else if (job->rc != 0) {
@@ -600,23 +407,27 @@ static void write_done(chief *ch, ckpt_job *job) {
                      job->st.name, "stall_ms", job->stall_ms, "write_s", job->st.total_s, "mb", mb);
     snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", job->st.name);
   }
-  job_free(job);
+  ps_cut_free(job);
 }
 
 /* Cut and hand the copies to the writer; wait: finish before returning. */
 static int checkpoint(chief *ch, int wait) {
-  ckpt_job *job = cut(ch);
+  ps_cut *job = ps_cut_take(&ch->cut_env, ++ch->cut_id, HOLD_MS);
   if (job == NULL)
     return -1;
+  /* The workers' data positions, as Redis holds them now. */
+  for (int j = 0; j < ch->cfg->nworkers; j++)
+    if (ps_registry_get_pos(ch->reg, j, &job->pos[j]) != 1)
+      job->pos[j] = (ps_data_pos){0};
   ch->last_ckpt_step = job->step;
   ch->last_ckpt_time = ps_now_s();
   if (bg_start(&ch->writer, write_main, job) != 0) {
-    write_main(job);
+    ps_cut_write(job);
     write_done(ch, job);
     return 0;
   }
   while (wait && bg_busy(&ch->writer)) {
-    ckpt_job *done = bg_finished(&ch->writer);
+    ps_cut *done = bg_finished(&ch->writer);
     if (done != NULL) {
       write_done(ch, done);
       break;
@@ -634,7 +445,7 @@ static void *eval_main(void *arg) {
   eval_job *e = arg;
   chief *ch = e->ch;
   size_t total = ch->model->vars.total;
-  if (find_nonfinite(ch, e->params, total, -1, e->nonfinite, sizeof e->nonfinite))
+  if (ps_find_nonfinite(e->params, total, -1, e->nonfinite, sizeof e->nonfinite))
     return NULL;
   size_t right = 0;
   e->loss = ps_compute_eval(ch->compute, e->params, ch->test_x, ch->test.labels, ch->test.n,
@@ -687,7 +498,7 @@ static void hooks(chief *ch) {
   const ps_config *cfg = ch->cfg;
   uint64_t g = ch->gstep;
   double now = ps_now_s();
-  ckpt_job *wj = bg_finished(&ch->writer);
+  ps_cut *wj = bg_finished(&ch->writer);
   if (wj != NULL)
     write_done(ch, wj);
   eval_job *ej = bg_finished(&ch->evaler);
@@ -698,8 +509,10 @@ static void hooks(chief *ch) {
   if (cfg->chief_log_every > 0 && g >= ch->next_log_step) {
     double sps = now > ch->log_t0 ? (double)(g - ch->log_step0) / (now - ch->log_t0) : 0.0;
     if (g > 0) {
-      ps_log(PS_LOG_INFO, "global step %" PRIu64 "%s%" PRId64 ", %.1f steps/s", g,
-             cfg->last_step ? " of " : "", cfg->last_step, sps);
+      char of[32] = "";
+      if (cfg->last_step > 0)
+        snprintf(of, sizeof of, " of %" PRId64, cfg->last_step);
+      ps_log(PS_LOG_INFO, "global step %" PRIu64 "%s, %.1f steps/s", g, of, sps);
       ps_summary_progress(&ch->sum, g, sps);
     }
     ch->next_log_step = (g / (uint64_t)cfg->chief_log_every + 1) * (uint64_t)cfg->chief_log_every;
@@ -813,6 +626,9 @@ int ps_chief_run(const ps_config *cfg) {
   ch->layout = ps_client_layout(ch->client);
   ch->model = ps_client_model(ch->client);
   ps_model_spec_format(&ch->model->spec, ch->model_text, sizeof ch->model_text);
+  ch->cut_env = (ps_cut_env){.cfg = cfg, .client = ch->client, .layout = ch->layout,
+                             .model = ch->model, .model_text = ch->model_text,
+                             .call = cut_call, .call_arg = ch};
   ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 3 > 200 ? cfg->chief_lease_ms / 3
                                                                           : 200));
   ch->reg = ps_registry_new(cfg, "chief", 0);
@@ -878,6 +694,7 @@ int ps_chief_run(const ps_config *cfg) {
                            : UINT64_MAX;
   ch->log_t0 = ps_now_s();
   ch->log_step0 = ch->gstep;
+  ps_notify_ready("chief of %s at global step %" PRIu64, cfg->cluster_id, ch->gstep);
   ch->next_log_step = ch->gstep + 1;
 
   while (!stop_signal && !ch->stopping) {
@@ -890,6 +707,7 @@ int ps_chief_run(const ps_config *cfg) {
         load_missing(ch, missing_now == cfg->nps);
     }
     poll_workers(ch);
+    ps_notify_watchdog();
     if (ch->stopping)
       break;
     if (cfg->last_step > 0 && ch->gstep >= (uint64_t)cfg->last_step && ch->stats_ok[0]) {
@@ -902,11 +720,12 @@ int ps_chief_run(const ps_config *cfg) {
       usleep((useconds_t)(TICK_MS - spent) * 1000);
   }
 done:
+  ps_notify_stopping();
   if (stop_signal)
     ch->status = PS_CHIEF_DONE;
   /* Let a write in flight finish: a checkpoint is never cut short. */
   while (bg_busy(&ch->writer)) {
-    ckpt_job *j = bg_finished(&ch->writer);
+    ps_cut *j = bg_finished(&ch->writer);
     if (j != NULL)
       write_done(ch, j);
     else

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/notify.h"
 #include "common/timeutil.h"
 #include "ps/server_internal.h"
 
@@ -208,6 +209,7 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
     s->initialized = 1;
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
            "; workers admitted", s->shard.version, s->shard.global_step);
+    ps_notify_ready("shard %d serving from version %" PRIu64, s->index, s->shard.version);
     if (ps_server_start_replica(s) != 0) {
       s->status = 1;
       ps_server_stop(s, "cannot replicate the loaded state");

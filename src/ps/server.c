@@ -21,6 +21,7 @@
 #include <uv.h>
 
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/timeutil.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -556,6 +557,7 @@ void ps_server_stop(server *s, const char *why) {
   if (s->stopping)
     return;
   s->stopping = 1;
+  ps_notify_stopping();
   ps_log(PS_LOG_INFO, "%s: stopping at version %" PRIu64 ", global step %" PRIu64, why,
          s->shard.version, s->shard.global_step);
   for (client *c = s->clients; c != NULL; c = c->next)
@@ -569,6 +571,8 @@ void ps_server_stop(server *s, const char *why) {
   uv_close((uv_handle_t *)&s->sigterm, NULL);
   uv_close((uv_handle_t *)&s->sigint, NULL);
   uv_close((uv_handle_t *)&s->stop_timer, NULL);
+  if (s->watchdog_on)
+    uv_close((uv_handle_t *)&s->watchdog, NULL);
 }
 
 static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
@@ -757,6 +761,11 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_server_stop(s, "start-up failed");
     s->status = 1;
   }
+  s->watchdog_on = ps_notify_watchdog_start(&s->loop, &s->watchdog);
+  if (s->initialized)
+    ps_notify_ready("shard %d serving at version %" PRIu64, index, s->shard.version);
+  else
+    ps_notify_status("shard %d waiting for the chief to initialize it", index);
   static const char *const modes[] = {"async", "sync", "ssp"};
   static const char *const durability[] = {"off", "snapshot", "log"};
   ps_log(PS_LOG_INFO,

@@ -56,6 +56,8 @@ typedef struct server {
   float *load_img;              /* a LOAD being received */
   uint64_t load_cap, load_next;
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
+  uv_timer_t watchdog;          /* systemd's, when it set one */
+  int watchdog_on;
 } server;
 
 enum { C_HANDSHAKE = 0, C_READY };

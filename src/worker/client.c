@@ -20,6 +20,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/rng.h"
 #include "common/timeutil.h"
 #include "layout/layout.h"
@@ -371,6 +372,8 @@ static int run_op(ps_client *c) {
     if (pending == 0 || c->fatal || c->timed_out)
       break;
     uv_run(&c->loop, UV_RUN_ONCE);
+    /* Waiting for a shard is alive too: systemd's watchdog is fed. */
+    ps_notify_watchdog();
   }
   uv_timer_stop(&c->deadline);
   int timed_out = 0;

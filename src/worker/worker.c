@@ -8,6 +8,7 @@
 #include "worker/worker.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
 #include "data/sampler.h"
@@ -101,10 +103,17 @@ int ps_worker_run(const ps_config *cfg, int index) {
   ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
          index, cfg->nworkers, ps_sampler_part_size(&sampler), batch, threads, last);
 
+  /* Test only: poison the gradients after this many local steps, to
+   * exercise the chief's NaN guard end to end. */
+  const char *nan_env = getenv("PS_TEST_NAN_AFTER_STEP");
+  uint64_t nan_after = nan_env != NULL ? strtoull(nan_env, NULL, 10) : 0;
   uint64_t local = 0, samples = 0, window_steps = 0;
   double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
   int rc = ps_client_pull(client, params);
+  if (rc == 0)
+    ps_notify_ready("worker %d training from global step %" PRIu64, index,
+                    ps_client_global_step(client));
   if (rc == 0 && registry != NULL) {
     /* Read after the first pull: shards admit workers only once the chief
      * initialized them, after it restored the positions of a checkpoint. */
@@ -130,6 +139,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
     double loss = ps_compute_grad(compute, params, x, y, (int)n, (uint64_t)cfg->seed, first, grad, NULL);
     local++;
     samples += n;
+    ps_notify_watchdog();
+    if (nan_after > 0 && local > nan_after)
+      grad[0] = NAN;
     loss_sum += loss;
     steps_log++;
     samples_log += n;

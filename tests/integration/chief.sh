@@ -64,7 +64,7 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 saved=$(sed -n 's/^latest: ckpt-0*\([0-9][0-9]*\)$/\1/p' "$T/ckpt/checkpoint")
 [ -n "$saved" ] || fail "no latest checkpoint in the index: $(cat "$T/ckpt/checkpoint")"
 # The data positions the checkpoint saved, worker by worker ("epoch offset").
-read -r -a pos < <(python3 -c '
+read -r -a pos < <(/usr/bin/python3 -c '
 import json, sys
 m = json.load(open(sys.argv[1]))
 print(" ".join("%d:%d" % (int(p[0]), int(p[1])) for p in m["data_positions"]))' \
@@ -91,8 +91,34 @@ grep -q "reached last_step $LAST: final checkpoint ckpt-0*$LAST;" "$T/chiefC.log
   fail "no final checkpoint at $LAST"
 [ -f "$T/ckpt/ckpt-$(printf %09d $LAST)/MANIFEST.json" ] || fail "ckpt-$LAST missing"
 acc=$(sed -n 's/^final test_acc \([0-9.]*\) .*/\1/p' "$T/chiefC.log")
-python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.87 else 1)" ||
+/usr/bin/python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.87 else 1)" ||
   fail "final test accuracy $acc < 0.87"
 left=$(pgrep -f "paramserv .*--config $T/c.conf" || true)
 [ -z "$left" ] || fail "still running: $left"
 echo "ok: last_step $LAST: final checkpoint ckpt-$LAST, chief + 2 ps + 2 workers exited 0, none left; test accuracy $acc (bar 0.87)"
+
+# --- the NaN guard: a worker's gradients turn NaN after 300 steps
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+write_config "$T/n.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mode=log" \
+  "replication.self_init=no" "checkpoint.dir=$T/nan" "checkpoint.every_steps=50" \
+  "checkpoint.every_secs=0" "chief.eval_every_steps=50" "chief.log_every_steps=100"
+start_shards nps "$T/n.conf" 1
+PS_TEST_NAN_AFTER_STEP=300 start nw0 "$BIN" worker --config "$T/n.conf" --index 0
+start nchief "$BIN" chief --config "$T/n.conf"
+set +e
+wait_exit "$PID_nchief" 60
+rc=$?
+set -e
+[ "$rc" -eq 3 ] || fail "NaN guard: chief exited $rc, expected 3"
+line=$(grep "non-finite weights" "$T/nchief.log") || fail "NaN guard: no reason logged"
+good=$(sed -n 's/^latest: \(ckpt-[0-9]*\)$/\1/p' "$T/nan/checkpoint")
+[ -n "$good" ] && grep -q "last good checkpoint is $good" <<<"$line" ||
+  fail "NaN guard: the index's latest '$good' is not the last good one: $line"
+"$BIN" ckpt export "$T/nan/$good" --format npy "$T/nan-npy" >/dev/null
+/usr/bin/python3 -c '
+import glob, sys, numpy
+bad = [f for f in glob.glob(sys.argv[1] + "/*.npy") if not numpy.isfinite(numpy.load(f)).all()]
+sys.exit(1 if bad else 0)' "$T/nan-npy" || fail "NaN guard: $good holds non-finite values"
+wait_exit "$PID_nps0" 15 || fail "NaN guard: ps exited $?"
+wait_exit "$PID_nw0" 15 || fail "NaN guard: worker exited $?"
+echo "ok: NaN guard: ${line#chief: error: }; exit status 3; $good holds only finite values; ps and worker told to stop"

@@ -1,0 +1,196 @@
+/* A checkpoint cut of every shard, fetched and written (see cut.h). */
+#include "chief/cut.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/endian.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+
+#define PIECE_FLOATS (1u << 20)  /* floats per FETCH reply: 4 MB */
+
+int ps_find_nonfinite(const float *v, size_t n, int shard, char *what, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(v[i])) {
+      if (shard < 0)
+        snprintf(what, len, "%s at element %zu of the model", isnan(v[i]) ? "NaN" : "Inf", i);
+      else
+        snprintf(what, len, "%s in shard %d at element %zu", isnan(v[i]) ? "NaN" : "Inf", shard,
+                 i);
+      return 1;
+    }
+  return 0;
+}
+
+typedef struct cut_ctx {
+  ps_cut *job;
+  uint64_t cut_id;
+  int replied;
+} cut_ctx;
+
+static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
+  cut_ctx *x = arg;
+  if (m->u.cut_reply.cut_id != x->cut_id)
+    return;
+  const ps_msg_state *st = &m->u.cut_reply.state;
+  x->job->info[shard] = (ps_shard_image_info){
+      .version = st->version, .global_step = st->global_step, .image_floats = st->image_floats,
+      .nslots = (int)st->nslots, .has_accum = (int)st->has_accum,
+      .accum_count = (int)st->accum_count, .target = (int)st->target, .nonce = (int)st->nonce};
+  x->replied++;
+}
+
+static void on_fetch_reply(void *arg, int shard, const ps_msg *m) {
+  cut_ctx *x = arg;
+  const ps_msg_fetch_reply *f = &m->u.fetch_reply;
+  ps_cut *job = x->job;
+  if (f->cut_id != x->cut_id || f->offset + f->count > job->info[shard].image_floats)
+    return;
+  memcpy(job->img[shard] + f->offset, f->data, f->count * sizeof(float));
+}
+
+void ps_cut_free(ps_cut *job) {
+  if (job == NULL)
+    return;
+  for (int i = 0; i < PS_CONFIG_MAX_NODES; i++)
+    free(job->img[i]);
+  free(job);
+}
+
+ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
+  const ps_config *cfg = env->cfg;
+  ps_cut *job = calloc(1, sizeof *job);
+  if (job == NULL)
+    return NULL;
+  job->env = env;
+  cut_ctx x = {.job = job, .cut_id = cut_id};
+  ps_msg reqs[PS_CONFIG_MAX_NODES];
+  memset(reqs, 0, sizeof reqs);
+  for (int i = 0; i < cfg->nps; i++) {
+    reqs[i].type = PS_MSG_CUT;
+    reqs[i].u.cut.cut_id = x.cut_id;
+    reqs[i].u.cut.hold_ms = (uint32_t)hold_ms;
+  }
+  uint64_t connects = ps_client_connects(env->client);
+  uint64_t t0 = ps_now_ns();
+  int rc = env->call(env->call_arg, reqs, on_cut_reply, &x);
+  /* Resume whatever was cut, even after a failure. */
+  for (int i = 0; i < cfg->nps; i++) {
+    reqs[i].type = PS_MSG_RESUME;
+    reqs[i].u.resume.token = x.cut_id;
+  }
+  int rc2 = env->call(env->call_arg, reqs, NULL, NULL);
+  job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;
+  if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
+      ps_client_connects(env->client) != connects) {
+    ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
+           rc || rc2 ? ps_client_error(env->client) : "a shard reconnected during it");
+    ps_cut_free(job);
+    return NULL;
+  }
+  job->step = job->info[0].global_step;
+  /* Fetch while training goes on. */
+  uint64_t t1 = ps_now_ns();
+  for (int i = 0; i < cfg->nps; i++) {
+    job->img[i] = malloc((size_t)(job->info[i].image_floats ? job->info[i].image_floats : 1) *
+                         sizeof(float));
+    if (job->img[i] == NULL) {
+      ps_log(PS_LOG_ERROR, "checkpoint: out of memory for shard %d's copy", i);
+      ps_cut_free(job);
+      return NULL;
+    }
+  }
+  /* Every shard's next piece in each round, each at most its slice long
+   * (the cap of its frames). */
+  uint64_t got[PS_CONFIG_MAX_NODES] = {0};
+  for (;;) {
+    int any = 0;
+    memset(reqs, 0, sizeof reqs);
+    for (int i = 0; i < cfg->nps; i++) {
+      uint64_t left = job->info[i].image_floats - got[i];
+      uint64_t piece = env->layout->shard_floats[i] < PIECE_FLOATS ? env->layout->shard_floats[i]
+                                                                  : PIECE_FLOATS;
+      if (left == 0)
+        continue;
+      reqs[i].type = PS_MSG_FETCH;
+      reqs[i].u.fetch.cut_id = x.cut_id;
+      reqs[i].u.fetch.offset = got[i];
+      reqs[i].u.fetch.count = left < piece ? left : piece;
+      any = 1;
+    }
+    if (!any)
+      break;
+    if (env->call(env->call_arg, reqs, on_fetch_reply, &x) != 0 || ps_client_connects(env->client) != connects) {
+      ps_log(PS_LOG_WARN, "checkpoint: fetching the copies failed (%s); trying again later",
+             ps_client_error(env->client));
+      ps_cut_free(job);
+      return NULL;
+    }
+    for (int i = 0; i < cfg->nps; i++)
+      if (reqs[i].type)
+        got[i] += reqs[i].u.fetch.count;
+  }
+  job->fetch_s = (double)(ps_now_ns() - t1) * 1e-9;
+  return job;
+}
+
+void ps_cut_write(ps_cut *job) {
+  const ps_cut_env *env = job->env;
+  const ps_config *cfg = env->cfg;
+  ps_ckpt_shard_state shards[PS_CONFIG_MAX_NODES];
+  ps_ckpt_once once[PS_CONFIG_MAX_NODES][PS_CONFIG_MAX_NODES];
+  memset(shards, 0, sizeof shards);
+  for (int i = 0; i < cfg->nps; i++) {
+    const ps_shard_image_info *in = &job->info[i];
+    size_t n = env->layout->shard_floats[i];
+    const float *img = job->img[i];
+    /* The guard: never checkpoint weights that went NaN or Inf. */
+    if (ps_find_nonfinite(img, n, i, job->nonfinite, sizeof job->nonfinite))
+      return;
+    ps_ckpt_shard_state *s = &shards[i];
+    s->nfloats = n;
+    s->values = img;
+    s->nslots = in->nslots;
+    for (int k = 0; k < in->nslots; k++)
+      s->slots[k] = img + n * (size_t)(1 + k);
+    s->accum = in->has_accum ? img + n * (size_t)(1 + in->nslots) : NULL;
+    s->accum_count = in->accum_count;
+    s->target = in->target;
+    s->version = in->version;
+    s->global_step = in->global_step;
+    const uint8_t *rows = (const uint8_t *)(img + n * (size_t)(1 + in->nslots + in->has_accum));
+    s->nonce = in->nonce < PS_CONFIG_MAX_NODES ? in->nonce : PS_CONFIG_MAX_NODES;
+    for (int j = 0; j < s->nonce; j++) {
+      once[i][j].incarnation = ps_get_le64(rows + 16 * j);
+      once[i][j].last_seq = ps_get_le64(rows + 16 * j + 8);
+    }
+    s->once = once[i];
+  }
+  ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
+  ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);
+  ps_shard_opts so = ps_shard_opts_for(cfg, env->layout, 0);
+  ps_ckpt_write_opts o = {
+      .step = job->step,
+      .cluster_id = cfg->cluster_id,
+      .model = env->model_text,
+      .vars = &env->model->vars,
+      .layout = env->layout,
+      .optim = so.optim,
+      .consistency = cfg->consistency,
+      .filter = filter,
+      .shards = shards,
+      .nworkers = cfg->nworkers,
+      .data_pos = job->pos,
+      .global_step = job->step,
+      .max_to_keep = cfg->max_to_keep,
+      .keep_every_n_hours = cfg->keep_every_n_hours,
+  };
+  ps_errbuf eb = {0};
+  job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);
+  if (job->rc != 0)
+    snprintf(job->err, sizeof job->err, "%s", eb.msg);
+}
+

@@ -1,0 +1,63 @@
+/* A checkpoint as the chief takes it: a consistent cut of every shard
+ * (CUT to all, RESUME to all once all have copied: PROTOCOL.md "The
+ * chief"), the copies fetched while training goes on, then written as a
+ * checkpoint (recovery/checkpoint.h) on any thread, after a check that
+ * every weight is finite. */
+#ifndef PS_CHIEF_CUT_H
+#define PS_CHIEF_CUT_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "data/sampler.h"
+#include "layout/layout.h"
+#include "nn/model.h"
+#include "ps/shard.h"
+#include "recovery/checkpoint.h"
+#include "worker/control.h"
+
+/* What a cut needs: the cluster, and how to call the shards (the chief's
+ * call renews its lease between requests). */
+typedef struct ps_cut_env {
+  const ps_config *cfg;
+  ps_client *client;
+  const ps_layout *layout;
+  const ps_model *model;
+  const char *model_text;
+  int (*call)(void *arg, ps_msg *reqs, ps_client_reply_fn fn, void *fn_arg);
+  void *call_arg;
+} ps_cut_env;
+
+/* One cut: it owns the copies. */
+typedef struct ps_cut {
+  const ps_cut_env *env;
+  uint64_t step;                                  /* shard 0's global step at the cut */
+  float *img[PS_CONFIG_MAX_NODES];                /* each shard's state image */
+  ps_shard_image_info info[PS_CONFIG_MAX_NODES];
+  ps_data_pos pos[PS_CONFIG_MAX_NODES];           /* filled in by the caller */
+  double stall_ms;                                /* first CUT sent to last RESUME answered */
+  double fetch_s;
+  /* Results of ps_cut_write. */
+  int rc;
+  char err[1024];
+  char nonfinite[256];                            /* set: not written */
+  ps_ckpt_write_stats st;
+} ps_cut;
+
+/* Cut every shard (cut_id new for each cut) and fetch the copies.
+ * @return the cut, or NULL (one warning logged: a shard failed or
+ * reconnected during it; try again later). */
+ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms);
+
+/* Write the cut as checkpoint cut->step into [checkpoint] dir, unless some
+ * weight is NaN or Inf (then cut->nonfinite says where and nothing is
+ * written).  Results in cut->rc, err, st.  Any thread. */
+void ps_cut_write(ps_cut *cut);
+
+void ps_cut_free(ps_cut *cut);
+
+/* The first non-finite value of v[0..n) as "NaN in shard S at element I"
+ * (shard < 0: "... of the model") in what.  @return 1 if found. */
+int ps_find_nonfinite(const float *v, size_t n, int shard, char *what, size_t len);
+
+#endif

@@ -708,6 +708,11 @@ int ps_chief_run(const ps_config *cfg) {
     }
     poll_workers(ch);
     ps_notify_watchdog();
+    double now = ps_now_s();
+    ps_registry_tick(ch->reg, NULL, ch->gstep,
+                     now > ch->log_t0 ? (double)(ch->gstep - ch->log_step0) / (now - ch->log_t0)
+                                      : 0.0,
+                     0);
     if (ch->stopping)
       break;
     if (cfg->last_step > 0 && ch->gstep >= (uint64_t)cfg->last_step && ch->stats_ok[0]) {

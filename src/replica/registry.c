@@ -194,7 +194,7 @@ int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos) {
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,
                       int force) {
   uint64_t now = ps_now_ns();
-  if (force || now - r->last_pos_ns >= POS_EVERY_NS) {
+  if (pos != NULL && (force || now - r->last_pos_ns >= POS_EVERY_NS)) {
     r->last_pos_ns = now;
     char value[48];
     snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64, pos->epoch, pos->offset);

@@ -34,8 +34,8 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
  * none (or Redis is away). */
 int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos);
 
-/* Called once per training step: saves the data position at most every
- * 100 ms and refreshes the heartbeat every [worker] heartbeat_ms with TTL
+/* Called once per training step: saves the data position (none when pos
+ * is NULL: the chief) at most every 100 ms and refreshes the heartbeat every [worker] heartbeat_ms with TTL
  * three times that, payload "pid P host H incarnation I step S steps/s R".
  * force: save now (at exit). */
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,

@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 20
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
 
-PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson
+PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd
 ifeq ($(SAN),1)
 BUILD    := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -39,7 +39,7 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
 .SECONDARY:
 
-.PHONY: all deps test unit integration fuzz fuzz-smoke demo clean help install
+.PHONY: all deps test unit integration systemd-test fuzz fuzz-smoke demo clean help install
 
 all: $(BIN)
 
@@ -93,8 +93,13 @@ integration: $(BIN) $(INTEG_BIN)
 	  echo "== $$t"; PARAMSERV=$(BIN) $$t; done
 
 test: deps
-	@$(MAKE) --no-print-directory all unit integration
+	@$(MAKE) --no-print-directory all unit integration systemd-test
 	@$(MAKE) --no-print-directory fuzz-smoke SAN=0
+
+# The units under a real systemd (tests/systemd/run, through
+# ../shared/tools/systemd-sandbox); it says "skip: why" when it cannot run.
+systemd-test: $(BIN)
+	@echo "== tests/systemd/run"; PARAMSERV=$(BIN) tests/systemd/run
 
 # libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
 FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc -I. \
@@ -118,11 +123,52 @@ fuzz-smoke: $(FUZZ_BIN)
 
 fuzz: fuzz-smoke
 
+# The whole cluster on this machine (its own redis-server, the chief, 2 shards,
+# 2 workers) training the mlp while a random process is killed with kill -9
+# every 2-5 s; it ends with the test accuracy, the kills and their recovery
+# times, and where the checkpoints are (run directory $(BUILD)/demo).
 demo: deps
 	@$(MAKE) --no-print-directory all SAN=0
-	$(BUILD)/paramserv train --model mlp --epochs 10 --optimizer adam --lr 0.001 --batch 128
+	$(BUILD)/paramserv local --chaos --last-step 6000 --dir $(BUILD)/demo --fresh
 
 clean:
 	rm -rf build
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
+# the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and
+# /usr/lib/systemd/system; for another PREFIX set UNITDIR=/etc/systemd/system),
+# the system user in $(SYSUSERSDIR), the runbook in $(DOCDIR), and
+# $(SYSCONFDIR)/paramserv/cluster.conf.example (a cluster.conf is never
+# written).  Without DESTDIR, as root, it also creates the user and reloads
+# systemd.  systemd/README.md is the runbook.
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+DOCDIR      ?= $(PREFIX)/share/doc/paramserv
+SYSCONFDIR  ?= /etc
+UNITS       := paramserv-chief.service paramserv-ps@.service paramserv-worker@.service \
+               paramserv.target
+
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/paramserv
+	@set -e; for u in $(UNITS); do \
+	  echo "install systemd/$$u -> $(DESTDIR)$(UNITDIR)/$$u"; \
+	  sed -e 's|/usr/local/bin/paramserv|$(PREFIX)/bin/paramserv|g' \
+	      -e 's|/usr/local/share/doc/paramserv|$(DOCDIR)|g' \
+	      -e 's|/etc/paramserv/|$(SYSCONFDIR)/paramserv/|g' \
+	      systemd/$$u >$(DESTDIR)$(UNITDIR)/$$u.tmp; \
+	  chmod 644 $(DESTDIR)$(UNITDIR)/$$u.tmp; \
+	  mv -f $(DESTDIR)$(UNITDIR)/$$u.tmp $(DESTDIR)$(UNITDIR)/$$u; \
+	done
+	install -m 644 systemd/paramserv.sysusers $(DESTDIR)$(SYSUSERSDIR)/paramserv.conf
+	install -m 644 systemd/README.md $(DESTDIR)$(DOCDIR)/operations.md
+	install -m 644 systemd/cluster.conf $(DESTDIR)$(SYSCONFDIR)/paramserv/cluster.conf.example
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" -eq 0 ]; then \
+	  if command -v systemd-sysusers >/dev/null; then \
+	    echo "systemd-sysusers $(SYSUSERSDIR)/paramserv.conf"; \
+	    systemd-sysusers $(SYSUSERSDIR)/paramserv.conf; fi; \
+	  if [ -d /run/systemd/system ]; then echo "systemctl daemon-reload"; systemctl daemon-reload; fi; \
+	fi
 
 -include $(shell find build -name '*.d' 2>/dev/null)

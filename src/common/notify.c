@@ -1,0 +1,110 @@
+/* Reports to systemd through sd_notify: readiness, status, stopping, and
+ * the watchdog's keep-alive, rate-limited so that it can be called often. */
+#include "common/notify.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <systemd/sd-daemon.h>
+
+#include "common/timeutil.h"
+
+/* The watchdog interval in microseconds: -1 not read yet, 0 none. */
+static _Atomic int64_t watchdog_usec = -1;
+/* ps_now_ns() of the last WATCHDOG=1 sent (0: none yet). */
+static _Atomic uint64_t watchdog_last_ns;
+
+static int under_systemd(void) { return getenv("NOTIFY_SOCKET") != NULL; }
+
+/* Format the status text on one line: sd_notify's fields are separated by
+ * newlines, so a newline inside the text would start a bogus field. */
+static void format_status(char *buf, size_t cap, const char *fmt, va_list ap) {
+  vsnprintf(buf, cap, fmt, ap);
+  for (char *p = buf; *p != '\0'; p++)
+    if (*p == '\n' || *p == '\r')
+      *p = ' ';
+}
+
+void ps_notify_ready(const char *fmt, ...) {
+  if (!under_systemd())
+    return;
+  char text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  format_status(text, sizeof text, fmt, ap);
+  va_end(ap);
+  sd_notifyf(0, "READY=1\nSTATUS=%s", text);
+}
+
+void ps_notify_status(const char *fmt, ...) {
+  if (!under_systemd())
+    return;
+  char text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  format_status(text, sizeof text, fmt, ap);
+  va_end(ap);
+  sd_notifyf(0, "STATUS=%s", text);
+}
+
+void ps_notify_stopping(void) {
+  if (under_systemd())
+    sd_notify(0, "STOPPING=1");
+}
+
+static int64_t watchdog_interval(void) {
+  int64_t usec = atomic_load_explicit(&watchdog_usec, memory_order_relaxed);
+  if (usec < 0) {
+    /* sd_watchdog_enabled also checks WATCHDOG_PID against our pid, so a
+     * child that inherited the environment sends nothing. */
+    uint64_t u = 0;
+    usec = under_systemd() && sd_watchdog_enabled(0, &u) > 0 && u > 0 ? (int64_t)u : 0;
+    atomic_store_explicit(&watchdog_usec, usec, memory_order_relaxed);
+  }
+  return usec;
+}
+
+static void watchdog_send(uint64_t now) {
+  atomic_store_explicit(&watchdog_last_ns, now, memory_order_relaxed);
+  sd_notify(0, "WATCHDOG=1");
+}
+
+void ps_notify_watchdog(void) {
+  int64_t usec = watchdog_interval();
+  if (usec == 0)
+    return;
+  uint64_t now = ps_now_ns();
+  uint64_t last = atomic_load_explicit(&watchdog_last_ns, memory_order_relaxed);
+  if (last != 0 && now - last < (uint64_t)usec * 1000 / 4)
+    return;
+  /* Two threads may both pass the check; only the one that moves the
+   * stamp sends, so the limit holds across threads too. */
+  if (atomic_compare_exchange_strong(&watchdog_last_ns, &last, now))
+    sd_notify(0, "WATCHDOG=1");
+}
+
+static void on_watchdog_timer(uv_timer_t *t) {
+  (void)t;
+  watchdog_send(ps_now_ns());
+}
+
+int ps_notify_watchdog_start(uv_loop_t *loop, uv_timer_t *timer) {
+  int64_t usec = watchdog_interval();
+  if (usec == 0)
+    return 0;
+  uint64_t ms = (uint64_t)usec / 2000;
+  if (ms == 0)
+    ms = 1;
+  uv_timer_init(loop, timer);
+  uv_timer_start(timer, on_watchdog_timer, ms, ms);
+  uv_unref((uv_handle_t *)timer);
+  return 1;
+}
+
+void ps__notify_reset(void) {
+  atomic_store(&watchdog_usec, -1);
+  atomic_store(&watchdog_last_ns, 0);
+}

@@ -83,6 +83,8 @@ struct chief {
   uint64_t last_ckpt_step;
   double last_ckpt_time;
   char last_ckpt_name[PS_CKPT_NAME_MAX];
+  uint64_t wrote_step;        /* the step of a checkpoint this chief wrote; UINT64_MAX: none */
+  char restored_from[PS_CKPT_NAME_MAX];  /* the checkpoint the shards were loaded from */
   uint64_t next_log_step, log_step0;
   double log_t0;
   uint64_t next_eval_step;
@@ -324,6 +326,15 @@ static int load_missing(chief *ch, int everyone) {
         ps_log(PS_LOG_WARN, "redis: could not restore worker %d's data position", j);
     ps_log(PS_LOG_INFO, "restored %d workers' data positions from %s", ck.nworkers, ck.name);
   }
+  if (found) {
+    /* Retention keeps it, and the schedule goes on from it. */
+    snprintf(ch->restored_from, sizeof ch->restored_from, "%s", ck.name);
+    if (everyone) {
+      ch->last_ckpt_step = ck.step;
+      ch->last_ckpt_time = ps_now_s();
+      snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", ck.name);
+    }
+  }
   int rc = 0;
   for (int i = 0; i < cfg->nps && rc == 0; i++) {
     if (ch->stats[i].flags & PS_STATS_INITIALIZED)
@@ -334,7 +345,7 @@ static int load_missing(chief *ch, int everyone) {
     if (ps_plan_shard_image(cfg, ch->layout, ch->model, found ? &ck : NULL, i, &img, &in, &eb) !=
         0) {
       ps_log(PS_LOG_ERROR, "shard %d: %s", i, eb.msg);
-      rc = -1;
+      rc = -2;  /* the plan itself failed: retrying will not help */
       break;
     }
     rc = load_shard(ch, i, img, &in);
@@ -354,7 +365,7 @@ static int load_missing(chief *ch, int everyone) {
                      "from", found ? ck.name : "seed");
   }
   ps_ckpt_close(&ck);
-  return rc == 0 ? 0 : -1;
+  return rc == 0 ? 0 : rc == -2 ? -2 : -1;
 }
 
 /* ---------------------------------------------------------- checkpoint */
@@ -386,6 +397,7 @@ static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
          ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
   ps_summary_event(&ch->sum, step, "nan", "{s:s, s:s}", "reason", what, "last_good",
                    ch->last_ckpt_name);
+  ps_registry_set_done(ch->reg, step);
   stop_cluster(ch);
   ch->status = PS_CHIEF_NONFINITE;
   ch->stopping = 1;
@@ -406,6 +418,7 @@ static void write_done(chief *ch, ps_cut *job) {
     ps_summary_event(&ch->sum, job->step, "checkpoint", "{s:s, s:f, s:f, s:f}", "name",
                      job->st.name, "stall_ms", job->stall_ms, "write_s", job->st.total_s, "mb", mb);
     snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", job->st.name);
+    ch->wrote_step = job->step;
   }
   ps_cut_free(job);
 }
@@ -434,6 +447,7 @@ static int checkpoint(chief *ch, int wait) {
     }
     if (lease_tick(ch) != 0)
       return -1;
+    ps_notify_watchdog();
     usleep(10000);
   }
   return 0;
@@ -478,7 +492,10 @@ static int evaluate(chief *ch, int wait) {
     return -1;
   }
   e->ch = ch;
-  if (lease_tick(ch) != 0 || ps_client_pull(ch->client, e->params) != 0) {
+  int rc = -1;
+  for (int attempt = 0; attempt < 5 && rc != 0 && lease_tick(ch) == 0; attempt++)
+    rc = ps_client_pull(ch->client, e->params);
+  if (rc != 0) {
     ps_log(PS_LOG_WARN, "evaluation: pulling the weights: %s", ps_client_error(ch->client));
     free(e->params);
     free(e);
@@ -506,7 +523,7 @@ static void hooks(chief *ch) {
     eval_done(ch, ej, 0);
   if (ch->stopping)
     return;
-  if (cfg->chief_log_every > 0 && g >= ch->next_log_step) {
+  if (cfg->chief_log_every > 0 && g >= ch->next_log_step && now - ch->log_t0 >= 0.5) {
     double sps = now > ch->log_t0 ? (double)(g - ch->log_step0) / (now - ch->log_t0) : 0.0;
     if (g > 0) {
       char of[32] = "";
@@ -541,11 +558,12 @@ static void finish(chief *ch) {
     hooks(ch);
     if (lease_tick(ch) != 0)
       return;
+    ps_notify_watchdog();
     usleep(10000);
   }
   if (ch->stopping)
     return;
-  if (ch->last_ckpt_step != ch->gstep || !ch->last_ckpt_name[0]) {
+  if (ch->wrote_step != ch->gstep) {
     for (int attempt = 0; attempt < 5 && checkpoint(ch, 1) != 0; attempt++)
       if (ch->stopping)
         return;
@@ -557,6 +575,9 @@ static void finish(chief *ch) {
     return;
   ps_log(PS_LOG_INFO, "reached last_step %" PRId64 ": final checkpoint %s; stopping the cluster",
          ch->cfg->last_step, ch->last_ckpt_name[0] ? ch->last_ckpt_name : "(none)");
+  /* Processes that start later (a restart after a crash) exit at once. */
+  if (ps_registry_set_done(ch->reg, ch->gstep) != 0)
+    ps_log(PS_LOG_WARN, "redis: could not record the end of the run");
   stop_cluster(ch);
   ps_summary_event(&ch->sum, ch->gstep, "stop", "{s:s}", "checkpoint", ch->last_ckpt_name);
   ch->status = PS_CHIEF_DONE;
@@ -589,7 +610,7 @@ static void schedule_from_dir(chief *ch) {
   ch->last_ckpt_time = ps_now_s();
   ch->last_ckpt_step = ch->gstep;
   for (int i = n - 1; i >= 0; i--)
-    if (e[i].on_disk) {
+    if (e[i].on_disk && e[i].step <= ch->gstep) {
       ch->last_ckpt_step = e[i].step;
       ch->last_ckpt_time = e[i].time;
       snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", e[i].name);
@@ -615,6 +636,7 @@ int ps_chief_run(const ps_config *cfg) {
     return PS_CHIEF_FAILED;
   ch->cfg = cfg;
   ch->status = PS_CHIEF_FAILED;
+  ch->wrote_step = UINT64_MAX;
   ps_errbuf eb = {0};
   uint64_t token = 0;
   char path[4200];
@@ -629,7 +651,8 @@ int ps_chief_run(const ps_config *cfg) {
   ch->cut_env = (ps_cut_env){.cfg = cfg, .client = ch->client, .layout = ch->layout,
                              .model = ch->model, .model_text = ch->model_text,
                              .call = cut_call, .call_arg = ch};
-  ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 3 > 200 ? cfg->chief_lease_ms / 3
+  /* A call never outlasts half the lease: renewals come between calls. */
+  ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 2 > 200 ? cfg->chief_lease_ms / 2
                                                                           : 200));
   ch->reg = ps_registry_new(cfg, "chief", 0);
   if (ch->reg == NULL ||
@@ -644,6 +667,19 @@ int ps_chief_run(const ps_config *cfg) {
   if (lease_wait(ch) != 0) {
     ch->status = PS_CHIEF_DONE;
     goto out;
+  }
+  uint64_t done_step = 0;
+  if (ps_registry_get_done(ch->reg, &done_step) == 1) {
+    if (cfg->last_step == 0 || (uint64_t)cfg->last_step <= done_step) {
+      ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
+             "nothing to do; raise [train] last_step to train on", done_step, cfg->cluster_id);
+      ch->status = PS_CHIEF_DONE;
+      goto done;
+    }
+    ps_log(PS_LOG_INFO, "the run ended at global step %" PRIu64 " and [train] last_step is now %"
+           PRId64 ": training on (start the shards and workers again)", done_step,
+           cfg->last_step);
+    ps_registry_clear_done(ch->reg);
   }
   if (cfg->summary_file[0])
     snprintf(path, sizeof path, "%s", cfg->summary_file);
@@ -679,19 +715,23 @@ int ps_chief_run(const ps_config *cfg) {
            "step %" PRIu64, ch->gstep);
     ps_summary_event(&ch->sum, ch->gstep, "restore", "{s:s}", "source",
                      ps_plan_source_name(PS_PLAN_REDIS));
-  } else if (load_missing(ch, missing == cfg->nps) != 0) {
-    goto done;
   } else {
+    int rc = load_missing(ch, missing == cfg->nps);
+    if (rc == -2)
+      goto done;  /* e.g. another optimizer than the checkpoint's: said why */
+    /* Otherwise a shard that did not take its state is retried each tick. */
     poll_stats(ch);
   }
-  if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours, NULL, &eb) <
-      0)
+  if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours,
+                     ch->restored_from[0] ? ch->restored_from : NULL, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
-  schedule_from_dir(ch);
+  if (!ch->last_ckpt_name[0])
+    schedule_from_dir(ch);
   ch->next_eval_step = cfg->chief_eval_every > 0
                            ? (ch->gstep / (uint64_t)cfg->chief_eval_every + 1) *
                                  (uint64_t)cfg->chief_eval_every
                            : UINT64_MAX;
+  poll_stats(ch);  /* the rate counts from a fresh step */
   ch->log_t0 = ps_now_s();
   ch->log_step0 = ch->gstep;
   ps_notify_ready("chief of %s at global step %" PRIu64, cfg->cluster_id, ch->gstep);
@@ -703,8 +743,8 @@ int ps_chief_run(const ps_config *cfg) {
       int missing_now = 0;
       for (int i = 0; i < cfg->nps; i++)
         missing_now += !(ch->stats[i].flags & PS_STATS_INITIALIZED);
-      if (missing_now > 0)
-        load_missing(ch, missing_now == cfg->nps);
+      if (missing_now > 0 && load_missing(ch, missing_now == cfg->nps) == -2)
+        break;
     }
     poll_workers(ch);
     ps_notify_watchdog();

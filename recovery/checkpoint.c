@@ -376,7 +376,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
    * checkpoints), so failing to rewrite it or to prune is a warning. */
   {
     ps_errbuf why = {0};
-    if (ps_ckpt_retain(dir, o->max_to_keep, o->keep_every_n_hours, name, &why) != 0)
+    if (ps__ckpt_retain_commit(dir, o->max_to_keep, o->keep_every_n_hours, name, &why) != 0)
       ps_log(PS_LOG_WARN, "checkpoint %s in %s committed, but the index or retention failed: %s",
              name, dir, why.msg);
   }

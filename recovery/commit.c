@@ -409,8 +409,10 @@ static int remove_leftovers(const char *dir, ps_errbuf *eb) {
   return rc;
 }
 
+/* in_write: called by a checkpoint's commit, whose crash points (index,
+ * retain) fire here; a retention on its own (the chief's start) has none. */
 static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const char *protect,
-                       ps_errbuf *eb) {
+                       int in_write, ps_errbuf *eb) {
   ps_ckpt_entry *e = NULL;
   int n = ps_ckpt_list(dir, &e, eb);
   if (n < 0)
@@ -465,7 +467,7 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
       if (keep[i])
         len += (size_t)snprintf(text + len, cap - len, "kept: %s %.3f\n", e[i].name, e[i].time);
     const void *bufs[1] = {text};
-    int r = write_file_atomic(path, bufs, &len, 1, "index", eb);
+    int r = write_file_atomic(path, bufs, &len, 1, in_write ? "index" : NULL, eb);
     free(text);
     if (r != 0) {
       free(keep);
@@ -473,13 +475,18 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
       return r;
     }
   }
-  ps__ckpt_crash_point("retain");
+  if (in_write)
+    ps__ckpt_crash_point("retain");
   for (int i = 0; i < n; i++) {
     if (keep[i] || !e[i].on_disk)
       continue;
-    char p[PATH_MAX];
+    /* Renamed out of the way first (one atomic step), then removed: a
+     * crash in between leaves a leftover the next retention removes, never
+     * a half-deleted ckpt-<step>. */
+    char p[PATH_MAX], gone[PATH_MAX];
     snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
-    int r = ps__ckpt_rm_tree(p);
+    snprintf(gone, sizeof gone, "%s/" OLD_PREFIX "%s-%d", dir, e[i].name, (int)getpid());
+    int r = rename(p, gone) == 0 ? ps__ckpt_rm_tree(gone) : -errno;
     if (r != 0 && rc == 0)
       rc = ps_err_set(eb, r, "remove %s: %s", p, strerror(-r));
     else if (r == 0)
@@ -498,5 +505,10 @@ int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hou
   if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
       !isfinite(keep_every_n_hours))
     return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
-  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, eb);
+  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, 0, eb);
+}
+
+int ps__ckpt_retain_commit(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
+                           const char *protect, ps_errbuf *eb) {
+  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, 1, eb);
 }

@@ -14,6 +14,11 @@
  * SIGKILL, as a crash would. */
 void ps__ckpt_crash_point(const char *stage);
 
+/* ps_ckpt_retain as a checkpoint's commit runs it: with the crash points
+ * "index" and "retain". */
+int ps__ckpt_retain_commit(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
+                           const char *protect, ps_errbuf *eb);
+
 /* Write all len bytes, retrying short writes and EINTR.  @return 0 or
  * -errno. */
 int ps__ckpt_write_all(int fd, const void *buf, size_t len);

@@ -1,9 +1,418 @@
-/* `paramserv status`: not written yet. */
+/* `paramserv status`: one look at a cluster from its records in Redis
+ * (src/replica/REDIS.md): every node's heartbeat, each shard's snapshot,
+ * the chief's lease, and the newest checkpoint of [checkpoint] dir. */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "cmd/cmd.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "recovery/checkpoint.h"
+
+#define DEFAULT_CONFIG "/etc/paramserv/cluster.conf"
+
+enum { NEVER_SEEN = 0, DOWN, UP };
+static const char *const state_text[] = {"never seen", "down", "up"};
+static const char *const state_json[] = {"never_seen", "down", "up"};
+
+/* One row of the table, or the lease (state UP: held; incarnation: its
+ * token).  have_* say which fields the records held. */
+typedef struct row {
+  const char *role;
+  int index, state;
+  char host[128];
+  long long pid;
+  uint64_t incarnation, step, version, lag, snap_version;
+  double rate, snap_time;
+  int64_t ttl_ms;   /* the key's time to live; -1 unknown */
+  int64_t age_ms;   /* since the last heartbeat; -1 unknown */
+  int have_pid, have_inc, have_step, have_rate, have_version, have_lag, have_snap;
+} row;
+
+/* ------------------------------------------------------------------ Redis */
+
+static redisContext *rc_ctx;
+static char rc_addr[300];
+
+/* A command's reply.  No reply (Redis gone) or an error reply (NOAUTH,
+ * NOPERM, WRONGTYPE): one error line and exit 1, since a status built on
+ * records it could not read would mislead. */
+static redisReply *q(const char *key, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(rc_ctx, fmt, ap);
+  va_end(ap);
+  if (r != NULL && r->type != REDIS_REPLY_ERROR)
+    return r;
+  ps_cmd_error("status: redis %s: reading %s: %s", rc_addr, key,
+               r != NULL ? r->str : rc_ctx->errstr[0] ? rc_ctx->errstr : "no reply");
+  exit(1);
+}
+
+/* GET and PTTL of a key, in one step.  @return 1 with the value in buf
+ * and *ttl_ms its time to live (-1: none), or 0 when absent. */
+static int get_ttl(const char *key, char *buf, size_t len, int64_t *ttl_ms) {
+  redisReply *r = q(key, "EVAL %s 1 %s",
+                    "return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}", key);
+  int found = r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+              r->element[0]->type == REDIS_REPLY_STRING;
+  if (found) {
+    snprintf(buf, len, "%s", r->element[0]->str);
+    redisReply *t = r->element[1];
+    *ttl_ms = t->type == REDIS_REPLY_INTEGER && t->integer >= 0 ? t->integer : -1;
+  }
+  freeReplyObject(r);
+  return found;
+}
+
+static int connect_redis(const ps_config *cfg) {
+  ps_addr_format(&cfg->redis, rc_addr, sizeof rc_addr);
+  struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
+  rc_ctx = redisConnectWithTimeout(cfg->redis.host, cfg->redis.port, tv);
+  if (rc_ctx == NULL || rc_ctx->err) {
+    ps_cmd_error("status: redis %s ([redis] address in %s) unreachable: %s", rc_addr, cfg->path,
+                 rc_ctx ? rc_ctx->errstr : "out of memory");
+    return -1;
+  }
+  redisSetTimeout(rc_ctx, tv);
+  char pw[512];
+  ps_errbuf eb = {0};
+  int n = ps_config_read_redis_password(cfg, pw, sizeof pw, &eb);
+  if (n < 0) {
+    ps_cmd_error("status: %s", eb.msg);
+    return -1;
+  }
+  if (n > 0) {
+    redisReply *a = cfg->redis_user[0]
+                        ? redisCommand(rc_ctx, "AUTH %s %s", cfg->redis_user, pw)
+                        : redisCommand(rc_ctx, "AUTH %s", pw);
+    memset(pw, 0, sizeof pw);
+    int bad = a == NULL || a->type == REDIS_REPLY_ERROR;
+    if (bad)
+      ps_cmd_error("status: redis %s: AUTH%s%s refused: %s", rc_addr,
+                   cfg->redis_user[0] ? " as " : "", cfg->redis_user,
+                   a != NULL ? a->str : rc_ctx->errstr);
+    freeReplyObject(a);
+    if (bad)
+      return -1;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------- the records */
+
+/* Heartbeat payloads are "key value" pairs: "pid P host H incarnation E
+ * step S steps/s R" (workers, chief) or "... version V lag L" (shards);
+ * the lease's is "token T host H pid P". */
+static void parse_payload(row *w, const char *payload) {
+  char buf[512], *save = NULL;
+  snprintf(buf, sizeof buf, "%s", payload);
+  for (char *k = strtok_r(buf, " ", &save); k != NULL; k = strtok_r(NULL, " ", &save)) {
+    char *v = strtok_r(NULL, " ", &save);
+    if (v == NULL)
+      break;
+    if (strcmp(k, "host") == 0)
+      snprintf(w->host, sizeof w->host, "%s", v);
+    else if (strcmp(k, "pid") == 0)
+      w->pid = strtoll(v, NULL, 10), w->have_pid = 1;
+    else if (strcmp(k, "incarnation") == 0 || strcmp(k, "token") == 0)
+      w->incarnation = strtoull(v, NULL, 10), w->have_inc = 1;
+    else if (strcmp(k, "step") == 0)
+      w->step = strtoull(v, NULL, 10), w->have_step = 1;
+    else if (strcmp(k, "steps/s") == 0)
+      w->rate = strtod(v, NULL), w->have_rate = 1;
+    else if (strcmp(k, "version") == 0)
+      w->version = strtoull(v, NULL, 10), w->have_version = 1;
+    else if (strcmp(k, "lag") == 0)
+      w->lag = strtoull(v, NULL, 10), w->have_lag = 1;
+  }
+}
+
+/* Fill a row from its heartbeat key and its epoch key (REDIS.md §1). */
+static void read_node(const ps_config *cfg, row *w) {
+  char node[160], epoch[160], v[512];
+  if (strcmp(w->role, "ps") == 0) {
+    snprintf(node, sizeof node, "{%s:ps:%d}:node", cfg->cluster_id, w->index);
+    snprintf(epoch, sizeof epoch, "{%s:ps:%d}:epoch", cfg->cluster_id, w->index);
+  } else {
+    snprintf(node, sizeof node, "{%s}:node:%s:%d", cfg->cluster_id, w->role, w->index);
+    snprintf(epoch, sizeof epoch, "{%s}:epoch:%s:%d", cfg->cluster_id, w->role, w->index);
+  }
+  w->age_ms = -1;
+  if (get_ttl(node, v, sizeof v, &w->ttl_ms)) {
+    w->state = UP;
+    parse_payload(w, v);
+    if (w->ttl_ms >= 0)
+      w->age_ms = w->ttl_ms < 3 * cfg->heartbeat_ms ? 3 * cfg->heartbeat_ms - w->ttl_ms : 0;
+  } else if (get_ttl(epoch, v, sizeof v, &w->ttl_ms)) {
+    w->state = DOWN;
+    w->incarnation = strtoull(v, NULL, 10);   /* the newest incarnation it took */
+    w->have_inc = 1;
+  }
+}
+
+static void read_snapshot(const ps_config *cfg, row *w) {
+  char key[160];
+  snprintf(key, sizeof key, "{%s:ps:%d}:meta", cfg->cluster_id, w->index);
+  redisReply *r = q(key, "HMGET %s version time", key);
+  if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+      r->element[0]->type == REDIS_REPLY_STRING) {
+    w->have_snap = 1;
+    w->snap_version = strtoull(r->element[0]->str, NULL, 10);
+    if (r->element[1]->type == REDIS_REPLY_STRING)
+      w->snap_time = strtod(r->element[1]->str, NULL);
+  }
+  freeReplyObject(r);
+}
+
+static void read_lease(const ps_config *cfg, row *l) {
+  char key[160], v[512];
+  snprintf(key, sizeof key, "{%s}:chief", cfg->cluster_id);
+  *l = (row){.role = "lease", .ttl_ms = -1, .age_ms = -1};
+  if (get_ttl(key, v, sizeof v, &l->ttl_ms)) {
+    l->state = UP;
+    parse_payload(l, v);
+  }
+}
+
+/* ----------------------------------------------------------- checkpoint */
+
+typedef struct ckpt_info {
+  int readable;            /* 0: the directory cannot be read here */
+  char why[512];           /* when not readable */
+  int found;
+  ps_ckpt_entry latest;
+} ckpt_info;
+
+/* The newest checkpoint whose directory exists (by step, as the chief's
+ * restore looks first). */
+static void read_ckpt(const char *dir, ckpt_info *ci) {
+  memset(ci, 0, sizeof *ci);
+  DIR *d = opendir(dir);
+  if (d == NULL) {
+    snprintf(ci->why, sizeof ci->why, "%s", strerror(errno));
+    return;
+  }
+  closedir(d);
+  ps_ckpt_entry *e = NULL;
+  ps_errbuf eb = {0};
+  int n = ps_ckpt_list(dir, &e, &eb);
+  if (n < 0) {
+    snprintf(ci->why, sizeof ci->why, "%s", eb.msg);
+    return;
+  }
+  ci->readable = 1;
+  for (int i = 0; i < n; i++)
+    if (e[i].on_disk) {
+      ci->latest = e[i];
+      ci->found = 1;
+    }
+  free(e);
+}
+
+/* ---------------------------------------------------------------- output */
+
+/* One token: "0.4s", "3m05s", "2h10m", "1.5d". */
+static const char *age_text(double s, char *buf, size_t len) {
+  if (s < 0)
+    snprintf(buf, len, "?");
+  else if (s < 60)
+    snprintf(buf, len, "%.1fs", s);
+  else if (s < 3600)
+    snprintf(buf, len, "%dm%02ds", (int)(s / 60), (int)s % 60);
+  else if (s < 86400)
+    snprintf(buf, len, "%dh%02dm", (int)(s / 3600), (int)s % 3600 / 60);
+  else
+    snprintf(buf, len, "%.1fd", s / 86400);
+  return buf;
+}
+
+#define U64(have, v, buf) \
+  ((have) ? (snprintf(buf, sizeof buf, "%" PRIu64, (uint64_t)(v)), buf) : "-")
+
+static void print_table(const ps_config *cfg, const row *rows, int n, const row *l,
+                        const ckpt_info *ci, double now) {
+  printf("cluster %s, redis %s, heartbeat TTL %" PRId64 " ms\n\n", cfg->cluster_id, rc_addr,
+         3 * cfg->heartbeat_ms);
+  printf("%-6s %3s  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s\n", "ROLE", "IDX", "STATE",
+         "HOST", "PID", "INCARNATION", "AGE", "STEP", "STEPS/S", "VERSION", "LAG",
+         "SNAPSHOT");
+  for (int i = 0; i < n; i++) {
+    const row *w = &rows[i];
+    char pid[24], inc[24], age[32], step[24], rate[24], ver[24], lag[24], snap[24];
+    if (w->have_pid)
+      snprintf(pid, sizeof pid, "%lld", w->pid);
+    if (w->age_ms >= 0)
+      age_text(w->age_ms / 1e3, age, sizeof age);
+    if (w->have_rate)
+      snprintf(rate, sizeof rate, "%.1f", w->rate);
+    printf("%-6s %3d  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s\n", w->role, w->index,
+           state_text[w->state], w->host[0] ? w->host : "-", w->have_pid ? pid : "-",
+           U64(w->have_inc, w->incarnation, inc), w->age_ms >= 0 ? age : "-",
+           U64(w->have_step, w->step, step), w->have_rate ? rate : "-",
+           U64(w->have_version, w->version, ver), U64(w->have_lag, w->lag, lag),
+           U64(w->have_snap, w->snap_version, snap));
+  }
+  printf("\n");
+  char t[32];
+  if (l->state == UP)
+    printf("chief lease: token %" PRIu64 ", host %s, pid %lld, %s left\n", l->incarnation,
+           l->host[0] ? l->host : "?", l->pid, age_text(l->ttl_ms / 1e3, t, sizeof t));
+  else
+    printf("chief lease: none\n");
+  if (!ci->readable)
+    printf("latest checkpoint: %s: not readable here (%s)\n", cfg->checkpoint_dir, ci->why);
+  else if (!ci->found)
+    printf("latest checkpoint: none in %s\n", cfg->checkpoint_dir);
+  else
+    printf("latest checkpoint: %s/%s, step %" PRIu64 ", %s old\n", cfg->checkpoint_dir,
+           ci->latest.name, ci->latest.step, age_text(now - ci->latest.time, t, sizeof t));
+}
+
+/* A number, or NULL: json_pack's "o?" turns NULL into null. */
+static json_t *jint(int have, int64_t v) { return have ? json_integer((json_int_t)v) : NULL; }
+static json_t *jreal(int have, double v) { return have ? json_real(v) : NULL; }
+
+static int print_json(const ps_config *cfg, const row *rows, int n, const row *l,
+                      const ckpt_info *ci, double now) {
+  json_t *nodes = json_array();
+  for (int i = 0; i < n; i++) {
+    const row *w = &rows[i];
+    json_t *o = json_pack("{s:s, s:i, s:s, s:o?, s:o?, s:o?, s:o?, s:o?}", "role", w->role,
+                          "index", w->index, "state", state_json[w->state], "host",
+                          w->host[0] ? json_string(w->host) : NULL, "pid",
+                          jint(w->have_pid, w->pid), "incarnation",
+                          jint(w->have_inc, (int64_t)w->incarnation), "heartbeat_age_ms",
+                          jint(w->age_ms >= 0, w->age_ms), "step",
+                          jint(w->have_step, (int64_t)w->step));
+    if (strcmp(w->role, "ps") != 0)
+      json_object_set_new(o, "steps_per_s", w->have_rate ? json_real(w->rate) : json_null());
+    else
+      json_object_update_new(o, json_pack("{s:o?, s:o?, s:o?, s:o?}", "version",
+                                      jint(w->have_version, (int64_t)w->version), "lag",
+                                      jint(w->have_lag, (int64_t)w->lag), "snapshot_version",
+                                      jint(w->have_snap, (int64_t)w->snap_version),
+                                      "snapshot_time",
+                                      jreal(w->have_snap && w->snap_time > 0, w->snap_time)));
+    json_array_append_new(nodes, o);
+  }
+  json_t *lj = l->state != UP ? NULL
+               : json_pack("{s:I, s:s, s:I, s:o?}", "token", (json_int_t)l->incarnation, "host",
+                           l->host, "pid", (json_int_t)l->pid, "ttl_ms",
+                           jint(l->ttl_ms >= 0, l->ttl_ms));
+  json_t *latest = !ci->found ? NULL
+                   : json_pack("{s:s, s:I, s:f, s:f}", "name", ci->latest.name, "step",
+                               (json_int_t)ci->latest.step, "time", ci->latest.time, "age_s",
+                               now - ci->latest.time);
+  json_t *cj = json_pack("{s:s, s:b, s:o?}", "dir", cfg->checkpoint_dir, "readable",
+                         ci->readable, "latest", latest);
+  if (!ci->readable)
+    json_object_set_new(cj, "error", json_string(ci->why));
+  json_t *j = json_pack("{s:s, s:s, s:f, s:I, s:o, s:o?, s:o}", "cluster", cfg->cluster_id,
+                        "redis", rc_addr, "time", now, "heartbeat_ttl_ms",
+                        (json_int_t)(3 * cfg->heartbeat_ms), "nodes", nodes, "chief_lease", lj,
+                        "checkpoint", cj);
+  int rc = j != NULL ? json_dumpf(j, stdout, JSON_INDENT(2)) : -1;
+  printf("\n");
+  json_decref(j);
+  return rc == 0 ? 0 : 1;
+}
+
+/* ------------------------------------------------------------------ verb */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: paramserv status [--config FILE] [--json]\n"
+          "\n"
+          "Show the cluster of FILE as its records in Redis describe it (src/replica/REDIS.md):\n"
+          "one row per node (the chief, every shard, every worker) with its state, host, pid,\n"
+          "incarnation, AGE of its last heartbeat, its step, and steps/s (workers, chief),\n"
+          "version, replication lag and snapshot version (shards); then the chief's lease and\n"
+          "the newest checkpoint of [checkpoint] dir.\n"
+          "\n"
+          "A node is up while its heartbeat key lives (TTL 3 x [worker] heartbeat_ms), down\n"
+          "once it expired, \"never seen\" when it never took an incarnation.\n"
+          "\n"
+          "  --config FILE   the cluster's config file (default " DEFAULT_CONFIG ")\n"
+          "  --json          the same as one JSON object (state: up, down, never_seen;\n"
+          "                  unknown values are null)\n"
+          "  -h, --help      this help\n"
+          "\n"
+          "Exit status: 0 shown (whatever the nodes' states), 1 the config or Redis cannot be\n"
+          "read, 2 bad usage.\n");
+}
 
 int ps_cmd_status(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  ps_cmd_error("status: not implemented yet");
-  return 1;
+  static const struct option longopts[] = {
+      {"config", required_argument, 0, 'c'},
+      {"json", no_argument, 0, 'j'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0},
+  };
+  const char *config = DEFAULT_CONFIG;
+  int as_json = 0;
+  opterr = 0;
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    switch (c) {
+    case 'c': config = optarg; break;
+    case 'j': as_json = 1; break;
+    case 'h': usage(stdout); return 0;
+    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
+    default:
+      ps_cmd_error("unknown option '%s' (see paramserv status --help)", argv[optind - 1]);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    ps_cmd_error("unexpected argument '%s' (see paramserv status --help)", argv[optind]);
+    return 2;
+  }
+  ps_log_init("status", PS_LOG_WARN);
+  static ps_config cfg;
+  ps_errbuf eb = {0};
+  if (ps_config_load(config, &cfg, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  if (connect_redis(&cfg) != 0) {
+    redisFree(rc_ctx);
+    return 1;
+  }
+
+  static row rows[1 + 2 * PS_CONFIG_MAX_NODES];
+  int n = 0;
+  rows[n++] = (row){.role = "chief", .index = 0};
+  for (int i = 0; i < cfg.nps; i++)
+    rows[n++] = (row){.role = "ps", .index = i};
+  for (int j = 0; j < cfg.nworkers; j++)
+    rows[n++] = (row){.role = "worker", .index = j};
+  for (int i = 0; i < n; i++) {
+    read_node(&cfg, &rows[i]);
+    if (strcmp(rows[i].role, "ps") == 0)
+      read_snapshot(&cfg, &rows[i]);
+  }
+  row l;
+  read_lease(&cfg, &l);
+  redisFree(rc_ctx);
+  ckpt_info ci;
+  read_ckpt(cfg.checkpoint_dir, &ci);
+
+  struct timespec ts;   /* wall time: checkpoint times are unix seconds */
+  clock_gettime(CLOCK_REALTIME, &ts);
+  double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+  if (as_json)
+    return print_json(&cfg, rows, n, &l, &ci, now);
+  print_table(&cfg, rows, n, &l, &ci, now);
+  return 0;
 }

@@ -28,6 +28,7 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/shard.h"
+#include "replica/registry.h"
 #include "replica/replica.h"
 #include "ps/server_internal.h"
 
@@ -649,6 +650,18 @@ static int listen_on(server *s, const ps_addr *a) {
   return rc;
 }
 
+/* A shard started after the chief ended the run has nothing to serve. */
+static int run_ended(const ps_config *cfg) {
+  ps_registry *r = ps_registry_new(cfg, "ps", 0);
+  uint64_t step = 0;
+  int ended = r != NULL && ps_registry_get_done(r, &step) == 1;
+  if (ended)
+    ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
+           "nothing to do", step, cfg->cluster_id);
+  ps_registry_free(r);
+  return ended;
+}
+
 static volatile int startup_stop;
 static void on_startup_signal(int sig) {
   (void)sig;
@@ -688,6 +701,10 @@ int ps_server_run(const ps_config *cfg, int index) {
   shard_open = 1;
   s->max_payload = ps_proto_max_payload(so.nfloats);
   ps_restore_info ri = {0};
+  if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg)) {
+    status = 0;
+    goto out;
+  }
   if (cfg->replication != PS_REPLICATION_OFF) {
     /* SIGTERM while waiting for Redis ends the wait; libuv takes the
      * signals over once the loop runs. */

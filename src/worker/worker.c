@@ -98,6 +98,13 @@ int ps_worker_run(const ps_config *cfg, int index) {
       goto out;
     }
     ps_client_set_incarnation(client, epoch);
+    uint64_t done_step = 0;
+    if (ps_registry_get_done(registry, &done_step) == 1) {
+      ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
+             "nothing to do", done_step, cfg->cluster_id);
+      status = 0;
+      goto out;
+    }
   }
   uint64_t last = ps_client_last_step(client);
   ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,

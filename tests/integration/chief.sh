@@ -95,6 +95,11 @@ acc=$(sed -n 's/^final test_acc \([0-9.]*\) .*/\1/p' "$T/chiefC.log")
   fail "final test accuracy $acc < 0.87"
 left=$(pgrep -f "paramserv .*--config $T/c.conf" || true)
 [ -z "$left" ] || fail "still running: $left"
+# A worker or shard restarted after the end (a crash, a supervisor) exits 0.
+"$BIN" worker --config "$T/c.conf" --index 1 >"$T/late.log" 2>&1 || fail "late worker exited $?"
+"$BIN" ps --config "$T/c.conf" --index 1 >>"$T/late.log" 2>&1 || fail "late ps exited $?"
+[ "$(grep -c "the run already ended at global step $LAST" "$T/late.log")" -eq 2 ] ||
+  fail "late start: $(cat "$T/late.log")"
 echo "ok: last_step $LAST: final checkpoint ckpt-$LAST, chief + 2 ps + 2 workers exited 0, none left; test accuracy $acc (bar 0.87)"
 
 # --- the NaN guard: a worker's gradients turn NaN after 300 steps

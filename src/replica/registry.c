@@ -187,6 +187,29 @@ int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
   return ok ? 0 : -1;
 }
 
+int ps_registry_get_done(ps_registry *r, uint64_t *step) {
+  redisReply *rep = cmd(r, 1, "GET {%s}:done", r->cfg->cluster_id);
+  int found = rep == NULL ? -1
+              : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, step) == 1 ? 1
+                                                                                          : 0;
+  freeReplyObject(rep);
+  return found;
+}
+
+int ps_registry_set_done(ps_registry *r, uint64_t step) {
+  redisReply *rep = cmd(r, 1, "SET {%s}:done %" PRIu64, r->cfg->cluster_id, step);
+  int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
+  freeReplyObject(rep);
+  return ok ? 0 : -1;
+}
+
+int ps_registry_clear_done(ps_registry *r) {
+  redisReply *rep = cmd(r, 1, "DEL {%s}:done", r->cfg->cluster_id);
+  int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
+  freeReplyObject(rep);
+  return ok ? 0 : -1;
+}
+
 int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos) {
   return ps_registry_get_pos(r, r->index, pos) == 1;
 }

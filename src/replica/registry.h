@@ -54,4 +54,12 @@ int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos);
  * @return 0 or -1 (Redis away). */
 int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos);
 
+/* The run's end: `{<cluster>}:done` holds the global step the chief ended
+ * the run at.  A process that starts after it exits 0 at once instead of
+ * waiting for a cluster that is gone.  get: 1 found (*step set), 0 none, -1
+ * Redis away.  set / clear: 0 or -1. */
+int ps_registry_get_done(ps_registry *r, uint64_t *step);
+int ps_registry_set_done(ps_registry *r, uint64_t step);
+int ps_registry_clear_done(ps_registry *r);
+
 #endif

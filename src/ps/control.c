@@ -78,6 +78,17 @@ int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
   return 1;
 }
 
+void ps_control_prepare(server *s) {
+  if (s->cfg->checkpoint_every_steps == 0 && s->cfg->checkpoint_every_secs == 0)
+    return;
+  /* The copy buffer, allocated and touched now: a first cut into fresh
+   * pages would stall on every page fault. */
+  ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
+  s->cut_img = grow(s->cut_img, &s->cut_cap, in.image_floats);
+  if (s->cut_img != NULL)
+    memset(s->cut_img, 0, (size_t)in.image_floats * sizeof(float));
+}
+
 void ps_control_tick(server *s, uint64_t now_ns) {
   if (s->paused && now_ns >= s->resume_at_ns)
     resume(s, "no RESUME from the chief in time: resumed by itself");
@@ -210,6 +221,7 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
            "; workers admitted", s->shard.version, s->shard.global_step);
     ps_notify_ready("shard %d serving from version %" PRIu64, s->index, s->shard.version);
+    ps_control_prepare(s);
     if (ps_server_start_replica(s) != 0) {
       s->status = 1;
       ps_server_stop(s, "cannot replicate the loaded state");

@@ -780,6 +780,8 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   s->watchdog_on = ps_notify_watchdog_start(&s->loop, &s->watchdog);
   if (s->initialized)
+    ps_control_prepare(s);
+  if (s->initialized)
     ps_notify_ready("shard %d serving at version %" PRIu64, index, s->shard.version);
   else
     ps_notify_status("shard %d waiting for the chief to initialize it", index);

@@ -99,6 +99,9 @@ void ps_control_frame(client *cl, uint64_t req, const ps_msg *m);
 /* A push that arrived while a cut holds pushes: queue it.  @return 1 if
  * queued (or refused), 0 if the shard is not paused. */
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p);
+/* Allocate and touch the cut buffer once the shard holds a state (when the
+ * config checkpoints at all). */
+void ps_control_prepare(server *s);
 /* on_tick: resume a cut whose RESUME did not come in time. */
 void ps_control_tick(server *s, uint64_t now_ns);
 /* Free the control state (images, held pushes). */

@@ -129,7 +129,7 @@ fuzz: fuzz-smoke
 # times, and where the checkpoints are (run directory $(BUILD)/demo).
 demo: deps
 	@$(MAKE) --no-print-directory all SAN=0
-	$(BUILD)/paramserv local --chaos --last-step 6000 --dir $(BUILD)/demo --fresh
+	$(BUILD)/paramserv local --config scripts/demo.conf --chaos --last-step 6000 --dir $(BUILD)/demo --fresh
 
 clean:
 	rm -rf build

@@ -1,0 +1,643 @@
+/* Supervision of the processes of a `paramserv local` run: start, watch, restart, stop in order. */
+#define _GNU_SOURCE /* memrchr */
+#include "local/supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+
+#define RESTART_DELAY_S 0.2
+#define FAIL_LIMIT 5        /* deaths of one child ...    */
+#define FAIL_WINDOW_S 30.0  /* ... within this long stop the run */
+#define DRAIN_S 10.0        /* after the chief's exit 0, for the others to exit */
+#define STOP_S 10.0         /* after SIGTERM, before SIGKILL */
+#define UNREADY_S 2.0       /* drain: SIGTERM to SIGKILL for one not back yet */
+#define NODES_DONE_S 2.0    /* shards and workers all done, the chief not */
+#define STAGE_S 3.0         /* one group's SIGTERM before the next group's */
+#define REDIS_WAIT_S 10.0
+#define REDIS_BIN "/usr/bin/redis-server"
+
+/* What a child's log says when it serves (src/ps/server.c, chief/chief.c). */
+#define PS_READY "listening on"
+#define CHIEF_READY "holding the lease"
+#define CHIEF_NONFINITE 3 /* the chief's exit status for NaN/Inf weights (chief/chief.h) */
+
+static const char *const role_names[] = {"redis", "chief", "ps", "worker"};
+
+const char *ps_sup_role_name(ps_sup_role r) { return role_names[r]; }
+
+__attribute__((format(printf, 2, 3))) static void say(ps_sup *s, const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  if (s->say != NULL)
+    s->say(s->say_arg, line);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Set-up                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static ps_sup_child *add_child(ps_sup *s, ps_sup_role role, int index) {
+  ps_sup_child *c = &s->children[s->nchildren++];
+  memset(c, 0, sizeof *c);
+  c->role = role;
+  c->index = index;
+  if (role == PS_SUP_PS || role == PS_SUP_WORKER) {
+    snprintf(c->name, sizeof c->name, "%s %d", role_names[role], index);
+    snprintf(c->file, sizeof c->file, "%s-%d", role_names[role], index);
+  } else {
+    snprintf(c->name, sizeof c->name, "%s", role_names[role]);
+    snprintf(c->file, sizeof c->file, "%s", role_names[role]);
+  }
+  char file[sizeof c->file];
+  memcpy(file, c->file, sizeof file);
+  snprintf(c->log_path, sizeof c->log_path, "%s/logs/%s.log", s->rundir, file);
+  return c;
+}
+
+int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const char *rundir,
+                ps_sup_say_fn sayfn, void *arg, ps_errbuf *eb) {
+  memset(s, 0, sizeof *s);
+  s->cfg = cfg;
+  s->say = sayfn;
+  s->say_arg = arg;
+  snprintf(s->rundir, sizeof s->rundir, "%s", rundir);
+  snprintf(s->config_path, sizeof s->config_path, "%s", config_path);
+  /* The children run this very binary, even if the file is replaced
+   * (rebuilt) while the run goes on. */
+  snprintf(s->exe, sizeof s->exe, "/proc/self/exe");
+  char logs[PS_CONFIG_PATH_MAX + 8];
+  snprintf(logs, sizeof logs, "%s/logs", rundir);
+  if (mkdir(logs, 0755) != 0 && errno != EEXIST)
+    return ps_err_set(eb, -errno, "%s: cannot create: %s", logs, strerror(errno));
+  add_child(s, PS_SUP_REDIS, 0);
+  add_child(s, PS_SUP_CHIEF, 0);
+  for (int i = 0; i < cfg->nps; i++)
+    add_child(s, PS_SUP_PS, i);
+  for (int i = 0; i < cfg->nworkers; i++)
+    add_child(s, PS_SUP_WORKER, i);
+  return 0;
+}
+
+void ps_sup_close(ps_sup *s) {
+  for (int r = 0; r < PS_SUP_NROLES; r++) {
+    free(s->recovery[r]);
+    s->recovery[r] = NULL;
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Logs                                                                      */
+/* ------------------------------------------------------------------------ */
+
+static off_t file_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? sb.st_size : 0;
+}
+
+/* Looks through the complete lines appended to `path` since *off for one
+ * holding `a` (and `b`, when not NULL); *off moves past the lines read.
+ * @return 1 when one was found. */
+static int scan_log(const char *path, off_t *off, const char *a, const char *b) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  char buf[65536 + 1];
+  int found = 0;
+  for (;;) {
+    ssize_t n = pread(fd, buf, sizeof buf - 1, *off);
+    if (n <= 0)
+      break;
+    buf[n] = '\0';
+    char *end = memrchr(buf, '\n', (size_t)n);
+    if (end == NULL) /* a partial line: read it again when it is whole */
+      break;
+    *end = '\0';
+    for (char *line = buf; line != NULL && !found;) {
+      char *nl = strchr(line, '\n');
+      if (nl != NULL)
+        *nl = '\0';
+      if (strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL)) {
+        found = 1;
+        *off += (nl != NULL ? nl + 1 : end + 1) - buf;
+      }
+      line = nl != NULL ? nl + 1 : NULL;
+    }
+    if (found)
+      break;
+    *off += end + 1 - buf;
+  }
+  close(fd);
+  return found;
+}
+
+const char *ps_sup_last_line(const ps_sup_child *c, char *buf, size_t len) {
+  char tail[4096 + 1];
+  buf[0] = '\0';
+  int fd = open(c->log_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return buf;
+  off_t size = lseek(fd, 0, SEEK_END), from = size > 4096 ? size - 4096 : 0;
+  ssize_t n = pread(fd, tail, 4096, from);
+  close(fd);
+  if (n <= 0)
+    return buf;
+  tail[n] = '\0';
+  /* Backwards over the lines: the last one that is the child's own. */
+  char *end = tail + n;
+  while (end > tail) {
+    while (end > tail && (end[-1] == '\n' || end[-1] == '\r'))
+      *--end = '\0';
+    char *start = end;
+    while (start > tail && start[-1] != '\n')
+      start--;
+    if (start < end && strncmp(start, "local: ", 7) != 0) {
+      snprintf(buf, len, "%s", start);
+      return buf;
+    }
+    end = start;
+  }
+  return buf;
+}
+
+void ps_sup_write_pids(const ps_sup *s) {
+  char path[PS_CONFIG_PATH_MAX + 16], tmp[PS_CONFIG_PATH_MAX + 24];
+  snprintf(path, sizeof path, "%s/pids", s->rundir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "we");
+  if (f == NULL)
+    return;
+  fprintf(f, "local %ld\n", (long)getpid());
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].pid > 0)
+      fprintf(f, "%s %ld\n", s->children[i].file, (long)s->children[i].pid);
+  if (fclose(f) == 0)
+    rename(tmp, path);
+  else
+    unlink(tmp);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Starting a child                                                          */
+/* ------------------------------------------------------------------------ */
+
+static int spawn(ps_sup *s, ps_sup_child *c, double now) {
+  char port[8], index[16];
+  const char *argv[24];
+  int k = 0;
+  if (c->role == PS_SUP_REDIS) {
+    snprintf(port, sizeof port, "%u", (unsigned)s->cfg->redis.port);
+    argv[k++] = access(REDIS_BIN, X_OK) == 0 ? REDIS_BIN : "redis-server";
+    const char *args[] = {"--port", port, "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", s->rundir, "--logfile", "",
+                          "--daemonize", "no", NULL};
+    for (int i = 0; args[i] != NULL; i++)
+      argv[k++] = args[i];
+  } else {
+    argv[k++] = "paramserv";
+    argv[k++] = role_names[c->role];
+    argv[k++] = "--config";
+    argv[k++] = s->config_path;
+    if (c->role != PS_SUP_CHIEF) {
+      snprintf(index, sizeof index, "%d", c->index);
+      argv[k++] = "--index";
+      argv[k++] = index;
+    }
+  }
+  argv[k] = NULL;
+
+  int fd = open(c->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return -errno;
+  c->scan = lseek(fd, 0, SEEK_END);
+  if (c->role == PS_SUP_WORKER) {
+    /* A worker is back when every shard has logged its connection: look
+     * at what the shards log from now on. */
+    for (int i = 0; i < s->nchildren; i++)
+      if (s->children[i].role == PS_SUP_PS)
+        c->peer_scan[s->children[i].index] = file_size(s->children[i].log_path);
+    c->peers_seen = 0;
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  if (pid == 0) {
+    /* Its own process group: a Ctrl-C on the terminal reaches the
+     * supervisor only, which stops the children in order. */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(127); /* the supervisor died before the line above */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGPIPE, SIG_DFL);
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0)
+      dup2(null, 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    char line[128];
+    int n = snprintf(line, sizeof line, "local: %s starts (pid %ld, start %d)\n", c->name,
+                     (long)getpid(), c->starts + 1);
+    if (write(2, line, (size_t)n) < 0) {
+      /* nothing to do: the log is what we would report to */
+    }
+    if (c->role == PS_SUP_REDIS)
+      execvp(argv[0], (char *const *)argv);
+    else
+      execv(s->exe, (char *const *)argv);
+    n = snprintf(line, sizeof line, "local: cannot run %s: %s\n", argv[0], strerror(errno));
+    if (write(2, line, (size_t)n) < 0) {
+    }
+    _exit(127);
+  }
+  close(fd);
+  c->pid = pid;
+  c->state = PS_SUP_RUNNING;
+  c->ready = 0;
+  c->term_sent = 0;
+  c->started_at = now;
+  if (c->starts++ > 0)
+    s->restarts++;
+  ps_sup_write_pids(s);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Readiness                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static int redis_ping(const ps_sup *s) {
+  struct timeval tv = {0, 200000};
+  redisContext *r = redisConnectWithTimeout("127.0.0.1", s->cfg->redis.port, tv);
+  int ok = 0;
+  if (r != NULL && r->err == 0) {
+    redisSetTimeout(r, tv);
+    redisReply *reply = redisCommand(r, "PING");
+    ok = reply != NULL && reply->type == REDIS_REPLY_STATUS && strcmp(reply->str, "PONG") == 0;
+    freeReplyObject(reply);
+  }
+  redisFree(r);
+  return ok;
+}
+
+static int is_ready(ps_sup *s, ps_sup_child *c, double now) {
+  /* Below info the children do not log what we look for: being up for a
+   * second is the best there is. */
+  int quiet = ps_log_level_parse(s->cfg->log_level) > PS_LOG_INFO;
+  switch (c->role) {
+  case PS_SUP_REDIS:
+    return redis_ping(s);
+  case PS_SUP_CHIEF:
+    return quiet ? now - c->started_at >= 1.0 : scan_log(c->log_path, &c->scan, CHIEF_READY, NULL);
+  case PS_SUP_PS:
+    return quiet ? now - c->started_at >= 1.0 : scan_log(c->log_path, &c->scan, PS_READY, NULL);
+  case PS_SUP_WORKER: {
+    if (quiet)
+      return now - c->started_at >= 1.0;
+    /* Shards name a worker's connection "worker 1 (127.0.0.1:4242):
+     * connected (incarnation 7)". */
+    char who[32];
+    snprintf(who, sizeof who, "worker %d (", c->index);
+    uint64_t all = s->cfg->nps >= 64 ? ~0ULL : (1ULL << s->cfg->nps) - 1;
+    for (int i = 0; i < s->nchildren; i++) {
+      ps_sup_child *p = &s->children[i];
+      if (p->role == PS_SUP_PS && !(c->peers_seen & (1ULL << p->index)) &&
+          scan_log(p->log_path, &c->peer_scan[p->index], who, "): connected"))
+        c->peers_seen |= 1ULL << p->index;
+    }
+    return c->peers_seen == all;
+  }
+  default:
+    return 0;
+  }
+}
+
+static void record_recovery(ps_sup *s, ps_sup_role r, double secs) {
+  if (s->nrecovery[r] == s->caprecovery[r]) {
+    size_t cap = s->caprecovery[r] ? 2 * s->caprecovery[r] : 16;
+    double *more = realloc(s->recovery[r], cap * sizeof *more);
+    if (more == NULL)
+      return;
+    s->recovery[r] = more;
+    s->caprecovery[r] = cap;
+  }
+  s->recovery[r][s->nrecovery[r]++] = secs;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Deaths                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static void describe_status(int st, char *buf, size_t len) {
+  if (WIFEXITED(st))
+    snprintf(buf, len, "exited with status %d", WEXITSTATUS(st));
+  else if (WIFSIGNALED(st))
+    snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  else
+    snprintf(buf, len, "stopped (status 0x%x)", st);
+}
+
+static int running(const ps_sup_child *c) { return c->state == PS_SUP_RUNNING; }
+
+static int all_done(const ps_sup *s, ps_sup_role role) {
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].role == role && s->children[i].state != PS_SUP_DONE)
+      return 0;
+  return 1;
+}
+
+static void on_exit_status(ps_sup *s, ps_sup_child *c, int st, double now) {
+  char what[96], last[400];
+  pid_t pid = c->pid;
+  c->pid = 0;
+  c->status = st;
+  c->ready = 0;
+  describe_status(st, what, sizeof what);
+  if (s->phase != PS_SUP_RUN) {
+    c->state = PS_SUP_DONE;
+    /* After the chief's exit 0 the others are expected to exit 0 too. */
+    if (s->phase == PS_SUP_DRAIN && !(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !c->term_sent)
+      say(s, "local: %s %s after the chief finished: %s", c->name, what,
+          ps_sup_last_line(c, last, sizeof last));
+    return;
+  }
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0 && c->role != PS_SUP_REDIS) {
+    c->state = PS_SUP_DONE;
+    c->down_at = 0;
+    if (c->role == PS_SUP_CHIEF) {
+      s->phase = PS_SUP_DRAIN;
+      s->phase_at = now;
+      say(s, "local: the chief finished; waiting for the others to exit");
+    } else if (all_done(s, PS_SUP_PS) && all_done(s, PS_SUP_WORKER)) {
+      s->nodes_done_at = now; /* see ps_sup_poll */
+    }
+    return;
+  }
+  if (c->role == PS_SUP_CHIEF && WIFEXITED(st) && WEXITSTATUS(st) == CHIEF_NONFINITE) {
+    /* Restarting would restore the same weights: the run cannot go on. */
+    char why[640];
+    snprintf(why, sizeof why, "the chief stopped the run: %s",
+             ps_sup_last_line(c, last, sizeof last));
+    c->state = PS_SUP_DONE;
+    ps_sup_stop(s, now, 1, why);
+    return;
+  }
+  if (!c->down_by_kill) {
+    say(s, "local: %s (pid %ld) %s: %s", c->name, (long)pid, what,
+        ps_sup_last_line(c, last, sizeof last));
+    if (c->down_at == 0) /* not back since an earlier death: time from that one */
+      c->down_at = now;
+    /* A child that keeps failing on its own would fail forever. */
+    if (c->nfailures == FAIL_LIMIT) {
+      memmove(c->failures, c->failures + 1, (FAIL_LIMIT - 1) * sizeof c->failures[0]);
+      c->nfailures--;
+    }
+    c->failures[c->nfailures++] = now;
+    if (c->nfailures == FAIL_LIMIT && now - c->failures[0] <= FAIL_WINDOW_S) {
+      char why[640];
+      snprintf(why, sizeof why, "%s failed %d times within %.0f s; its last line: %s", c->name,
+               FAIL_LIMIT, FAIL_WINDOW_S, last[0] ? last : "(none)");
+      c->state = PS_SUP_DONE;
+      ps_sup_stop(s, now, 1, why);
+      return;
+    }
+  }
+  c->down_by_kill = 0;
+  c->state = PS_SUP_WAITING;
+  c->restart_at = now + RESTART_DELAY_S;
+}
+
+static void reap(ps_sup *s, double now) {
+  int st, any = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    for (int i = 0; i < s->nchildren; i++)
+      if (s->children[i].pid == pid) {
+        on_exit_status(s, &s->children[i], st, now);
+        any = 1;
+        break;
+      }
+  }
+  if (any)
+    ps_sup_write_pids(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stopping                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The order of a stop: workers first (they would only retry dead shards),
+ * the chief, the shards (their last snapshot goes to Redis), Redis. */
+static const ps_sup_role stop_order[] = {PS_SUP_WORKER, PS_SUP_CHIEF, PS_SUP_PS, PS_SUP_REDIS};
+#define NSTAGES ((int)(sizeof stop_order / sizeof stop_order[0]))
+
+static int group_running(const ps_sup *s, ps_sup_role role) {
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].role == role && running(&s->children[i]))
+      return 1;
+  return 0;
+}
+
+static void term_group(ps_sup *s, ps_sup_role role) {
+  for (int i = 0; i < s->nchildren; i++) {
+    ps_sup_child *c = &s->children[i];
+    if (c->role == role && running(c) && !c->term_sent) {
+      kill(c->pid, SIGTERM);
+      c->term_sent = 1;
+    }
+  }
+}
+
+void ps_sup_stop(ps_sup *s, double now, int result, const char *why) {
+  if (s->phase == PS_SUP_STOP || s->phase == PS_SUP_OVER)
+    return;
+  s->phase = PS_SUP_STOP;
+  s->phase_at = now;
+  s->result = result;
+  if (why != NULL)
+    snprintf(s->why, sizeof s->why, "%s", why);
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].state == PS_SUP_WAITING || s->children[i].state == PS_SUP_IDLE)
+      s->children[i].state = PS_SUP_DONE;
+  s->stage = 0;
+  s->stage_at = now;
+  term_group(s, stop_order[0]);
+}
+
+void ps_sup_kill_all(ps_sup *s) {
+  for (int i = 0; i < s->nchildren; i++)
+    if (running(&s->children[i]))
+      kill(s->children[i].pid, SIGKILL);
+}
+
+static void advance_stop(ps_sup *s, double now) {
+  while (s->stage < NSTAGES &&
+         (!group_running(s, stop_order[s->stage]) || now - s->stage_at >= STAGE_S)) {
+    if (++s->stage < NSTAGES) {
+      s->stage_at = now;
+      term_group(s, stop_order[s->stage]);
+    }
+  }
+  int any = 0;
+  for (int i = 0; i < s->nchildren; i++)
+    any |= running(&s->children[i]);
+  if (any && now - s->phase_at >= STOP_S) {
+    for (int i = 0; i < s->nchildren; i++)
+      if (running(&s->children[i]) && s->children[i].term_sent != 2) {
+        say(s, "local: %s (pid %ld) still running %.0f s after SIGTERM: SIGKILL",
+            s->children[i].name, (long)s->children[i].pid, STOP_S);
+        kill(s->children[i].pid, SIGKILL);
+        s->children[i].term_sent = 2;
+      }
+  }
+  if (!any && s->stage >= NSTAGES)
+    s->phase = PS_SUP_OVER;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loop's work                                                           */
+/* ------------------------------------------------------------------------ */
+
+int ps_sup_kill(ps_sup *s, ps_sup_child *c, double now) {
+  (void)s;
+  if (!running(c))
+    return -ESRCH;
+  if (kill(c->pid, SIGKILL) != 0)
+    return -errno;
+  c->kills++;
+  c->down_by_kill = 1;
+  c->down_at = now;
+  return 0;
+}
+
+void ps_sup_poll(ps_sup *s, double now) {
+  reap(s, now);
+  if (s->phase == PS_SUP_RUN) {
+    for (int i = 0; i < s->nchildren; i++) {
+      ps_sup_child *c = &s->children[i];
+      if (c->state == PS_SUP_WAITING && now >= c->restart_at) {
+        int rc = spawn(s, c, now);
+        if (rc != 0) {
+          char why[256];
+          snprintf(why, sizeof why, "cannot start %s: %s", c->name, strerror(-rc));
+          ps_sup_stop(s, now, 1, why);
+          break;
+        }
+      }
+    }
+  }
+  for (int i = 0; i < s->nchildren; i++) {
+    ps_sup_child *c = &s->children[i];
+    if (!running(c) || c->ready || s->phase == PS_SUP_STOP)
+      continue;
+    if (!is_ready(s, c, now))
+      continue;
+    c->ready = 1;
+    if (c->down_at > 0) {
+      double secs = now - c->down_at;
+      record_recovery(s, c->role, secs);
+      say(s, "local: %s back after %.2f s", c->name, secs);
+      c->down_at = 0;
+    }
+  }
+  if (s->phase == PS_SUP_RUN && s->nodes_done_at > 0 && now - s->nodes_done_at >= NODES_DONE_S) {
+    /* Every shard and worker exited 0: the chief stopped them.  A chief
+     * that died before its own exit 0 and came back would wait for the
+     * shards forever. */
+    say(s, "local: every shard and worker finished; stopping the chief");
+    ps_sup_stop(s, now, 0, NULL);
+  }
+  if (s->phase == PS_SUP_DRAIN) {
+    int others = 0;
+    for (int i = 0; i < s->nchildren; i++) {
+      ps_sup_child *c = &s->children[i];
+      if (c->state == PS_SUP_WAITING)
+        c->state = PS_SUP_DONE;
+      /* One that was still coming back when the run ended (a worker
+       * restarted just before the chief's stop) has nothing to finish and
+       * may wait for shards that are gone: SIGTERM, then SIGKILL. */
+      if (c->role != PS_SUP_REDIS && running(c) && !c->ready) {
+        if (!c->term_sent) {
+          say(s, "local: %s was still coming back when the run ended: stopping it", c->name);
+          kill(c->pid, SIGTERM);
+          c->term_sent = 1;
+        } else if (now - s->phase_at >= UNREADY_S && c->term_sent != 2) {
+          kill(c->pid, SIGKILL);
+          c->term_sent = 2;
+        }
+      }
+      others += c->role != PS_SUP_REDIS && running(c);
+    }
+    if (others == 0) {
+      ps_sup_stop(s, now, 0, NULL);
+    } else if (now - s->phase_at >= DRAIN_S) {
+      say(s, "local: %d process%s still running %.0f s after the chief finished: stopping them",
+          others, others == 1 ? "" : "es", DRAIN_S);
+      ps_sup_stop(s, now, 0, NULL);
+    }
+  }
+  if (s->phase == PS_SUP_STOP)
+    advance_stop(s, now);
+}
+
+int ps_sup_start(ps_sup *s, ps_errbuf *eb) {
+  double now = ps_now_s();
+  ps_sup_child *redis = &s->children[0];
+  int rc = spawn(s, redis, now);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "cannot start redis-server: %s", strerror(-rc));
+  while (!redis_ping(s)) {
+    int st;
+    char last[400];
+    if (waitpid(redis->pid, &st, WNOHANG) == redis->pid) {
+      redis->pid = 0;
+      redis->state = PS_SUP_DONE;
+      return ps_err_set(eb, -ECHILD, "redis-server on port %u exited at start: %s",
+                        (unsigned)s->cfg->redis.port, ps_sup_last_line(redis, last, sizeof last));
+    }
+    if (ps_now_s() - now > REDIS_WAIT_S) {
+      kill(redis->pid, SIGKILL);
+      waitpid(redis->pid, &st, 0);
+      redis->pid = 0;
+      redis->state = PS_SUP_DONE;
+      return ps_err_set(eb, -ETIMEDOUT, "redis-server on port %u did not answer PING within %.0f s",
+                        (unsigned)s->cfg->redis.port, REDIS_WAIT_S);
+    }
+    usleep(20000);
+  }
+  redis->ready = 1;
+  now = ps_now_s();
+  for (int i = 1; i < s->nchildren; i++) {
+    ps_sup_child *c = &s->children[i];
+    if ((rc = spawn(s, c, now)) != 0) {
+      ps_err_set(eb, rc, "cannot start %s: %s", c->name, strerror(-rc));
+      ps_sup_kill_all(s);
+      for (int j = 0; j < s->nchildren; j++)
+        if (s->children[j].pid > 0)
+          waitpid(s->children[j].pid, NULL, 0);
+      return rc;
+    }
+  }
+  return 0;
+}

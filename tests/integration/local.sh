@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# paramserv local: a whole supervised cluster (its own redis-server, the
+# chief, shards, workers).  A short run ends with exit 0, the accuracy line
+# and nothing left running; a shard killed with kill -9 (its pid from the
+# run's pids file) comes back and the run still ends with exit 0; SIGTERM
+# mid-run stops everything with status 143; kill -9 of local itself takes
+# its children with it (their parent-death signal).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+# left RUNDIR: the processes whose command line names the run directory
+# (read from /proc: procps may not be installed).
+left() {
+  local f cmd args
+  for f in /proc/[0-9]*/cmdline; do
+    mapfile -d '' -t args 2>/dev/null <"$f" || continue
+    cmd="${args[*]}"
+    case " $cmd " in *" $1/"* | *" $1 "*) echo "${f//[^0-9]/}: $cmd" ;; esac
+  done
+}
+
+# wait_gone RUNDIR SECONDS: until no process names the run directory.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do
+    [ -z "$(left "$1")" ] && return 0
+    sleep 0.05
+  done
+  fail "still running after $2 s: $(left "$1")"
+}
+
+# pid_of RUNDIR NAME: a child's pid from RUNDIR/pids ("ps-1 1234").
+pid_of() { awk -v n="$2" '$1 == n { print $2 }' "$1/pids"; }
+
+# --- a short run, no faults -----------------------------------------------
+run="$T/run1"
+set +e
+"$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 600 >"$T/local1.log" 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 0 ] || fail "local (1 ps, 1 worker, 600 steps) exited $rc"
+grep -q '^local: done after .*step 600/600, test accuracy 0\.[0-9]* at step 600' "$T/local1.log" ||
+  fail "no final accuracy line at step 600"
+[ -z "$(left "$run")" ] || fail "left running after exit 0: $(left "$run")"
+grep -q 'stopping at version' "$run/logs/ps-0.log" || fail "ps 0 did not stop by itself"
+[ -f "$run/checkpoints/ckpt-000000600/MANIFEST.json" ] || fail "no final checkpoint ckpt-000000600"
+echo "ok: 1 ps + 1 worker, 600 steps: $(grep -o 'test accuracy [0-9.]*' "$T/local1.log"); exit 0, nothing left running"
+
+# --- kill -9 of a shard --------------------------------------------------
+run="$T/run2"
+start local2 "$BIN" local --dir "$run" --fresh --ps 2 --workers 2 --last-step 2000
+wait_for "$run/logs/chief.log" "global step [0-9]* of 2000" 60
+pid=$(pid_of "$run" ps-1)
+[ -n "$pid" ] || fail "no ps-1 in $run/pids"
+kill -9 "$pid"
+wait_for "$T/local2.log" "^local: ps 1 back after" 30
+set +e
+wait_exit "$PID_local2" 120
+rc=$?
+set -e
+[ "$rc" -eq 0 ] || fail "local exited $rc after a shard's kill -9"
+restarts=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["restarts"]["ps-1"])' "$run/report.json")
+[ "$restarts" -ge 1 ] || fail "report.json: ps-1 restarted $restarts times, expected at least 1"
+grep -q '^local: done after .*test accuracy 0\.[0-9]* at step 2000' "$T/local2.log" ||
+  fail "no final accuracy line after the kill"
+[ -z "$(left "$run")" ] || fail "left running: $(left "$run")"
+echo "ok: shard 1 (pid $pid) killed: $(grep -h -o 'ps 1 back after [0-9.]* s' "$T/local2.log" | head -1); $(grep -o 'test accuracy [0-9.]*' "$T/local2.log"); exit 0, nothing left running"
+
+# --- SIGTERM mid-run -------------------------------------------------------
+run="$T/run3"
+start local3 "$BIN" local --dir "$run" --fresh --last-step 100000
+wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+kill -TERM "$PID_local3"
+set +e
+wait_exit "$PID_local3" 30
+rc=$?
+set -e
+[ "$rc" -eq 143 ] || fail "local exited $rc after SIGTERM, expected 143"
+[ -z "$(left "$run")" ] || fail "left running after SIGTERM: $(left "$run")"
+grep -q 'stopping at version' "$run/logs/ps-0.log" || fail "ps 0 was not stopped cleanly"
+echo "ok: SIGTERM mid-run: exit 143, shards stopped cleanly (their last snapshot written), nothing left running"
+
+# --- kill -9 of local itself ------------------------------------------------
+run="$T/run4"
+start local4 "$BIN" local --dir "$run" --fresh --last-step 100000
+wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+disown "$PID_local4" # no "Killed" notice from bash
+kill -9 "$PID_local4"
+wait_gone "$run" 10
+echo "ok: kill -9 of local: its children died with it"

@@ -172,6 +172,12 @@ static int lease_wait(chief *ch) {
     void *c = ps_registry_redis(ch->reg, 1);
     char holder[256] = "";
     int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
+    if (rc == 0 && ps_lease_holder_dead(holder) &&
+        ps_lease_steal(&ch->lease, c, holder) == 1) {
+      ps_log(PS_LOG_INFO, "the lease's holder (%s) is gone from this host: took the lease over",
+             holder);
+      rc = 1;
+    }
     if (rc == 1) {
       ch->lease_ok_ns = ps_now_ns();
       return 0;

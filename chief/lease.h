@@ -24,6 +24,16 @@ void ps_lease_init(ps_lease *l, const char *cluster, uint64_t token, int64_t ms)
  * caller drops the connection). */
 int ps_lease_take(const ps_lease *l, void *redis, char *holder, size_t holder_len);
 
+/* Is `holder` (a lease value) a process of this host that no longer
+ * exists?  Then its lease need not be waited out.  (A host name names one
+ * PID namespace: the units and `paramserv local` run in the host's.) */
+int ps_lease_holder_dead(const char *holder);
+
+/* Take the lease from `holder` (its value, as ps_lease_take reported it)
+ * if it still holds it.  @return 1 taken, 0 it changed meanwhile, -1 Redis
+ * did not answer. */
+int ps_lease_steal(const ps_lease *l, void *redis, const char *holder);
+
 /* Give the lease up if this process still holds it. */
 void ps_lease_release(const ps_lease *l, void *redis);
 

@@ -22,6 +22,7 @@
 #ifndef PARAMSERV_CLIENT_H
 #define PARAMSERV_CLIENT_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,11 @@ ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *e
  * the same worker, e.g. an epoch from Redis); call it before the first
  * pull.  Default: the start time in nanoseconds. */
 void ps_client_set_incarnation(ps_client *c, uint64_t incarnation);
+
+/* Make every call return -EINTR soon after *flag becomes nonzero (a signal
+ * handler's flag), even while it waits for a shard that is down.  NULL:
+ * calls are never interrupted (the default). */
+void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag);
 
 /* Close every connection and free the client.  ps_client_free(NULL) does
  * nothing. */

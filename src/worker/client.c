@@ -83,6 +83,8 @@ struct ps_client {
   uv_timer_t deadline;
   int timed_out;
   uint64_t connects;       /* handshakes completed, over all links */
+  volatile sig_atomic_t *stop_flag;  /* ps_client_set_stop_flag */
+  uv_timer_t wake;         /* with a stop flag: the loop looks at it this often */
   ps_client_reply_fn reply_fn;  /* OP_REQ */
   void *reply_arg;
 };
@@ -345,6 +347,8 @@ static void link_connect(link *l) {
   }
 }
 
+static void on_wake(uv_timer_t *t) { (void)t; }
+
 static void on_deadline(uv_timer_t *t) {
   ps_client *c = t->data;
   c->timed_out = 1;
@@ -357,6 +361,8 @@ static int run_op(ps_client *c) {
   c->timed_out = 0;
   if (c->deadline_ms > 0)
     uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->deadline_ms, 0);
+  if (c->stop_flag != NULL)
+    uv_timer_start(&c->wake, on_wake, 200, 200);
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
     l->done = l->op == OP_NONE;
@@ -371,11 +377,16 @@ static int run_op(ps_client *c) {
       pending += !c->links[i].done;
     if (pending == 0 || c->fatal || c->timed_out)
       break;
+    if (c->stop_flag != NULL && *c->stop_flag) {
+      set_error(c, -EINTR, "stopped while waiting for the shards");
+      break;
+    }
     uv_run(&c->loop, UV_RUN_ONCE);
     /* Waiting for a shard is alive too: systemd's watchdog is fed. */
     ps_notify_watchdog();
   }
   uv_timer_stop(&c->deadline);
+  uv_timer_stop(&c->wake);
   int timed_out = 0;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
@@ -432,6 +443,8 @@ uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_s
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }
 void ps_client_set_incarnation(ps_client *c, uint64_t incarnation) { c->incarnation = incarnation; }
+
+void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag) { c->stop_flag = flag; }
 
 /* worker/control.h */
 void ps_client_set_deadline(ps_client *c, int ms) { c->deadline_ms = ms; }
@@ -523,6 +536,7 @@ ps_client *ps_client_new_as(const char *config_path, int role, int worker_index,
   }
   uv_timer_init(&c->loop, &c->deadline);
   c->deadline.data = c;
+  uv_timer_init(&c->loop, &c->wake);
   c->nlinks = c->cfg.nps;
   c->links = calloc((size_t)c->nlinks, sizeof *c->links);
   if (c->links == NULL) {

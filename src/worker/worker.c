@@ -7,6 +7,7 @@
  * divided by n with ADAG) and pulls again. */
 #include "worker/worker.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -87,6 +88,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
     goto out;
   }
+  ps_client_set_stop_flag(client, &stop_requested);
   uint64_t epoch = 0;
   if (cfg->replication != PS_REPLICATION_OFF) {
     /* The incarnation and the data position live in Redis, so that a
@@ -185,7 +187,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
-  if (rc == PS_ESTOPPED) {
+  if (rc == PS_ESTOPPED || (rc == -EINTR && stop_requested)) {
     ps_log(PS_LOG_INFO, "%s", ps_client_error(client));
   } else if (rc != 0) {
     ps_log(PS_LOG_ERROR, "%s", ps_client_error(client));

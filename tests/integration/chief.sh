@@ -29,6 +29,14 @@ ckpt_count() { grep -c "checkpoint ckpt-" "$T/$1.log" || true; }
 # The newest global step a worker has logged.
 gstep() { grep -ho 'global [0-9]*' "$T"/w"$1"_*.log 2>/dev/null | awk '{print $2}' | sort -n | tail -1; }
 
+# --- a worker waiting for shards that are not there stops on SIGTERM
+start wlone "$BIN" worker --config "$T/c.conf" --index 0
+wait_for "$T/wlone.log" "waiting for shard" 10
+kill -TERM "$PID_wlone"
+wait_exit "$PID_wlone" 3 || fail "worker waiting for shards: exit $? after SIGTERM"
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+echo "ok: a worker waiting for its shards exits 0 on SIGTERM"
+
 # --- two chiefs at once
 start_cluster a
 start chiefA "$BIN" chief --config "$T/c.conf"

@@ -58,18 +58,15 @@ static int parse_opts(int argc, char **argv, bench_opts *o) {
     case O_ROUNDS: rc = ps_cmd_flag_i64("rounds", optarg, 1, 1000000, &o->rounds); break;
     case O_WARMUP: rc = ps_cmd_flag_i64("warmup", optarg, 0, 1000000, &o->warmup); break;
     case 'h': bench_usage(stdout); return 1;
-    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return -1;
     default:
-      ps_cmd_error("unknown option '%s' (see paramserv bench-ps --help)", argv[optind - 1]);
+      ps_cmd_bad_option(c, argv, "bench-ps");
       return -1;
     }
   }
   if (rc != 0)
     return -1;
-  if (optind < argc) {
-    ps_cmd_error("unexpected argument '%s' (see paramserv bench-ps --help)", argv[optind]);
+  if (ps_cmd_no_operands(argc, argv, "bench-ps") != 0)
     return -1;
-  }
   if (o->config == NULL) {
     ps_cmd_error("paramserv bench-ps needs --config FILE");
     return -1;

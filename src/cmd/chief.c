@@ -39,16 +39,12 @@ int ps_cmd_chief(int argc, char **argv) {
     switch (c) {
     case 'c': config = optarg; break;
     case 'h': usage(stdout); return 0;
-    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
     default:
-      ps_cmd_error("unknown option '%s' (see paramserv chief --help)", argv[optind - 1]);
-      return 2;
+      return ps_cmd_bad_option(c, argv, "chief");
     }
   }
-  if (optind < argc) {
-    ps_cmd_error("unexpected argument '%s' (see paramserv chief --help)", argv[optind]);
+  if (ps_cmd_no_operands(argc, argv, "chief") != 0)
     return 2;
-  }
   if (config == NULL) {
     ps_cmd_error("paramserv chief needs --config FILE");
     return 2;

@@ -20,6 +20,14 @@ int ps_cmd_status(int argc, char **argv);
 int ps_cmd_flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out);
 int ps_cmd_flag_double(const char *name, const char *v, double lo, double hi, double *out);
 
+/* getopt_long returned ':' (a missing value) or '?' (an unknown option):
+ * print the one-line error for `verb` ("chief", "ckpt show") and return 2. */
+int ps_cmd_bad_option(int c, char **argv, const char *verb);
+
+/* argv[optind] is an operand the verb does not take: print the one-line
+ * error and return 2; 0 when there is none. */
+int ps_cmd_no_operands(int argc, char **argv, const char *verb);
+
 /* Print "paramserv: error: <msg>" on one line to stderr. */
 void ps_cmd_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -522,18 +522,15 @@ static int parse_args(int argc, char **argv, local_opts *o) {
     case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_C(1) << 62, &o->seed); break;
     case O_FRESH: o->fresh = 1; break;
     case 'h': local_usage(stdout); return 1;
-    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return -1;
     default:
-      ps_cmd_error("unknown option '%s' (see paramserv local --help)", argv[optind - 1]);
+      ps_cmd_bad_option(c, argv, "local");
       return -1;
     }
   }
   if (rc != 0)
     return -1;
-  if (optind < argc) {
-    ps_cmd_error("unexpected argument '%s' (see paramserv local --help)", argv[optind]);
+  if (ps_cmd_no_operands(argc, argv, "local") != 0)
     return -1;
-  }
   if (o->dir != NULL && o->dir[0] == '\0') {
     ps_cmd_error("--dir '': expected a directory");
     return -1;

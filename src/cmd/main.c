@@ -1,4 +1,5 @@
 /* The paramserv binary: dispatches to its verbs. */
+#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,6 +54,21 @@ void ps_cmd_error(const char *fmt, ...) {
     if (*p == '\n')
       *p = ' ';
   fprintf(stderr, "paramserv: error: %s\n", msg);
+}
+
+int ps_cmd_bad_option(int c, char **argv, const char *name) {
+  if (c == ':')
+    ps_cmd_error("%s: expected a value", argv[optind - 1]);
+  else
+    ps_cmd_error("unknown option '%s' (see paramserv %s --help)", argv[optind - 1], name);
+  return 2;
+}
+
+int ps_cmd_no_operands(int argc, char **argv, const char *name) {
+  if (optind >= argc)
+    return 0;
+  ps_cmd_error("unexpected argument '%s' (see paramserv %s --help)", argv[optind], name);
+  return 2;
 }
 
 int ps_cmd_flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out) {

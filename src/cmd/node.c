@@ -45,16 +45,12 @@ static int run_node(const node_verb *v, int argc, char **argv) {
     case 'c': config = optarg; break;
     case 'i': index_text = optarg; break;
     case 'h': node_usage(stdout, v); return 0;
-    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
     default:
-      ps_cmd_error("unknown option '%s' (see paramserv %s --help)", argv[optind - 1], v->name);
-      return 2;
+      return ps_cmd_bad_option(c, argv, v->name);
     }
   }
-  if (optind < argc) {
-    ps_cmd_error("unexpected argument '%s' (see paramserv %s --help)", argv[optind], v->name);
+  if (ps_cmd_no_operands(argc, argv, v->name) != 0)
     return 2;
-  }
   if (config == NULL || index_text == NULL) {
     ps_cmd_error("paramserv %s needs --config FILE and --index N", v->name);
     return 2;

@@ -368,16 +368,12 @@ int ps_cmd_status(int argc, char **argv) {
     case 'c': config = optarg; break;
     case 'j': as_json = 1; break;
     case 'h': usage(stdout); return 0;
-    case ':': ps_cmd_error("%s: expected a value", argv[optind - 1]); return 2;
     default:
-      ps_cmd_error("unknown option '%s' (see paramserv status --help)", argv[optind - 1]);
-      return 2;
+      return ps_cmd_bad_option(c, argv, "status");
     }
   }
-  if (optind < argc) {
-    ps_cmd_error("unexpected argument '%s' (see paramserv status --help)", argv[optind]);
+  if (ps_cmd_no_operands(argc, argv, "status") != 0)
     return 2;
-  }
   ps_log_init("status", PS_LOG_WARN);
   static ps_config cfg;
   ps_errbuf eb = {0};

@@ -21,8 +21,15 @@ static double number(json_t *obj, const char *key, double def) {
   return json_is_number(v) ? json_number_value(v) : def;
 }
 
-static void on_line(ps_progress *s, const char *line, size_t len, ps_progress_event_fn on_event,
-                    void *arg) {
+/* A step number: an integer-valued member in [0, 2^62], else -1 (a file
+ * anyone can write must not make a cast overflow). */
+static int64_t step_of(json_t *obj) {
+  double v = number(obj, "step", -1);
+  return v >= 0 && v <= 4611686018427387904.0 ? (int64_t)v : -1;
+}
+
+void ps_progress_line(ps_progress *s, const char *line, size_t len, ps_progress_event_fn on_event,
+                      void *arg) {
   json_error_t err;
   json_t *obj = json_loadb(line, len, 0, &err);
   if (!json_is_object(obj)) {
@@ -32,7 +39,7 @@ static void on_line(ps_progress *s, const char *line, size_t len, ps_progress_ev
   }
   s->lines++;
   double t = number(obj, "time", 0);
-  int64_t step = (int64_t)number(obj, "step", -1);
+  int64_t step = step_of(obj);
   json_t *event = json_object_get(obj, "event");
   if (json_is_string(event)) {
     const char *name = json_string_value(event);
@@ -101,7 +108,7 @@ void ps_progress_poll(ps_progress *s, ps_progress_event_fn on_event, void *arg) 
     char *start = buf, *end = buf + n, *nl;
     while ((nl = memchr(start, '\n', (size_t)(end - start))) != NULL) {
       if (nl > start)
-        on_line(s, start, (size_t)(nl - start), on_event, arg);
+        ps_progress_line(s, start, (size_t)(nl - start), on_event, arg);
       start = nl + 1;
     }
     if (start == buf) {

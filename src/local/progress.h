@@ -50,6 +50,12 @@ typedef void (*ps_progress_event_fn)(void *arg, const char *event, int64_t step,
  * lines of an earlier run in the same file are not this run's. */
 void ps_progress_init(ps_progress *s, const char *path, int from_start);
 
+/* Take one line (len bytes, no newline, no NUL needed): what
+ * ps_progress_poll does with each.  Anything that is not a JSON object is
+ * counted in bad_lines. */
+void ps_progress_line(ps_progress *s, const char *line, size_t len, ps_progress_event_fn on_event,
+                      void *arg);
+
 /* Read the lines appended since the last call and update *s; lines that
  * are not JSON objects are counted and skipped. */
 void ps_progress_poll(ps_progress *s, ps_progress_event_fn on_event, void *arg);

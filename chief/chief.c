@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chief/cut.h"
@@ -617,8 +618,13 @@ static void schedule_from_dir(chief *ch) {
   ch->last_ckpt_step = ch->gstep;
   for (int i = n - 1; i >= 0; i--)
     if (e[i].on_disk && e[i].step <= ch->gstep) {
+      /* e[i].time is wall-clock time; the schedule runs on the monotonic
+       * clock: carry the checkpoint's age over. */
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      double age = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - e[i].time;
       ch->last_ckpt_step = e[i].step;
-      ch->last_ckpt_time = e[i].time;
+      ch->last_ckpt_time = ps_now_s() - (age > 0 ? age : 0);
       snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", e[i].name);
       break;
     }

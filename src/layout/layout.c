@@ -302,7 +302,9 @@ int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layo
   ps_errbuf inner = {0};
   ps_model_spec spec;
   memset(layout, 0, sizeof *layout);
-  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &inner) != 0 ||
+  /* [model] hidden has a default; it means something for the mlp only. */
+  const char *hidden = strcmp(cfg->model, "mlp") == 0 && cfg->hidden[0] ? cfg->hidden : NULL;
+  if (ps_model_spec_parse(cfg->model, hidden, &spec, &inner) != 0 ||
       ps_model_build(&spec, model, &inner) != 0)
     return ps_err_set(eb, inner.code, "%s: [model]: %s", cfg->path, inner.msg);
   ps_layout_strategy strategy = PS_LAYOUT_GREEDY;

@@ -359,6 +359,8 @@ static void on_deadline(uv_timer_t *t) {
 static int run_op(ps_client *c) {
   c->fatal = 0;
   c->timed_out = 0;
+  /* The loop runs only inside calls: its clock is as old as the last one. */
+  uv_update_time(&c->loop);
   if (c->deadline_ms > 0)
     uv_timer_start(&c->deadline, on_deadline, (uint64_t)c->deadline_ms, 0);
   if (c->stop_flag != NULL)

@@ -24,6 +24,7 @@
 #include "nn/compute.h"
 #include "paramserv/client.h"
 #include "replica/registry.h"
+#include "worker/control.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -58,14 +59,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
     return 1;
   }
   const ps_vartable *vars = ps_client_vars(client);
-  ps_model model;
-  ps_model_spec spec;
-  if (ps_model_spec_parse(cfg->model, cfg->hidden[0] ? cfg->hidden : NULL, &spec, &eb) != 0 ||
-      ps_model_build(&spec, &model, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s", eb.msg);
-    ps_client_free(client);
-    return 1;
-  }
+  /* The model the client built from the config, layout and all. */
+  const ps_model *model = ps_client_model(client);
   if (ps_dataset_load(cfg->data_dir, "train", &train, &eb) != 0 ||
       (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &test, &eb) != 0)) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -74,12 +69,12 @@ int ps_worker_run(const ps_config *cfg, int index) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
   int batch = (int)cfg->batch;
-  compute = ps_compute_new(&model, threads, batch, &eb);
+  compute = ps_compute_new(model, threads, batch, &eb);
   size_t total = vars->total;
   params = malloc(total * sizeof *params);
   grad = malloc(total * sizeof *grad);
   sum = cfg->window > 1 ? malloc(total * sizeof *sum) : NULL;
-  x = malloc((size_t)batch * model.in_size * sizeof *x);
+  x = malloc((size_t)batch * model->in_size * sizeof *x);
   y = malloc((size_t)batch);
   idx = malloc((size_t)batch * sizeof *idx);
   if (compute == NULL || params == NULL || grad == NULL || (cfg->window > 1 && sum == NULL) ||
@@ -203,7 +198,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
          secs > 0 ? (double)samples / secs : 0.0, ps_client_pushes(client),
          ps_client_duplicates(client), ps_client_stale(client));
   if (index == 0 && !stop_requested) {
-    test_x = malloc(test.n * model.in_size * sizeof *test_x);
+    test_x = malloc(test.n * model->in_size * sizeof *test_x);
     if (test_x == NULL) {
       ps_log(PS_LOG_ERROR, "out of memory for the test set");
       goto out;
@@ -228,7 +223,6 @@ out:
   ps_sampler_close(&sampler);
   ps_dataset_close(&test);
   ps_dataset_close(&train);
-  ps_model_close(&model);
   ps_client_free(client);
   ps_registry_free(registry);
   return status;

@@ -135,3 +135,19 @@ sys.exit(1 if bad else 0)' "$T/nan-npy" || fail "NaN guard: $good holds non-fini
 wait_exit "$PID_nps0" 15 || fail "NaN guard: ps exited $?"
 wait_exit "$PID_nw0" 15 || fail "NaN guard: worker exited $?"
 echo "ok: NaN guard: ${line#chief: error: }; exit status 3; $good holds only finite values; ps and worker told to stop"
+
+# --- a chief started over a directory of checkpoints keeps the every_secs
+# schedule (the checkpoints' times are wall-clock, the schedule's monotonic)
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+write_config "$T/s.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mode=log" \
+  "replication.self_init=no" "checkpoint.dir=$T/secs" "checkpoint.every_steps=0" \
+  "checkpoint.every_secs=1" "chief.eval_every_steps=0"
+start_shards sps "$T/s.conf" 1
+start sw0 "$BIN" worker --config "$T/s.conf" --index 0
+start schief1 "$BIN" chief --config "$T/s.conf"
+wait_for "$T/schief1.log" "checkpoint ckpt-" 20
+kill -9 "$PID_schief1"
+start schief2 "$BIN" chief --config "$T/s.conf"
+wait_for "$T/schief2.log" "every shard holds its state" 15
+wait_for "$T/schief2.log" "checkpoint ckpt-" 10
+echo "ok: every_secs after a chief restart: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/schief2.log" | head -1) by the new chief"

@@ -89,3 +89,11 @@ disown "$PID_local4" # no "Killed" notice from bash
 kill -9 "$PID_local4"
 wait_gone "$run" 10
 echo "ok: kill -9 of local: its children died with it"
+
+# --- the cnn, with every other setting at its default ------------------------
+run="$T/run5"
+printf '[model]\nname = cnn\n' >"$T/cnn.conf"
+"$BIN" local --config "$T/cnn.conf" --ps 1 --workers 1 --dir "$run" --fresh --last-step 10 \
+  >"$T/local5.log" 2>&1 || fail "cnn run: local exited $?"
+grep -q "done after .* step 10/10, test accuracy" "$T/local5.log" || fail "cnn run: $(tail -3 "$T/local5.log")"
+echo "ok: cnn with the default settings: $(grep -o 'step 10/10, test accuracy [0-9.]*' "$T/local5.log")"

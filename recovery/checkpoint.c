@@ -59,6 +59,11 @@ const char *ps_ckpt_filter_name(ps_ckpt_filter f) {
   return "unknown";
 }
 
+/* A float's bits as an integer, read in place: byte k of a little-endian
+ * float is bits 8k..8k+7, so a plane is a shift, which compilers vectorize
+ * (a strided byte gather they do not). */
+typedef uint32_t __attribute__((may_alias)) word32;
+
 /* The uncompressed shard file as equal segments (values, slots, accum),
  * read through a cursor that yields it unfiltered or shuffled. */
 typedef struct stream {
@@ -91,12 +96,14 @@ static size_t stream_next(stream *st, ps_ckpt_filter f, unsigned char *scratch, 
   /* Plane k holds byte k of every float of the file, in file order. */
   size_t n = 0;
   while (n < cap && st->plane < 4) {
-    const unsigned char *src = st->seg[st->s] + st->plane;
+    const word32 *src = (const word32 *)st->seg[st->s] + st->off;
+    unsigned shift = 8u * (unsigned)st->plane;
     size_t take = st->seg_floats - st->off;
     if (take > cap - n)
       take = cap - n;
+    unsigned char *dst = scratch + n;
     for (size_t i = 0; i < take; i++)
-      scratch[n + i] = src[(st->off + i) * sizeof(float)];
+      dst[i] = (unsigned char)(src[i] >> shift);
     n += take;
     st->off += take;
     if (st->off == st->seg_floats) {
@@ -120,9 +127,15 @@ static void unshuffle(const unsigned char *src, size_t n, unsigned char *dst, si
     size_t take = nfloats - *f;
     if (take > n - i)
       take = n - i;
-    unsigned char *d = dst + *plane;
-    for (size_t j = 0; j < take; j++)
-      d[(*f + j) * sizeof(float)] = src[i + j];
+    word32 *d = (word32 *)dst + *f;
+    const unsigned char *s = src + i;
+    unsigned shift = 8u * (unsigned)*plane;
+    if (*plane == 0)  /* the first plane sets each word, the others add their byte */
+      for (size_t j = 0; j < take; j++)
+        d[j] = s[j];
+    else
+      for (size_t j = 0; j < take; j++)
+        d[j] |= (uint32_t)s[j] << shift;
     i += take;
     *f += take;
     if (*f == nfloats) {

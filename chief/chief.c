@@ -78,6 +78,7 @@ struct chief {
   int up[PS_CONFIG_MAX_NODES];
   uint64_t incarnation[PS_CONFIG_MAX_NODES];
   int worker_up[PS_CONFIG_MAX_NODES];
+  uint64_t worker_incarnation[PS_CONFIG_MAX_NODES];
   uint64_t workers_checked_ns;
   uint64_t gstep;
   /* Hooks. */
@@ -219,6 +220,13 @@ static int cut_call(void *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
   return call(ch, reqs, fn, arg);
 }
 
+/* A node that died and came back between two looks: lost and back. */
+static void node_restarted(chief *ch, const char *node, uint64_t was, uint64_t now) {
+  ps_log(PS_LOG_INFO, "%s restarted (incarnation %" PRIu64 " -> %" PRIu64 ")", node, was, now);
+  ps_summary_event(&ch->sum, ch->gstep, "node_lost", "{s:s}", "node", node);
+  ps_summary_event(&ch->sum, ch->gstep, "node_back", "{s:s, s:b}", "node", node, "restarted", 1);
+}
+
 /* STATS from every shard.  @return 0 when every shard answered. */
 static int poll_stats(chief *ch) {
   ps_msg reqs[PS_CONFIG_MAX_NODES];
@@ -245,8 +253,7 @@ static int poll_stats(chief *ch) {
     }
     if (ch->stats_ok[i] && ch->incarnation[i] != 0 &&
         ch->stats[i].incarnation != ch->incarnation[i] && ch->up[i])
-      ps_log(PS_LOG_INFO, "%s restarted (incarnation %" PRIu64 " -> %" PRIu64 ")", node,
-             ch->incarnation[i], ch->stats[i].incarnation);
+      node_restarted(ch, node, ch->incarnation[i], ch->stats[i].incarnation);
     if (ch->stats_ok[i])
       ch->incarnation[i] = ch->stats[i].incarnation;
   }
@@ -265,17 +272,25 @@ static void poll_workers(chief *ch) {
   if (c == NULL)
     return;
   for (int j = 0; j < ch->cfg->nworkers; j++) {
-    redisReply *r = redisCommand(c, "EXISTS {%s}:node:worker:%d", ch->cfg->cluster_id, j);
+    redisReply *r = redisCommand(c, "GET {%s}:node:worker:%d", ch->cfg->cluster_id, j);
     if (r == NULL) {
       ps_registry_lost(ch->reg, "heartbeat check got no reply");
       return;
     }
-    int up = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    int up = r->type == REDIS_REPLY_STRING;
+    /* The heartbeat names the incarnation: a new one is a restart. */
+    const char *inc = up ? strstr(r->str, "incarnation ") : NULL;
+    uint64_t incarnation = inc != NULL ? strtoull(inc + 12, NULL, 10) : 0;
     freeReplyObject(r);
-    if (up == (ch->worker_up[j] == 1))
-      continue;
     char node[32];
     snprintf(node, sizeof node, "worker %d", j);
+    if (up && ch->worker_up[j] == 1 && incarnation != 0 && ch->worker_incarnation[j] != 0 &&
+        incarnation != ch->worker_incarnation[j])
+      node_restarted(ch, node, ch->worker_incarnation[j], incarnation);
+    if (incarnation != 0)
+      ch->worker_incarnation[j] = incarnation;
+    if (up == (ch->worker_up[j] == 1))
+      continue;
     if (ch->worker_up[j] != 0) {  /* 0: not seen yet */
       ps_log(up ? PS_LOG_INFO : PS_LOG_WARN, "%s %s", node, up ? "is back" : "lost (no heartbeat)");
       ps_summary_event(&ch->sum, ch->gstep, up ? "node_back" : "node_lost", "{s:s}", "node",

@@ -419,7 +419,7 @@ static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
          ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
   ps_summary_event(&ch->sum, step, "nan", "{s:s, s:s}", "reason", what, "last_good",
                    ch->last_ckpt_name);
-  ps_registry_set_done(ch->reg, step);
+  ps_registry_set_done(ch->reg, step, 1);
   stop_cluster(ch);
   ch->status = PS_CHIEF_NONFINITE;
   ch->stopping = 1;
@@ -598,7 +598,7 @@ static void finish(chief *ch) {
   ps_log(PS_LOG_INFO, "reached last_step %" PRId64 ": final checkpoint %s; stopping the cluster",
          ch->cfg->last_step, ch->last_ckpt_name[0] ? ch->last_ckpt_name : "(none)");
   /* Processes that start later (a restart after a crash) exit at once. */
-  if (ps_registry_set_done(ch->reg, ch->gstep) != 0)
+  if (ps_registry_set_done(ch->reg, ch->gstep, 0) != 0)
     ps_log(PS_LOG_WARN, "redis: could not record the end of the run");
   stop_cluster(ch);
   ps_summary_event(&ch->sum, ch->gstep, "stop", "{s:s}", "checkpoint", ch->last_ckpt_name);
@@ -696,7 +696,16 @@ int ps_chief_run(const ps_config *cfg) {
     goto out;
   }
   uint64_t done_step = 0;
-  if (ps_registry_get_done(ch->reg, &done_step) == 1) {
+  int nonfinite = 0;
+  if (ps_registry_get_done(ch->reg, &done_step, &nonfinite) == 1) {
+    if (nonfinite) {
+      ps_log(PS_LOG_ERROR, "the run was stopped at global step %" PRIu64 " because the weights "
+             "went non-finite; to go on from the last good checkpoint, fix the cause (e.g. a "
+             "lower [train] lr), delete {%s}:done and the shards' replicas, and start again",
+             done_step, cfg->cluster_id);
+      ch->status = PS_CHIEF_NONFINITE;
+      goto done;
+    }
     if (cfg->last_step == 0 || (uint64_t)cfg->last_step <= done_step) {
       ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
              "nothing to do; raise [train] last_step to train on", done_step, cfg->cluster_id);

@@ -653,11 +653,7 @@ static int listen_on(server *s, const ps_addr *a) {
 /* A shard started after the chief ended the run has nothing to serve. */
 static int run_ended(const ps_config *cfg) {
   ps_registry *r = ps_registry_new(cfg, "ps", 0);
-  uint64_t step = 0;
-  int ended = r != NULL && ps_registry_get_done(r, &step) == 1;
-  if (ended)
-    ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
-           "nothing to do", step, cfg->cluster_id);
+  int ended = r != NULL && ps_registry_run_ended(r);
   ps_registry_free(r);
   return ended;
 }

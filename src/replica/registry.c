@@ -187,17 +187,40 @@ int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
   return ok ? 0 : -1;
 }
 
-int ps_registry_get_done(ps_registry *r, uint64_t *step) {
+int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
   redisReply *rep = cmd(r, 1, "GET {%s}:done", r->cfg->cluster_id);
   int found = rep == NULL ? -1
               : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, step) == 1 ? 1
                                                                                           : 0;
+  if (found == 1)
+    *nonfinite = strstr(rep->str, "nonfinite") != NULL;
   freeReplyObject(rep);
   return found;
 }
 
-int ps_registry_set_done(ps_registry *r, uint64_t step) {
-  redisReply *rep = cmd(r, 1, "SET {%s}:done %" PRIu64, r->cfg->cluster_id, step);
+int ps_registry_run_ended(ps_registry *r) {
+  uint64_t step = 0;
+  int nonfinite = 0;
+  if (ps_registry_get_done(r, &step, &nonfinite) != 1)
+    return 0;
+  if (nonfinite) {
+    ps_log(PS_LOG_INFO, "the run was stopped at global step %" PRIu64 " (non-finite weights; "
+           "{%s}:done in Redis): nothing to do", step, r->cfg->cluster_id);
+    return 1;
+  }
+  if (r->cfg->last_step > 0 && (uint64_t)r->cfg->last_step > step)
+    return 0;  /* last_step was raised: the run goes on */
+  ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
+         "nothing to do", step, r->cfg->cluster_id);
+  return 1;
+}
+
+int ps_registry_set_done(ps_registry *r, uint64_t step, int nonfinite) {
+  char value[48];
+  snprintf(value, sizeof value, "%" PRIu64 "%s", step, nonfinite ? " nonfinite" : "");
+  /* One argument: hiredis splits the format at its own spaces, never an
+   * interpolated string's. */
+  redisReply *rep = cmd(r, 1, "SET {%s}:done %s", r->cfg->cluster_id, value);
   int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
   freeReplyObject(rep);
   return ok ? 0 : -1;

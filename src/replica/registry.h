@@ -54,12 +54,18 @@ int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos);
  * @return 0 or -1 (Redis away). */
 int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos);
 
-/* The run's end: `{<cluster>}:done` holds the global step the chief ended
- * the run at.  A process that starts after it exits 0 at once instead of
- * waiting for a cluster that is gone.  get: 1 found (*step set), 0 none, -1
- * Redis away.  set / clear: 0 or -1. */
-int ps_registry_get_done(ps_registry *r, uint64_t *step);
-int ps_registry_set_done(ps_registry *r, uint64_t step);
+/* The run's end: `{<cluster>}:done` holds "<step>" (the chief ended the run
+ * at [train] last_step) or "<step> nonfinite" (the NaN guard stopped it).
+ * A process that starts after the end exits 0 at once instead of waiting
+ * for a cluster that is gone.  get: 1 found (*step, *nonfinite set), 0 none,
+ * -1 Redis away.  set / clear: 0 or -1. */
+int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite);
+int ps_registry_set_done(ps_registry *r, uint64_t step, int nonfinite);
 int ps_registry_clear_done(ps_registry *r);
+
+/* Has the run of this config ended?  Yes after a NaN stop, and after an end
+ * at a step this config's last_step does not exceed (a raised last_step
+ * trains on).  Logs why when it has.  @return 1 or 0 (Redis away: 0). */
+int ps_registry_run_ended(ps_registry *r);
 
 #endif

@@ -95,10 +95,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       goto out;
     }
     ps_client_set_incarnation(client, epoch);
-    uint64_t done_step = 0;
-    if (ps_registry_get_done(registry, &done_step) == 1) {
-      ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
-             "nothing to do", done_step, cfg->cluster_id);
+    if (ps_registry_run_ended(registry)) {
       status = 0;
       goto out;
     }

@@ -85,6 +85,7 @@ typedef struct ps_sup {
   size_t nrecovery[PS_SUP_NROLES], caprecovery[PS_SUP_NROLES];
   ps_sup_say_fn say;
   void *say_arg;
+  int redis_aof;      /* Redis keeps an append-only file (set after ps_sup_init) */
 } ps_sup;
 
 /* Set up (nothing starts): cfg (which must outlive s) is the run's config,

@@ -28,26 +28,27 @@ static void format_status(char *buf, size_t cap, const char *fmt, va_list ap) {
       *p = ' ';
 }
 
-void ps_notify_ready(const char *fmt, ...) {
+/* "<head>STATUS=<text>" */
+static void notify_status(const char *head, const char *fmt, va_list ap) {
   if (!under_systemd())
     return;
   char text[512];
+  format_status(text, sizeof text, fmt, ap);
+  sd_notifyf(0, "%sSTATUS=%s", head, text);
+}
+
+void ps_notify_ready(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  format_status(text, sizeof text, fmt, ap);
+  notify_status("READY=1\n", fmt, ap);
   va_end(ap);
-  sd_notifyf(0, "READY=1\nSTATUS=%s", text);
 }
 
 void ps_notify_status(const char *fmt, ...) {
-  if (!under_systemd())
-    return;
-  char text[512];
   va_list ap;
   va_start(ap, fmt);
-  format_status(text, sizeof text, fmt, ap);
+  notify_status("", fmt, ap);
   va_end(ap);
-  sd_notifyf(0, "STATUS=%s", text);
 }
 
 void ps_notify_stopping(void) {

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "chief/chief.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 
@@ -32,7 +33,6 @@
 /* What a child's log says when it serves (src/ps/server.c, chief/chief.c). */
 #define PS_READY "listening on"
 #define CHIEF_READY "holding the lease"
-#define CHIEF_NONFINITE 3 /* the chief's exit status for NaN/Inf weights (chief/chief.h) */
 
 static const char *const role_names[] = {"redis", "chief", "ps", "worker"};
 
@@ -400,7 +400,7 @@ static void on_exit_status(ps_sup *s, ps_sup_child *c, int st, double now) {
     }
     return;
   }
-  if (c->role == PS_SUP_CHIEF && WIFEXITED(st) && WEXITSTATUS(st) == CHIEF_NONFINITE) {
+  if (c->role == PS_SUP_CHIEF && WIFEXITED(st) && WEXITSTATUS(st) == PS_CHIEF_NONFINITE) {
     /* Restarting would restore the same weights: the run cannot go on. */
     char why[640];
     snprintf(why, sizeof why, "the chief stopped the run: %s",

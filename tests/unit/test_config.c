@@ -33,15 +33,6 @@ static int teardown(void **state) {
   return tmpdir_remove();
 }
 
-static void put(const char *name, const char *text, mode_t mode) {
-  const char *p = at(name);
-  FILE *f = fopen(p, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
-  assert_int_equal(fclose(f), 0);
-  assert_int_equal(chmod(p, mode), 0);
-}
-
 /* The smallest valid file: the two required lists. */
 #define MINIMAL "[cluster]\nps = 127.0.0.1:7001\nworkers = 127.0.0.1:7101\n"
 
@@ -215,7 +206,7 @@ static void test_full_file(void **state) {
   (void)state;
   ps_config *c = &cfg;
   ps_errbuf eb = {0};
-  put("full.conf", full_conf, 0644);
+  tmpdir_put("full.conf", full_conf, 0644);
   int rc = ps_config_load(at("full.conf"), c, &eb);
   if (rc != 0)
     fail_msg("%s", eb.msg);
@@ -372,7 +363,7 @@ static void test_errors(void **state) {
   for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
     const bad_case *b = &bad_cases[i];
     ps_errbuf eb = {0};
-    put("cluster.conf", b->text, 0644);
+    tmpdir_put("cluster.conf", b->text, 0644);
     int rc = ps_config_load(at("cluster.conf"), &cfg, &eb);
     /* Messages name the file as it was given: strip the temp directory. */
     const char *msg = strstr(eb.msg, "cluster.conf");
@@ -482,35 +473,35 @@ static void test_secret(void **state) {
   const char *key = "0123456789abcdef0123456789abcdef";
 
   /* Relative to the config file's directory, not to the working directory. */
-  put("cluster.conf", MINIMAL "secret_file = my.secret\n", 0644);
+  tmpdir_put("cluster.conf", MINIMAL "secret_file = my.secret\n", 0644);
   assert_int_equal(ps_config_load(at("cluster.conf"), &cfg, &eb), 0);
-  put("my.secret", "0123456789abcdef0123456789abcdef\n", 0600);
+  tmpdir_put("my.secret", "0123456789abcdef0123456789abcdef\n", 0600);
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), 32);
   assert_memory_equal(buf, key, 32);
 
   /* Without a newline, and exactly at cap (with its newline past cap). */
-  put("my.secret", key, 0600);
+  tmpdir_put("my.secret", key, 0600);
   assert_int_equal(ps_config_read_secret(&cfg, buf, 32, &eb), 32);
-  put("my.secret", "0123456789abcdef0123456789abcdef\n", 0600);
+  tmpdir_put("my.secret", "0123456789abcdef0123456789abcdef\n", 0600);
   assert_int_equal(ps_config_read_secret(&cfg, buf, 32, &eb), 32);
   assert_int_equal(ps_config_read_secret(&cfg, buf, 31, &eb), PS_ECONFIG);
   assert_non_null(strstr(eb.msg, "longer than 31 bytes"));
   /* Only one newline is stripped. */
-  put("my.secret", "0123456789abcdef\n\n", 0600);
+  tmpdir_put("my.secret", "0123456789abcdef\n\n", 0600);
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), 17);
 
   /* Readable by others: refused, with the fix in the message. */
-  put("my.secret", key, 0644);
+  tmpdir_put("my.secret", key, 0644);
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), PS_ECONFIG);
   assert_non_null(strstr(eb.msg, at("my.secret")));
   assert_non_null(strstr(eb.msg, "0644"));
   assert_non_null(strstr(eb.msg, "chmod 600"));
-  put("my.secret", key, 0640);
+  tmpdir_put("my.secret", key, 0640);
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), PS_ECONFIG);
   assert_non_null(strstr(eb.msg, "0640"));
 
   /* Too short, counted after the newline is stripped. */
-  put("my.secret", "0123456789abcde\n", 0600);
+  tmpdir_put("my.secret", "0123456789abcde\n", 0600);
   memset(buf, 0, sizeof buf);
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), PS_ECONFIG);
   assert_non_null(strstr(eb.msg, "is 15 bytes: expected at least 16"));
@@ -520,7 +511,7 @@ static void test_secret(void **state) {
   unlink(at("my.secret"));
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), -ENOENT);
   assert_non_null(strstr(eb.msg, at("my.secret")));
-  put("abs.secret", key, 0600);
+  tmpdir_put("abs.secret", key, 0600);
   snprintf(cfg.secret_file, sizeof cfg.secret_file, "%s", at("abs.secret"));
   snprintf(cfg.path, sizeof cfg.path, "/nonexistent/cluster.conf");
   assert_int_equal(ps_config_read_secret(&cfg, buf, sizeof buf, &eb), 32);

@@ -27,15 +27,6 @@ static int teardown(void **state) {
   return tmpdir_remove();
 }
 
-static void put(const char *name, const char *text, mode_t mode) {
-  const char *p = at(name);
-  FILE *f = fopen(p, "wb");
-  assert_non_null(f);
-  assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
-  assert_int_equal(fclose(f), 0);
-  assert_int_equal(chmod(p, mode), 0);
-}
-
 static int loopback(const ps_addr *a) { return strcmp(a->host, "127.0.0.1") == 0 && a->port > 0; }
 
 /* No user file: the defaults, 2 + 2 on fresh ports, a new secret. */
@@ -81,8 +72,8 @@ static void test_defaults(void **state) {
 static void test_user_file(void **state) {
   (void)state;
   ps_errbuf eb = {0};
-  put("s", "0123456789abcdef0123456789abcdef\n", 0600);
-  put("user.conf",
+  tmpdir_put("s", "0123456789abcdef0123456789abcdef\n", 0600);
+  tmpdir_put("user.conf",
       "[cluster]\nsecret_file = s\nlog_level = warn\n"
       "[train]\nbatch = 64\nlr = 0.0123\nthreads = 3\nreplicas_to_aggregate = 3\n"
       "[replication]\nmode = snapshot\nself_init = yes\n"
@@ -109,7 +100,7 @@ static void test_user_file(void **state) {
   assert_int_equal(access(at("secret"), F_OK), -1); /* no secret of its own */
 
   /* The file's own list sets the count when no option does. */
-  put("user2.conf", "[cluster]\nps = 10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1\nworkers = 10.0.0.9:1\n",
+  tmpdir_put("user2.conf", "[cluster]\nps = 10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1\nworkers = 10.0.0.9:1\n",
       0644);
   snprintf(user, sizeof user, "%s", at("user2.conf"));
   ps_runconf_opts o2 = {.user_path = user, .rundir = tmp, .last_step = -1, .seed = -1};
@@ -119,7 +110,7 @@ static void test_user_file(void **state) {
   assert_true(loopback(&cfg.ps[2]));
 
   /* A bad value is the config's own one-line error. */
-  put("bad.conf", "[train]\nbatch = 0\n", 0644);
+  tmpdir_put("bad.conf", "[train]\nbatch = 0\n", 0644);
   snprintf(user, sizeof user, "%s", at("bad.conf"));
   ps_runconf_opts o3 = {.user_path = user, .rundir = tmp, .last_step = -1, .seed = -1};
   assert_int_equal(ps_runconf_make(&o3, &cfg, &eb), PS_ECONFIG);

@@ -1,5 +1,6 @@
 /* A private temporary directory for a unit test's files: created in the
- * test's setup, emptied and removed in its teardown. */
+ * test's setup, emptied and removed in its teardown.  Include it after
+ * cmocka.h: tmpdir_put asserts. */
 #ifndef PS_TESTS_TMPDIR_H
 #define PS_TESTS_TMPDIR_H
 
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char tmp[64];
@@ -40,6 +42,16 @@ static inline const char *at(const char *name) {
   static char p[512];
   snprintf(p, sizeof p, "%s/%s", tmp, name);
   return p;
+}
+
+/* Write `text` to the file `name` in the directory, with `mode`. */
+static inline void tmpdir_put(const char *name, const char *text, mode_t mode) {
+  const char *p = at(name);
+  FILE *f = fopen(p, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
+  assert_int_equal(fclose(f), 0);
+  assert_int_equal(chmod(p, mode), 0);
 }
 
 #endif

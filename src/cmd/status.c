@@ -32,10 +32,12 @@ typedef struct row {
   char host[128];
   long long pid;
   uint64_t incarnation, step, version, lag, snap_version;
+  uint64_t nondurable, held;  /* shards: acks without Redis over the run, acks waiting now */
   double rate, snap_time;
   int64_t ttl_ms;   /* the key's time to live; -1 unknown */
   int64_t age_ms;   /* since the last heartbeat; -1 unknown */
   int have_pid, have_inc, have_step, have_rate, have_version, have_lag, have_snap;
+  int have_durability;
 } row;
 
 /* ------------------------------------------------------------------ Redis */
@@ -111,7 +113,8 @@ static int connect_redis(const ps_config *cfg) {
 /* ---------------------------------------------------------- the records */
 
 /* Heartbeat payloads are "key value" pairs: "pid P host H incarnation E
- * step S steps/s R" (workers, chief) or "... version V lag L" (shards);
+ * step S steps/s R" (workers, chief) or "... version V lag L nondurable D
+ * held K" (shards);
  * the lease's is "token T host H pid P". */
 static void parse_payload(row *w, const char *payload) {
   char buf[512], *save = NULL;
@@ -134,6 +137,10 @@ static void parse_payload(row *w, const char *payload) {
       w->version = strtoull(v, NULL, 10), w->have_version = 1;
     else if (strcmp(k, "lag") == 0)
       w->lag = strtoull(v, NULL, 10), w->have_lag = 1;
+    else if (strcmp(k, "nondurable") == 0)
+      w->nondurable = strtoull(v, NULL, 10), w->have_durability = 1;
+    else if (strcmp(k, "held") == 0)
+      w->held = strtoull(v, NULL, 10);
   }
 }
 
@@ -243,24 +250,27 @@ static void print_table(const ps_config *cfg, const row *rows, int n, const row 
                         const ckpt_info *ci, double now) {
   printf("cluster %s, redis %s, heartbeat TTL %" PRId64 " ms\n\n", cfg->cluster_id, rc_addr,
          3 * cfg->heartbeat_ms);
-  printf("%-6s %3s  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s\n", "ROLE", "IDX", "STATE",
-         "HOST", "PID", "INCARNATION", "AGE", "STEP", "STEPS/S", "VERSION", "LAG",
-         "SNAPSHOT");
+  printf("%-6s %3s  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s %5s %10s\n", "ROLE", "IDX",
+         "STATE", "HOST", "PID", "INCARNATION", "AGE", "STEP", "STEPS/S", "VERSION", "LAG",
+         "SNAPSHOT", "HELD", "NONDURABLE");
   for (int i = 0; i < n; i++) {
     const row *w = &rows[i];
-    char pid[24], inc[24], age[32], step[24], rate[24], ver[24], lag[24], snap[24];
+    char pid[24], inc[24], age[32], step[24], rate[24], ver[24], lag[24], snap[24], held[24],
+        nond[24];
     if (w->have_pid)
       snprintf(pid, sizeof pid, "%lld", w->pid);
     if (w->age_ms >= 0)
       age_text(w->age_ms / 1e3, age, sizeof age);
     if (w->have_rate)
       snprintf(rate, sizeof rate, "%.1f", w->rate);
-    printf("%-6s %3d  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s\n", w->role, w->index,
+    printf("%-6s %3d  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s %5s %10s\n", w->role,
+           w->index,
            state_text[w->state], w->host[0] ? w->host : "-", w->have_pid ? pid : "-",
            U64(w->have_inc, w->incarnation, inc), w->age_ms >= 0 ? age : "-",
            U64(w->have_step, w->step, step), w->have_rate ? rate : "-",
            U64(w->have_version, w->version, ver), U64(w->have_lag, w->lag, lag),
-           U64(w->have_snap, w->snap_version, snap));
+           U64(w->have_snap, w->snap_version, snap), U64(w->have_durability, w->held, held),
+           U64(w->have_durability, w->nondurable, nond));
   }
   printf("\n");
   char t[32];
@@ -303,6 +313,11 @@ static int print_json(const ps_config *cfg, const row *rows, int n, const row *l
                                       jint(w->have_snap, (int64_t)w->snap_version),
                                       "snapshot_time",
                                       jreal(w->have_snap && w->snap_time > 0, w->snap_time)));
+    if (strcmp(w->role, "ps") == 0)
+      json_object_update_new(o, json_pack("{s:o?, s:o?}", "acks_held",
+                                          jint(w->have_durability, (int64_t)w->held),
+                                          "nondurable",
+                                          jint(w->have_durability, (int64_t)w->nondurable)));
     json_array_append_new(nodes, o);
   }
   json_t *lj = l->state != UP ? NULL

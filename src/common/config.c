@@ -71,6 +71,7 @@ static const char *const strategies[] = {"round-robin", "greedy", NULL};
 static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
+static const char *const redis_failures[] = {"block", "degrade", NULL};
 
 #define FIELD(f) .offset = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define LIST(f, n) FIELD(f), .count_offset = offsetof(ps_config, n)
@@ -99,6 +100,8 @@ static const ps_setting settings[] = {
      .help = "required: the workers' host:port, in index order (the port only names one)"},
     {"cluster", "log_level", STRING, FIELD(log_level), .choices = log_levels, .def = "info",
      .help = "lowest level logged: debug, info, warn or error"},
+    {"cluster", "history_dir", STRING, FIELD(history_dir), .def = "",
+     .help = "each process appends its history (acks, restores) here, for checkers (empty: off)"},
 
     {"redis", "address", ADDR, FIELD(redis), .def = "127.0.0.1:6379",
      .help = "Redis server for shard replicas, heartbeats, the global step, the chief's lease"},
@@ -106,6 +109,8 @@ static const ps_setting settings[] = {
      .help = "Redis ACL user (empty: the default user)"},
     {"redis", "password_file", STRING, FIELD(redis_password_file), .def = "",
      .help = "file holding the Redis password (empty: no AUTH)"},
+    {"redis", "timeout_ms", INT, FIELD(redis_timeout_ms), .min = 10, .max = 600000, .def = "3000",
+     .help = "deadline of every Redis command and connect; past it the connection is dropped"},
 
     {"model", "name", STRING, FIELD(model), .choices = models, .def = "mlp",
      .help = "the model: mlp (fully connected) or cnn"},
@@ -164,6 +169,8 @@ static const ps_setting settings[] = {
      .help = "a shard also snapshots after this many updates (bounds the log to replay)"},
     {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "no",
      .help = "a shard with no replica initializes its variables itself (no: the chief does)"},
+    {"replication", "on_redis_failure", ENUM, FIELD(on_redis_failure), .choices = redis_failures,
+     .def = "block", .help = "log mode, Redis refusing or away: block (hold acks) or degrade (count)"},
 
     {"checkpoint", "dir", STRING, FIELD(checkpoint_dir), .min = 1,
      .def = "/var/lib/paramserv/checkpoints", .help = "checkpoint directory, written by the chief"},

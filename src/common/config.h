@@ -21,6 +21,7 @@ typedef struct ps_addr {
 
 typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
+typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
 typedef struct ps_config {
   char path[PS_CONFIG_PATH_MAX];  /* the file it was read from */
@@ -34,11 +35,13 @@ typedef struct ps_config {
   int nworkers;
   ps_addr workers[PS_CONFIG_MAX_NODES];
   char log_level[8];              /* debug|info|warn|error */
+  char history_dir[PS_CONFIG_PATH_MAX];  /* "": no histories */
 
   /* [redis] (step 3) */
   ps_addr redis;
   char redis_user[64];
   char redis_password_file[PS_CONFIG_PATH_MAX];
+  int64_t redis_timeout_ms;       /* every command's deadline */
 
   /* [model] */
   char model[8];                  /* mlp|cnn */
@@ -70,6 +73,7 @@ typedef struct ps_config {
   int64_t replicate_interval_ms;
   int64_t replicate_every_updates;
   int ps_self_init;               /* a shard with no replica initializes itself */
+  int on_redis_failure;           /* ps_redis_failure */
 
   /* [checkpoint] (step 4) */
   char checkpoint_dir[PS_CONFIG_PATH_MAX];

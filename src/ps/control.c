@@ -226,6 +226,7 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
            "; workers admitted", s->shard.version, s->shard.global_step);
     ps_notify_ready("shard %d serving from version %" PRIu64, s->index, s->shard.version);
+    ps_server_state_began(s, "chief");
     ps_control_prepare(s);
     if (ps_server_start_replica(s) != 0) {
       s->status = 1;

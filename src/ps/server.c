@@ -194,6 +194,13 @@ static void sync_progress(server *s) {
 
 /* ------------------------------------------------------------ handlers */
 
+/* Durability `log`: the entry goes to Redis before anything it changed is
+ * acknowledged (REDIS.md §9). */
+static void journal_append(server *s, const ps_journal *j) {
+  if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
+    ps_replica_append(s->replica, j);
+}
+
 static void set_name(client *cl) {
   snprintf(cl->name, sizeof cl->name, "%s %u (%s)", ps_role_name(cl->role), cl->index,
            ps_conn_peer(cl->conn));
@@ -239,12 +246,11 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
     return;
   }
   cl->state = C_READY;
-  if (h->role == PS_ROLE_WORKER && s->shard.target < s->shard.o.replicas_to_aggregate) {
+  ps_journal j;
+  if (h->role == PS_ROLE_WORKER &&
+      ps_shard_sync_set_target(&s->shard, s->shard.o.replicas_to_aggregate, &j)) {
     /* A worker is back: sync steps wait for the full count again. */
-    ps_shard_sync_reset_target(&s->shard);
-    if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-      ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_RESET, .v = s->shard.version},
-                     NULL, NULL);
+    journal_append(s, &j);
     ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
            s->shard.target);
   }
@@ -298,17 +304,13 @@ typedef struct pending_ack {
   uint32_t status;
 } pending_ack;
 
-static void ack_logged(void *arg, int status) {
+/* The entry an ack waited for is durable (or, in degrade, failed), or the
+ * replica is fenced or closing: then nothing is acknowledged. */
+static void ack_durable(void *arg, int status) {
   pending_ack *a = arg;
   client *cl = a->cl;
-  if (status == -EPERM) {
-    /* Fenced: a newer incarnation owns the shard; this one acks nothing. */
-  } else if (!cl->closed) {
-    /* status < 0: Redis is away.  The shard serves on; the entry is in the
-     * full snapshot written when Redis is back (REDIS.md says what that
-     * risks). */
+  if ((status == PS_DURABLE_NOW || status == PS_DURABLE_NOT) && !cl->closed)
     send_ack(cl, a->req, a->seq, a->version, a->global_step, a->status);
-  }
   free(a);
   client_unref(cl);
 }
@@ -341,7 +343,9 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
     send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, PS_PUSH_STALE);
     return;
   }
-  ps_push_result r = ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data);
+  ps_journal j;
+  ps_push_result r =
+      ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
   if (r == PS_SHARD_OLD_INCARNATION) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
            p->incarnation, p->worker);
@@ -353,29 +357,29 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   if (r == PS_SHARD_DUPLICATE)
     ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
            p->seq);
-  pending_ack *a = NULL;
+  int durable = PS_DURABLE_NOW;
   if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG &&
-      (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE))
-    a = malloc(sizeof *a);
-  if (a != NULL) {
-    /* Durability `log`: the ack waits until Redis holds the entry, and a
-     * duplicate's until its original's append was answered. */
-    *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
-    cl->refs++;
-    if (r == PS_SHARD_APPLIED) {
-      /* Sync: the entry belongs to the step being summed (before + 1). */
-      ps_log_entry e = {.kind = PS_LOG_PUSH,
-                        .v = s->cfg->consistency == PS_CONSISTENCY_SYNC ? before + 1
-                                                                        : s->shard.version,
-                        .worker = p->worker, .incarnation = p->incarnation, .seq = p->seq,
-                        .step = p->step, .g = (const float *)p->data, .n = p->count};
-      ps_replica_log(s->replica, &e, ack_logged, a);
-    } else {
-      ps_replica_barrier(s->replica, ack_logged, a);
+      (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE)) {
+    /* Durability `log`: the ack waits until Redis holds the entry; a
+     * duplicate's until everything the shard holds now is durable, which
+     * covers its original. */
+    if (r == PS_SHARD_APPLIED)
+      journal_append(s, &j);
+    pending_ack *a = malloc(sizeof *a);
+    if (a == NULL) {
+      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
+                   s->index);
+      return;
     }
-  } else {
-    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
+    *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
+    durable = ps_replica_when_durable(s->replica, s->shard.journal, ack_durable, a);
+    if (durable == PS_DURABLE_QUEUED)
+      cl->refs++;
+    else
+      free(a);
   }
+  if (durable == PS_DURABLE_NOW || durable == PS_DURABLE_NOT)
+    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
   if (s->replica != NULL && s->shard.version != before)
     ps_replica_updated(s->replica);
   if (s->cfg->consistency == PS_CONSISTENCY_SYNC) {
@@ -531,10 +535,9 @@ static void on_tick(uv_timer_t *t) {
   if (s->cfg->consistency == PS_CONSISTENCY_SYNC && s->sync_started_ns != 0 &&
       now - s->sync_started_ns > (uint64_t)s->cfg->sync_timeout_ms * 1000000ULL) {
     int have = s->shard.accum_count;
-    if (ps_shard_sync_flush(&s->shard)) {
-      if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-        ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_FLUSH, .v = s->shard.version},
-                       NULL, NULL);
+    ps_journal j;
+    if (ps_shard_sync_flush(&s->shard, &j)) {
+      journal_append(s, &j);
       if (s->replica != NULL)
         ps_replica_updated(s->replica);
       ps_log(PS_LOG_WARN,
@@ -596,6 +599,11 @@ static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
   }
   if (changed && s->cfg->consistency == PS_CONSISTENCY_SSP)
     release_pulls(s);
+}
+
+void ps_server_state_began(server *s, const char *source) {
+  ps_history_line(s->history, "start %" PRIu64 " %" PRIu64 " %" PRIu64 " %s", s->incarnation,
+                  s->shard.version, s->shard.journal, source);
 }
 
 static void on_fenced(void *arg, const char *why) {
@@ -729,9 +737,17 @@ int ps_server_run(const ps_config *cfg, int index) {
   if (ri.loaded) {
     ps_log(PS_LOG_INFO,
            "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
-           " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")%s",
+           " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")",
            ri.seconds, ri.snap_version, ri.replayed, s->shard.version, s->shard.global_step,
-           ri.epoch, ri.gap ? "; the log had a hole, updates after it were lost" : "");
+           ri.epoch);
+    if (ri.skipped > 0)
+      ps_log(PS_LOG_WARN, "restore: the log held %" PRIu64 " entries after a missing one: "
+             "updates that were never acknowledged%s; not replayed", ri.skipped,
+             ri.nondurable > 0 ? " (or acknowledged without Redis: on_redis_failure = degrade)"
+                               : "");
+    if (ri.nondurable > 0)
+      ps_log(PS_LOG_WARN, "restore: %" PRIu64 " updates of this run were acknowledged without "
+             "being durable (on_redis_failure = degrade)", ri.nondurable);
     s->initialized = 1;
   } else if (cfg->ps_self_init) {
     /* Without a chief a shard initializes its own slice from the model's
@@ -743,6 +759,12 @@ int ps_server_run(const ps_config *cfg, int index) {
              ")", cfg->seed, ri.epoch);
     s->initialized = 1;
   }
+  s->history = ps_history_open(cfg, "ps", index);
+  if (s->initialized)
+    ps_server_state_began(s, ri.loaded ? "redis" : "seed");
+  if (ri.gc_snapshots > 0 || ri.gc_streams > 0)
+    ps_log(PS_LOG_INFO, "restore: deleted %" PRIu64 " snapshots that never switched and %" PRIu64
+           " logs of dead incarnations", ri.gc_snapshots, ri.gc_streams);
   s->ri = ri;
 
   if (uv_loop_init(&s->loop) != 0)
@@ -797,6 +819,7 @@ out:
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
   reply_bufs_free(s);
   ps_control_free(s);
+  ps_history_close(s->history);
   if (shard_open)
     ps_shard_close(&s->shard);
   ps_layout_close(&s->layout);

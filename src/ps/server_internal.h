@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "common/config.h"
+#include "common/history.h"
 #include "common/log.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -45,6 +46,7 @@ typedef struct server {
   int status;            /* the exit status */
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
+  ps_history *history;   /* [cluster] history_dir: each state this process started from */
   /* control.c */
   uint64_t cut_id;              /* of the newest CUT */
   int paused;                   /* pushes are held until RESUME */
@@ -111,5 +113,7 @@ void ps_control_free(server *s);
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
 int ps_server_start_replica(server *s);
 void ps_server_stop(server *s, const char *why);
+/* The shard holds a state now (source: "redis", "seed", "chief"): record it. */
+void ps_server_state_began(server *s, const char *source);
 
 #endif

@@ -101,18 +101,40 @@ static void sync_apply(ps_shard *s) {
   s->accum_count = 0;
 }
 
-int ps_shard_sync_flush(ps_shard *s) {
+/* The next journal entry: numbered, stamped with the version it leads to. */
+static void journal(ps_shard *s, ps_journal *out, ps_journal e) {
+  e.n = ++s->journal;
+  e.version = s->version;
+  if (out != NULL)
+    *out = e;
+}
+
+int ps_shard_sync_flush(ps_shard *s, ps_journal *out) {
   if (s->accum_count == 0)
     return 0;
   s->target = s->accum_count;
   sync_apply(s);
+  journal(s, out, (ps_journal){.kind = PS_JOURNAL_FLUSH});
   return 1;
 }
 
-void ps_shard_sync_reset_target(ps_shard *s) { s->target = s->o.replicas_to_aggregate; }
+int ps_shard_sync_set_target(ps_shard *s, int target, ps_journal *out) {
+  if (target < 1)
+    target = 1;
+  if (target > s->o.replicas_to_aggregate)
+    target = s->o.replicas_to_aggregate;
+  if (target == s->target)
+    return 0;
+  s->target = target;
+  /* A step that already holds enough gradients completes now. */
+  if (s->accum_count >= s->target)
+    sync_apply(s);
+  journal(s, out, (ps_journal){.kind = PS_JOURNAL_TARGET, .target = target});
+  return 1;
+}
 
 ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                             uint64_t step, const void *g) {
+                             uint64_t step, const void *g, ps_journal *out) {
   ps_once *once = &s->once[worker];
   if (incarnation < once->incarnation)
     return PS_SHARD_OLD_INCARNATION;
@@ -144,7 +166,36 @@ ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation,
     apply(s, grad, step);
   }
   s->pushes_applied++;
+  journal(s, out, (ps_journal){.kind = PS_JOURNAL_PUSH, .worker = worker,
+                               .incarnation = incarnation, .seq = seq, .step = step, .g = grad});
   return PS_SHARD_APPLIED;
+}
+
+int ps_shard_replay(ps_shard *s, const ps_journal *e) {
+  if (e->n != s->journal + 1)
+    return 1;
+  switch (e->kind) {
+  case PS_JOURNAL_PUSH:
+    if (e->worker >= (uint32_t)s->o.nworkers)
+      return PS_ECORRUPT;
+    /* A push the exactly-once table already holds was logged only once, so
+     * it cannot come back here; whatever it returns, the entry is used. */
+    if (ps_shard_push(s, e->worker, e->incarnation, e->seq, e->step, e->g, NULL) !=
+        PS_SHARD_APPLIED)
+      s->journal++;
+    return 0;
+  case PS_JOURNAL_FLUSH:
+    if (!ps_shard_sync_flush(s, NULL))
+      s->journal++;
+    return 0;
+  case PS_JOURNAL_TARGET:
+    if (!ps_shard_sync_set_target(s, e->target, NULL))
+      s->journal++;
+    return 0;
+  default:
+    s->journal++;  /* a kind this version does not know changes nothing it holds */
+    return 0;
+  }
 }
 
 /* ------------------------------------------------------------ images */
@@ -225,3 +276,5 @@ void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const flo
     }
   }
 }
+
+void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }

@@ -27,6 +27,28 @@ typedef struct ps_once {
   uint64_t last_seq;
 } ps_once;
 
+/* One entry of the shard's journal: a change of the state that a replay
+ * must repeat to reach the same bytes.  Entries are numbered 1, 2, ... in
+ * the order the shard made them; `n` is the journal count after the entry,
+ * so a replay applies an entry only when n = its own count + 1 (REDIS.md
+ * §4: the chain that makes a missing entry visible). */
+typedef enum ps_journal_kind {
+  PS_JOURNAL_PUSH = 'p',    /* a gradient applied (async, ssp) or summed (sync) */
+  PS_JOURNAL_FLUSH = 'f',   /* sync: a partial step applied at the timeout */
+  PS_JOURNAL_TARGET = 'r',  /* sync: the gradients a step waits for changed */
+} ps_journal_kind;
+
+typedef struct ps_journal {
+  int kind;               /* ps_journal_kind */
+  uint64_t n;             /* the journal count after this entry */
+  uint64_t version;       /* the shard's version after it */
+  uint32_t worker;        /* push: who, which incarnation, which sequence */
+  uint64_t incarnation, seq;
+  uint64_t step;          /* push: the global step it was computed at */
+  int target;             /* target: the new count */
+  const float *g;         /* push: the gradient, nfloats floats, borrowed */
+} ps_journal;
+
 typedef struct ps_shard {
   ps_shard_opts o;
   float *values;                      /* nfloats */
@@ -36,6 +58,7 @@ typedef struct ps_shard {
   int target;             /* sync: gradients that complete a step (see ps_shard_sync_flush) */
   uint64_t version;       /* updates applied to the slice */
   uint64_t global_step;   /* shard 0: its version; others: the newest seen */
+  uint64_t journal;       /* entries made so far (ps_journal.n of the last) */
   ps_once *once;          /* nworkers entries */
   uint64_t pushes_applied, pushes_duplicate, pushes_stale;
 } ps_shard;
@@ -65,19 +88,27 @@ typedef enum ps_push_result {
  * sequence.  `step` is the global step the gradient was computed at; the
  * learning rate is the schedule's value at that step.  In sync mode, the
  * replicas_to_aggregate-th gradient of the current step applies their mean
- * and advances the version.  worker must be < nworkers. */
+ * and advances the version.  worker must be < nworkers.  On APPLIED, *out
+ * (when not NULL) is the journal entry to log; its g points at `g`. */
 ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                             uint64_t step, const void *g);
+                             uint64_t step, const void *g, ps_journal *out);
 
 /* Sync: apply the mean of the gradients gathered so far for this step, if
  * any: the timeout path, when workers are missing.  The steps after it are
  * complete with as many gradients as this one had, so the live workers go
- * on without waiting out the timeout again, until ps_shard_sync_reset_target
- * (a worker connected).  @return 1 if applied. */
-int ps_shard_sync_flush(ps_shard *s);
+ * on without waiting out the timeout again, until ps_shard_sync_set_target
+ * (a worker is back).  @return 1 if applied, *out then the entry to log. */
+int ps_shard_sync_flush(ps_shard *s, ps_journal *out);
 
-/* Sync: wait for replicas_to_aggregate gradients per step again. */
-void ps_shard_sync_reset_target(ps_shard *s);
+/* Sync: wait for `target` gradients per step (1..replicas_to_aggregate).
+ * @return 1 if it changed, *out then the entry to log. */
+int ps_shard_sync_set_target(ps_shard *s, int target, ps_journal *out);
+
+/* Replay one logged entry through the same rules.  @return 0 applied, 1
+ * not applied because it does not follow this state (e->n is not
+ * journal + 1: covered by the snapshot, or after a missing entry), or
+ * PS_ECORRUPT for a push whose worker is out of range. */
+int ps_shard_replay(ps_shard *s, const ps_journal *e);
 
 /* ------------------------------------------------------------------ */
 /* The state image (PROTOCOL.md, "The chief"): the whole state as one run
@@ -110,5 +141,9 @@ int ps_shard_image_check(const ps_shard *s, const ps_shard_image_info *info, cha
 /* Replace the state with the image (checked by ps_shard_image_check): values,
  * slots, accumulator, version, global step and exactly-once table. */
 void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const float *img);
+
+/* The journal count of a state loaded from a replica (the image does not
+ * carry it: a checkpoint's state starts a journal of its own). */
+void ps_shard_set_journal(ps_shard *s, uint64_t n);
 
 #endif

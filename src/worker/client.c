@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "common/config.h"
+#include "common/history.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "common/rng.h"
@@ -53,6 +54,7 @@ typedef struct link {
   float *slice;            /* the push's gradient slice, owned */
   /* What the shard said last. */
   uint64_t version, global_step;
+  uint64_t shard_incarnation;  /* from its WELCOME */
   uint64_t pulled_version; /* of the weights the current gradient was computed on */
   uint32_t ack_status;
   int consistency;
@@ -85,6 +87,7 @@ struct ps_client {
   uint64_t connects;       /* handshakes completed, over all links */
   volatile sig_atomic_t *stop_flag;  /* ps_client_set_stop_flag */
   uv_timer_t wake;         /* with a stop flag: the loop looks at it this often */
+  ps_history *history;     /* [cluster] history_dir: every ack a worker saw */
   ps_client_reply_fn reply_fn;  /* OP_REQ */
   void *reply_arg;
 };
@@ -235,6 +238,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->version = m.u.welcome.version;
       l->global_step = m.u.welcome.global_step;
       l->consistency = m.u.welcome.consistency;
+      l->shard_incarnation = m.u.welcome.incarnation;
       if (l->down_since_ns != 0 && l->attempts > 0)
         ps_log(PS_LOG_INFO, "shard %d: connected again after %.1f s", l->index,
                (double)(ps_now_ns() - l->down_since_ns) * 1e-9);
@@ -275,6 +279,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
         c->duplicates++;
       if (l->ack_status == PS_PUSH_STALE)
         c->stale++;
+      static const char *const statuses[] = {"applied", "duplicate", "stale"};
+      ps_history_line(c->history, "ack %d %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %s",
+                      l->index, l->shard_incarnation, c->incarnation, l->seq, l->version,
+                      l->ack_status < 3 ? statuses[l->ack_status] : "?");
       l->done = 1;
       return;
     }
@@ -498,6 +506,7 @@ void ps_client_free(ps_client *c) {
       free(c->links[i].slice);
     free(c->links);
   }
+  ps_history_close(c->history);
   ps_layout_close(&c->layout);
   ps_model_close(&c->model);
   free(c);
@@ -559,6 +568,8 @@ ps_client *ps_client_new_as(const char *config_path, int role, int worker_index,
       return NULL;
     }
   }
+  if (role == PS_ROLE_WORKER)
+    c->history = ps_history_open(&c->cfg, "worker", worker_index);
   return c;
 fail:
   ps_layout_close(&c->layout);

@@ -9,6 +9,7 @@ PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  chattr -R -i "$T" 2>/dev/null || true  # a fault test's immutable directory
   if [ -n "${KEEP:-}" ]; then echo "kept $T" >&2; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
@@ -130,11 +131,11 @@ wait_exit() {
 }
 
 # start_redis: a private redis-server on a free port, without persistence,
-# its files in $T; sets REDIS_PORT and PID_redis.
+# its files in $T; sets REDIS_PORT and PID_redis.  $REDIS_ARGS: more options.
 start_redis() {
   REDIS_PORT=${REDIS_PORT:-$(free_ports 1)}
   start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$T" --logfile "" --daemonize no
+    --dir "$T" --logfile "" --daemonize no ${REDIS_ARGS:-}
   local i
   for ((i = 0; i < 200; i++)); do
     redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && return 0

@@ -1,0 +1,59 @@
+/* Where things live in Redis (spec: REDIS.md §1) and the one way to open a
+ * blocking connection to it (connect, deadline, AUTH).  Every module that
+ * names a key takes it from here. */
+#ifndef PS_REPLICA_KEYS_H
+#define PS_REPLICA_KEYS_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "paramserv/error.h"
+
+#define PS_KEY_MAX 192
+
+/* Shard i's keys: one hash tag {<cluster>:ps:<i>}, one Redis Cluster slot. */
+typedef struct ps_shard_keys {
+  char tag[96];                  /* {C:ps:i}: cluster ids are at most 63 characters */
+  char epoch[PS_KEY_MAX];        /* newest incarnation's epoch */
+  char meta[PS_KEY_MAX];         /* the switched snapshot */
+  char logkey[PS_KEY_MAX];       /* names the current log stream */
+  char log[PS_KEY_MAX];          /* this incarnation's log stream (after ps_shard_keys_log) */
+  char snaps[PS_KEY_MAX];        /* snapshot id -> chunk count, of every snapshot written */
+  char snap_prefix[PS_KEY_MAX];  /* + "<id>:<k>": chunk k of snapshot id */
+  char node[PS_KEY_MAX];         /* heartbeat */
+} ps_shard_keys;
+
+void ps_shard_keys_init(ps_shard_keys *k, const char *cluster, int index);
+/* Name the log stream of incarnation `epoch`. */
+void ps_shard_keys_log(ps_shard_keys *k, uint64_t epoch);
+
+/* The replica's format (REDIS.md): the meta hash's `format` field. */
+#define PS_SNAP_FORMAT "2"
+
+/* A snapshot is the shard's state image (ps_shard_image_write) cut into
+ * chunks of this many floats, each one LZ4 block. */
+#define PS_SNAP_CHUNK_FLOATS (256u * 1024u)
+
+static inline uint64_t ps_snap_chunks(uint64_t image_floats) {
+  return (image_floats + PS_SNAP_CHUNK_FLOATS - 1) / PS_SNAP_CHUNK_FLOATS;
+}
+
+/* Floats in chunk i. */
+static inline uint64_t ps_snap_chunk_floats(uint64_t image_floats, uint64_t i) {
+  uint64_t off = i * PS_SNAP_CHUNK_FLOATS;
+  return image_floats - off < PS_SNAP_CHUNK_FLOATS ? image_floats - off : PS_SNAP_CHUNK_FLOATS;
+}
+
+/* A key of the cluster's own records: "{<cluster>}:<what>", e.g.
+ * ps_cluster_key(buf, C, "node:worker:%d", 3). */
+void ps_cluster_key(char out[PS_KEY_MAX], const char *cluster, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Connect to [redis] address with `timeout_ms` for the connect and for
+ * every command after it, and AUTH when [redis] password_file is set.
+ * @return an opaque hiredis redisContext * (free with redisFree), or NULL
+ * with eb set: -ECONNREFUSED (unreachable: retry), -EACCES (AUTH refused or
+ * the password file unreadable: do not retry). */
+void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb);
+
+#endif

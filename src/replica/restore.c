@@ -1,0 +1,349 @@
+/* A shard's start-up from its replica in Redis (see restore.h, REDIS.md §7).
+ * hiredis's blocking API, every command under [redis] timeout_ms. */
+#include "replica/restore.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <lz4.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "replica/keys.h"
+#include "replica/registry.h"
+
+/* If the epoch still holds, rename the stream named by KEYS[2] (the log
+ * key) to KEYS[3], make sure KEYS[3] exists, and record it in KEYS[2]:
+ * the previous incarnation's next append (XADD NOMKSTREAM on its own
+ * name) then finds no stream.  ARGV: epoch. */
+static const char TAKE_LOG_SCRIPT[] =
+    "local e = redis.call('GET', KEYS[1])\n"
+    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
+    "local old = redis.call('GET', KEYS[2])\n"
+    "if old and old ~= KEYS[3] and redis.call('EXISTS', old) == 1 then\n"
+    "  redis.call('RENAME', old, KEYS[3]) end\n"
+    "if redis.call('EXISTS', KEYS[3]) == 0 then\n"
+    "  redis.call('XGROUP', 'CREATE', KEYS[3], 'g', '$', 'MKSTREAM')\n"
+    "  redis.call('XGROUP', 'DESTROY', KEYS[3], 'g') end\n"
+    "redis.call('SET', KEYS[2], KEYS[3])\n"
+    "return 'OK'\n";
+
+static const redisReply *hash_get(const redisReply *h, const char *field) {
+  for (size_t i = 0; i + 1 < h->elements; i += 2)
+    if (h->element[i]->type == REDIS_REPLY_STRING && strcmp(h->element[i]->str, field) == 0)
+      return h->element[i + 1];
+  return NULL;
+}
+
+static int hash_u64(const redisReply *h, const char *field, uint64_t *out) {
+  const redisReply *v = hash_get(h, field);
+  if (v == NULL || v->type != REDIS_REPLY_STRING || v->len == 0)
+    return -1;
+  char *end;
+  *out = strtoull(v->str, &end, 10);
+  return *end == '\0' ? 0 : -1;
+}
+
+/* ------------------------------------------------------------ snapshot */
+
+static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
+                         ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
+  uint64_t version, gstep, journal, image_floats, nslots, has_accum, nonce, accum_count, target,
+      chunks, nfloats, nondurable = 0;
+  const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
+  if (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0)
+    return ps_err_set(eb, PS_EVERSION,
+                      "%s: replica format %s, this shard reads format %s (restore from a "
+                      "checkpoint: delete the keys of %s)",
+                      k->meta, fmt && fmt->str ? fmt->str : "(none)", PS_SNAP_FORMAT, k->tag);
+  if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "version", &version) ||
+      hash_u64(meta, "global_step", &gstep) || hash_u64(meta, "journal", &journal) ||
+      hash_u64(meta, "image_floats", &image_floats) || hash_u64(meta, "nfloats", &nfloats) ||
+      hash_u64(meta, "nslots", &nslots) || hash_u64(meta, "has_accum", &has_accum) ||
+      hash_u64(meta, "nonce", &nonce) || hash_u64(meta, "accum_count", &accum_count) ||
+      hash_u64(meta, "target", &target) || hash_u64(meta, "chunks", &chunks))
+    return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata", k->meta);
+  hash_u64(meta, "nondurable", &nondurable);
+  const redisReply *opt = hash_get(meta, "optimizer"), *cons = hash_get(meta, "consistency");
+  if (opt == NULL || opt->type != REDIS_REPLY_STRING ||
+      strcmp(opt->str, ps_optim_name(&s->o.optim)) != 0 || cons == NULL ||
+      cons->type != REDIS_REPLY_STRING || atoi(cons->str) != s->o.consistency)
+    return ps_err_set(eb, PS_ELAYOUT,
+                      "%s: replica written with optimizer %s and consistency %s; this shard runs "
+                      "%s and %d (change the config back, or delete the shard's keys)",
+                      k->meta, opt && opt->str ? opt->str : "?", cons && cons->str ? cons->str : "?",
+                      ps_optim_name(&s->o.optim), s->o.consistency);
+  ps_shard_image_info in = {.version = version, .global_step = gstep,
+                            .image_floats = image_floats, .nslots = (int)nslots,
+                            .has_accum = (int)has_accum, .accum_count = (int)accum_count,
+                            .target = (int)target, .nonce = (int)nonce};
+  char why[256];
+  if (nfloats != s->o.nfloats || nonce > PS_CONFIG_MAX_NODES || target > PS_CONFIG_MAX_NODES ||
+      ps_shard_image_check(s, &in, why, sizeof why) != 0)
+    return ps_err_set(eb, PS_ELAYOUT, "%s: replica of %" PRIu64 " floats per array does not fit "
+                      "this shard (%zu floats, %d workers)", k->meta, nfloats, s->o.nfloats,
+                      s->o.nworkers);
+  if (chunks != ps_snap_chunks(image_floats))
+    return ps_err_set(eb, PS_ECORRUPT, "%s: %" PRIu64 " chunks for %" PRIu64 " floats, expected %"
+                      PRIu64, k->meta, chunks, image_floats, ps_snap_chunks(image_floats));
+  float *img = malloc((size_t)(image_floats ? image_floats : 1) * sizeof(float));
+  if (img == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for a snapshot of %" PRIu64 " floats",
+                      image_floats);
+  int rc = 0;
+  for (uint64_t i = 0; i < chunks && rc == 0; i++) {
+    redisReply *r = redisCommand(c, "GET %s%s:%" PRIu64, k->snap_prefix, snap->str, i);
+    uint64_t off = i * PS_SNAP_CHUNK_FLOATS;
+    uint64_t want = ps_snap_chunk_floats(image_floats, i);
+    if (r == NULL || r->type != REDIS_REPLY_STRING)
+      rc = ps_err_set(eb, r ? PS_ECORRUPT : -EIO, "%s%s:%" PRIu64 ": snapshot chunk %s",
+                      k->snap_prefix, snap->str, i, r ? "missing" : c->errstr);
+    else if (LZ4_decompress_safe(r->str, (char *)(img + off), (int)r->len,
+                                 (int)(want * sizeof(float))) != (int)(want * sizeof(float)))
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": chunk does not decompress to %" PRIu64
+                      " bytes", k->snap_prefix, snap->str, i, want * sizeof(float));
+    freeReplyObject(r);
+  }
+  if (rc == 0) {
+    ps_shard_image_load(s, &in, img);
+    ps_shard_set_journal(s, journal);
+    info->snap_version = version;
+    info->snap_journal = journal;
+    info->nondurable = nondurable;
+  }
+  free(img);
+  return rc;
+}
+
+/* -------------------------------------------------------------- replay */
+
+static const redisReply *entry_field(const redisReply *fields, const char *name) {
+  for (size_t i = 0; i + 1 < fields->elements; i += 2)
+    if (fields->element[i]->type == REDIS_REPLY_STRING &&
+        strcmp(fields->element[i]->str, name) == 0)
+      return fields->element[i + 1];
+  return NULL;
+}
+
+static int field_u64(const redisReply *fields, const char *name, uint64_t *out) {
+  const redisReply *v = entry_field(fields, name);
+  if (v == NULL || v->type != REDIS_REPLY_STRING || v->len == 0)
+    return -1;
+  char *end;
+  *out = strtoull(v->str, &end, 10);
+  return *end == '\0' ? 0 : -1;
+}
+
+/* Replay the stream after the snapshot, in stream order.  An entry is
+ * applied when it continues the state's journal (n = journal + 1) and its
+ * writer is not older than the writer of what the state holds; anything
+ * else is skipped: entries the snapshot covers, and entries after one that
+ * is missing (an append Redis refused), which were never acknowledged in
+ * `block` mode.  Ids are <writer epoch>-<n> (REDIS.md §4). */
+static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t lineage,
+                  ps_restore_info *info, ps_errbuf *eb) {
+  float *g = malloc((s->o.nfloats ? s->o.nfloats : 1) * sizeof(float));
+  if (g == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
+  char start[48] = "-";
+  int rc = 0;
+  for (;;) {
+    redisReply *r = redisCommand(c, "XRANGE %s %s + COUNT 256", k->log, start);
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+      rc = ps_err_set(eb, r ? PS_ECORRUPT : -EIO, "%s: XRANGE failed: %s", k->log,
+                      r && r->str ? r->str : c->errstr);
+      freeReplyObject(r);
+      break;
+    }
+    size_t count = r->elements;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+      const redisReply *e = r->element[i];
+      const char *id = e->element[0]->str;
+      const redisReply *f = e->element[1];
+      uint64_t writer = 0, n = 0, w = 0, inc = 0, seq = 0, t = 0;
+      snprintf(start, sizeof start, "(%s", id);
+      if (sscanf(id, "%" SCNu64 "-%" SCNu64, &writer, &n) != 2) {
+        rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: id is not <epoch>-<n>", k->log, id);
+        break;
+      }
+      if (writer < lineage || n <= s->journal)
+        continue;
+      if (n != s->journal + 1) {
+        info->skipped++;
+        continue;
+      }
+      const redisReply *kind = entry_field(f, "k");
+      if (kind == NULL || kind->type != REDIS_REPLY_STRING || kind->len != 1 ||
+          field_u64(f, "w", &w) || field_u64(f, "i", &inc) || field_u64(f, "s", &seq) ||
+          field_u64(f, "t", &t) || w >= (uint64_t)s->o.nworkers) {
+        rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: malformed", k->log, id);
+        break;
+      }
+      ps_journal j = {.kind = kind->str[0], .n = n, .worker = (uint32_t)w, .incarnation = inc,
+                      .seq = seq, .step = t, .target = (int)t, .g = g};
+      if (j.kind == PS_JOURNAL_PUSH) {
+        const redisReply *gz = entry_field(f, "g");
+        int want = (int)(s->o.nfloats * sizeof(float));
+        if (gz == NULL || gz->type != REDIS_REPLY_STRING ||
+            LZ4_decompress_safe(gz->str, (char *)g, (int)gz->len, want) != want) {
+          rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: gradient does not decompress to %zu "
+                          "floats", k->log, id, s->o.nfloats);
+          break;
+        }
+      }
+      rc = ps_shard_replay(s, &j);
+      if (rc < 0) {
+        ps_err_set(eb, rc, "%s entry %s: cannot be applied", k->log, id);
+        break;
+      }
+      rc = 0;
+      lineage = writer;
+      info->replayed++;
+    }
+    freeReplyObject(r);
+    if (rc != 0 || count == 0)
+      break;
+  }
+  free(g);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ GC */
+
+/* Delete every snapshot registered in P:snaps but `keep` (NULL: all),
+ * chunks first, then the registration. */
+static void gc_snapshots(redisContext *c, const ps_shard_keys *k, const char *keep,
+                         ps_restore_info *info) {
+  redisReply *h = redisCommand(c, "HGETALL %s", k->snaps);
+  if (h == NULL || h->type != REDIS_REPLY_ARRAY) {
+    freeReplyObject(h);
+    return;
+  }
+  for (size_t i = 0; i + 1 < h->elements; i += 2) {
+    const char *id = h->element[i]->str;
+    if (id == NULL || (keep != NULL && strcmp(id, keep) == 0))
+      continue;
+    uint64_t chunks = strtoull(h->element[i + 1]->str ? h->element[i + 1]->str : "0", NULL, 10);
+    for (uint64_t j = 0; j < chunks; j++)
+      redisAppendCommand(c, "DEL %s%s:%" PRIu64, k->snap_prefix, id, j);
+    redisAppendCommand(c, "HDEL %s %s", k->snaps, id);
+    for (uint64_t j = 0; j <= chunks; j++) {
+      redisReply *r = NULL;
+      if (redisGetReply(c, (void **)&r) != REDIS_OK)
+        break;
+      freeReplyObject(r);
+    }
+    info->gc_snapshots++;
+  }
+  freeReplyObject(h);
+}
+
+/* Delete the log streams of incarnations other than this one: after the
+ * take-over, nothing names them. */
+static void gc_streams(redisContext *c, const ps_shard_keys *k, ps_restore_info *info) {
+  char pattern[PS_KEY_MAX + 8], cursor[32] = "0";
+  /* The hash tag's braces are not glob characters; its name could hold
+   * none either (cluster ids are [A-Za-z0-9_.-]). */
+  snprintf(pattern, sizeof pattern, "%s:log:*", k->tag);
+  do {
+    redisReply *r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+      freeReplyObject(r);
+      return;
+    }
+    snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+    const redisReply *keys = r->element[1];
+    for (size_t i = 0; i < keys->elements; i++)
+      if (strcmp(keys->element[i]->str, k->log) != 0) {
+        freeReplyObject(redisCommand(c, "DEL %s", keys->element[i]->str));
+        info->gc_streams++;
+      }
+    freeReplyObject(r);
+  } while (strcmp(cursor, "0") != 0);
+}
+
+/* ------------------------------------------------------------- restore */
+
+int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps_shard *shard,
+                       volatile int *stop, ps_restore_info *info, ps_errbuf *eb) {
+  memset(info, 0, sizeof *info);
+  ps_shard_keys k;
+  ps_shard_keys_init(&k, cfg->cluster_id, index);
+  uint64_t t0 = ps_now_ns();
+  redisContext *c = NULL;
+  for (int attempt = 0; !*stop; attempt++) {
+    c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
+    if (c != NULL || eb->code == -EACCES)
+      break;
+    unsigned ms = 100u << (attempt < 5 ? attempt : 5);
+    ps_log(PS_LOG_WARN, "waiting for Redis to restore shard %d: %s; retry in %u ms", index,
+           eb->msg, ms);
+    usleep(ms * 1000);
+  }
+  if (c == NULL)
+    return *stop ? ps_err_set(eb, -EINTR, "stopped while waiting for Redis") : eb->code;
+  int rc = ps_redis_new_epoch(c, k.epoch, &info->epoch, eb);
+  if (rc != 0)
+    goto out;
+  ps_shard_keys_log(&k, info->epoch);
+  redisReply *t = redisCommand(c, "EVAL %s 3 %s %s %s %" PRIu64, TAKE_LOG_SCRIPT, k.epoch,
+                               k.logkey, k.log, info->epoch);
+  if (t == NULL || t->type == REDIS_REPLY_ERROR) {
+    rc = ps_err_set(eb, -EIO, "%s: taking over the log: %s", k.log,
+                    t && t->str ? t->str : c->errstr);
+    freeReplyObject(t);
+    goto out;
+  }
+  freeReplyObject(t);
+  redisReply *meta = redisCommand(c, "HGETALL %s", k.meta);
+  if (meta == NULL || meta->type != REDIS_REPLY_ARRAY) {
+    rc = ps_err_set(eb, -EIO, "%s: HGETALL failed: %s", k.meta,
+                    meta && meta->str ? meta->str : c->errstr);
+    freeReplyObject(meta);
+    goto out;
+  }
+  if (meta->elements == 0) {
+    /* No replica.  A log without a snapshot holds only entries that were
+     * never acknowledged (nothing is durable before the first switch,
+     * REDIS.md §9); the first switch trims them. */
+    freeReplyObject(meta);
+    gc_snapshots(c, &k, NULL, info);
+    gc_streams(c, &k, info);
+    goto out;
+  }
+  uint64_t layout = 0, lineage = 0;
+  const redisReply *lv = hash_get(meta, "layout");
+  if (lv == NULL || lv->type != REDIS_REPLY_STRING || sscanf(lv->str, "%" SCNx64, &layout) != 1 ||
+      layout != layout_hash) {
+    rc = ps_err_set(eb, PS_ELAYOUT,
+                    "%s: a replica of layout %s exists, this shard's layout is %016" PRIx64
+                    " (another model, shard count or placement; delete the keys of %s to "
+                    "start over)",
+                    k.meta, lv && lv->str ? lv->str : "?", layout_hash, k.tag);
+    freeReplyObject(meta);
+    goto out;
+  }
+  hash_u64(meta, "epoch", &lineage);
+  rc = load_snapshot(c, &k, meta, shard, info, eb);
+  char snap_id[64] = "";
+  const redisReply *sid = hash_get(meta, "snap");
+  if (sid != NULL && sid->type == REDIS_REPLY_STRING)
+    snprintf(snap_id, sizeof snap_id, "%s", sid->str);
+  freeReplyObject(meta);
+  if (rc != 0)
+    goto out;
+  rc = replay(c, &k, shard, lineage, info, eb);
+  if (rc != 0)
+    goto out;
+  info->loaded = 1;
+  gc_snapshots(c, &k, snap_id, info);
+  gc_streams(c, &k, info);
+out:
+  redisFree(c);
+  info->seconds = (double)(ps_now_ns() - t0) * 1e-9;
+  return rc;
+}

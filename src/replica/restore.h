@@ -1,0 +1,39 @@
+/* A shard's start-up from its replica in Redis (spec: REDIS.md §7):
+ * blocking, before the shard listens. */
+#ifndef PS_REPLICA_RESTORE_H
+#define PS_REPLICA_RESTORE_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+#include "paramserv/error.h"
+#include "ps/shard.h"
+
+/* What ps_replica_restore found. */
+typedef struct ps_restore_info {
+  int loaded;            /* 1: the shard holds the replica's state */
+  uint64_t epoch;        /* this incarnation's epoch (Redis EPOCH) */
+  uint64_t snap_version; /* version of the snapshot loaded */
+  uint64_t snap_journal; /* its journal count */
+  uint64_t replayed;     /* log entries replayed after it */
+  uint64_t skipped;      /* entries after a missing one: never acknowledged
+                            with on_redis_failure = block (REDIS.md §9) */
+  uint64_t nondurable;   /* acknowledged without their entry, over the run */
+  uint64_t gc_snapshots; /* snapshots that never switched, deleted */
+  uint64_t gc_streams;   /* logs of dead incarnations, deleted */
+  double seconds;        /* time spent, connect to ready */
+} ps_restore_info;
+
+/* Connect to Redis (retrying with backoff while it is unreachable, logging
+ * what it waits for, until *stop becomes nonzero), take a new epoch (which
+ * fences every older incarnation), take the log stream over, and when a
+ * replica of this shard with the same layout exists, load its snapshot and
+ * replay the log entries that follow it into `shard` (initialized with its
+ * options; its state is overwritten).  Deletes what no restore can use:
+ * chunks of snapshots that never switched and streams of dead
+ * incarnations.  A replica of another layout is PS_ELAYOUT naming both.
+ * @return 0, or a negative code with a message. */
+int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps_shard *shard,
+                       volatile int *stop, ps_restore_info *info, ps_errbuf *eb);
+
+#endif

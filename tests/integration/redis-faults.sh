@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The durability contract under Redis faults (REDIS.md §9), one run per
+# fault class: 2 shards and 2 workers train with replication = log and
+# on_redis_failure = block while Redis refuses writes (each kind of error
+# reply, provoked through Redis's own settings), drops the connection, or
+# stops answering; shard 0 is killed with kill -9 inside the fault, the
+# fault ends, shard 0 comes back.  From the histories every process wrote
+# (scripts/check-history): no acknowledged update lost, none applied twice.
+# And training goes on within the deadlines once the fault ends.
+#
+#   redis-faults.sh [CLASS...]   (default: every class)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+# MISCONF needs a save directory that refuses files, set at run time.
+REDIS_ARGS="--enable-protected-configs yes"
+start_redis
+rc() { redis-cli -p "$REDIS_PORT" "$@"; }
+
+# inject CLASS / heal CLASS: the fault through Redis's own settings.
+inject() {
+  case $1 in
+  noreplicas) rc config set min-replicas-to-write 1 >/dev/null ;;
+  oom) rc config set maxmemory-policy noeviction >/dev/null; rc config set maxmemory 1 >/dev/null ;;
+  readonly) rc replicaof 127.0.0.1 "$(free_ports 1)" >/dev/null ;;
+  misconf)
+    # A directory even root cannot create files in: the save fails, and
+    # with a save point set Redis refuses writes (MISCONF).
+    mkdir -p "$T/immutable"
+    chattr +i "$T/immutable" || fail "misconf: chattr +i failed (needs root and ext4/xfs)"
+    rc config set dir "$T/immutable" | grep -q OK || fail "misconf: CONFIG SET dir refused"
+    rc config set save "3600 1" >/dev/null
+    rc bgsave >/dev/null || true
+    local i
+    for ((i = 0; i < 100; i++)); do
+      rc info persistence | grep -q 'rdb_last_bgsave_status:err' && return 0
+      sleep 0.05
+    done
+    fail "misconf: BGSAVE did not fail" ;;
+  noperm) rc acl setuser default -xadd -set >/dev/null ;;
+  dropped)
+    # Every connection of the shards is killed, again and again, for 2 s.
+    ( for ((i = 0; i < 40; i++)); do rc client kill type normal >/dev/null 2>&1 || true; sleep 0.05; done ) &
+    DROPPER=$! ;;
+  paused) kill -STOP "$PID_redis" ;;
+  esac
+}
+heal() {
+  case $1 in
+  noreplicas) rc config set min-replicas-to-write 0 >/dev/null ;;
+  oom) rc config set maxmemory 0 >/dev/null ;;
+  readonly) rc replicaof no one >/dev/null ;;
+  misconf)
+    chattr -i "$T/immutable"
+    rc config set dir "$T" >/dev/null
+    rc bgsave >/dev/null
+    local i
+    for ((i = 0; i < 200; i++)); do
+      rc info persistence | grep -q 'rdb_last_bgsave_status:ok' && break
+      sleep 0.05
+    done
+    rc config set save "" >/dev/null ;;
+  noperm) rc acl setuser default +xadd +set >/dev/null ;;
+  dropped) wait "$DROPPER" 2>/dev/null || true ;;
+  paused) kill -CONT "$PID_redis" ;;
+  esac
+}
+
+# What the shard logs once it sees the fault.
+seen_pattern() {
+  case $1 in
+  paused) echo "no answer within" ;;
+  dropped) echo "serving on and reconnecting" ;;
+  *) echo "not stored" ;;
+  esac
+}
+
+run_class() {
+  local class=$1 conf="$T/$1.conf" hist="$T/$1-history"
+  mkdir -p "$hist"
+  rc flushall >/dev/null
+  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=2400" "train.threads=1" \
+    "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
+    "redis.timeout_ms=1000" "cluster.history_dir=$hist"
+  start "$class-ps0" "$BIN" ps --config "$conf" --index 0
+  local ps0=$!
+  start "$class-ps1" "$BIN" ps --config "$conf" --index 1
+  local ps1=$!
+  wait_for "$T/$class-ps0.log" "listening on" 10
+  wait_for "$T/$class-ps1.log" "listening on" 10
+  start "$class-w0" "$BIN" worker --config "$conf" --index 0
+  local w0=$!
+  start "$class-w1" "$BIN" worker --config "$conf" --index 1
+  local w1=$!
+  wait_for "$T/$class-w0.log" "step 300 global" 60
+  inject "$class"
+  wait_for "$T/$class-ps0.log" "$(seen_pattern "$class")" 20
+  # Inside the fault: the shard holds what Redis does not have.  Kill it.
+  local acked_before
+  acked_before=$(cat "$hist"/worker-*.history | grep -c '^ack 0 ' || true)
+  kill -9 "$ps0"
+  wait "$ps0" 2>/dev/null || true
+  heal "$class"
+  start "$class-ps0b" "$BIN" ps --config "$conf" --index 0
+  ps0=$!
+  wait_for "$T/$class-ps0b.log" "listening on" 20
+  # Training goes on: a new step line of worker 0 within the deadline.
+  local steps
+  steps=$(grep -c ' global ' "$T/$class-w0.log" || true)
+  local i
+  for ((i = 0; i < 400; i++)); do
+    [ "$(grep -c ' global ' "$T/$class-w0.log" || true)" -gt "$steps" ] && break
+    kill -0 "$w0" 2>/dev/null || break
+    sleep 0.05
+  done
+  [ "$(grep -c ' global ' "$T/$class-w0.log" || true)" -gt "$steps" ] || ! kill -0 "$w0" 2>/dev/null ||
+    fail "$class: worker 0 made no step within 20 s after the fault ended"
+  wait_exit "$w0" 120 || fail "$class: worker 0 exited $?"
+  wait_exit "$w1" 120 || fail "$class: worker 1 exited $?"
+  kill -TERM "$ps0" "$ps1"
+  wait_exit "$ps0" 10 || fail "$class: ps 0 exited $?"
+  wait_exit "$ps1" 10 || fail "$class: ps 1 exited $?"
+  local verdict
+  verdict=$(scripts/check-history "$hist") || fail "$class: $verdict"
+  local restored
+  restored=$(grep -h -o 'restored from Redis in .*' "$T/$class-ps0b.log" | sed 's/ (epoch.*//')
+  echo "ok: $class: shard 0 killed inside the fault with $acked_before acks seen; $restored"
+  echo "$verdict" | sed "s/^/ok: $class: /"
+}
+
+CLASSES=("$@")
+[ ${#CLASSES[@]} -gt 0 ] || CLASSES=(noreplicas oom readonly misconf noperm dropped paused)
+for c in "${CLASSES[@]}"; do run_class "$c"; done

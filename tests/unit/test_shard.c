@@ -1,0 +1,121 @@
+/* The shard's journal (src/ps/shard.c): every change is an entry, and a
+ * replay of the entries through ps_shard_replay gives the same bytes. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/shard.h"
+
+#define N 37
+
+static ps_shard_opts opts(int consistency) {
+  ps_shard_opts o = {.index = 0, .nworkers = 2, .nfloats = N, .consistency = consistency,
+                     .replicas_to_aggregate = 2};
+  o.optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f);
+  return o;
+}
+
+/* A recorded entry, its gradient copied. */
+typedef struct rec {
+  ps_journal j;
+  float g[N];
+} rec;
+
+static void record(rec *r, const ps_journal *j) {
+  r->j = *j;
+  if (j->kind == PS_JOURNAL_PUSH) {
+    memcpy(r->g, j->g, sizeof r->g);
+    r->j.g = r->g;
+  }
+}
+
+static void grad(float *g, int k) {
+  for (int i = 0; i < N; i++)
+    g[i] = (float)((i * 7 + k * 13) % 11) / 11.0f - 0.5f;
+}
+
+static void test_async_replay_is_exact(void **state) {
+  (void)state;
+  ps_shard_opts o = opts(PS_CONSISTENCY_ASYNC);
+  ps_shard live, again;
+  assert_int_equal(ps_shard_init(&live, &o, NULL), 0);
+  assert_int_equal(ps_shard_init(&again, &o, NULL), 0);
+  rec log[8];
+  int n = 0;
+  float g[N];
+  for (int k = 0; k < 6; k++) {
+    grad(g, k);
+    ps_journal j;
+    assert_int_equal(ps_shard_push(&live, (uint32_t)(k % 2), 5, (uint64_t)(k / 2 + 1), 0, g, &j),
+                     PS_SHARD_APPLIED);
+    assert_int_equal(j.n, (uint64_t)k + 1);
+    assert_int_equal(j.version, (uint64_t)k + 1);
+    record(&log[n++], &j);
+  }
+  /* A duplicate makes no entry. */
+  assert_int_equal(ps_shard_push(&live, 0, 5, 1, 0, g, NULL), PS_SHARD_DUPLICATE);
+  assert_int_equal(live.journal, 6);
+  for (int k = 0; k < n; k++)
+    assert_int_equal(ps_shard_replay(&again, &log[k].j), 0);
+  assert_int_equal(again.version, live.version);
+  assert_int_equal(again.journal, live.journal);
+  assert_memory_equal(again.values, live.values, sizeof(float) * N);
+  assert_memory_equal(again.slots[0], live.slots[0], sizeof(float) * N);
+  /* Entries that do not follow the state are not applied: one already
+   * held, and one after a missing entry. */
+  assert_int_equal(ps_shard_replay(&again, &log[2].j), 1);
+  ps_journal ahead = log[5].j;
+  ahead.n = 8;
+  assert_int_equal(ps_shard_replay(&again, &ahead), 1);
+  assert_int_equal(again.version, 6);
+  ps_shard_close(&live);
+  ps_shard_close(&again);
+}
+
+static void test_sync_flush_and_target_replay(void **state) {
+  (void)state;
+  ps_shard_opts o = opts(PS_CONSISTENCY_SYNC);
+  ps_shard live, again;
+  assert_int_equal(ps_shard_init(&live, &o, NULL), 0);
+  assert_int_equal(ps_shard_init(&again, &o, NULL), 0);
+  rec log[8];
+  int n = 0;
+  float g[N];
+  ps_journal j;
+  grad(g, 1);
+  assert_int_equal(ps_shard_push(&live, 0, 1, 1, 0, g, &j), PS_SHARD_APPLIED);
+  record(&log[n++], &j);
+  assert_int_equal(live.version, 0);  /* one of two gradients: the step is open */
+  assert_int_equal(ps_shard_sync_flush(&live, &j), 1);
+  record(&log[n++], &j);
+  assert_int_equal(live.version, 1);
+  assert_int_equal(live.target, 1);
+  grad(g, 2);
+  assert_int_equal(ps_shard_push(&live, 0, 1, 2, 1, g, &j), PS_SHARD_APPLIED);
+  record(&log[n++], &j);
+  assert_int_equal(live.version, 2);  /* target 1: one gradient completes a step */
+  assert_int_equal(ps_shard_sync_set_target(&live, 2, &j), 1);
+  record(&log[n++], &j);
+  assert_int_equal(ps_shard_sync_set_target(&live, 2, &j), 0);  /* no change, no entry */
+  for (int k = 0; k < n; k++)
+    assert_int_equal(ps_shard_replay(&again, &log[k].j), 0);
+  assert_int_equal(again.version, live.version);
+  assert_int_equal(again.target, 2);
+  assert_int_equal(again.journal, live.journal);
+  assert_memory_equal(again.values, live.values, sizeof(float) * N);
+  ps_shard_close(&live);
+  ps_shard_close(&again);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_async_replay_is_exact),
+      cmocka_unit_test(test_sync_flush_and_target_replay),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

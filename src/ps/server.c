@@ -377,6 +377,9 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
       cl->refs++;
     else
       free(a);
+    if (durable == -ENOMEM)
+      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
+                   s->index);
   }
   if (durable == PS_DURABLE_NOW || durable == PS_DURABLE_NOT)
     send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);

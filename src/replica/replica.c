@@ -79,7 +79,7 @@ static const char HEARTBEAT_SCRIPT[] =
 
 typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
 
-typedef enum { JOB_COMPRESS = 0, JOB_REGISTER, JOB_CHUNKS, JOB_SWITCH } jphase;
+typedef enum { JOB_REGISTER = 0, JOB_COMPRESS, JOB_CHUNKS, JOB_SWITCH } jphase;
 
 typedef struct snap_job {
   uv_work_t work;
@@ -129,6 +129,8 @@ struct ps_replica {
   uint64_t updates;         /* since the last snapshot began */
   int need_full;            /* a snapshot is owed (snapshot mode: entries not stored) */
   snap_job *job;            /* a snapshot in flight */
+  unsigned snap_failures;   /* snapshots failed in a row */
+  uint64_t snap_next_ns;    /* no new one before this, after a failure */
   uint64_t snap_counter;
   char *gz;                 /* compression buffer for log entries */
   int gz_cap;
@@ -280,6 +282,7 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
     r->snap_version = 0;
   }
   r->down_logged = 0;
+  r->snap_next_ns = 0;  /* a new connection: try at once */
   start_snapshot(r);
 }
 
@@ -454,8 +457,19 @@ static void close_after_snapshots(ps_replica *r) {
 }
 
 static void snapshot_done(ps_replica *r, int ok) {
-  if (!ok)
+  if (!ok) {
+    /* Retried at a later tick, backing off while Redis keeps refusing: a
+     * copy of a large state every interval would be work thrown away. */
     r->need_full = 1;
+    uint64_t wait_ms = (uint64_t)r->cfg->replicate_interval_ms << (r->snap_failures < 5 ? r->snap_failures : 5);
+    if (wait_ms > 2000)
+      wait_ms = 2000;
+    r->snap_failures++;
+    r->snap_next_ns = ps_now_ns() + wait_ms * 1000000ULL;
+  } else {
+    r->snap_failures = 0;
+    r->snap_next_ns = 0;
+  }
   job_free(r->job);
   r->job = NULL;
   if (r->closing)
@@ -564,15 +578,11 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   send_switch(r);
 }
 
-/* The snapshot is registered: a crash from now on leaves chunks that the
- * next start-up or switch finds and deletes.  Store them. */
-static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  snap_job *j = r->job;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP) {
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
-      ps_log(PS_LOG_WARN, "redis: snapshot not registered: %s", rep->str);
+static void after_compress(uv_work_t *w, int status) {
+  snap_job *j = w->data;
+  ps_replica *r = j->r;
+  if (status != 0 || j->failed || r->state != RS_UP || r->ac == NULL ||
+      (r->closing && !r->final_started)) {
     snapshot_done(r, 0);
     return;
   }
@@ -585,32 +595,37 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
     snprintf(key, sizeof key, "%s%s:%" PRIu64, r->k.snap_prefix, j->id, i);
     const char *argv[3] = {"SET", key, j->chunk[i]};
     size_t argl[3] = {3, strlen(key), (size_t)j->chunk_len[i]};
-    if (redisAsyncCommandArgv(ac, on_chunk_set, r, 3, argv, argl) == REDIS_OK)
+    if (redisAsyncCommandArgv(r->ac, on_chunk_set, r, 3, argv, argl) == REDIS_OK)
       j->pending++;
     else
       j->failed = 1;
   }
-  on_chunk_set(ac, &(redisReply){.type = REDIS_REPLY_STATUS}, r);
+  on_chunk_set(r->ac, &(redisReply){.type = REDIS_REPLY_STATUS}, r);
 }
 
-static void after_compress(uv_work_t *w, int status) {
-  snap_job *j = w->data;
-  ps_replica *r = j->r;
-  if (status != 0 || j->failed || r->state != RS_UP || r->ac == NULL ||
-      (r->closing && !r->final_started)) {
+/* The snapshot is registered: a crash from now on leaves chunks that the
+ * next start-up or switch finds and deletes.  Compress, then store them.
+ * (Registering first also means a Redis that refuses writes costs a copy
+ * and one command, not a compression of the whole state.) */
+static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
+  ps_replica *r = priv;
+  redisReply *rep = reply;
+  snap_job *j = r->job;
+  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP) {
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
+      ps_log(PS_LOG_DEBUG, "redis: snapshot not registered: %s", rep->str);
     snapshot_done(r, 0);
     return;
   }
-  j->phase = JOB_REGISTER;
-  char chunks[24];
-  snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
-  if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=
-      REDIS_OK)
+  j->phase = JOB_COMPRESS;
+  if (uv_queue_work(r->loop, &j->work, compress_work, after_compress) != 0)
     snapshot_done(r, 0);
 }
 
 static void start_snapshot(ps_replica *r) {
   if (r->job != NULL || r->state != RS_UP || (r->closing && !r->final_started))
+    return;
+  if (!r->final_started && ps_now_ns() < r->snap_next_ns)
     return;
   ps_shard *s = r->shard;
   snap_job *j = calloc(1, sizeof *j);
@@ -635,11 +650,12 @@ static void start_snapshot(ps_replica *r) {
   r->updates = 0;
   r->need_full = 0;
   j->work.data = j;
-  if (uv_queue_work(r->loop, &j->work, compress_work, after_compress) != 0) {
-    r->job = NULL;
-    r->need_full = 1;
-    job_free(j);
-  }
+  j->phase = JOB_REGISTER;
+  char chunks[24];
+  snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
+  if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=
+      REDIS_OK)
+    snapshot_done(r, 0);
 }
 
 /* ------------------------------------------------- heartbeat, timers */
@@ -698,9 +714,9 @@ void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg) 
 
 static void on_interval(uv_timer_t *t) {
   ps_replica *r = t->data;
+  uint64_t now = ps_now_ns();
   if (r->updates > 0 || r->need_full || r->f.hole)
     start_snapshot(r);
-  uint64_t now = ps_now_ns();
   if (r->state == RS_UP && now - r->last_hb_ns >= (uint64_t)r->cfg->heartbeat_ms * 1000000ULL) {
     r->last_hb_ns = now;
     heartbeat(r);

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "recovery/checkpoint.h"
+#include "replica/keys.h"
 
 #define DEFAULT_CONFIG "/etc/paramserv/cluster.conf"
 
@@ -78,34 +79,18 @@ static int get_ttl(const char *key, char *buf, size_t len, int64_t *ttl_ms) {
 
 static int connect_redis(const ps_config *cfg) {
   ps_addr_format(&cfg->redis, rc_addr, sizeof rc_addr);
-  struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
-  rc_ctx = redisConnectWithTimeout(cfg->redis.host, cfg->redis.port, tv);
-  if (rc_ctx == NULL || rc_ctx->err) {
-    ps_cmd_error("status: redis %s ([redis] address in %s) unreachable: %s", rc_addr, cfg->path,
-                 rc_ctx ? rc_ctx->errstr : "out of memory");
-    return -1;
-  }
-  redisSetTimeout(rc_ctx, tv);
-  char pw[512];
   ps_errbuf eb = {0};
-  int n = ps_config_read_redis_password(cfg, pw, sizeof pw, &eb);
-  if (n < 0) {
-    ps_cmd_error("status: %s", eb.msg);
+  rc_ctx = ps_redis_connect(cfg, cfg->redis_timeout_ms, &eb);
+  if (rc_ctx == NULL) {
+    /* eb.msg is "redis <address>: <why>". */
+    const char *why = strstr(eb.msg, ": ");
+    why = why != NULL ? why + 2 : eb.msg;
+    if (eb.code == -EACCES)
+      ps_cmd_error("status: redis %s ([redis] in %s): %s", rc_addr, cfg->path, why);
+    else
+      ps_cmd_error("status: redis %s ([redis] address in %s) unreachable: %s", rc_addr, cfg->path,
+                   why);
     return -1;
-  }
-  if (n > 0) {
-    redisReply *a = cfg->redis_user[0]
-                        ? redisCommand(rc_ctx, "AUTH %s %s", cfg->redis_user, pw)
-                        : redisCommand(rc_ctx, "AUTH %s", pw);
-    memset(pw, 0, sizeof pw);
-    int bad = a == NULL || a->type == REDIS_REPLY_ERROR;
-    if (bad)
-      ps_cmd_error("status: redis %s: AUTH%s%s refused: %s", rc_addr,
-                   cfg->redis_user[0] ? " as " : "", cfg->redis_user,
-                   a != NULL ? a->str : rc_ctx->errstr);
-    freeReplyObject(a);
-    if (bad)
-      return -1;
   }
   return 0;
 }
@@ -146,13 +131,15 @@ static void parse_payload(row *w, const char *payload) {
 
 /* Fill a row from its heartbeat key and its epoch key (REDIS.md §1). */
 static void read_node(const ps_config *cfg, row *w) {
-  char node[160], epoch[160], v[512];
+  char node[PS_KEY_MAX], epoch[PS_KEY_MAX], v[512];
   if (strcmp(w->role, "ps") == 0) {
-    snprintf(node, sizeof node, "{%s:ps:%d}:node", cfg->cluster_id, w->index);
-    snprintf(epoch, sizeof epoch, "{%s:ps:%d}:epoch", cfg->cluster_id, w->index);
+    ps_shard_keys k;
+    ps_shard_keys_init(&k, cfg->cluster_id, w->index);
+    snprintf(node, sizeof node, "%s", k.node);
+    snprintf(epoch, sizeof epoch, "%s", k.epoch);
   } else {
-    snprintf(node, sizeof node, "{%s}:node:%s:%d", cfg->cluster_id, w->role, w->index);
-    snprintf(epoch, sizeof epoch, "{%s}:epoch:%s:%d", cfg->cluster_id, w->role, w->index);
+    ps_cluster_key(node, cfg->cluster_id, "node:%s:%d", w->role, w->index);
+    ps_cluster_key(epoch, cfg->cluster_id, "epoch:%s:%d", w->role, w->index);
   }
   w->age_ms = -1;
   if (get_ttl(node, v, sizeof v, &w->ttl_ms)) {
@@ -168,9 +155,9 @@ static void read_node(const ps_config *cfg, row *w) {
 }
 
 static void read_snapshot(const ps_config *cfg, row *w) {
-  char key[160];
-  snprintf(key, sizeof key, "{%s:ps:%d}:meta", cfg->cluster_id, w->index);
-  redisReply *r = q(key, "HMGET %s version time", key);
+  ps_shard_keys k;
+  ps_shard_keys_init(&k, cfg->cluster_id, w->index);
+  redisReply *r = q(k.meta, "HMGET %s version time", k.meta);
   if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
       r->element[0]->type == REDIS_REPLY_STRING) {
     w->have_snap = 1;
@@ -182,8 +169,8 @@ static void read_snapshot(const ps_config *cfg, row *w) {
 }
 
 static void read_lease(const ps_config *cfg, row *l) {
-  char key[160], v[512];
-  snprintf(key, sizeof key, "{%s}:chief", cfg->cluster_id);
+  char key[PS_KEY_MAX], v[512];
+  ps_cluster_key(key, cfg->cluster_id, "chief");
   *l = (row){.role = "lease", .ttl_ms = -1, .age_ms = -1};
   if (get_ttl(key, v, sizeof v, &l->ttl_ms)) {
     l->state = UP;

@@ -27,6 +27,7 @@
 #include "net/conn.h"
 #include "nn/model.h"
 #include "proto/proto.h"
+#include "ps/consistency.h"
 #include "ps/shard.h"
 #include "replica/registry.h"
 #include "replica/replica.h"
@@ -109,7 +110,7 @@ static void reply_written(void *arg, int status) {
   reply_buf_release(arg);
 }
 
-static void send_pull_reply(client *cl, uint64_t req) {
+void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
   reply_buf *b = reply_buf_get(s);
   if (b == NULL) {
@@ -141,55 +142,6 @@ static void reply_bufs_free(server *s) {
     free(b->data);
     free(b);
   }
-}
-
-/* -------------------------------------------------- consistency rules */
-
-/* The smallest clock among live workers that have pulled at least once.
- * Live: connected, and (with Redis) heart-beating, so that a worker that
- * hangs with its connection open does not hold the others forever. */
-static int min_clock(const server *s, uint64_t *out) {
-  int found = 0;
-  for (const client *c = s->clients; c != NULL; c = c->next)
-    if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->has_clock &&
-        !s->silent[c->index] && (!found || c->clock < *out)) {
-      *out = c->clock;
-      found = 1;
-    }
-  return found;
-}
-
-static int pull_ready(const server *s, const client *cl) {
-  switch (s->cfg->consistency) {
-  case PS_CONSISTENCY_SYNC:
-    return s->shard.version >= cl->pull_step;
-  case PS_CONSISTENCY_SSP: {
-    uint64_t lo = 0;
-    if (!min_clock(s, &lo))
-      return 1;
-    return cl->pull_step <= lo + (uint64_t)s->cfg->staleness;
-  }
-  default:
-    return 1;
-  }
-}
-
-/* Answer every held pull whose condition now holds. */
-static void release_pulls(server *s) {
-  for (client *c = s->clients; c != NULL; c = c->next)
-    if (c->pull_held && pull_ready(s, c)) {
-      c->pull_held = 0;
-      send_pull_reply(c, c->pull_req);
-    }
-}
-
-/* Sync: gradients the current step still waits for, given who is alive.
- * A dead worker is not waited for past the timeout (see on_tick). */
-static void sync_progress(server *s) {
-  if (s->shard.accum_count > 0 && s->sync_started_ns == 0)
-    s->sync_started_ns = ps_now_ns();
-  if (s->shard.accum_count == 0)
-    s->sync_started_ns = 0;
 }
 
 /* ------------------------------------------------------------ handlers */
@@ -239,15 +191,7 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
     return;
   }
   cl->state = C_READY;
-  if (h->role == PS_ROLE_WORKER && s->shard.target < s->shard.o.replicas_to_aggregate) {
-    /* A worker is back: sync steps wait for the full count again. */
-    ps_shard_sync_reset_target(&s->shard);
-    if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-      ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_RESET, .v = s->shard.version},
-                     NULL, NULL);
-    ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
-           s->shard.target);
-  }
+  ps_consistency_joined(cl);
   ps_msg m = {.type = PS_MSG_WELCOME};
   m.u.welcome.index = (uint32_t)s->index;
   m.u.welcome.consistency = (uint8_t)s->cfg->consistency;
@@ -262,24 +206,11 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
 }
 
 static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
-  server *s = cl->srv;
-  if (cl->pull_held) {
+  if (cl->pull.held) {
     REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
     return;
   }
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP && cl->role == PS_ROLE_WORKER) {
-    cl->clock = p->step;
-    cl->has_clock = 1;
-  }
-  cl->pull_req = req;
-  cl->pull_step = p->step;
-  if (cl->role != PS_ROLE_WORKER || pull_ready(s, cl))
-    send_pull_reply(cl, req);
-  else
-    cl->pull_held = 1;
-  /* A new clock may let others through. */
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
+  ps_consistency_pull(cl, req, p->step);
 }
 
 static void send_ack(client *cl, uint64_t req, uint64_t seq, uint64_t version, uint64_t gstep,
@@ -378,11 +309,7 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   }
   if (s->replica != NULL && s->shard.version != before)
     ps_replica_updated(s->replica);
-  if (s->cfg->consistency == PS_CONSISTENCY_SYNC) {
-    sync_progress(s);
-    if (s->shard.version != before)
-      release_pulls(s);
-  }
+  ps_consistency_pushed(cl, r, before);
 }
 
 static void on_stats(client *cl, uint64_t req) {
@@ -476,9 +403,8 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
   cl->conn = NULL;
   cl->refs++;
   client_unref(cl);
-  /* A worker that is gone no longer holds the slowest clock. */
-  if (!s->stopping && s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
+  if (!s->stopping)
+    ps_consistency_closed(s);
 }
 
 static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_close = on_conn_close};
@@ -528,24 +454,7 @@ static void on_tick(uv_timer_t *t) {
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
       REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);
-  if (s->cfg->consistency == PS_CONSISTENCY_SYNC && s->sync_started_ns != 0 &&
-      now - s->sync_started_ns > (uint64_t)s->cfg->sync_timeout_ms * 1000000ULL) {
-    int have = s->shard.accum_count;
-    if (ps_shard_sync_flush(&s->shard)) {
-      if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-        ps_replica_log(s->replica, &(ps_log_entry){.kind = PS_LOG_FLUSH, .v = s->shard.version},
-                       NULL, NULL);
-      if (s->replica != NULL)
-        ps_replica_updated(s->replica);
-      ps_log(PS_LOG_WARN,
-             "step %" PRIu64 ": %d of %d gradients after %" PRId64 " ms; applied them without the "
-             "missing workers, and go on with %d per step until a worker joins",
-             s->shard.version - 1, have, s->shard.o.replicas_to_aggregate, s->cfg->sync_timeout_ms,
-             have);
-      s->sync_started_ns = 0;
-      release_pulls(s);
-    }
-  }
+  ps_consistency_tick(s, now);
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -576,28 +485,6 @@ void ps_server_stop(server *s, const char *why) {
     uv_close((uv_handle_t *)&s->watchdog, NULL);
 }
 
-static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
-  server *s = arg;
-  int changed = 0;
-  for (int j = 0; j < n && j < PS_CONFIG_MAX_NODES; j++) {
-    /* A worker that has not beaten yet (starting) has no clock either:
-     * min_clock skips it for that reason already. */
-    uint8_t silent = !alive[j];
-    if (silent == s->silent[j])
-      continue;
-    s->silent[j] = silent;
-    changed = 1;
-    for (client *c = s->clients; c != NULL; c = c->next)
-      if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == (uint32_t)j) {
-        ps_log(PS_LOG_INFO, "%s: heartbeat %s", c->name,
-               silent ? "lapsed: the others do not wait for it" : "back");
-        break;
-      }
-  }
-  if (changed && s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
-}
-
 static void on_fenced(void *arg, const char *why) {
   server *s = arg;
   (void)why;
@@ -618,8 +505,7 @@ int ps_server_start_replica(server *s) {
     ps_log(PS_LOG_ERROR, "out of memory for replication");
     return -ENOMEM;
   }
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
-    ps_replica_watch_workers(s->replica, on_workers_alive, s);
+  ps_consistency_watch(s);
   return 0;
 }
 

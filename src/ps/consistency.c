@@ -44,7 +44,7 @@ static int pull_ready(const server *s, const client *cl) {
 /* Answer every held pull whose condition now holds. */
 static void release_pulls(server *s) {
   for (client *c = s->clients; c != NULL; c = c->next)
-    if (c->pull.held && pull_ready(s, c)) {
+    if (c->state == C_READY && c->pull.held && pull_ready(s, c)) {
       c->pull.held = 0;
       ps_server_pull_reply(c, c->pull.req);
     }

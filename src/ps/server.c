@@ -151,6 +151,41 @@ static void set_name(client *cl) {
            ps_conn_peer(cl->conn));
 }
 
+/* A worker acts as one incarnation at a time.  A HELLO from a newer one
+ * closes the older one's connections, which may still be open (its host
+ * died, or it was paused and replaced), so that their clocks and held
+ * pulls stop counting at once; the old process, if it runs on, reads an
+ * ERROR that tells it to stop.  A HELLO from an incarnation older than one
+ * this shard has seen is refused.  @return 1 if cl was refused. */
+static int one_incarnation(client *cl) {
+  server *s = cl->srv;
+  uint64_t newest = s->shard.once[cl->index].incarnation;
+  for (const client *c = s->clients; c != NULL; c = c->next)
+    if (c != cl && c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == cl->index &&
+        c->incarnation > newest)
+      newest = c->incarnation;
+  if (cl->incarnation < newest) {
+    REFUSE(cl, -ESTALE, 0, "incarnation %" PRIu64 " of worker %u: it has a newer one (%" PRIu64 ")",
+           cl->incarnation, cl->index, newest);
+    return 1;
+  }
+  int closed = 0;
+  for (client *c = s->clients; c != NULL; c = c->next)
+    if (c != cl && c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == cl->index &&
+        c->incarnation < cl->incarnation) {
+      /* Closing waits for the ERROR to be written, which a dead peer never
+       * acknowledges; until then the connection counts for nothing. */
+      c->state = C_CLOSING;
+      REFUSE(c, -ESTALE, 0, "worker %u connected again as incarnation %" PRIu64 " (from %s): "
+             "this connection's incarnation %" PRIu64 " is over", cl->index, cl->incarnation,
+             ps_conn_peer(cl->conn), c->incarnation);
+      closed = 1;
+    }
+  if (closed)
+    ps_consistency_closed(s);
+  return 0;
+}
+
 static void on_hello(client *cl, const ps_msg_hello *h) {
   server *s = cl->srv;
   cl->role = h->role;
@@ -190,6 +225,8 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
                  "shard %d is waiting for the chief to initialize it", s->index);
     return;
   }
+  if (h->role == PS_ROLE_WORKER && one_incarnation(cl))
+    return;
   cl->state = C_READY;
   ps_consistency_joined(cl);
   ps_msg m = {.type = PS_MSG_WELCOME};

@@ -60,7 +60,9 @@ typedef struct server {
   int watchdog_on;
 } server;
 
-enum { C_HANDSHAKE = 0, C_READY };
+/* C_CLOSING: refused while READY, its ERROR being written; it counts for
+ * nothing (held pulls, clocks, the STOP broadcast). */
+enum { C_HANDSHAKE = 0, C_READY, C_CLOSING };
 
 struct client {
   server *srv;

@@ -34,6 +34,7 @@ typedef struct ps_config {
   int nworkers;
   ps_addr workers[PS_CONFIG_MAX_NODES];
   char log_level[8];              /* debug|info|warn|error */
+  int64_t peer_timeout_ms;        /* keepalive + TCP_USER_TIMEOUT on peer connections */
 
   /* [redis] (step 3) */
   ps_addr redis;

@@ -473,6 +473,10 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   cl->accepted_ns = ps_now_ns();
   snprintf(cl->name, sizeof cl->name, "peer %s", ps_conn_peer(conn));
+  int rc = ps_conn_set_peer_timeout(conn, (unsigned)s->cfg->peer_timeout_ms);
+  if (rc != 0)
+    ps_log(PS_LOG_WARN, "%s: no keepalive (%s): a silent drop of this peer goes unnoticed",
+           cl->name, uv_strerror(rc));
   ps_msg m = {.type = PS_MSG_CHALLENGE};
   RAND_bytes(cl->nonce, sizeof cl->nonce);
   memcpy(m.u.challenge.nonce, cl->nonce, sizeof cl->nonce);

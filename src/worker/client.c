@@ -307,6 +307,10 @@ static void on_connected(uv_connect_t *req, int status) {
     return;
   }
   l->state = L_HANDSHAKE;
+  int rc = ps_conn_set_peer_timeout(l->conn, (unsigned)l->cl->cfg.peer_timeout_ms);
+  if (rc != 0)
+    ps_log(PS_LOG_WARN, "shard %d: no keepalive (%s): a silent drop of this shard goes unnoticed",
+           l->index, uv_strerror(rc));
   if (ps_conn_start(l->conn, PS_PROTO_SMALL_PAYLOAD_MAX) != 0)
     ps_conn_close(l->conn);
 }

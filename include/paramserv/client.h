@@ -76,6 +76,14 @@ uint64_t ps_client_last_step(const ps_client *c);
 /* Pushes this client completed: each was acknowledged by every shard. */
 uint64_t ps_client_pushes(const ps_client *c);
 
+/* The worker's clock: its pushes over all its incarnations, which ssp
+ * compares with the other workers'.  It starts at 0; a restarted worker
+ * sets the clock it had saved (e.g. in Redis, with its data position), so
+ * it rejoins at its clock instead of holding the others back while it
+ * redoes every step.  Setting it does not change ps_client_pushes. */
+void ps_client_set_clock(ps_client *c, uint64_t clock);
+uint64_t ps_client_clock(const ps_client *c);
+
 /* Pushes of this client that shards reported as already applied
  * (re-sent after a reconnect) or dropped as stale (sync). */
 uint64_t ps_client_duplicates(const ps_client *c);

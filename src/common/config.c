@@ -100,6 +100,9 @@ static const ps_setting settings[] = {
      .help = "required: the workers' host:port, in index order (the port only names one)"},
     {"cluster", "log_level", STRING, FIELD(log_level), .choices = log_levels, .def = "info",
      .help = "lowest level logged: debug, info, warn or error"},
+    {"cluster", "peer_timeout_ms", INT, FIELD(peer_timeout_ms), .min = 1000, .max = 3600000,
+     .def = "5000",
+     .help = "a peer connection that goes silent (dead host, dropped link) is closed after this long"},
     {"cluster", "history_dir", STRING, FIELD(history_dir), .def = "",
      .help = "each process appends its history (acks, restores) here, for checkers (empty: off)"},
 

@@ -35,6 +35,7 @@ typedef struct ps_config {
   int nworkers;
   ps_addr workers[PS_CONFIG_MAX_NODES];
   char log_level[8];              /* debug|info|warn|error */
+  int64_t peer_timeout_ms;        /* keepalive + TCP_USER_TIMEOUT on peer connections */
   char history_dir[PS_CONFIG_PATH_MAX];  /* "": no histories */
 
   /* [redis] (step 3) */

@@ -1,6 +1,9 @@
 /* A framed connection on a libuv TCP handle (see conn.h). */
 #include "net/conn.h"
 
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,6 +202,34 @@ int ps_conn_start(ps_conn *c, uint64_t max_payload) {
    * latency to every pull and push. */
   uv_tcp_nodelay(&c->tcp, 1);
   return uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int ps_conn_set_peer_timeout(ps_conn *c, unsigned timeout_ms) {
+  /* tcp(7): with SO_KEEPALIVE, an idle connection sends its first probe
+   * after TCP_KEEPIDLE seconds without receiving, then one every
+   * TCP_KEEPINTVL seconds; TCP_USER_TIMEOUT (ms) overrides TCP_KEEPCNT: at
+   * a probe, once nothing was received for that long, the connection is
+   * dropped.  It also bounds how long sent data may stay unacknowledged
+   * (a busy connection to a dead peer) or unsent behind a zero window.
+   * So: probes from timeout - 1 s, one a second, and the cut at the
+   * timeout.  A paused peer's kernel answers probes and acknowledges data,
+   * so a held pull to a stopped process stays open; only when the stopped
+   * process's receive buffer is full (zero window) for the whole timeout
+   * is its connection dropped, and the peer reconnects and re-sends when
+   * it resumes. */
+  unsigned secs = (timeout_ms + 999) / 1000;
+  int idle = secs > 1 ? (int)secs - 1 : 1, intvl = 1, cnt = 1;
+  int rc = uv_tcp_keepalive(&c->tcp, 1, (unsigned)idle);
+  uv_os_fd_t fd;
+  if (rc == 0)
+    rc = uv_fileno((const uv_handle_t *)&c->tcp, &fd);
+  if (rc != 0)
+    return rc;
+  if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt) != 0 ||
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof timeout_ms) != 0)
+    return -errno;  /* libuv's errors are -errno on Unix */
+  return 0;
 }
 
 static void on_written(uv_write_t *req, int status) {

@@ -39,6 +39,17 @@ void ps_conn_set_data(ps_conn *c, void *data);
 int ps_conn_start(ps_conn *c, uint64_t max_payload);
 void ps_conn_set_max_payload(ps_conn *c, uint64_t max_payload);
 
+/* A deadline on a silent peer (a dead host, a dropped link): TCP keepalive
+ * and TCP_USER_TIMEOUT on the connected socket, so that the connection is
+ * closed with an error (on_close: UV_ETIMEDOUT, or the network error that
+ * was seen) about `timeout_ms` after the peer's kernel last answered, at
+ * least 2 s (keepalive counts in whole seconds).  Only the peer's kernel
+ * must answer: a connection that only waits (a held pull) stays open while
+ * the peer lives, even when its process is paused (SIGSTOP), which the
+ * heartbeats in Redis cover.  Call after the connection is established
+ * (uv_accept, or the connect callback).  @return 0 or a libuv error. */
+int ps_conn_set_peer_timeout(ps_conn *c, unsigned timeout_ms);
+
 /* "ip:port" of the peer, or "?" before ps_conn_start. */
 const char *ps_conn_peer(const ps_conn *c);
 

@@ -27,6 +27,7 @@
 #include "net/conn.h"
 #include "nn/model.h"
 #include "proto/proto.h"
+#include "ps/consistency.h"
 #include "ps/shard.h"
 #include "replica/registry.h"
 #include "replica/replica.h"
@@ -109,7 +110,7 @@ static void reply_written(void *arg, int status) {
   reply_buf_release(arg);
 }
 
-static void send_pull_reply(client *cl, uint64_t req) {
+void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
   reply_buf *b = reply_buf_get(s);
   if (b == NULL) {
@@ -143,60 +144,11 @@ static void reply_bufs_free(server *s) {
   }
 }
 
-/* -------------------------------------------------- consistency rules */
-
-/* The smallest clock among live workers that have pulled at least once.
- * Live: connected, and (with Redis) heart-beating, so that a worker that
- * hangs with its connection open does not hold the others forever. */
-static int min_clock(const server *s, uint64_t *out) {
-  int found = 0;
-  for (const client *c = s->clients; c != NULL; c = c->next)
-    if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->has_clock &&
-        !s->silent[c->index] && (!found || c->clock < *out)) {
-      *out = c->clock;
-      found = 1;
-    }
-  return found;
-}
-
-static int pull_ready(const server *s, const client *cl) {
-  switch (s->cfg->consistency) {
-  case PS_CONSISTENCY_SYNC:
-    return s->shard.version >= cl->pull_step;
-  case PS_CONSISTENCY_SSP: {
-    uint64_t lo = 0;
-    if (!min_clock(s, &lo))
-      return 1;
-    return cl->pull_step <= lo + (uint64_t)s->cfg->staleness;
-  }
-  default:
-    return 1;
-  }
-}
-
-/* Answer every held pull whose condition now holds. */
-static void release_pulls(server *s) {
-  for (client *c = s->clients; c != NULL; c = c->next)
-    if (c->pull_held && pull_ready(s, c)) {
-      c->pull_held = 0;
-      send_pull_reply(c, c->pull_req);
-    }
-}
-
-/* Sync: gradients the current step still waits for, given who is alive.
- * A dead worker is not waited for past the timeout (see on_tick). */
-static void sync_progress(server *s) {
-  if (s->shard.accum_count > 0 && s->sync_started_ns == 0)
-    s->sync_started_ns = ps_now_ns();
-  if (s->shard.accum_count == 0)
-    s->sync_started_ns = 0;
-}
-
 /* ------------------------------------------------------------ handlers */
 
 /* Durability `log`: the entry goes to Redis before anything it changed is
  * acknowledged (REDIS.md §9). */
-static void journal_append(server *s, const ps_journal *j) {
+void ps_server_journal(server *s, const ps_journal *j) {
   if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
     ps_replica_append(s->replica, j);
 }
@@ -204,6 +156,41 @@ static void journal_append(server *s, const ps_journal *j) {
 static void set_name(client *cl) {
   snprintf(cl->name, sizeof cl->name, "%s %u (%s)", ps_role_name(cl->role), cl->index,
            ps_conn_peer(cl->conn));
+}
+
+/* A worker acts as one incarnation at a time.  A HELLO from a newer one
+ * closes the older one's connections, which may still be open (its host
+ * died, or it was paused and replaced), so that their clocks and held
+ * pulls stop counting at once; the old process, if it runs on, reads an
+ * ERROR that tells it to stop.  A HELLO from an incarnation older than one
+ * this shard has seen is refused.  @return 1 if cl was refused. */
+static int one_incarnation(client *cl) {
+  server *s = cl->srv;
+  uint64_t newest = s->shard.once[cl->index].incarnation;
+  for (const client *c = s->clients; c != NULL; c = c->next)
+    if (c != cl && c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == cl->index &&
+        c->incarnation > newest)
+      newest = c->incarnation;
+  if (cl->incarnation < newest) {
+    REFUSE(cl, -ESTALE, 0, "incarnation %" PRIu64 " of worker %u: it has a newer one (%" PRIu64 ")",
+           cl->incarnation, cl->index, newest);
+    return 1;
+  }
+  int closed = 0;
+  for (client *c = s->clients; c != NULL; c = c->next)
+    if (c != cl && c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == cl->index &&
+        c->incarnation < cl->incarnation) {
+      /* Closing waits for the ERROR to be written, which a dead peer never
+       * acknowledges; until then the connection counts for nothing. */
+      c->state = C_CLOSING;
+      REFUSE(c, -ESTALE, 0, "worker %u connected again as incarnation %" PRIu64 " (from %s): "
+             "this connection's incarnation %" PRIu64 " is over", cl->index, cl->incarnation,
+             ps_conn_peer(cl->conn), c->incarnation);
+      closed = 1;
+    }
+  if (closed)
+    ps_consistency_closed(s);
+  return 0;
 }
 
 static void on_hello(client *cl, const ps_msg_hello *h) {
@@ -245,15 +232,10 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
                  "shard %d is waiting for the chief to initialize it", s->index);
     return;
   }
+  if (h->role == PS_ROLE_WORKER && one_incarnation(cl))
+    return;
   cl->state = C_READY;
-  ps_journal j;
-  if (h->role == PS_ROLE_WORKER &&
-      ps_shard_sync_set_target(&s->shard, s->shard.o.replicas_to_aggregate, &j)) {
-    /* A worker is back: sync steps wait for the full count again. */
-    journal_append(s, &j);
-    ps_log(PS_LOG_INFO, "sync: worker %u joined; steps wait for %d gradients again", h->index,
-           s->shard.target);
-  }
+  ps_consistency_joined(cl);
   ps_msg m = {.type = PS_MSG_WELCOME};
   m.u.welcome.index = (uint32_t)s->index;
   m.u.welcome.consistency = (uint8_t)s->cfg->consistency;
@@ -268,24 +250,11 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
 }
 
 static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
-  server *s = cl->srv;
-  if (cl->pull_held) {
+  if (cl->pull.held) {
     REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
     return;
   }
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP && cl->role == PS_ROLE_WORKER) {
-    cl->clock = p->step;
-    cl->has_clock = 1;
-  }
-  cl->pull_req = req;
-  cl->pull_step = p->step;
-  if (cl->role != PS_ROLE_WORKER || pull_ready(s, cl))
-    send_pull_reply(cl, req);
-  else
-    cl->pull_held = 1;
-  /* A new clock may let others through. */
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
+  ps_consistency_pull(cl, req, p->step);
 }
 
 static void send_ack(client *cl, uint64_t req, uint64_t seq, uint64_t version, uint64_t gstep,
@@ -364,7 +333,7 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
      * duplicate's until everything the shard holds now is durable, which
      * covers its original. */
     if (r == PS_SHARD_APPLIED)
-      journal_append(s, &j);
+      ps_server_journal(s, &j);
     pending_ack *a = malloc(sizeof *a);
     if (a == NULL) {
       ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
@@ -385,11 +354,7 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
     send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
   if (s->replica != NULL && s->shard.version != before)
     ps_replica_updated(s->replica);
-  if (s->cfg->consistency == PS_CONSISTENCY_SYNC) {
-    sync_progress(s);
-    if (s->shard.version != before)
-      release_pulls(s);
-  }
+  ps_consistency_pushed(cl, r, before);
 }
 
 static void on_stats(client *cl, uint64_t req) {
@@ -483,9 +448,8 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
   cl->conn = NULL;
   cl->refs++;
   client_unref(cl);
-  /* A worker that is gone no longer holds the slowest clock. */
-  if (!s->stopping && s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
+  if (!s->stopping)
+    ps_consistency_closed(s);
 }
 
 static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_close = on_conn_close};
@@ -517,6 +481,10 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   cl->accepted_ns = ps_now_ns();
   snprintf(cl->name, sizeof cl->name, "peer %s", ps_conn_peer(conn));
+  int rc = ps_conn_set_peer_timeout(conn, (unsigned)s->cfg->peer_timeout_ms);
+  if (rc != 0)
+    ps_log(PS_LOG_WARN, "%s: no keepalive (%s): a silent drop of this peer goes unnoticed",
+           cl->name, uv_strerror(rc));
   ps_msg m = {.type = PS_MSG_CHALLENGE};
   RAND_bytes(cl->nonce, sizeof cl->nonce);
   memcpy(m.u.challenge.nonce, cl->nonce, sizeof cl->nonce);
@@ -535,23 +503,7 @@ static void on_tick(uv_timer_t *t) {
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
       REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);
-  if (s->cfg->consistency == PS_CONSISTENCY_SYNC && s->sync_started_ns != 0 &&
-      now - s->sync_started_ns > (uint64_t)s->cfg->sync_timeout_ms * 1000000ULL) {
-    int have = s->shard.accum_count;
-    ps_journal j;
-    if (ps_shard_sync_flush(&s->shard, &j)) {
-      journal_append(s, &j);
-      if (s->replica != NULL)
-        ps_replica_updated(s->replica);
-      ps_log(PS_LOG_WARN,
-             "step %" PRIu64 ": %d of %d gradients after %" PRId64 " ms; applied them without the "
-             "missing workers, and go on with %d per step until a worker joins",
-             s->shard.version - 1, have, s->shard.o.replicas_to_aggregate, s->cfg->sync_timeout_ms,
-             have);
-      s->sync_started_ns = 0;
-      release_pulls(s);
-    }
-  }
+  ps_consistency_tick(s, now);
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -582,28 +534,6 @@ void ps_server_stop(server *s, const char *why) {
     uv_close((uv_handle_t *)&s->watchdog, NULL);
 }
 
-static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
-  server *s = arg;
-  int changed = 0;
-  for (int j = 0; j < n && j < PS_CONFIG_MAX_NODES; j++) {
-    /* A worker that has not beaten yet (starting) has no clock either:
-     * min_clock skips it for that reason already. */
-    uint8_t silent = !alive[j];
-    if (silent == s->silent[j])
-      continue;
-    s->silent[j] = silent;
-    changed = 1;
-    for (client *c = s->clients; c != NULL; c = c->next)
-      if (c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == (uint32_t)j) {
-        ps_log(PS_LOG_INFO, "%s: heartbeat %s", c->name,
-               silent ? "lapsed: the others do not wait for it" : "back");
-        break;
-      }
-  }
-  if (changed && s->cfg->consistency == PS_CONSISTENCY_SSP)
-    release_pulls(s);
-}
-
 void ps_server_state_began(server *s, const char *source) {
   ps_history_line(s->history, "start %" PRIu64 " %" PRIu64 " %" PRIu64 " %s", s->incarnation,
                   s->shard.version, s->shard.journal, source);
@@ -629,8 +559,7 @@ int ps_server_start_replica(server *s) {
     ps_log(PS_LOG_ERROR, "out of memory for replication");
     return -ENOMEM;
   }
-  if (s->cfg->consistency == PS_CONSISTENCY_SSP)
-    ps_replica_watch_workers(s->replica, on_workers_alive, s);
+  ps_consistency_watch(s);
   return 0;
 }
 

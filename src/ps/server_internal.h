@@ -14,6 +14,7 @@
 #include "net/conn.h"
 #include "nn/model.h"
 #include "proto/proto.h"
+#include "ps/consistency.h"
 #include "ps/shard.h"
 #include "replica/replica.h"
 
@@ -37,12 +38,11 @@ typedef struct server {
   client *clients;
   int nclients;
   int stopping;
-  uint64_t sync_started_ns;  /* when the current step's first gradient came */
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
   reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
   int reply_nfree;
   ps_replica *replica;   /* NULL with replication = off */
-  uint8_t silent[PS_CONFIG_MAX_NODES];  /* workers whose heartbeat lapsed */
+  ps_cons cons;          /* consistency.c */
   int status;            /* the exit status */
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
@@ -62,7 +62,9 @@ typedef struct server {
   int watchdog_on;
 } server;
 
-enum { C_HANDSHAKE = 0, C_READY };
+/* C_CLOSING: refused while READY, its ERROR being written; it counts for
+ * nothing (held pulls, clocks, the STOP broadcast). */
+enum { C_HANDSHAKE = 0, C_READY, C_CLOSING };
 
 struct client {
   server *srv;
@@ -74,10 +76,7 @@ struct client {
   int role;
   uint32_t index;
   uint64_t incarnation;
-  int pull_held;          /* a PULL waits for its condition */
-  uint64_t pull_req, pull_step;
-  int has_clock;
-  uint64_t clock;         /* ssp: steps the worker has completed */
+  ps_cons_pull pull;      /* consistency.c */
   char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
   int refused;            /* REFUSE logged why it is closing */
   int refs;               /* acks waiting for Redis hold the client */
@@ -109,10 +108,14 @@ void ps_control_tick(server *s, uint64_t now_ns);
 /* Free the control state (images, held pushes). */
 void ps_control_free(server *s);
 
-/* server.c, for control.c */
+/* server.c, for control.c and consistency.c */
+/* Answer a PULL with the slice at the current version. */
+void ps_server_pull_reply(client *cl, uint64_t req);
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
 int ps_server_start_replica(server *s);
 void ps_server_stop(server *s, const char *why);
+/* Durability `log`: append a journal entry the shard just made. */
+void ps_server_journal(server *s, const ps_journal *j);
 /* The shard holds a state now (source: "redis", "seed", "chief"): record it. */
 void ps_server_state_began(server *s, const char *source);
 

@@ -49,6 +49,7 @@ struct ps_registry {
   int index;
   redisContext *c;
   uint64_t epoch;
+  uint64_t clock;    /* saved with the data position */
   uint64_t last_try_ns, last_pos_ns, last_hb_ns;
   int down_logged;
   int auth_failed;   /* a refused AUTH is not worth retrying */
@@ -233,17 +234,27 @@ int ps_registry_clear_done(ps_registry *r) {
   return ok ? 0 : -1;
 }
 
-int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos) {
-  return ps_registry_get_pos(r, r->index, pos) == 1;
+int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos, uint64_t *clock) {
+  redisReply *rep = cmd(r, 1, "GET {%s}:pos:%s:%d", r->cfg->cluster_id, r->role, r->index);
+  *clock = 0;
+  /* "<epoch> <offset>" (REDIS.md §10) or "<epoch> <offset> <clock>". */
+  int found = rep != NULL && rep->type == REDIS_REPLY_STRING &&
+              sscanf(rep->str, "%" SCNu64 " %" SCNu64 " %" SCNu64, &pos->epoch, &pos->offset,
+                     clock) >= 2;
+  freeReplyObject(rep);
+  return found;
 }
+
+void ps_registry_set_clock(ps_registry *r, uint64_t clock) { r->clock = clock; }
 
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,
                       int force) {
   uint64_t now = ps_now_ns();
   if (pos != NULL && (force || now - r->last_pos_ns >= POS_EVERY_NS)) {
     r->last_pos_ns = now;
-    char value[48];
-    snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64, pos->epoch, pos->offset);
+    char value[72];
+    snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64 " %" PRIu64, pos->epoch, pos->offset,
+             r->clock);
     redisReply *rep = cmd(r, force, "SET {%s}:pos:%s:%d %s", r->cfg->cluster_id, r->role,
                           r->index, value);
     if (rep != NULL && rep->type == REDIS_REPLY_ERROR)

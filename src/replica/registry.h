@@ -30,12 +30,18 @@ void ps_registry_free(ps_registry *r);
  * @return 0 or a negative code with a message. */
 int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb);
 
-/* The worker's saved data position.  @return 1 when one was found, 0 when
- * none (or Redis is away). */
-int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos);
+/* The worker's saved data position and ssp clock (its pushes over all its
+ * incarnations; 0 when the record has none: one written before the clock
+ * was kept, or by the chief restoring a checkpoint).  @return 1 when a
+ * record was found, 0 when none (or Redis is away). */
+int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos, uint64_t *clock);
 
-/* Called once per training step: saves the data position (none when pos
- * is NULL: the chief) at most every 100 ms and refreshes the heartbeat every [worker] heartbeat_ms with TTL
+/* The ssp clock written with the data position from the next save on. */
+void ps_registry_set_clock(ps_registry *r, uint64_t clock);
+
+/* Called once per training step: saves the data position with the clock
+ * (ps_registry_set_clock; none when pos is NULL: the chief) at most every
+ * 100 ms and refreshes the heartbeat every [worker] heartbeat_ms with TTL
  * three times that, payload "pid P host H incarnation I step S steps/s R".
  * force: save now (at exit). */
 void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, double steps_per_s,

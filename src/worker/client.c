@@ -76,7 +76,8 @@ struct ps_client {
   ps_rng rng;
   uint64_t next_req;
   float *params;           /* the current pull's destination */
-  uint64_t pushes;         /* completed pushes: the ssp clock */
+  uint64_t pushes;         /* completed pushes of this client */
+  uint64_t clock_base;     /* ssp: the clock is clock_base + pushes */
   uint64_t duplicates, stale;
   int fatal;               /* a non-retryable error ended the call */
   int fatal_code;
@@ -314,6 +315,10 @@ static void on_connected(uv_connect_t *req, int status) {
     return;
   }
   l->state = L_HANDSHAKE;
+  int rc = ps_conn_set_peer_timeout(l->conn, (unsigned)l->cl->cfg.peer_timeout_ms);
+  if (rc != 0)
+    ps_log(PS_LOG_WARN, "shard %d: no keepalive (%s): a silent drop of this shard goes unnoticed",
+           l->index, uv_strerror(rc));
   if (ps_conn_start(l->conn, PS_PROTO_SMALL_PAYLOAD_MAX) != 0)
     ps_conn_close(l->conn);
 }
@@ -426,7 +431,7 @@ int ps_client_pull(ps_client *c, float *params) {
                                                                       : l->pulled_version + 1;
       break;
     case PS_CONSISTENCY_SSP:
-      l->pull_step = c->pushes;
+      l->pull_step = c->clock_base + c->pushes;
       break;
     default:
       l->pull_step = 0;
@@ -452,6 +457,8 @@ const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }
 uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_step; }
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }
+void ps_client_set_clock(ps_client *c, uint64_t clock) { c->clock_base = clock - c->pushes; }
+uint64_t ps_client_clock(const ps_client *c) { return c->clock_base + c->pushes; }
 void ps_client_set_incarnation(ps_client *c, uint64_t incarnation) { c->incarnation = incarnation; }
 
 void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag) { c->stop_flag = flag; }

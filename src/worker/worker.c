@@ -119,10 +119,17 @@ int ps_worker_run(const ps_config *cfg, int index) {
     /* Read after the first pull: shards admit workers only once the chief
      * initialized them, after it restored the positions of a checkpoint. */
     ps_data_pos pos;
-    if (ps_registry_load_pos(registry, &pos)) {
+    uint64_t clock;
+    if (ps_registry_load_pos(registry, &pos, &clock)) {
+      /* The clock goes on from the saved one, so that under ssp the others
+       * do not wait while this worker redoes the steps it had done.  (The
+       * first pull above asked as clock 0: it is answered at once, and the
+       * next pull corrects the shards' view.) */
+      ps_client_set_clock(client, clock);
       if (ps_sampler_seek(&sampler, pos) == 0)
         ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
-               " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, epoch);
+               " from Redis (incarnation %" PRIu64 "), clock %" PRIu64, pos.epoch, pos.offset,
+               epoch, clock);
       else
         ps_log(PS_LOG_WARN, "data position epoch %" PRIu64 " offset %" PRIu64 " from Redis is "
                "past this worker's %zu samples; starting from the beginning", pos.epoch, pos.offset,
@@ -167,8 +174,10 @@ int ps_worker_run(const ps_config *cfg, int index) {
     if (rc == 0)
       rc = ps_client_pull(client, params);
     double now = ps_now_s();
-    if (registry != NULL && rc == 0)
+    if (registry != NULL && rc == 0) {
+      ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &sampler.pos, local, (double)local / (now - t0), 0);
+    }
     if (steps_log >= (uint64_t)cfg->log_every) {
       ps_log(PS_LOG_INFO,
              "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %" PRIu64,
@@ -186,8 +195,10 @@ int ps_worker_run(const ps_config *cfg, int index) {
     goto out;
   }
   double secs = ps_now_s() - t0;
-  if (registry != NULL)
+  if (registry != NULL) {
+    ps_registry_set_clock(registry, ps_client_clock(client));
     ps_registry_tick(registry, &sampler.pos, local, (double)local / secs, 1);
+  }
   printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
          " samples, %.1f s, samples/s %.1f, pushes %" PRIu64 ", duplicates %" PRIu64
          ", stale %" PRIu64 "\n",

@@ -340,6 +340,23 @@ int main(int argc, char **argv) {
     die("next push: status %u version %" PRIu64, a.status, a.version);
   printf("ok: the next sequence number applies (version %" PRIu64 ")\n", a.version);
   close(keep);
+
+  /* One incarnation per worker: a newer one's HELLO closes the older one's
+   * connection (still open, as a worker whose host died leaves it), and an
+   * older one's HELLO is refused.  The newer one is served. */
+  int older = good_client(0, 6);
+  pull(older, now);
+  int newer = good_client(0, 7);
+  expect_refusal(older, "the connection of incarnation 6 after incarnation 7's HELLO",
+                 "connected again as incarnation 7");
+  fd = dial();
+  ch = expect_challenge(fd);
+  hello = make_hello(&ch, 0, 6);
+  send_hello(fd, &hello);
+  expect_refusal(fd, "HELLO of incarnation 6 after incarnation 7's", "newer one");
+  pull(newer, now);
+  printf("ok: incarnation 7 still served\n");
+  close(newer);
   free(before);
   free(now);
   free(after1);

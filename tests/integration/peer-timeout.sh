@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Deadlines on peer connections: a link that goes silent (no reset, no
+# error: as a dead host or a dropped link) is noticed by both the shard and
+# the worker within [cluster] peer_timeout_ms (TCP keepalive and
+# TCP_USER_TIMEOUT), not after TCP's retransmissions give up (about 15
+# minutes).  The whole test runs in a private network namespace, whose
+# loopback is taken down to silence the link.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ -z "${PS_IN_NETNS:-}" ]; then
+  if ! unshare -n true 2>/dev/null; then
+    echo "skip: needs a private network namespace (unshare -n: root or user namespaces)"
+    exit 0
+  fi
+  PS_IN_NETNS=1 exec unshare -n "$0" "$@"
+fi
+ip link set lo up
+. tests/integration/lib.bash
+
+conf="$T/pt.conf"
+write_config "$conf" 1 1 "model.name=mlp" "cluster.peer_timeout_ms=2000" "train.threads=1" \
+  "train.log_every=50"
+start_shards ps "$conf" 1
+start w0 "$BIN" worker --config "$conf" --index 0
+wait_for "$T/w0.log" "step 100 global" 60
+ss -tno state established | grep -q 'timer:(keepalive' ||
+  fail "no keepalive timer on the peer sockets: $(ss -tno state established)"
+ip link set lo down
+t0=$(date +%s%N)
+# 2 s of silence, then the cut: well inside 6 s (TCP alone: minutes).
+wait_for "$T/ps0.log" "worker 0 .*: connection lost" 6
+wait_for "$T/w0.log" "waiting for shard 0 .*: " 6
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+ip link set lo up
+wait_for "$T/w0.log" "shard 0: connected again" 20
+n=$(grep -o ' step [0-9]* global' "$T/w0.log" | tail -n 1 | awk '{print $2}')
+wait_for "$T/w0.log" " step $((n + 100)) global" 30
+kill -TERM "$PID_w0"
+wait_exit "$PID_w0" 10 || fail "worker 0 exited $? after SIGTERM"
+stop_shards ps 1
+echo "ok: link silenced: both ends closed within $ms ms (peer_timeout_ms 2000): $(grep -h -o 'worker 0 .*: connection lost.*' "$T/ps0.log" | head -1); $(grep -h -o 'waiting for shard 0 .*' "$T/w0.log" | head -1 | cut -c1-100); after the link came back the worker reconnected and trained on"

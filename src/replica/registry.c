@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "replica/keys.h"
 
 #define POS_EVERY_NS 100000000ULL       /* 100 ms */
 #define RECONNECT_EVERY_NS 1000000000ULL /* 1 s */
@@ -77,7 +78,10 @@ void ps_registry_free(ps_registry *r) {
 }
 
 static void drop(ps_registry *r, const char *why) {
-  if (!r->down_logged)
+  /* ps_redis_connect's messages name the address already. */
+  if (!r->down_logged && strncmp(why, "redis ", 6) == 0)
+    ps_log(PS_LOG_WARN, "%s; training on, records not saved until it is back", why);
+  else if (!r->down_logged)
     ps_log(PS_LOG_WARN, "redis %s:%u: %s; training on, records not saved until it is back",
            r->cfg->redis.host, r->cfg->redis.port, why);
   r->down_logged = 1;
@@ -93,28 +97,14 @@ static redisContext *ctx(ps_registry *r, int wait) {
   if (!wait && now - r->last_try_ns < RECONNECT_EVERY_NS)
     return NULL;
   r->last_try_ns = now;
-  struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
-  redisContext *c = redisConnectWithTimeout(r->cfg->redis.host, r->cfg->redis.port, tv);
-  if (c == NULL || c->err) {
-    r->c = c;
-    drop(r, c ? c->errstr : "out of memory");
-    return NULL;
-  }
-  redisSetTimeout(c, tv);
-  char pw[512];
+  /* Short: the worker calls this on its training path. */
   ps_errbuf eb = {0};
-  if (ps_config_read_redis_password(r->cfg, pw, sizeof pw, &eb) > 0) {
-    redisReply *a = r->cfg->redis_user[0] ? redisCommand(c, "AUTH %s %s", r->cfg->redis_user, pw)
-                                          : redisCommand(c, "AUTH %s", pw);
-    memset(pw, 0, sizeof pw);
-    int bad = a == NULL || a->type == REDIS_REPLY_ERROR;
-    freeReplyObject(a);
-    if (bad) {
-      r->c = c;
-      r->auth_failed = 1;
-      drop(r, "AUTH failed");
-      return NULL;
-    }
+  redisContext *c = ps_redis_connect(r->cfg, r->cfg->redis_timeout_ms < 500 ? r->cfg->redis_timeout_ms
+                                                                          : 500, &eb);
+  if (c == NULL) {
+    r->auth_failed = eb.code == -EACCES;
+    drop(r, eb.msg);
+    return NULL;
   }
   if (r->down_logged)
     ps_log(PS_LOG_INFO, "redis %s:%u: connected again", r->cfg->redis.host, r->cfg->redis.port);
@@ -138,8 +128,8 @@ static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
 }
 
 int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb) {
-  char key[160];
-  snprintf(key, sizeof key, "{%s}:epoch:%s:%d", r->cfg->cluster_id, r->role, r->index);
+  char key[PS_KEY_MAX];
+  ps_cluster_key(key, r->cfg->cluster_id, "epoch:%s:%d", r->role, r->index);
   for (int attempt = 0; !*stop; attempt++) {
     redisContext *c = ctx(r, 1);
     if (c == NULL && r->auth_failed)

@@ -79,7 +79,7 @@ run_class() {
   local class=$1 conf="$T/$1.conf" hist="$T/$1-history"
   mkdir -p "$hist"
   rc flushall >/dev/null
-  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=2400" "train.threads=1" \
+  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=1600" "train.threads=1" \
     "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
     "redis.timeout_ms=1000" "cluster.history_dir=$hist"
   start "$class-ps0" "$BIN" ps --config "$conf" --index 0

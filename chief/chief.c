@@ -207,7 +207,14 @@ static int call(chief *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
     ch->stopping = 1;
     return -EPERM;
   }
-  return ps_client_request(ch->client, reqs, fn, arg);
+  int rc = ps_client_request(ch->client, reqs, fn, arg);
+  if (rc == PS_EFENCED && !ch->stopping) {
+    ps_log(PS_LOG_ERROR, "fenced out: %s; a newer chief holds the lease %s: exiting so that only "
+           "one acts", ps_client_error(ch->client), ch->lease.key);
+    ch->status = PS_CHIEF_FAILED;
+    ch->stopping = 1;
+  }
+  return rc;
 }
 
 static void on_stats(void *arg, int shard, const ps_msg *m) {
@@ -691,6 +698,7 @@ int ps_chief_run(const ps_config *cfg) {
     goto out;
   }
   ps_lease_init(&ch->lease, cfg->cluster_id, token, cfg->chief_lease_ms);
+  ps_client_set_fence(ch->client, token);
   if (lease_wait(ch) != 0) {
     ch->status = PS_CHIEF_DONE;
     goto out;

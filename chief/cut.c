@@ -80,7 +80,7 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   /* Resume whatever was cut, even after a failure. */
   for (int i = 0; i < cfg->nps; i++) {
     reqs[i].type = PS_MSG_RESUME;
-    reqs[i].u.resume.token = x.cut_id;
+    reqs[i].u.resume.cut_id = x.cut_id;
   }
   int rc2 = env->call(env->call_arg, reqs, NULL, NULL);
   job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;

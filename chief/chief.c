@@ -174,12 +174,6 @@ static int lease_wait(chief *ch) {
     void *c = ps_registry_redis(ch->reg, 1);
     char holder[256] = "";
     int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
-    if (rc == 0 && ps_lease_holder_dead(holder) &&
-        ps_lease_steal(&ch->lease, c, holder) == 1) {
-      ps_log(PS_LOG_INFO, "the lease's holder (%s) is gone from this host: took the lease over",
-             holder);
-      rc = 1;
-    }
     if (rc == 1) {
       ch->lease_ok_ns = ps_now_ns();
       return 0;
@@ -187,8 +181,9 @@ static int lease_wait(chief *ch) {
     if (rc < 0 && c != NULL)
       ps_registry_lost(ch->reg, "lease: no reply");
     if (!said) {
-      ps_log(PS_LOG_INFO, "waiting for the lease %s: %s", ch->lease.key,
-             rc == 0 ? holder : "Redis is away");
+      ps_log(PS_LOG_INFO, "waiting for the lease %s: %s (until its holder releases it or it "
+             "expires, at most %" PRId64 " ms after its last renewal)", ch->lease.key,
+             rc == 0 ? holder : "Redis is away", ch->cfg->chief_lease_ms);
       ps_notify_status("standby: waiting for the lease (%s)", rc == 0 ? holder : "Redis is away");
     }
     said = 1;
@@ -832,8 +827,14 @@ done:
   if (stop_signal)
     ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
            stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
-  if (redis(ch) != NULL && ch->lease.key[0])
-    ps_lease_release(&ch->lease, redis(ch));
+  /* A clean exit says so: the next chief need not wait out the lease. */
+  void *c = ps_registry_redis(ch->reg, 1);
+  int released = c != NULL ? ps_lease_release(&ch->lease, c) : -1;
+  if (released == 1)
+    ps_log(PS_LOG_INFO, "released the lease %s", ch->lease.key);
+  else
+    ps_log(PS_LOG_WARN, "the lease %s was not released (%s): the next chief waits until it expires",
+           ch->lease.key, released == 0 ? "no longer ours" : "Redis did not answer");
 out:
   ps_summary_close(&ch->sum);
   ps_compute_free(ch->compute);

@@ -1,7 +1,12 @@
-/* The chief's lease in Redis: only the chief holding it acts.  SET NX PX
- * takes it with a value naming the holder and a fencing token (a number
- * that grows with every chief start); a Lua script renews it only while it
- * still holds this value. */
+/* The chief's lease in Redis: only the chief holding it acts.  A Lua
+ * script takes it when free (SET PX) with a value naming the holder and a
+ * fencing token (a number that grows with every chief start) and renews it
+ * only while it still holds this value.  Nothing else frees it: a new chief
+ * waits until the lease expires, unless its holder released it (a process
+ * proves it is gone only by saying so; a host name and pid prove nothing
+ * across PID namespaces and hosts).  Every chief frame carries the token
+ * (PROTOCOL.md "Fencing"), and the checkpoint commit checks the lease
+ * (ps_lease_check) before each step that others would see. */
 #ifndef PS_CHIEF_LEASE_H
 #define PS_CHIEF_LEASE_H
 
@@ -24,17 +29,14 @@ void ps_lease_init(ps_lease *l, const char *cluster, uint64_t token, int64_t ms)
  * caller drops the connection). */
 int ps_lease_take(const ps_lease *l, void *redis, char *holder, size_t holder_len);
 
-/* Is `holder` (a lease value) a process of this host that no longer
- * exists?  Then its lease need not be waited out.  (A host name names one
- * PID namespace: the units and `paramserv local` run in the host's.) */
-int ps_lease_holder_dead(const char *holder);
+/* Does this process still hold the lease?  One GET, no renewal.
+ * @return 1 held, 0 not (the holder's value, or "nobody", in holder), -1
+ * Redis did not answer (the caller must act as if it were lost). */
+int ps_lease_check(const ps_lease *l, void *redis, char *holder, size_t holder_len);
 
-/* Take the lease from `holder` (its value, as ps_lease_take reported it)
- * if it still holds it.  @return 1 taken, 0 it changed meanwhile, -1 Redis
- * did not answer. */
-int ps_lease_steal(const ps_lease *l, void *redis, const char *holder);
-
-/* Give the lease up if this process still holds it. */
-void ps_lease_release(const ps_lease *l, void *redis);
+/* Give the lease up if this process still holds it (one Lua script: GET,
+ * compare, DEL), so that a successor need not wait for it to expire.
+ * @return 1 released, 0 not ours (any more), -1 Redis did not answer. */
+int ps_lease_release(const ps_lease *l, void *redis);
 
 #endif

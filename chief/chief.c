@@ -222,6 +222,25 @@ static int cut_call(void *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
   return call(ch, reqs, fn, arg);
 }
 
+/* The workers' data positions in Redis, read while a cut holds the
+ * shards' pushes (ps_cut_env.positions).  A missing one fails the cut:
+ * (0, 0) would send that worker back to its first sample. */
+static int cut_positions(void *arg, ps_data_pos *pos, char *why, size_t len) {
+  chief *ch = arg;
+  for (int j = 0; j < ch->cfg->nworkers; j++) {
+    int rc = ps_registry_get_pos(ch->reg, j, &pos[j]);
+    if (rc == 1)
+      continue;
+    if (rc == 0)
+      snprintf(why, len, "worker %d has no data position in Redis ({%s}:pos:worker:%d), expected "
+               "one from every worker", j, ch->cfg->cluster_id, j);
+    else
+      snprintf(why, len, "worker %d's data position: Redis did not answer", j);
+    return -1;
+  }
+  return 0;
+}
+
 /* A node that died and came back between two looks: lost and back. */
 static void node_restarted(chief *ch, const char *node, uint64_t was, uint64_t now) {
   ps_log(PS_LOG_INFO, "%s restarted (incarnation %" PRIu64 " -> %" PRIu64 ")", node, was, now);
@@ -452,10 +471,6 @@ static int checkpoint(chief *ch, int wait) {
   ps_cut *job = ps_cut_take(&ch->cut_env, ++ch->cut_id, HOLD_MS);
   if (job == NULL)
     return -1;
-  /* The workers' data positions, as Redis holds them now. */
-  for (int j = 0; j < ch->cfg->nworkers; j++)
-    if (ps_registry_get_pos(ch->reg, j, &job->pos[j]) != 1)
-      job->pos[j] = (ps_data_pos){0};
   ch->last_ckpt_step = job->step;
   ch->last_ckpt_time = ps_now_s();
   if (bg_start(&ch->writer, write_main, job) != 0) {
@@ -679,7 +694,10 @@ int ps_chief_run(const ps_config *cfg) {
   ps_model_spec_format(&ch->model->spec, ch->model_text, sizeof ch->model_text);
   ch->cut_env = (ps_cut_env){.cfg = cfg, .client = ch->client, .layout = ch->layout,
                              .model = ch->model, .model_text = ch->model_text,
-                             .call = cut_call, .call_arg = ch};
+                             .call = cut_call, .call_arg = ch,
+                             .positions = cut_positions, .positions_arg = ch};
+  const char *delay = getenv("PS_TEST_CUT_DELAY_MS");
+  ch->cut_env.test_delay_ms = delay != NULL ? atoi(delay) : 0;
   /* A call never outlasts half the lease: renewals come between calls. */
   ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 2 > 200 ? cfg->chief_lease_ms / 2
                                                                           : 200));

@@ -69,7 +69,11 @@ struct chief {
   const ps_model *model;
   char model_text[128];
   ps_registry *reg;
+  ps_registry *writer_reg;    /* the writer thread's own Redis connection */
   ps_lease lease;
+  /* The checkpoint commit's fence: on this thread and on the writer's. */
+  ps_lease_fence fence, writer_fence;
+  ps_ckpt_owner owner, writer_owner;
   uint64_t lease_ok_ns;       /* last renewal Redis confirmed */
   ps_summary sum;
   /* The shards as the last STATS saw them. */
@@ -712,6 +716,18 @@ int ps_chief_run(const ps_config *cfg) {
   }
   ps_lease_init(&ch->lease, cfg->cluster_id, token, cfg->chief_lease_ms);
   ps_client_set_fence(ch->client, token);
+  ch->writer_reg = ps_registry_new(cfg, "chief", 0);
+  if (ch->writer_reg == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory");
+    goto out;
+  }
+  ch->fence = (ps_lease_fence){.lease = &ch->lease, .reg = ch->reg};
+  ch->writer_fence = (ps_lease_fence){.lease = &ch->lease, .reg = ch->writer_reg};
+  ch->owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
+                              .fence_arg = &ch->fence};
+  ch->writer_owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
+                                     .fence_arg = &ch->writer_fence};
+  ch->cut_env.owner = &ch->writer_owner;
   if (lease_wait(ch) != 0) {
     ch->status = PS_CHIEF_DONE;
     goto out;
@@ -780,7 +796,7 @@ int ps_chief_run(const ps_config *cfg) {
     poll_stats(ch);
   }
   if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours,
-                     ch->restored_from[0] ? ch->restored_from : NULL, &eb) < 0)
+                     ch->restored_from[0] ? ch->restored_from : NULL, &ch->owner, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
   if (!ch->last_ckpt_name[0])
     schedule_from_dir(ch);
@@ -859,6 +875,7 @@ out:
   free(ch->test_x);
   ps_dataset_close(&ch->test);
   ps_registry_free(ch->reg);
+  ps_registry_free(ch->writer_reg);
   ps_client_free(ch->client);
   int status = ch->status;
   free(ch);

@@ -219,6 +219,7 @@ void ps_cut_write(ps_cut *job) {
       .global_step = job->step,
       .max_to_keep = cfg->max_to_keep,
       .keep_every_n_hours = cfg->keep_every_n_hours,
+      .owner = env->owner,
   };
   ps_errbuf eb = {0};
   job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);

@@ -31,6 +31,8 @@ typedef struct ps_cut_env {
    * naming the worker in why (a missing position, Redis away). */
   int (*positions)(void *arg, ps_data_pos *pos, char *why, size_t len);
   void *positions_arg;
+  /* Names the temporaries and fences the commit (on the writer's thread). */
+  const ps_ckpt_owner *owner;
   /* Test-only, 0 otherwise: wait this long after the CUT replies, as a
    * slow link would ($PS_TEST_CUT_DELAY_MS). */
   int test_delay_ms;

@@ -1,6 +1,8 @@
 /* The chief's lease (see lease.h). */
 #include "chief/lease.h"
 
+#include "replica/registry.h"
+
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -66,4 +68,22 @@ int ps_lease_release(const ps_lease *l, void *redis) {
   int rc = r == NULL ? -1 : r->type == REDIS_REPLY_INTEGER ? r->integer == 1 : -1;
   freeReplyObject(r);
   return rc;
+}
+
+int ps_lease_fence_check(void *arg, char *why, size_t len) {
+  ps_lease_fence *f = arg;
+  void *c = ps_registry_redis(f->reg, 1);
+  char holder[256] = "";
+  int rc = c != NULL ? ps_lease_check(f->lease, c, holder, sizeof holder) : -1;
+  if (rc == 1)
+    return 0;
+  if (rc < 0 && c != NULL)
+    ps_registry_lost(f->reg, "lease check got no reply");
+  if (rc == 0)
+    snprintf(why, len, "this chief (token %" PRIu64 ") no longer holds the lease %s (held by: %s)",
+             f->lease->token, f->lease->key, holder);
+  else
+    snprintf(why, len, "this chief (token %" PRIu64 ") cannot confirm the lease %s: Redis did not "
+             "answer", f->lease->token, f->lease->key);
+  return -1;
 }

@@ -34,6 +34,16 @@ int ps_lease_take(const ps_lease *l, void *redis, char *holder, size_t holder_le
  * Redis did not answer (the caller must act as if it were lost). */
 int ps_lease_check(const ps_lease *l, void *redis, char *holder, size_t holder_len);
 
+/* A checkpoint commit's fence over the lease (ps_ckpt_owner.fence, with a
+ * ps_lease_fence as arg): passes only while Redis confirms the lease is
+ * still ours.  Each thread that commits checkpoints needs its own
+ * registry (hiredis contexts are not shared between threads). */
+typedef struct ps_lease_fence {
+  const ps_lease *lease;
+  struct ps_registry *reg;   /* its Redis connection (with a timeout) */
+} ps_lease_fence;
+int ps_lease_fence_check(void *arg, char *why, size_t len);
+
 /* Give the lease up if this process still holds it (one Lua script: GET,
  * compare, DEL), so that a successor need not wait for it to expire.
  * @return 1 released, 0 not ours (any more), -1 Redis did not answer. */

@@ -151,7 +151,15 @@ static int lease_tick(chief *ch) {
     return 0;
   void *c = redis(ch);
   char holder[256] = "";
+  uint64_t token = ch->lease.token;
   int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
+  if (rc == 1 && ch->lease.token != token) {
+    /* It lapsed (this process was paused, or Redis away) and was free
+     * again: another chief may have acted meanwhile. */
+    ps_log(PS_LOG_ERROR, "the lease %s lapsed before it was renewed (token %" PRIu64 "): exiting "
+           "so that only one acts", ch->lease.key, token);
+    return -1;
+  }
   if (rc == 1) {
     ch->lease_ok_ns = now;
     return 0;
@@ -714,7 +722,14 @@ int ps_chief_run(const ps_config *cfg) {
       ps_log(PS_LOG_ERROR, "%s", ch->reg ? eb.msg : "out of memory");
     goto out;
   }
-  ps_lease_init(&ch->lease, cfg->cluster_id, token, cfg->chief_lease_ms);
+  ps_lease_init(&ch->lease, cfg->cluster_id, cfg->chief_lease_ms);
+  if (lease_wait(ch) != 0) {
+    ch->status = PS_CHIEF_DONE;
+    goto out;
+  }
+  /* The token of this holding of the lease: higher than every earlier
+   * holder's, whatever order the chiefs started in. */
+  token = ch->lease.token;
   ps_client_set_fence(ch->client, token);
   ch->writer_reg = ps_registry_new(cfg, "chief", 0);
   if (ch->writer_reg == NULL) {
@@ -728,10 +743,6 @@ int ps_chief_run(const ps_config *cfg) {
   ch->writer_owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
                                      .fence_arg = &ch->writer_fence};
   ch->cut_env.owner = &ch->writer_owner;
-  if (lease_wait(ch) != 0) {
-    ch->status = PS_CHIEF_DONE;
-    goto out;
-  }
   uint64_t done_step = 0;
   int nonfinite = 0;
   if (ps_registry_get_done(ch->reg, &done_step, &nonfinite) == 1) {

@@ -1,12 +1,13 @@
 /* A checkpoint cut of every shard, fetched and written (see cut.h). */
 #include "chief/cut.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
+#include <time.h>
 
 #include "common/endian.h"
 #include "common/log.h"
@@ -83,8 +84,11 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   uint64_t connects = ps_client_connects(env->client);
   uint64_t t0 = ps_now_ns();
   int rc = env->call(env->call_arg, reqs, on_cut_reply, &x);
-  if (env->test_delay_ms > 0)
-    usleep((useconds_t)env->test_delay_ms * 1000);
+  if (env->test_delay_ms > 0) {
+    struct timespec d = {env->test_delay_ms / 1000, (long)(env->test_delay_ms % 1000) * 1000000L};
+    while (nanosleep(&d, &d) != 0 && errno == EINTR) {
+    }
+  }
   /* Every shard holds its pushes now, so no worker moves on: its data
    * position in Redis is the cut's. */
   char why[256] = "";
@@ -106,7 +110,9 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
       ps_client_connects(env->client) != connects) {
     ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
-           rc || rc2 ? ps_client_error(env->client) : "a shard reconnected during it");
+           rc == -EPERM || rc2 == -EPERM ? "this chief no longer holds the lease"
+           : rc || rc2                   ? ps_client_error(env->client)
+                                         : "a shard reconnected during it");
     ps_cut_free(job);
     return NULL;
   }

@@ -27,6 +27,7 @@
 
 #include "chief/cut.h"
 #include "chief/lease.h"
+#include "chief/restore.h"
 #include "chief/summary.h"
 #include "common/log.h"
 #include "common/notify.h"
@@ -40,7 +41,6 @@
 
 #define TICK_MS 100
 #define HOLD_MS 2000          /* a shard resumes by itself if RESUME never comes */
-#define PIECE_FLOATS (1u << 20)  /* floats per LOAD piece */
 
 typedef struct chief chief;
 
@@ -69,7 +69,11 @@ struct chief {
   const ps_model *model;
   char model_text[128];
   ps_registry *reg;
+  ps_registry *writer_reg;    /* the writer thread's own Redis connection */
   ps_lease lease;
+  /* The checkpoint commit's fence: on this thread and on the writer's. */
+  ps_lease_fence fence, writer_fence;
+  ps_ckpt_owner owner, writer_owner;
   uint64_t lease_ok_ns;       /* last renewal Redis confirmed */
   ps_summary sum;
   /* The shards as the last STATS saw them. */
@@ -147,7 +151,15 @@ static int lease_tick(chief *ch) {
     return 0;
   void *c = redis(ch);
   char holder[256] = "";
+  uint64_t token = ch->lease.token;
   int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
+  if (rc == 1 && ch->lease.token != token) {
+    /* It lapsed (this process was paused, or Redis away) and was free
+     * again: another chief may have acted meanwhile. */
+    ps_log(PS_LOG_ERROR, "the lease %s lapsed before it was renewed (token %" PRIu64 "): exiting "
+           "so that only one acts", ch->lease.key, token);
+    return -1;
+  }
   if (rc == 1) {
     ch->lease_ok_ns = now;
     return 0;
@@ -174,12 +186,6 @@ static int lease_wait(chief *ch) {
     void *c = ps_registry_redis(ch->reg, 1);
     char holder[256] = "";
     int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
-    if (rc == 0 && ps_lease_holder_dead(holder) &&
-        ps_lease_steal(&ch->lease, c, holder) == 1) {
-      ps_log(PS_LOG_INFO, "the lease's holder (%s) is gone from this host: took the lease over",
-             holder);
-      rc = 1;
-    }
     if (rc == 1) {
       ch->lease_ok_ns = ps_now_ns();
       return 0;
@@ -187,8 +193,9 @@ static int lease_wait(chief *ch) {
     if (rc < 0 && c != NULL)
       ps_registry_lost(ch->reg, "lease: no reply");
     if (!said) {
-      ps_log(PS_LOG_INFO, "waiting for the lease %s: %s", ch->lease.key,
-             rc == 0 ? holder : "Redis is away");
+      ps_log(PS_LOG_INFO, "waiting for the lease %s: %s (until its holder releases it or it "
+             "expires, at most %" PRId64 " ms after its last renewal)", ch->lease.key,
+             rc == 0 ? holder : "Redis is away", ch->cfg->chief_lease_ms);
       ps_notify_status("standby: waiting for the lease (%s)", rc == 0 ? holder : "Redis is away");
     }
     said = 1;
@@ -207,7 +214,14 @@ static int call(chief *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
     ch->stopping = 1;
     return -EPERM;
   }
-  return ps_client_request(ch->client, reqs, fn, arg);
+  int rc = ps_client_request(ch->client, reqs, fn, arg);
+  if (rc == PS_EFENCED && !ch->stopping) {
+    ps_log(PS_LOG_ERROR, "fenced out: %s; a newer chief holds the lease %s: exiting so that only "
+           "one acts", ps_client_error(ch->client), ch->lease.key);
+    ch->status = PS_CHIEF_FAILED;
+    ch->stopping = 1;
+  }
+  return rc;
 }
 
 static void on_stats(void *arg, int shard, const ps_msg *m) {
@@ -218,6 +232,25 @@ static void on_stats(void *arg, int shard, const ps_msg *m) {
 
 static int cut_call(void *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
   return call(ch, reqs, fn, arg);
+}
+
+/* The workers' data positions in Redis, read while a cut holds the
+ * shards' pushes (ps_cut_env.positions).  A missing one fails the cut:
+ * (0, 0) would send that worker back to its first sample. */
+static int cut_positions(void *arg, ps_data_pos *pos, char *why, size_t len) {
+  chief *ch = arg;
+  for (int j = 0; j < ch->cfg->nworkers; j++) {
+    int rc = ps_registry_get_pos(ch->reg, j, &pos[j]);
+    if (rc == 1)
+      continue;
+    if (rc == 0)
+      snprintf(why, len, "worker %d has no data position in Redis ({%s}:pos:worker:%d), expected "
+               "one from every worker", j, ch->cfg->cluster_id, j);
+    else
+      snprintf(why, len, "worker %d's data position: Redis did not answer", j);
+    return -1;
+  }
+  return 0;
 }
 
 /* A node that died and came back between two looks: lost and back. */
@@ -302,92 +335,21 @@ static void poll_workers(chief *ch) {
 
 /* ------------------------------------------------------------- restore */
 
-/* LOAD an image into shard i, piece by piece. */
-static int load_shard(chief *ch, int i, const float *img, const ps_shard_image_info *in) {
-  ps_msg reqs[PS_CONFIG_MAX_NODES];
-  size_t piece = ch->layout->shard_floats[i] < PIECE_FLOATS ? ch->layout->shard_floats[i]
-                                                             : PIECE_FLOATS;
-  for (uint64_t off = 0; off < in->image_floats;) {
-    uint64_t n = in->image_floats - off < piece ? in->image_floats - off : piece;
-    memset(reqs, 0, sizeof reqs);
-    ps_msg *m = &reqs[i];
-    m->type = PS_MSG_LOAD;
-    m->u.load.state = (ps_msg_state){
-        .version = in->version, .global_step = in->global_step, .image_floats = in->image_floats,
-        .nslots = (uint32_t)in->nslots, .has_accum = (uint32_t)in->has_accum,
-        .accum_count = (uint32_t)in->accum_count, .target = (uint32_t)in->target,
-        .nonce = (uint32_t)in->nonce};
-    m->u.load.offset = off;
-    m->u.load.count = n;
-    m->u.load.data = (const uint8_t *)(img + off);
-    int rc = call(ch, reqs, NULL, NULL);
-    if (rc != 0)
-      return rc;
-    off += n;
-  }
-  return 0;
-}
-
-/* Give every shard that holds no state one: the newest valid checkpoint's
- * slice, or the seeded initialization.  `everyone`: no shard had a state
- * (a fresh or a whole-cluster restart), so the checkpoint's data positions
- * are restored too.  @return 0, or -1 (logged). */
+/* Give every shard that holds no state one (chief/restore.h); the schedule
+ * goes on from the checkpoint that gave it.  @return as ps_chief_restore. */
 static int load_missing(chief *ch, int everyone) {
-  const ps_config *cfg = ch->cfg;
-  ps_ckpt ck;
-  ps_errbuf eb = {0};
-  memset(&ck, 0, sizeof ck);
-  int found = ps_ckpt_find_latest(cfg->checkpoint_dir, ch->layout->hash, ch->model_text, &ck, &eb);
-  if (found < 0) {
-    ps_log(PS_LOG_WARN, "%s; starting from the seeded initialization", eb.msg);
-    found = 0;
-  }
-  if (found && everyone) {
-    for (int j = 0; j < ck.nworkers && j < cfg->nworkers; j++)
-      if (ps_registry_set_pos(ch->reg, j, &ck.data_pos[j]) != 0)
-        ps_log(PS_LOG_WARN, "redis: could not restore worker %d's data position", j);
-    ps_log(PS_LOG_INFO, "restored %d workers' data positions from %s", ck.nworkers, ck.name);
-  }
-  if (found) {
+  ps_restore_result r;
+  int rc = ps_chief_restore(&ch->cut_env, ch->reg, &ch->sum, ch->stats, everyone, &r);
+  if (r.found) {
     /* Retention keeps it, and the schedule goes on from it. */
-    snprintf(ch->restored_from, sizeof ch->restored_from, "%s", ck.name);
+    snprintf(ch->restored_from, sizeof ch->restored_from, "%s", r.from);
     if (everyone) {
-      ch->last_ckpt_step = ck.step;
+      ch->last_ckpt_step = r.step;
       ch->last_ckpt_time = ps_now_s();
-      snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", ck.name);
+      snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", r.from);
     }
   }
-  int rc = 0;
-  for (int i = 0; i < cfg->nps && rc == 0; i++) {
-    if (ch->stats[i].flags & PS_STATS_INITIALIZED)
-      continue;
-    float *img = NULL;
-    ps_shard_image_info in;
-    uint64_t t0 = ps_now_ns();
-    if (ps_plan_shard_image(cfg, ch->layout, ch->model, found ? &ck : NULL, i, &img, &in, &eb) !=
-        0) {
-      ps_log(PS_LOG_ERROR, "shard %d: %s", i, eb.msg);
-      rc = -2;  /* the plan itself failed: retrying will not help */
-      break;
-    }
-    rc = load_shard(ch, i, img, &in);
-    free(img);
-    if (rc != 0) {
-      ps_log(PS_LOG_WARN, "shard %d: loading its state: %s", i, ps_client_error(ch->client));
-      break;
-    }
-    const char *src = found ? ck.name : "the seeded initialization";
-    ps_log(PS_LOG_INFO, "shard %d: loaded from %s: version %" PRIu64 ", global step %" PRIu64
-           " (%.3f s)", i, src, in.version, in.global_step, (double)(ps_now_ns() - t0) * 1e-9);
-    if (!everyone && found)
-      ps_log(PS_LOG_WARN, "shard %d had lost its state: it goes on from %s's, step %" PRIu64
-             ", while the others keep theirs", i, ck.name, ck.step);
-    ps_summary_event(&ch->sum, in.global_step, "restore", "{s:s, s:i, s:s}", "source",
-                     ps_plan_source_name(found ? PS_PLAN_CHECKPOINT : PS_PLAN_INIT), "shard", i,
-                     "from", found ? ck.name : "seed");
-  }
-  ps_ckpt_close(&ck);
-  return rc == 0 ? 0 : rc == -2 ? -2 : -1;
+  return rc;
 }
 
 /* ---------------------------------------------------------- checkpoint */
@@ -450,10 +412,6 @@ static int checkpoint(chief *ch, int wait) {
   ps_cut *job = ps_cut_take(&ch->cut_env, ++ch->cut_id, HOLD_MS);
   if (job == NULL)
     return -1;
-  /* The workers' data positions, as Redis holds them now. */
-  for (int j = 0; j < ch->cfg->nworkers; j++)
-    if (ps_registry_get_pos(ch->reg, j, &job->pos[j]) != 1)
-      job->pos[j] = (ps_data_pos){0};
   ch->last_ckpt_step = job->step;
   ch->last_ckpt_time = ps_now_s();
   if (bg_start(&ch->writer, write_main, job) != 0) {
@@ -677,7 +635,10 @@ int ps_chief_run(const ps_config *cfg) {
   ps_model_spec_format(&ch->model->spec, ch->model_text, sizeof ch->model_text);
   ch->cut_env = (ps_cut_env){.cfg = cfg, .client = ch->client, .layout = ch->layout,
                              .model = ch->model, .model_text = ch->model_text,
-                             .call = cut_call, .call_arg = ch};
+                             .call = cut_call, .call_arg = ch,
+                             .positions = cut_positions, .positions_arg = ch};
+  const char *delay = getenv("PS_TEST_CUT_DELAY_MS");
+  ch->cut_env.test_delay_ms = delay != NULL ? atoi(delay) : 0;
   /* A call never outlasts half the lease: renewals come between calls. */
   ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 2 > 200 ? cfg->chief_lease_ms / 2
                                                                           : 200));
@@ -690,11 +651,27 @@ int ps_chief_run(const ps_config *cfg) {
       ps_log(PS_LOG_ERROR, "%s", ch->reg ? eb.msg : "out of memory");
     goto out;
   }
-  ps_lease_init(&ch->lease, cfg->cluster_id, token, cfg->chief_lease_ms);
+  ps_lease_init(&ch->lease, cfg->cluster_id, cfg->chief_lease_ms);
   if (lease_wait(ch) != 0) {
     ch->status = PS_CHIEF_DONE;
     goto out;
   }
+  /* The token of this holding of the lease: higher than every earlier
+   * holder's, whatever order the chiefs started in. */
+  token = ch->lease.token;
+  ps_client_set_fence(ch->client, token);
+  ch->writer_reg = ps_registry_new(cfg, "chief", 0);
+  if (ch->writer_reg == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory");
+    goto out;
+  }
+  ch->fence = (ps_lease_fence){.lease = &ch->lease, .reg = ch->reg};
+  ch->writer_fence = (ps_lease_fence){.lease = &ch->lease, .reg = ch->writer_reg};
+  ch->owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
+                              .fence_arg = &ch->fence};
+  ch->writer_owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
+                                     .fence_arg = &ch->writer_fence};
+  ch->cut_env.owner = &ch->writer_owner;
   uint64_t done_step = 0;
   int nonfinite = 0;
   if (ps_registry_get_done(ch->reg, &done_step, &nonfinite) == 1) {
@@ -759,7 +736,7 @@ int ps_chief_run(const ps_config *cfg) {
     poll_stats(ch);
   }
   if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours,
-                     ch->restored_from[0] ? ch->restored_from : NULL, &eb) < 0)
+                     ch->restored_from[0] ? ch->restored_from : NULL, &ch->owner, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
   if (!ch->last_ckpt_name[0])
     schedule_from_dir(ch);
@@ -824,14 +801,21 @@ done:
   if (stop_signal)
     ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
            stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
-  if (redis(ch) != NULL && ch->lease.key[0])
-    ps_lease_release(&ch->lease, redis(ch));
+  /* A clean exit says so: the next chief need not wait out the lease. */
+  void *c = ps_registry_redis(ch->reg, 1);
+  int released = c != NULL ? ps_lease_release(&ch->lease, c) : -1;
+  if (released == 1)
+    ps_log(PS_LOG_INFO, "released the lease %s", ch->lease.key);
+  else
+    ps_log(PS_LOG_WARN, "the lease %s was not released (%s): the next chief waits until it expires",
+           ch->lease.key, released == 0 ? "no longer ours" : "Redis did not answer");
 out:
   ps_summary_close(&ch->sum);
   ps_compute_free(ch->compute);
   free(ch->test_x);
   ps_dataset_close(&ch->test);
   ps_registry_free(ch->reg);
+  ps_registry_free(ch->writer_reg);
   ps_client_free(ch->client);
   int status = ch->status;
   free(ch);

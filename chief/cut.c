@@ -1,10 +1,13 @@
 /* A checkpoint cut of every shard, fetched and written (see cut.h). */
 #include "chief/cut.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/endian.h"
 #include "common/log.h"
@@ -25,10 +28,13 @@ int ps_find_nonfinite(const float *v, size_t n, int shard, char *what, size_t le
   return 0;
 }
 
+int64_t ps_cut_deadline_ms(int hold_ms) { return (int64_t)hold_ms - hold_ms / 4; }
+
 typedef struct cut_ctx {
   ps_cut *job;
   uint64_t cut_id;
   int replied;
+  uint64_t last_reply_ns;
 } cut_ctx;
 
 static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
@@ -41,6 +47,7 @@ static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
       .nslots = (int)st->nslots, .has_accum = (int)st->has_accum,
       .accum_count = (int)st->accum_count, .target = (int)st->target, .nonce = (int)st->nonce};
   x->replied++;
+  x->last_reply_ns = ps_now_ns();
 }
 
 static void on_fetch_reply(void *arg, int shard, const ps_msg *m) {
@@ -77,17 +84,48 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   uint64_t connects = ps_client_connects(env->client);
   uint64_t t0 = ps_now_ns();
   int rc = env->call(env->call_arg, reqs, on_cut_reply, &x);
+  if (env->test_delay_ms > 0) {
+    struct timespec d = {env->test_delay_ms / 1000, (long)(env->test_delay_ms % 1000) * 1000000L};
+    while (nanosleep(&d, &d) != 0 && errno == EINTR) {
+    }
+  }
+  /* Every shard holds its pushes now, so no worker moves on: its data
+   * position in Redis is the cut's. */
+  char why[256] = "";
+  int late = 0, pos_rc = -1;
+  if (rc == 0 && x.replied == cfg->nps) {
+    pos_rc = env->positions(env->positions_arg, job->pos, why, sizeof why);
+    /* Checked after the reads too: every shard must still have held its
+     * pushes when the positions were read. */
+    late = (ps_now_ns() - t0) / 1000000ULL > (uint64_t)ps_cut_deadline_ms(hold_ms);
+  }
+  double replies_ms = x.replied > 0 ? (double)(x.last_reply_ns - t0) * 1e-6 : 0.0;
   /* Resume whatever was cut, even after a failure. */
   for (int i = 0; i < cfg->nps; i++) {
     reqs[i].type = PS_MSG_RESUME;
-    reqs[i].u.resume.token = x.cut_id;
+    reqs[i].u.resume.cut_id = x.cut_id;
   }
   int rc2 = env->call(env->call_arg, reqs, NULL, NULL);
   job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;
   if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
       ps_client_connects(env->client) != connects) {
     ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
-           rc || rc2 ? ps_client_error(env->client) : "a shard reconnected during it");
+           rc == -EPERM || rc2 == -EPERM ? "this chief no longer holds the lease"
+           : rc || rc2                   ? ps_client_error(env->client)
+                                         : "a shard reconnected during it");
+    ps_cut_free(job);
+    return NULL;
+  }
+  if (late) {
+    ps_log(PS_LOG_WARN, "checkpoint: cut %" PRIu64 " abandoned: the CUT replies came %.0f ms after "
+           "the CUTs and the positions were read later still, past the %" PRId64 " ms a shard "
+           "surely holds its pushes (hold_ms %d less a quarter): a shard may have resumed by "
+           "itself; trying again later", cut_id, replies_ms, ps_cut_deadline_ms(hold_ms), hold_ms);
+    ps_cut_free(job);
+    return NULL;
+  }
+  if (pos_rc != 0) {
+    ps_log(PS_LOG_ERROR, "checkpoint: cut %" PRIu64 " not written: %s", cut_id, why);
     ps_cut_free(job);
     return NULL;
   }
@@ -187,6 +225,7 @@ void ps_cut_write(ps_cut *job) {
       .global_step = job->step,
       .max_to_keep = cfg->max_to_keep,
       .keep_every_n_hours = cfg->keep_every_n_hours,
+      .owner = env->owner,
   };
   ps_errbuf eb = {0};
   job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);

@@ -16,8 +16,9 @@
 #include "recovery/checkpoint.h"
 #include "worker/control.h"
 
-/* What a cut needs: the cluster, and how to call the shards (the chief's
- * call renews its lease between requests). */
+/* What a cut needs: the cluster, how to call the shards (the chief's
+ * call renews its lease between requests), and how to read the workers'
+ * data positions while the shards hold their pushes. */
 typedef struct ps_cut_env {
   const ps_config *cfg;
   ps_client *client;
@@ -26,7 +27,22 @@ typedef struct ps_cut_env {
   const char *model_text;
   int (*call)(void *arg, ps_msg *reqs, ps_client_reply_fn fn, void *fn_arg);
   void *call_arg;
+  /* Fill pos[0..nworkers) from Redis.  @return 0, or -1 with a reason
+   * naming the worker in why (a missing position, Redis away). */
+  int (*positions)(void *arg, ps_data_pos *pos, char *why, size_t len);
+  void *positions_arg;
+  /* Names the temporaries and fences the commit (on the writer's thread). */
+  const ps_ckpt_owner *owner;
+  /* Test-only, 0 otherwise: wait this long after the CUT replies, as a
+   * slow link would ($PS_TEST_CUT_DELAY_MS). */
+  int test_delay_ms;
 } ps_cut_env;
+
+/* The chief accepts a cut only if every CUT reply came back within
+ * ps_cut_deadline_ms(hold_ms) of sending the CUTs: a shard resumes by
+ * itself hold_ms after it received its CUT, so none has before then
+ * (PROTOCOL.md, "A consistent cut").  hold_ms - hold_ms / 4. */
+int64_t ps_cut_deadline_ms(int hold_ms);
 
 /* One cut: it owns the copies. */
 typedef struct ps_cut {
@@ -34,7 +50,7 @@ typedef struct ps_cut {
   uint64_t step;                                  /* shard 0's global step at the cut */
   float *img[PS_CONFIG_MAX_NODES];                /* each shard's state image */
   ps_shard_image_info info[PS_CONFIG_MAX_NODES];
-  ps_data_pos pos[PS_CONFIG_MAX_NODES];           /* filled in by the caller */
+  ps_data_pos pos[PS_CONFIG_MAX_NODES];           /* the workers', read at the cut */
   double stall_ms;                                /* first CUT sent to last RESUME answered */
   double fetch_s;
   /* Results of ps_cut_write. */
@@ -44,9 +60,12 @@ typedef struct ps_cut {
   ps_ckpt_write_stats st;
 } ps_cut;
 
-/* Cut every shard (cut_id new for each cut) and fetch the copies.
+/* Cut every shard (cut_id new for each cut), read the workers' data
+ * positions while they hold pushes, resume them, and fetch the copies.
  * @return the cut, or NULL (one warning logged: a shard failed or
- * reconnected during it; try again later). */
+ * reconnected during it, a CUT reply came after ps_cut_deadline_ms, a
+ * worker's position is missing; try again later).  Every shard is sent
+ * RESUME whatever happened. */
 ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms);
 
 /* Write the cut as checkpoint cut->step into [checkpoint] dir, unless some

@@ -302,7 +302,8 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
   }
   char name[PS_CKPT_NAME_MAX], tmp[PATH_MAX], final[PATH_MAX], path[PATH_MAX];
   ps__ckpt_name(o->step, name);
-  if (ps__ckpt_tmp_path(tmp, sizeof tmp, dir, name) >= sizeof tmp - 32 ||
+  uint64_t token = o->owner != NULL ? o->owner->token : 0;
+  if (ps__ckpt_tmp_path(tmp, sizeof tmp, dir, name, token) >= sizeof tmp - 32 ||
       (size_t)snprintf(final, sizeof final, "%s/%s", dir, name) >= sizeof final)
     return ps_err_set(eb, -ENAMETOOLONG, "checkpoint %s/%s: path too long", dir, name);
 
@@ -375,7 +376,10 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
     goto err;
   }
   stage = "rename the checkpoint into place";
-  if ((rc = ps__ckpt_commit_rename(dir, tmp, final, name, eb)) != 0)
+  /* The fence, as late as it can be: a writer that lost its lease must not
+   * replace or add what its successor's readers see. */
+  if ((rc = ps__ckpt_fence(dir, o->owner, "renaming it into place", eb)) != 0 ||
+      (rc = ps__ckpt_commit_rename(dir, tmp, final, name, token, eb)) != 0)
     goto err;
   made_tmp = 0;
   ps__ckpt_crash_point("rename");
@@ -389,7 +393,8 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
    * checkpoints), so failing to rewrite it or to prune is a warning. */
   {
     ps_errbuf why = {0};
-    if (ps__ckpt_retain_commit(dir, o->max_to_keep, o->keep_every_n_hours, name, &why) != 0)
+    if (ps__ckpt_retain_commit(dir, o->max_to_keep, o->keep_every_n_hours, name, o->owner,
+                               &why) != 0)
       ps_log(PS_LOG_WARN, "checkpoint %s in %s committed, but the index or retention failed: %s",
              name, dir, why.msg);
   }

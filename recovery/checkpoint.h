@@ -36,6 +36,19 @@ int ps_ckpt_filter_parse(const char *name, ps_ckpt_filter *out);
 /* A static string; "unknown" for a value outside the enum. */
 const char *ps_ckpt_filter_name(ps_ckpt_filter f);
 
+/* Who writes a checkpoint directory: the token its temporaries are named
+ * with, and the fence that must pass immediately before each step readers
+ * would see (FORMAT.md sections 1 and 5). */
+typedef struct ps_ckpt_owner {
+  uint64_t token;   /* the chief's fencing token (lease); 0: none (tests, tools) */
+  /* Called right before the rename into place, before the index is
+   * rewritten, and before each deletion (retention and leftovers), on the
+   * writer's thread.  @return 0 to go on, or nonzero with a reason in why
+   * (one line): that step and every later one are skipped.  NULL: none. */
+  int (*fence)(void *arg, char *why, size_t len);
+  void *fence_arg;
+} ps_ckpt_owner;
+
 /* One worker's row of a shard's exactly-once table. */
 typedef struct ps_ckpt_once {
   uint64_t incarnation;
@@ -80,6 +93,7 @@ typedef struct ps_ckpt_write_opts {
   /* Retention applied after the commit (ps_ckpt_retain). */
   int64_t max_to_keep;            /* newest checkpoints kept; 0 = all */
   double keep_every_n_hours;      /* 0 = off */
+  const ps_ckpt_owner *owner;     /* NULL: token 0, no fence */
 } ps_ckpt_write_opts;
 
 /* What a write did, for logs, summaries and benchmarks. */
@@ -94,7 +108,8 @@ typedef struct ps_ckpt_write_stats {
 
 /* Write the checkpoint o->step into `dir` (created if missing, with its
  * parents) and commit it (FORMAT.md section 5): every file into
- * DIR/.tmp-ckpt-<step>-<pid>/, fsync each, fsync that directory, rename it
+ * DIR/.tmp-ckpt-<step>-<token>-<pid>/ (o->owner's token), fsync each,
+ * fsync that directory, then, if o->owner's fence passes, rename it
  * to DIR/ckpt-<step> (an existing ckpt-<step> is swapped out atomically and
  * removed), fsync DIR; then retention protecting the new checkpoint
  * (ps_ckpt_retain), which rewrites the index.  A crash at any point leaves
@@ -105,7 +120,8 @@ typedef struct ps_ckpt_write_stats {
  * that is logged as a warning: the checkpoint stands, and find_latest finds
  * it unlisted); PS_EUSAGE (inconsistent opts: shard sizes that differ from
  * the layout, nslots that differ from the optimizer, too-long strings);
- * -errno (a file system step failed); -ENOMEM.  On error the message in eb
+ * -errno (a file system step failed); -ENOMEM; PS_EFENCED (the fence
+ * refused the rename: nothing was committed).  On error the message in eb
  * names the step and the path, one error line is logged, the temporary
  * directory is removed and the directory holds what it held before.
  * `st` may be NULL; nothing the call borrowed is kept. */
@@ -262,11 +278,15 @@ int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model
  * [k * h, (k + 1) * h) of unix time, and always `protect` (a checkpoint name
  * or NULL: the one the chief restored from).  The index is rewritten to list
  * exactly the kept ones (latest: the newest) before the others are deleted;
- * temporary entries a crash left (.tmp-ckpt-*, .old-ckpt-*,
- * checkpoint.tmp) are removed.  Must not run while a ps_ckpt_write on the
- * same directory is in progress.  @return 0, or -errno with a message (the
- * first failure; it goes on with the rest). */
+ * temporary entries (.tmp-ckpt-*, .old-ckpt-*, checkpoint.tmp-*) are
+ * removed when they are `owner`'s own or of an older token (FORMAT.md
+ * section 6; NULL owner: token 0).  owner's fence runs before the leftovers
+ * are removed, before the index is rewritten and before each deletion.
+ * Must not run while a ps_ckpt_write of the same owner on the same
+ * directory is in progress.  @return 0, PS_EFENCED (the fence refused: what
+ * was not done yet is left as it was), or -errno with a message (the first
+ * failure; it goes on with the rest). */
 int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                   const char *protect, ps_errbuf *eb);
+                   const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb);
 
 #endif

@@ -22,9 +22,9 @@
 #include "recovery/manifest.h"
 
 #define INDEX_FILE "checkpoint"
-#define INDEX_TMP "checkpoint.tmp"   /* what ps__ckpt_write_file names its temporary */
-#define TMP_PREFIX ".tmp-"            /* .tmp-ckpt-<step>-<pid> */
-#define OLD_PREFIX ".old-"            /* .old-ckpt-<step>-<pid>: a replaced checkpoint */
+#define INDEX_TMP "checkpoint.tmp"    /* checkpoint.tmp-<token>-<pid>: the index being rewritten */
+#define TMP_PREFIX ".tmp-"            /* .tmp-ckpt-<step>-<token>-<pid> */
+#define OLD_PREFIX ".old-"            /* .old-ckpt-<step>-<token>-<pid>: a replaced checkpoint */
 
 #ifndef PS_RENAME_EXCHANGE
 #define PS_RENAME_EXCHANGE (1 << 1) /* linux/fs.h RENAME_EXCHANGE */
@@ -134,10 +134,11 @@ int ps__ckpt_mkdir_p(const char *path) {
   return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
 }
 
-static int write_file_atomic(const char *path, const void *const *bufs, const size_t *lens, int n,
-                             const char *crash_stage, ps_errbuf *eb) {
+/* tmp_suffix: the temporary is path.<tmp_suffix>. */
+static int write_file_atomic(const char *path, const char *tmp_suffix, const void *const *bufs,
+                             const size_t *lens, int n, const char *crash_stage, ps_errbuf *eb) {
   char tmp[PATH_MAX], parent[PATH_MAX];
-  if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s.%s", path, tmp_suffix) >= sizeof tmp)
     return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", path);
   parent_of(path, parent, sizeof parent);
   const char *step = "create";
@@ -178,7 +179,7 @@ err:
 
 int ps__ckpt_write_file(const char *path, const void *const *bufs, const size_t *lens, int n,
                         ps_errbuf *eb) {
-  return write_file_atomic(path, bufs, lens, n, NULL, eb);
+  return write_file_atomic(path, "tmp", bufs, lens, n, NULL, eb);
 }
 
 /* ------------------------------------------------------------------ */
@@ -210,8 +211,66 @@ int ps__ckpt_parse_name(const char *s, uint64_t *step) {
   return 0;
 }
 
-size_t ps__ckpt_tmp_path(char *out, size_t cap, const char *dir, const char *name) {
-  return (size_t)snprintf(out, cap, "%s/" TMP_PREFIX "%s-%ld", dir, name, (long)getpid());
+size_t ps__ckpt_tmp_path(char *out, size_t cap, const char *dir, const char *name,
+                         uint64_t token) {
+  return (size_t)snprintf(out, cap, "%s/" TMP_PREFIX "%s-%" PRIu64 "-%ld", dir, name, token,
+                          (long)getpid());
+}
+
+/* "<token>-<pid>" and nothing else, both decimal. */
+static int parse_owner(const char *s, uint64_t *token, long *pid) {
+  const char *dash = strchr(s, '-');
+  char tok[32];
+  uint64_t p;
+  if (dash == NULL || dash == s || (size_t)(dash - s) >= sizeof tok)
+    return -1;
+  memcpy(tok, s, (size_t)(dash - s));
+  tok[dash - s] = '\0';
+  if (ps__ckpt_parse_u64(tok, token) != 0 || ps__ckpt_parse_u64(dash + 1, &p) != 0 ||
+      p > LONG_MAX)
+    return -1;
+  *pid = (long)p;
+  return 0;
+}
+
+int ps__ckpt_leftover_removable(const char *name, uint64_t token, long pid) {
+  uint64_t their = 0;
+  long their_pid = -1;
+  const char *rest = NULL;
+  if (strncmp(name, INDEX_TMP, strlen(INDEX_TMP)) == 0) {
+    rest = name + strlen(INDEX_TMP);
+    if (rest[0] == '\0')
+      return 1;  /* version 1's shared name: its writer is gone or fenced */
+    if (rest[0] != '-' || parse_owner(rest + 1, &their, &their_pid) != 0)
+      return -1;
+  } else if (strncmp(name, TMP_PREFIX "ckpt-", strlen(TMP_PREFIX "ckpt-")) == 0 ||
+             strncmp(name, OLD_PREFIX "ckpt-", strlen(OLD_PREFIX "ckpt-")) == 0) {
+    /* ckpt-<step>-<token>-<pid>, or version 1's ckpt-<step>-<pid> (token 0). */
+    rest = name + strlen(TMP_PREFIX);
+    const char *d1 = strchr(rest, '-');               /* after "ckpt" */
+    const char *d2 = d1 != NULL ? strchr(d1 + 1, '-') : NULL;  /* after the step */
+    if (d2 == NULL)
+      return -1;
+    if (strchr(d2 + 1, '-') == NULL) {
+      uint64_t p;
+      if (ps__ckpt_parse_u64(d2 + 1, &p) != 0)
+        return -1;
+      their = 0;
+      their_pid = (long)p;
+    } else if (parse_owner(d2 + 1, &their, &their_pid) != 0) {
+      return -1;
+    }
+  } else {
+    return -1;
+  }
+  return their < token || (their == token && their_pid == pid);
+}
+
+int ps__ckpt_fence(const char *dir, const ps_ckpt_owner *owner, const char *step, ps_errbuf *eb) {
+  char why[400] = "";
+  if (owner == NULL || owner->fence == NULL || owner->fence(owner->fence_arg, why, sizeof why) == 0)
+    return 0;
+  return ps_err_set(eb, PS_EFENCED, "fenced: not %s in %s: %s", step, dir, why);
 }
 
 /* ------------------------------------------------------------------ */
@@ -219,7 +278,7 @@ size_t ps__ckpt_tmp_path(char *out, size_t cap, const char *dir, const char *nam
 /* ------------------------------------------------------------------ */
 
 int ps__ckpt_commit_rename(const char *dir, const char *tmp, const char *final, const char *name,
-                           ps_errbuf *eb) {
+                           uint64_t token, ps_errbuf *eb) {
   if (rename(tmp, final) == 0)
     return 0;
   if (errno != EEXIST && errno != ENOTEMPTY)
@@ -235,7 +294,8 @@ int ps__ckpt_commit_rename(const char *dir, const char *tmp, const char *final, 
     return ps_err_set(eb, -errno, "exchange %s with %s: %s", tmp, final, strerror(errno));
   /* No atomic exchange on this file system: move the old one aside first. */
   char old[PATH_MAX];
-  snprintf(old, sizeof old, "%s/" OLD_PREFIX "%s-%ld", dir, name, (long)getpid());
+  snprintf(old, sizeof old, "%s/" OLD_PREFIX "%s-%" PRIu64 "-%ld", dir, name, token,
+           (long)getpid());
   ps__ckpt_rm_tree(old);
   if (rename(final, old) != 0)
     return ps_err_set(eb, -errno, "move %s aside: %s", final, strerror(errno));
@@ -385,7 +445,9 @@ static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
   return a->step > b->step;
 }
 
-static int remove_leftovers(const char *dir, ps_errbuf *eb) {
+/* The temporaries this owner may remove (ps__ckpt_leftover_removable):
+ * never another live chief's in-progress write. */
+static int remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
   DIR *d = opendir(dir);
   if (d == NULL)
     return errno == ENOENT ? 0 : ps_err_set(eb, -errno, "%s: %s", dir, strerror(errno));
@@ -393,9 +455,7 @@ static int remove_leftovers(const char *dir, ps_errbuf *eb) {
   struct dirent *de;
   while ((de = readdir(d)) != NULL) {
     const char *n = de->d_name;
-    if (strncmp(n, TMP_PREFIX "ckpt-", strlen(TMP_PREFIX "ckpt-")) != 0 &&
-        strncmp(n, OLD_PREFIX "ckpt-", strlen(OLD_PREFIX "ckpt-")) != 0 &&
-        strcmp(n, INDEX_TMP) != 0)
+    if (ps__ckpt_leftover_removable(n, token, (long)getpid()) != 1)
       continue;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", dir, n);
@@ -412,12 +472,18 @@ static int remove_leftovers(const char *dir, ps_errbuf *eb) {
 /* in_write: called by a checkpoint's commit, whose crash points (index,
  * retain) fire here; a retention on its own (the chief's start) has none. */
 static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const char *protect,
-                       int in_write, ps_errbuf *eb) {
+                       const ps_ckpt_owner *owner, int in_write, ps_errbuf *eb) {
+  uint64_t token = owner != NULL ? owner->token : 0;
   ps_ckpt_entry *e = NULL;
   int n = ps_ckpt_list(dir, &e, eb);
   if (n < 0)
     return n;
-  int rc = remove_leftovers(dir, eb);
+  int rc = ps__ckpt_fence(dir, owner, "removing leftovers", eb);
+  if (rc != 0) {
+    free(e);
+    return rc;
+  }
+  rc = remove_leftovers(dir, token, eb);
   int *keep = calloc((size_t)n + 1, sizeof *keep);
   if (keep == NULL) {
     free(e);
@@ -451,6 +517,12 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
   /* The index first, so that it never names a directory deleted below. */
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
+  int fenced = ps__ckpt_fence(dir, owner, "rewriting the index", eb);
+  if (fenced != 0) {
+    free(keep);
+    free(e);
+    return fenced;
+  }
   if (latest < 0) {
     if (unlink(path) == 0)
       ps__ckpt_fsync_dir(dir);
@@ -467,7 +539,9 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
       if (keep[i])
         len += (size_t)snprintf(text + len, cap - len, "kept: %s %.3f\n", e[i].name, e[i].time);
     const void *bufs[1] = {text};
-    int r = write_file_atomic(path, bufs, &len, 1, in_write ? "index" : NULL, eb);
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, "tmp-%" PRIu64 "-%ld", token, (long)getpid());
+    int r = write_file_atomic(path, suffix, bufs, &len, 1, in_write ? "index" : NULL, eb);
     free(text);
     if (r != 0) {
       free(keep);
@@ -483,9 +557,15 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
     /* Renamed out of the way first (one atomic step), then removed: a
      * crash in between leaves a leftover the next retention removes, never
      * a half-deleted ckpt-<step>. */
-    char p[PATH_MAX], gone[PATH_MAX];
+    char p[PATH_MAX], gone[PATH_MAX], step[64];
+    snprintf(step, sizeof step, "deleting %s (retention)", e[i].name);
+    if ((fenced = ps__ckpt_fence(dir, owner, step, eb)) != 0) {
+      rc = fenced;
+      break;
+    }
     snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
-    snprintf(gone, sizeof gone, "%s/" OLD_PREFIX "%s-%d", dir, e[i].name, (int)getpid());
+    snprintf(gone, sizeof gone, "%s/" OLD_PREFIX "%s-%" PRIu64 "-%ld", dir, e[i].name, token,
+             (long)getpid());
     int r = rename(p, gone) == 0 ? ps__ckpt_rm_tree(gone) : -errno;
     if (r != 0 && rc == 0)
       rc = ps_err_set(eb, r, "remove %s: %s", p, strerror(-r));
@@ -501,14 +581,14 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
 }
 
 int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                   const char *protect, ps_errbuf *eb) {
+                   const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb) {
   if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
       !isfinite(keep_every_n_hours))
     return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
-  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, 0, eb);
+  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, owner, 0, eb);
 }
 
 int ps__ckpt_retain_commit(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                           const char *protect, ps_errbuf *eb) {
-  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, 1, eb);
+                           const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb) {
+  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, owner, 1, eb);
 }

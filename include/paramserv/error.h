@@ -15,7 +15,8 @@
   X(EUSAGE,   -4006, "invalid command-line usage")                        \
   X(ESHAPE,   -4007, "shape mismatch")                                    \
   X(ENAN,     -4008, "non-finite value")                                  \
-  X(ESTOPPED, -4009, "the run was ended by the chief")
+  X(ESTOPPED, -4009, "the run was ended by the chief")                    \
+  X(EFENCED,  -4010, "fenced out: a newer lease holder acts")
 
 enum {
 #define PS__ERR_ENUM(name, val, msg) PS_##name = val,

@@ -1,4 +1,4 @@
-/* Encoding and decoding of wire frames (src/proto/PROTOCOL.md, version 2): pure, no I/O. */
+/* Encoding and decoding of wire frames (src/proto/PROTOCOL.md, version 3): pure, no I/O. */
 #include "proto/proto.h"
 
 #include <inttypes.h>
@@ -38,13 +38,16 @@ enum {
   ERROR_FIXED = 16,
   PING_SIZE = 8,
   STATE_SIZE = 48,          /* the ps_msg_state block inside CUT_REPLY and LOAD */
-  CUT_SIZE = 16,
+  /* Every chief -> shard frame starts with its 8-byte fence token. */
+  CUT_SIZE = 24,
   CUT_REPLY_SIZE = 8 + STATE_SIZE,
-  FETCH_SIZE = 24,
+  RESUME_SIZE = 16,
+  FETCH_SIZE = 32,
   FETCH_REPLY_FIXED = 32,
-  LOAD_FIXED = STATE_SIZE + 16,
-  STOP_SIZE = 8,
-  FLOAT_FIXED_MAX = 64,     /* the largest fixed part of a float-carrying type */
+  LOAD_STATE_AT = 16,       /* the fence, 8 reserved bytes, then the state block */
+  LOAD_FIXED = LOAD_STATE_AT + STATE_SIZE + 16,
+  STOP_SIZE = 16,
+  FLOAT_FIXED_MAX = 80,     /* the largest fixed part of a float-carrying type */
 };
 
 static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
@@ -55,7 +58,7 @@ static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_STATS_REPLY] = STATS_REPLY_SIZE, [PS_MSG_ERROR] = ERROR_FIXED,
     [PS_MSG_PING] = PING_SIZE,             [PS_MSG_PONG] = PING_SIZE,
     [PS_MSG_CUT] = CUT_SIZE,               [PS_MSG_CUT_REPLY] = CUT_REPLY_SIZE,
-    [PS_MSG_RESUME] = PING_SIZE,           [PS_MSG_FETCH] = FETCH_SIZE,
+    [PS_MSG_RESUME] = RESUME_SIZE,         [PS_MSG_FETCH] = FETCH_SIZE,
     [PS_MSG_FETCH_REPLY] = FETCH_REPLY_FIXED, [PS_MSG_LOAD] = LOAD_FIXED,
     [PS_MSG_STOP] = STOP_SIZE,
 };
@@ -109,6 +112,31 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
 
 static int state_ok(const ps_msg_state *st) {
   return st->nslots <= 2 && st->has_accum <= 1;
+}
+
+/* The fence token of a chief -> shard frame; NULL for any other type. */
+static uint64_t *fence_field(ps_msg *m) {
+  switch (m->type) {
+  case PS_MSG_CUT: return &m->u.cut.fence;
+  case PS_MSG_RESUME: return &m->u.resume.fence;
+  case PS_MSG_FETCH: return &m->u.fetch.fence;
+  case PS_MSG_LOAD: return &m->u.load.fence;
+  case PS_MSG_STOP: return &m->u.stop.fence;
+  default: return NULL;
+  }
+}
+
+uint64_t ps_proto_fence(const ps_msg *m) {
+  const uint64_t *f = fence_field((ps_msg *)m);
+  return f != NULL ? *f : 0;
+}
+
+int ps_proto_set_fence(ps_msg *m, uint64_t fence) {
+  uint64_t *f = fence_field(m);
+  if (f == NULL)
+    return -1;
+  *f = fence;
+  return 0;
 }
 
 static int role_ok(unsigned role) {
@@ -227,6 +255,8 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
   if (type < 1 || type > PS_MSG_TYPE_MAX)
     return -1;
   uint64_t n = fixed_size[type];
+  if (fence_field((ps_msg *)msg) != NULL && ps_proto_fence(msg) == 0)
+    return -1;
   switch (type) {
   case PS_MSG_CHALLENGE:
     if (!role_ok(msg->u.challenge.role))
@@ -364,17 +394,23 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     break;
   }
   case PS_MSG_CUT:
-    ps_put_le64(p, msg->u.cut.cut_id);
-    ps_put_le32(p + 8, msg->u.cut.hold_ms);
+    ps_put_le64(p, msg->u.cut.fence);
+    ps_put_le64(p + 8, msg->u.cut.cut_id);
+    ps_put_le32(p + 16, msg->u.cut.hold_ms);
     break;
   case PS_MSG_CUT_REPLY:
     ps_put_le64(p, msg->u.cut_reply.cut_id);
     put_state(p + 8, &msg->u.cut_reply.state);
     break;
+  case PS_MSG_RESUME:
+    ps_put_le64(p, msg->u.resume.fence);
+    ps_put_le64(p + 8, msg->u.resume.cut_id);
+    break;
   case PS_MSG_FETCH:
-    ps_put_le64(p, msg->u.fetch.cut_id);
-    ps_put_le64(p + 8, msg->u.fetch.offset);
-    ps_put_le64(p + 16, msg->u.fetch.count);
+    ps_put_le64(p, msg->u.fetch.fence);
+    ps_put_le64(p + 8, msg->u.fetch.cut_id);
+    ps_put_le64(p + 16, msg->u.fetch.offset);
+    ps_put_le64(p + 24, msg->u.fetch.count);
     break;
   case PS_MSG_FETCH_REPLY:
     ps_put_le64(p, msg->u.fetch_reply.cut_id);
@@ -382,12 +418,14 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     ps_put_le64(p + 16, msg->u.fetch_reply.count);
     break;
   case PS_MSG_LOAD:
-    put_state(p, &msg->u.load.state);
-    ps_put_le64(p + STATE_SIZE, msg->u.load.offset);
-    ps_put_le64(p + STATE_SIZE + 8, msg->u.load.count);
+    ps_put_le64(p, msg->u.load.fence);
+    put_state(p + LOAD_STATE_AT, &msg->u.load.state);
+    ps_put_le64(p + LOAD_STATE_AT + STATE_SIZE, msg->u.load.offset);
+    ps_put_le64(p + LOAD_STATE_AT + STATE_SIZE + 8, msg->u.load.count);
     break;
   case PS_MSG_STOP:
-    ps_put_le64(p, msg->u.stop.step);
+    ps_put_le64(p, msg->u.stop.fence);
+    ps_put_le64(p + 8, msg->u.stop.step);
     break;
   case PS_MSG_ERROR: {
     const ps_msg_error *m = &msg->u.error;
@@ -398,7 +436,6 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
-  case PS_MSG_RESUME:
     ps_put_le64(p, msg->u.ping.token);
     break;
   default:
@@ -636,13 +673,24 @@ static int decode_fetch_reply(const uint8_t *p, size_t len, ps_msg_fetch_reply *
   return 0;
 }
 
+/* The fence token at payload offset 0 of a chief -> shard frame. */
+static int get_fence(const char *name, const uint8_t *p, uint64_t *fence, ps_errbuf *eb) {
+  *fence = ps_get_le64(p);
+  if (*fence == 0)
+    return ps_err_set(eb, PS_EFORMAT, "%s: fence token is 0, expected the chief's lease token "
+                      "(at least 1)", name);
+  return 0;
+}
+
 static int decode_load(const uint8_t *p, size_t len, ps_msg_load *m, ps_errbuf *eb) {
   int rc;
   if ((rc = check_fixed("LOAD", len, LOAD_FIXED, eb)) != 0 ||
-      (rc = get_state("LOAD", p, 0, &m->state, eb)) != 0)
+      (rc = get_fence("LOAD", p, &m->fence, eb)) != 0 ||
+      (rc = check_pad("LOAD", p, 8, 8, eb)) != 0 ||
+      (rc = get_state("LOAD", p, LOAD_STATE_AT, &m->state, eb)) != 0)
     return rc;
-  m->offset = ps_get_le64(p + STATE_SIZE);
-  m->count = ps_get_le64(p + STATE_SIZE + 8);
+  m->offset = ps_get_le64(p + LOAD_STATE_AT + STATE_SIZE);
+  m->count = ps_get_le64(p + LOAD_STATE_AT + STATE_SIZE + 8);
   if ((rc = check_count("LOAD", len, LOAD_FIXED, m->count, eb)) != 0)
     return rc;
   if (m->offset > m->state.image_floats || m->count > m->state.image_floats - m->offset)
@@ -718,25 +766,34 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
   }
   case PS_MSG_PING:
   case PS_MSG_PONG:
-  case PS_MSG_RESUME:
     out->u.ping.token = ps_get_le64(p);
     break;
   case PS_MSG_CUT:
-    if ((rc = check_pad(name, p, 12, 4, eb)) != 0)
+    if ((rc = get_fence(name, p, &out->u.cut.fence, eb)) != 0 ||
+        (rc = check_pad(name, p, 20, 4, eb)) != 0)
       return rc;
-    out->u.cut.cut_id = ps_get_le64(p);
-    out->u.cut.hold_ms = ps_get_le32(p + 8);
+    out->u.cut.cut_id = ps_get_le64(p + 8);
+    out->u.cut.hold_ms = ps_get_le32(p + 16);
+    break;
+  case PS_MSG_RESUME:
+    if ((rc = get_fence(name, p, &out->u.resume.fence, eb)) != 0)
+      return rc;
+    out->u.resume.cut_id = ps_get_le64(p + 8);
     break;
   case PS_MSG_CUT_REPLY:
     out->u.cut_reply.cut_id = ps_get_le64(p);
     return get_state(name, p, 8, &out->u.cut_reply.state, eb);
   case PS_MSG_FETCH:
-    out->u.fetch.cut_id = ps_get_le64(p);
-    out->u.fetch.offset = ps_get_le64(p + 8);
-    out->u.fetch.count = ps_get_le64(p + 16);
+    if ((rc = get_fence(name, p, &out->u.fetch.fence, eb)) != 0)
+      return rc;
+    out->u.fetch.cut_id = ps_get_le64(p + 8);
+    out->u.fetch.offset = ps_get_le64(p + 16);
+    out->u.fetch.count = ps_get_le64(p + 24);
     break;
   case PS_MSG_STOP:
-    out->u.stop.step = ps_get_le64(p);
+    if ((rc = get_fence(name, p, &out->u.stop.fence, eb)) != 0)
+      return rc;
+    out->u.stop.step = ps_get_le64(p + 8);
     break;
   default: /* STATS: nothing to read */
     break;

@@ -9,7 +9,7 @@
 #include "paramserv/error.h"
 
 #define PS_PROTO_MAGIC 0x56525350u  /* the bytes "PSRV" */
-#define PS_PROTO_VERSION 2
+#define PS_PROTO_VERSION 3
 #define PS_PROTO_HEADER_SIZE 24
 #define PS_PROTO_NONCE_SIZE 32
 #define PS_PROTO_PROOF_SIZE 32      /* HMAC-SHA256 */
@@ -142,7 +142,12 @@ typedef struct ps_msg_state {
   uint32_t nonce;         /* exactly-once rows */
 } ps_msg_state;
 
+/* Every chief -> shard frame (CUT, RESUME, FETCH, LOAD, STOP) carries
+ * `fence`: the fencing token of the chief's lease (>= 1; 0 is refused).  A
+ * shard refuses a token lower than the highest it has seen (PROTOCOL.md,
+ * "Fencing"). */
 typedef struct ps_msg_cut {
+  uint64_t fence;
   uint64_t cut_id;
   uint32_t hold_ms;       /* resume by itself after this long without a RESUME */
 } ps_msg_cut;
@@ -152,7 +157,13 @@ typedef struct ps_msg_cut_reply {
   ps_msg_state state;
 } ps_msg_cut_reply;
 
+typedef struct ps_msg_resume {
+  uint64_t fence;
+  uint64_t cut_id;        /* the cut to end; echoed as the PONG's token */
+} ps_msg_resume;
+
 typedef struct ps_msg_fetch {
+  uint64_t fence;
   uint64_t cut_id, offset, count;  /* floats of the image */
 } ps_msg_fetch;
 
@@ -162,12 +173,14 @@ typedef struct ps_msg_fetch_reply {
 } ps_msg_fetch_reply;
 
 typedef struct ps_msg_load {
+  uint64_t fence;
   ps_msg_state state;
   uint64_t offset, count;  /* this piece, in floats of the image */
   const uint8_t *data;
 } ps_msg_load;
 
 typedef struct ps_msg_stop {
+  uint64_t fence;         /* the chief's; a shard forwards it to its workers */
   uint64_t step;          /* the global step the run ended at */
 } ps_msg_stop;
 
@@ -196,7 +209,7 @@ typedef struct ps_msg {
     ps_msg_ping ping;   /* PING and PONG; RESUME and LOAD are answered by a PONG */
     ps_msg_cut cut;
     ps_msg_cut_reply cut_reply;
-    ps_msg_ping resume; /* token = the cut id */
+    ps_msg_resume resume;
     ps_msg_fetch fetch;
     ps_msg_fetch_reply fetch_reply;
     ps_msg_load load;
@@ -207,7 +220,7 @@ typedef struct ps_msg {
 /* Decode and check the 24-byte header at buf (at least
  * PS_PROTO_HEADER_SIZE bytes).  Rejects a wrong magic (PS_EFORMAT), another
  * version (PS_EVERSION, naming both), an unknown type (PS_EFORMAT), nonzero
- * header flags (PS_EFORMAT: none are defined in version 2), and a payload
+ * header flags (PS_EFORMAT: none are defined in version 3), and a payload
  * longer than `max_payload` for float-carrying types (PULL_REPLY, PUSH,
  * FETCH_REPLY, LOAD) or
  * than PS_PROTO_SMALL_PAYLOAD_MAX for the others (PS_EFORMAT); each with a
@@ -221,7 +234,8 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
  * counts match the bytes present (PULL_REPLY, PUSH, FETCH_REPLY, LOAD), that
  * padding and reserved fields are zero, that roles, PUSH_ACK status, ERROR
  * code and flags, STATS_REPLY flags and a state block's nslots (0..2) and
- * has_accum (0..1) hold defined values, that a LOAD piece lies within its
+ * has_accum (0..1) hold defined values, that the fence token of CUT, RESUME,
+ * FETCH, LOAD and STOP is not 0, that a LOAD piece lies within its
  * image (offset + count <= image_floats), and that strings fit and hold only
  * allowed bytes (cluster id [A-Za-z0-9_.-], 1..63; ERROR message printable
  * ASCII).  For PULL_REPLY, PUSH, FETCH_REPLY and LOAD, out->u.*.data points
@@ -239,7 +253,8 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
  * if msg is something ps_proto_decode would refuse (unknown type or role,
  * bad cluster id, PUSH_ACK status > 2, ERROR code >= 0 or unknown ERROR
  * flags, unknown STATS_REPLY flags, a CUT_REPLY or LOAD state with nslots > 2
- * or has_accum > 1, a LOAD piece outside its image, a count whose frame
+ * or has_accum > 1, a fence token of 0 in CUT, RESUME, FETCH, LOAD or STOP,
+ * a LOAD piece outside its image, a count whose frame
  * length overflows 32 bits, NULL data with a nonzero count). */
 size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap);
 
@@ -247,13 +262,13 @@ size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, siz
  * or LOAD frame into out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of
  * floats must follow it on the wire (so that large slices are sent without
  * a copy).  msg->u.*.data is not read.  @return the prefix length (56 for
- * PULL_REPLY and FETCH_REPLY, 72 for PUSH, 88 for LOAD), or 0 for any other
+ * PULL_REPLY and FETCH_REPLY, 72 for PUSH, 104 for LOAD), or 0 for any other
  * type, a count whose frame length overflows 32 bits, or a LOAD that
  * ps_proto_encode would refuse. */
 size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);
 
 /* The largest payload a frame of float-carrying type can need for a slice
- * of `floats` floats (64 + 4 * floats, saturating): what a shard passes as
+ * of `floats` floats (80 + 4 * floats, saturating): what a shard passes as
  * max_payload.  A FETCH_REPLY or LOAD piece is at most `floats` long. */
 uint64_t ps_proto_max_payload(uint64_t floats);
 
@@ -270,6 +285,14 @@ void ps_proto_auth_proof(const uint8_t *secret, size_t secret_len,
  * @return 1 when hello->proof is right. */
 int ps_proto_auth_check(const uint8_t *secret, size_t secret_len,
                         const uint8_t nonce[PS_PROTO_NONCE_SIZE], const ps_msg_hello *hello);
+
+/* The fence token of a CUT, RESUME, FETCH, LOAD or STOP; 0 for any other
+ * type. */
+uint64_t ps_proto_fence(const ps_msg *m);
+
+/* Set the fence token of a CUT, RESUME, FETCH, LOAD or STOP.  @return 0, or
+ * -1 (nothing changed) for any other type. */
+int ps_proto_set_fence(ps_msg *m, uint64_t fence);
 
 /* "PUSH", "worker", ...; "unknown" for any other value.  Static strings. */
 const char *ps_proto_type_name(int type);

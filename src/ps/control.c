@@ -2,7 +2,8 @@
  * the whole state into an image and holds pushes until RESUME, so that the
  * chief's cut of all shards is taken while all are paused; FETCH reads the
  * image back in pieces while training goes on; LOAD gives an uninitialized
- * shard its first state; STOP ends the run.  Only the chief may send them. */
+ * shard its first state; STOP ends the run.  Only the chief may send them,
+ * and only with a fence token at least the highest this shard has seen. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -12,6 +13,19 @@
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "ps/server_internal.h"
+
+/* One CUT's copy.  It lives while it is the shard's newest cut or a
+ * FETCH_REPLY that points into it is being written, so that a later CUT
+ * never changes the bytes of a reply on the wire: that CUT copies into
+ * another buffer (PROTOCOL.md, "The cut image"). */
+typedef struct cut_image {
+  server *srv;
+  uint64_t fence, cut_id;       /* of the CUT that made it */
+  ps_shard_image_info info;
+  float *buf;
+  uint64_t cap;                 /* floats allocated at buf */
+  int refs;                     /* the server's while newest, + one per reply being written */
+} cut_image;
 
 /* A push that came while a cut held pushes: applied at RESUME, in order. */
 typedef struct held_push {
@@ -55,7 +69,8 @@ static void resume(server *s, const char *why) {
     n++;
   }
   ps_log(n > 0 || why[0] != 'R' ? PS_LOG_INFO : PS_LOG_DEBUG,
-         "cut %" PRIu64 ": %s; %d held pushes applied", s->cut_id, why, n);
+         "cut %" PRIu64 ": %s; %d held pushes applied", s->cut != NULL ? s->cut->cut_id : 0, why,
+         n);
 }
 
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
@@ -83,15 +98,35 @@ int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
   return 1;
 }
 
+/* Drop one reference; the last one gives the buffer back as the spare
+ * (or frees it when there is one already). */
+static void image_unref(cut_image *img) {
+  if (img == NULL || --img->refs > 0)
+    return;
+  server *s = img->srv;
+  if (s->spare == NULL) {
+    s->spare = img->buf;
+    s->spare_cap = img->cap;
+  } else {
+    free(img->buf);
+  }
+  free(img);
+}
+
+static void on_fetch_written(void *arg, int status) {
+  (void)status;
+  image_unref(arg);
+}
+
 void ps_control_prepare(server *s) {
   if (s->cfg->checkpoint_every_steps == 0 && s->cfg->checkpoint_every_secs == 0)
     return;
   /* The copy buffer, allocated and touched now: a first cut into fresh
    * pages would stall on every page fault. */
   ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
-  s->cut_img = grow(s->cut_img, &s->cut_cap, in.image_floats);
-  if (s->cut_img != NULL)
-    memset(s->cut_img, 0, (size_t)in.image_floats * sizeof(float));
+  s->spare = grow(s->spare, &s->spare_cap, in.image_floats);
+  if (s->spare != NULL)
+    memset(s->spare, 0, (size_t)in.image_floats * sizeof(float));
 }
 
 void ps_control_tick(server *s, uint64_t now_ns) {
@@ -108,10 +143,14 @@ void ps_control_free(server *s) {
     free(h);
   }
   s->held_tail = NULL;
-  free(s->cut_img);
+  /* The loop has run out: no reply is being written any more. */
+  image_unref(s->cut);
+  s->cut = NULL;
+  free(s->spare);
   free(s->load_img);
-  s->cut_img = s->load_img = NULL;
-  s->cut_cap = s->load_cap = 0;
+  s->spare = NULL;
+  s->load_img = NULL;
+  s->spare_cap = s->load_cap = 0;
 }
 
 static void send_pong(client *cl, uint64_t req, uint64_t token) {
@@ -127,17 +166,24 @@ static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
     return;
   }
   ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
-  float *img = grow(s->cut_img, &s->cut_cap, in.image_floats);
-  s->cut_img = img;
-  if (img == NULL) {
+  /* A new image, in the spare buffer when there is one: the previous cut's
+   * buffer may still be on the wire in a FETCH_REPLY. */
+  cut_image *img = calloc(1, sizeof *img);
+  float *buf = img != NULL ? grow(s->spare, &s->spare_cap, in.image_floats) : NULL;
+  if (buf == NULL) {
+    free(img);
     REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a copy of %" PRIu64 " floats",
            in.image_floats);
     return;
   }
+  *img = (cut_image){.srv = s, .fence = c->fence, .cut_id = c->cut_id, .info = in,
+                     .buf = buf, .cap = s->spare_cap, .refs = 1};
+  s->spare = NULL;
+  s->spare_cap = 0;
   uint64_t t0 = ps_now_ns();
-  ps_shard_image_write(&s->shard, img);
-  s->cut_info = in;
-  s->cut_id = c->cut_id;
+  ps_shard_image_write(&s->shard, img->buf);
+  image_unref(s->cut);
+  s->cut = img;
   s->paused = 1;
   s->resume_at_ns = ps_now_ns() + (uint64_t)c->hold_ms * 1000000ULL;
   ps_msg m = {.type = PS_MSG_CUT_REPLY};
@@ -155,12 +201,19 @@ static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
 
 static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
   server *s = cl->srv;
-  uint64_t total = s->cut_img != NULL ? s->cut_info.image_floats : 0;
-  if (f->cut_id != s->cut_id || s->cut_img == NULL) {
-    REFUSE(cl, PS_EFORMAT, 0, "FETCH of cut %" PRIu64 ", this shard holds cut %" PRIu64, f->cut_id,
-           s->cut_id);
+  cut_image *img = s->cut;
+  /* The cut id alone is not enough: two chiefs number their cuts alike. */
+  if (img == NULL || f->cut_id != img->cut_id || f->fence != img->fence) {
+    if (img == NULL)
+      REFUSE(cl, PS_EFORMAT, 0, "FETCH of cut %" PRIu64 " (token %" PRIu64 "): this shard holds "
+             "no cut", f->cut_id, f->fence);
+    else
+      REFUSE(cl, PS_EFORMAT, 0, "FETCH of cut %" PRIu64 " (token %" PRIu64 "): this shard holds "
+             "cut %" PRIu64 " of token %" PRIu64 " only", f->cut_id, f->fence, img->cut_id,
+             img->fence);
     return;
   }
+  uint64_t total = img->info.image_floats;
   if (f->offset > total || f->count > total - f->offset || f->count > s->shard.o.nfloats) {
     REFUSE(cl, PS_EFORMAT, 0,
            "FETCH of floats %" PRIu64 "..+%" PRIu64 ": the copy holds %" PRIu64
@@ -174,10 +227,11 @@ static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
   m.u.fetch_reply.count = f->count;
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
   size_t plen = ps_proto_encode_prefix(&m, req, prefix);
-  /* The copy stays until the next CUT, which the chief sends only after
-   * its fetches are answered. */
-  ps_conn_send(cl->conn, prefix, plen, s->cut_img + f->offset, f->count * sizeof(float), NULL,
-               NULL);
+  /* The image stays, unchanged, until this reply is written. */
+  img->refs++;
+  if (ps_conn_send(cl->conn, prefix, plen, img->buf + f->offset, f->count * sizeof(float),
+                   on_fetch_written, img) != 0)
+    image_unref(img);
 }
 
 static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
@@ -250,6 +304,7 @@ static void on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
   ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64 "; telling the workers",
          st->step);
   ps_msg m = {.type = PS_MSG_STOP};
+  m.u.stop.fence = st->fence;
   m.u.stop.step = st->step;
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_READY && c->role == PS_ROLE_WORKER)
@@ -267,6 +322,20 @@ void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
            ps_role_name(cl->role));
     return;
   }
+  /* Fencing: a chief that lost its lease (paused, cut off) may still be
+   * running; once a newer chief's token has been seen, it is refused. */
+  uint64_t fence = ps_proto_fence(m);
+  if (fence < s->fence) {
+    REFUSE(cl, PS_EFENCED, 0, "%s with fence token %" PRIu64 ", but this shard has seen token %"
+           PRIu64 ": a newer chief holds the lease", ps_proto_type_name(m->type), fence, s->fence);
+    return;
+  }
+  if (fence > s->fence) {
+    if (s->fence != 0)
+      ps_log(PS_LOG_INFO, "chief fence token %" PRIu64 " -> %" PRIu64 ": a newer chief; frames "
+             "with older tokens are refused from now on", s->fence, fence);
+    s->fence = fence;
+  }
   switch (m->type) {
   case PS_MSG_CUT:
     on_cut(cl, req, &m->u.cut);
@@ -274,8 +343,8 @@ void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
   case PS_MSG_RESUME:
     /* The answer first: the chief's stall ends here, not after the held
      * pushes are applied. */
-    send_pong(cl, req, m->u.resume.token);
-    if (m->u.resume.token == s->cut_id)
+    send_pong(cl, req, m->u.resume.cut_id);
+    if (s->cut != NULL && m->u.resume.cut_id == s->cut->cut_id && fence == s->cut->fence)
       resume(s, "RESUME");
     break;
   case PS_MSG_FETCH:

@@ -48,12 +48,12 @@ typedef struct server {
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
   /* control.c */
-  uint64_t cut_id;              /* of the newest CUT */
+  uint64_t fence;               /* the highest chief fence token seen */
+  struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */
+  float *spare;                 /* a copy buffer no cut uses, kept for the next CUT */
+  uint64_t spare_cap;           /* floats allocated at spare */
   int paused;                   /* pushes are held until RESUME */
   uint64_t resume_at_ns;        /* or until then */
-  float *cut_img;               /* the newest CUT's copy */
-  uint64_t cut_cap;             /* floats allocated at cut_img */
-  ps_shard_image_info cut_info;
   struct held_push *held, *held_tail;
   float *load_img;              /* a LOAD being received */
   uint64_t load_cap, load_next;

@@ -83,6 +83,7 @@ struct ps_client {
   int fatal_code;
   char error[1024];
   int deadline_ms;         /* a call fails with -ETIMEDOUT after this long; 0: never */
+  uint64_t fence;          /* the chief's fence token, put in its control frames */
   uv_timer_t deadline;
   int timed_out;
   uint64_t connects;       /* handshakes completed, over all links */
@@ -144,6 +145,7 @@ static void send_op(link *l) {
   ps_msg m;
   memset(&m, 0, sizeof m);
   if (l->op == OP_REQ) {
+    ps_proto_set_fence(&l->req, c->fence);
     if (l->req.type == PS_MSG_LOAD) {
       uint8_t prefix[PS_PROTO_PREFIX_MAX];
       size_t plen = ps_proto_encode_prefix(&l->req, l->req_id, prefix);
@@ -206,8 +208,8 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       ps_log(PS_LOG_WARN, "shard %d: %s; reconnecting", l->index, m.u.error.message);
       ps_conn_close(conn);
     } else {
-      set_error(c, m.u.error.code, "shard %d refused worker %d: %s", l->index, c->index,
-                m.u.error.message);
+      set_error(c, m.u.error.code, "shard %d refused %s %d: %s", l->index, ps_role_name(c->role),
+                c->index, m.u.error.message);
       ps_conn_close(conn);
     }
     return;
@@ -465,6 +467,7 @@ void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag) { c->sto
 
 /* worker/control.h */
 void ps_client_set_deadline(ps_client *c, int ms) { c->deadline_ms = ms; }
+void ps_client_set_fence(ps_client *c, uint64_t fence) { c->fence = fence; }
 uint64_t ps_client_connects(const ps_client *c) { return c->connects; }
 const ps_layout *ps_client_layout(const ps_client *c) { return &c->layout; }
 const ps_model *ps_client_model(const ps_client *c) { return &c->model; }

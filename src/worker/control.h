@@ -21,6 +21,13 @@ ps_client *ps_client_new_as(const char *config_path, int role, int index, ps_err
  * within ms milliseconds (0: wait for ever, the default). */
 void ps_client_set_deadline(ps_client *c, int ms);
 
+/* Every CUT, RESUME, FETCH, LOAD and STOP this client sends from now on
+ * carries `fence` (the chief's lease token, >= 1; PROTOCOL.md "Fencing"):
+ * ps_client_request overwrites the fence of each request with it.  A shard
+ * that has seen a higher token refuses the request: the call returns
+ * PS_EFENCED. */
+void ps_client_set_fence(ps_client *c, uint64_t fence);
+
 /* Called for each reply, on the caller's thread, while the call runs.
  * Floats in the reply point into a buffer valid only during the call. */
 typedef void (*ps_client_reply_fn)(void *arg, int shard, const ps_msg *reply);

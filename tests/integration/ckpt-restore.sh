@@ -51,6 +51,9 @@ kill_chief() {
   redis-cli -p "$REDIS_PORT" del "{itest}:chief" >/dev/null
 }
 
+# index_tmp DIR: the index temporary a crash left (checkpoint.tmp-<token>-<pid>), or "".
+index_tmp() { (cd "$1" && ls -d checkpoint.tmp-* 2>/dev/null | head -n 1) || true; }
+
 # loaded_from LOG: "ckpt-XXXXXXXXX" of the chief's "shard 0: loaded from" line.
 loaded_from() {
   sed -n 's/.*shard 0: loaded from \(ckpt-[0-9]*\): .*/\1/p' "$1" | head -n 1
@@ -188,19 +191,20 @@ for case in shards manifest rename index retain index-first; do
       # (Where the crash lands depends on the build: with checkpoints on
       # disk the retention a chief runs when it starts reaches this crash
       # point before any commit does.)
-      [ -f "$D/checkpoint.tmp" ] || fail "crash at 'index': no checkpoint.tmp in $D"
+      itmp=$(index_tmp "$D")
+      [ -n "$itmp" ] || fail "crash at 'index': no checkpoint.tmp-* in $D"
       if [ -z "$new" ]; then
         [ "$(cat "$D/checkpoint")" = "$index_before" ] || fail "crash at 'index': the index changed"
         [ "${after[*]}" = "${before[*]}" ] ||
           fail "crash at 'index' changed the checkpoints: [${before[*]}] -> [${after[*]}]"
-        what="checkpoint.tmp ($(grep -c '^kept:' "$D/checkpoint.tmp") kept) left, the index unchanged"
+        what="$itmp ($(grep -c '^kept:' "$D/$itmp") kept) left, the index unchanged"
       else
         [ "$(ls_state "$new")" = unlisted ] || fail "$new is '$(ls_state "$new")', expected unlisted"
-        what="new $new committed, unlisted; checkpoint.tmp left"
+        what="new $new committed, unlisted; $itmp left"
       fi
       ;;
     retain)
-      [ ! -e "$D/checkpoint.tmp" ] || fail "crash at 'retain': checkpoint.tmp left after the rename"
+      [ -z "$(index_tmp "$D")" ] || fail "crash at 'retain': $(index_tmp "$D") left after the rename"
       kept=$(awk '$1 == "kept:" { print $2 }' "$D/checkpoint" | tr '\n' ' ' | sed 's/ $//')
       [ "$kept" = "$CK_NEWEST" ] || fail "crash at 'retain' (max_to_keep 1): the index keeps '$kept'"
       [ "${#after[@]}" -ge 2 ] || fail "crash at 'retain': nothing was left to delete (${after[*]})"
@@ -215,9 +219,10 @@ for case in shards manifest rename index retain index-first; do
     index-first)
       [ -n "$new" ] || fail "crash at 'index' in the first commit: no checkpoint in $D"
       [ ! -e "$D/checkpoint" ] || fail "crash at 'index' in the first commit: an index exists"
-      [ -f "$D/checkpoint.tmp" ] || fail "crash at 'index' in the first commit: no checkpoint.tmp"
+      itmp=$(index_tmp "$D")
+      [ -n "$itmp" ] || fail "crash at 'index' in the first commit: no checkpoint.tmp-*"
       [ "$(ls_state "$new")" = unlisted ] || fail "$new is '$(ls_state "$new")', expected unlisted"
-      what="first checkpoint $new committed, no index (checkpoint.tmp left)"
+      what="first checkpoint $new committed, no index ($itmp left)"
       ;;
   esac
   if [ -n "$tmpdir" ] || [ -n "$new" ]; then
@@ -252,7 +257,7 @@ for case in shards manifest rename index retain index-first; do
   wait_for "$log" "checkpoint ckpt-[0-9]*: step" 30
   next=$(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$log" | head -n 1)
   [ -z "$tmpdir" ] || [ ! -e "$D/$tmpdir" ] || fail "$tmpdir still there after the restart's retention"
-  [ ! -e "$D/checkpoint.tmp" ] || fail "checkpoint.tmp still there after the restart's retention"
+  [ -z "$(index_tmp "$D")" ] || fail "$(index_tmp "$D") still there after the restart's retention"
   echo "ok: whole-cluster restart after the crash at '$stage': shard 0 loaded from $expect" \
     "(global step $g), the worker resumed at its $pos; then $next ($(elapsed))"
   # Killed just after a checkpoint's line, 100 steps before the next write:

@@ -24,6 +24,7 @@
 #include "layout/layout.h"
 #include "nn/model.h"
 #include "recovery/checkpoint.h"
+#include "recovery/commit.h"
 #include "recovery/export.h"
 
 #define NSHARDS 2
@@ -594,12 +595,12 @@ static void test_retention_max_to_keep(void **state) {
 
   /* On start, with the restored one protected: it stays, and is latest. */
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, "ckpt-000000300", &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, 1, 0, "ckpt-000000300", NULL, &eb), 0);
   assert_true(exists(dir, 300) && exists(dir, 400));
   idx = index_text(dir);
   assert_true(strncmp(idx, "latest: ckpt-000000300\n", 23) == 0);
   free(idx);
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, NULL, &eb), 0);
   assert_false(exists(dir, 300));
   assert_true(exists(dir, 400));
 
@@ -629,7 +630,9 @@ static void test_retention_hours(void **state) {
     assert_int_equal(exists(dir, (uint64_t)k + 1), want[k]);
 }
 
-/* What a crash leaves (temporary directories, an index temporary) goes. */
+/* What a crash leaves (temporary directories, an index temporary) goes,
+ * when it is of an older token (or version 1's names); a newer chief's
+ * write in progress stays. */
 static void test_retain_leftovers(void **state) {
   fx *f = *state;
   char dir[256];
@@ -637,13 +640,106 @@ static void test_retain_leftovers(void **state) {
   write_step(f, dir, 100, PS_CKPT_FILTER_NONE, 0, 0);
   assert_int_equal(sh("mkdir '%s/.tmp-ckpt-000000200-4242' && touch '%s/.tmp-ckpt-000000200-4242/"
                       "shard-0.lz4' && mkdir '%s/.old-ckpt-000000100-77' && echo x > "
-                      "'%s/checkpoint.tmp' && mkdir '%s/unrelated'", dir, dir, dir, dir, dir), 0);
+                      "'%s/checkpoint.tmp' && mkdir '%s/unrelated' && "
+                      "mkdir '%s/.tmp-ckpt-000000300-8-55' && echo x > '%s/checkpoint.tmp-8-55' && "
+                      "mkdir '%s/.tmp-ckpt-000000400-10-55' && echo x > '%s/checkpoint.tmp-10-56'",
+                      dir, dir, dir, dir, dir, dir, dir, dir, dir), 0);
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, 5, 0, NULL, &eb), 0);
+  ps_ckpt_owner me = {.token = 9};
+  assert_int_equal(ps_ckpt_retain(dir, 5, 0, NULL, &me, &eb), 0);
   assert_int_equal(sh("test ! -e '%s/.tmp-ckpt-000000200-4242' && test ! -e "
                       "'%s/.old-ckpt-000000100-77' && test ! -e '%s/checkpoint.tmp' && test -d "
-                      "'%s/unrelated'", dir, dir, dir, dir), 0);
+                      "'%s/unrelated' && test ! -e '%s/.tmp-ckpt-000000300-8-55' && "
+                      "test ! -e '%s/checkpoint.tmp-8-55' && test -d '%s/.tmp-ckpt-000000400-10-55' "
+                      "&& test -f '%s/checkpoint.tmp-10-56'", dir, dir, dir, dir, dir, dir, dir, dir),
+                   0);
   expect_latest(f, dir, 100);
+}
+
+/* Which temporaries a writer with (token 9, pid 100) may remove. */
+static void test_leftover_rule(void **state) {
+  (void)state;
+  static const struct {
+    const char *name;
+    int want;
+  } cases[] = {
+      {".tmp-ckpt-000000200-9-100", 1},   /* its own */
+      {".tmp-ckpt-000000200-9-101", 0},   /* same token, another pid: not its own */
+      {".tmp-ckpt-000000200-8-100", 1},   /* an older token: fenced, can never commit */
+      {".tmp-ckpt-000000200-10-100", 0},  /* a newer chief's write in progress */
+      {".old-ckpt-000000200-3-7", 1},
+      {".old-ckpt-000000200-12-7", 0},
+      {"checkpoint.tmp-9-100", 1},
+      {"checkpoint.tmp-10-100", 0},
+      {"checkpoint.tmp-2-5", 1},
+      {".tmp-ckpt-000000200-4242", 1},    /* version 1's names: token 0 */
+      {"checkpoint.tmp", 1},
+      {"checkpoint", -1},
+      {"ckpt-000000200", -1},
+      {".tmp-ckpt-000000200", -1},
+      {".tmp-ckpt-000000200-x-1", -1},
+      {"checkpoint.tmp-9", -1},
+      {"checkpoint.tmpx", -1},
+      {"unrelated", -1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    if (ps__ckpt_leftover_removable(cases[i].name, 9, 100) != cases[i].want)
+      fail_msg("%s: %d, expected %d", cases[i].name,
+               ps__ckpt_leftover_removable(cases[i].name, 9, 100), cases[i].want);
+  /* Token 0 (no lease): only its own. */
+  assert_int_equal(ps__ckpt_leftover_removable(".tmp-ckpt-000000200-0-100", 0, 100), 1);
+  assert_int_equal(ps__ckpt_leftover_removable(".tmp-ckpt-000000200-0-101", 0, 100), 0);
+}
+
+static int fence_calls, fence_after;
+/* Passes fence_after times, then refuses. */
+static int test_fence(void *arg, char *why, size_t len) {
+  (void)arg;
+  if (fence_calls++ < fence_after)
+    return 0;
+  snprintf(why, len, "lease lost (test)");
+  return -1;
+}
+
+/* A writer whose fence refuses never renames its checkpoint into place,
+ * never rewrites the index and never deletes a checkpoint. */
+static void test_fenced_commit(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "fenced", dir, sizeof dir);
+  write_step(f, dir, 100, PS_CKPT_FILTER_NONE, 0, 0);
+  write_step(f, dir, 200, PS_CKPT_FILTER_NONE, 0, 0);
+  char *before = index_text(dir);
+  ps_ckpt_owner o7 = {.token = 7, .fence = test_fence};
+  /* Refused at the rename: nothing committed, its temporary gone. */
+  fence_calls = fence_after = 0;
+  fill(f, 300);
+  ps_ckpt_write_opts o = opts(f, 300, PS_CKPT_FILTER_NONE, 1, 0);
+  o.owner = &o7;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_write(dir, &o, NULL, &eb), PS_EFENCED);
+  assert_non_null(strstr(eb.msg, "fenced: not renaming it into place in "));
+  assert_false(exists(dir, 300));
+  assert_int_equal(sh("test -z \"$(ls -A '%s' | grep '^\\.')\"", dir), 0);
+  char *idx = index_text(dir);
+  assert_string_equal(idx, before);
+  free(idx);
+  /* Retention refused before the index: the index and both checkpoints stay. */
+  fence_calls = 0;
+  fence_after = 1;  /* the leftovers pass, the index does not */
+  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_non_null(strstr(eb.msg, "not rewriting the index"));
+  assert_true(exists(dir, 100) && exists(dir, 200));
+  idx = index_text(dir);
+  assert_string_equal(idx, before);
+  free(idx);
+  /* Refused before the deletion: the index is rewritten, nothing deleted. */
+  fence_calls = 0;
+  fence_after = 2;
+  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_non_null(strstr(eb.msg, "not deleting ckpt-000000100 (retention)"));
+  assert_true(exists(dir, 100) && exists(dir, 200));
+  free(before);
 }
 
 /* Writing a step that exists (a damaged one, or one of an abandoned
@@ -727,7 +823,8 @@ static void test_crash_points(void **state) {
         fail_msg("stage %s: the index names missing %s", stages[s], e[i].name);
     free(e);
     expect_latest(f, dir, latest[s]);
-    assert_int_equal(ps_ckpt_retain(dir, 2, 0, NULL, &eb), 0);
+    ps_ckpt_owner successor = {.token = 1};
+    assert_int_equal(ps_ckpt_retain(dir, 2, 0, NULL, &successor, &eb), 0);
     assert_int_equal(sh("test -z \"$(ls -A '%s' | grep '^\\.')\"", dir), 0);
     /* Two kept: 200 and 300 where 300 was committed, else 100 and 200. */
     assert_int_equal(exists(dir, 100), latest[s] == 200);
@@ -923,6 +1020,8 @@ int main(void) {
       cmocka_unit_test(test_retention_max_to_keep),
       cmocka_unit_test(test_retention_hours),
       cmocka_unit_test(test_retain_leftovers),
+      cmocka_unit_test(test_leftover_rule),
+      cmocka_unit_test(test_fenced_commit),
       cmocka_unit_test(test_same_step_replaced),
       cmocka_unit_test(test_write_errors),
       cmocka_unit_test(test_crash_points),

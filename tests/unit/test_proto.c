@@ -12,6 +12,8 @@
 #include "proto/proto.h"
 
 #define MAX_PAYLOAD (1u << 20)
+/* The fence token of the sample chief -> shard frames. */
+#define FENCE 0x9192939495969798u
 
 /* ------------------------------------------------------------------------ */
 /* Sample messages and helpers                                              */
@@ -105,6 +107,7 @@ static void sample(int type, ps_msg *m) {
     m->u.ping.token = 0xc1c2c3c4c5c6c7c8u;
     break;
   case PS_MSG_CUT:
+    m->u.cut.fence = FENCE;
     m->u.cut.cut_id = 0xd1d2d3d4d5d6d7d8u;
     m->u.cut.hold_ms = 0xe1e2e3e4u;
     break;
@@ -113,9 +116,11 @@ static void sample(int type, ps_msg *m) {
     sample_state(&m->u.cut_reply.state);
     break;
   case PS_MSG_RESUME:
-    m->u.resume.token = 0xd1d2d3d4d5d6d7d8u;
+    m->u.resume.fence = FENCE;
+    m->u.resume.cut_id = 0xd1d2d3d4d5d6d7d8u;
     break;
   case PS_MSG_FETCH:
+    m->u.fetch.fence = FENCE;
     m->u.fetch.cut_id = 0xd1d2d3d4d5d6d7d8u;
     m->u.fetch.offset = 0x0102030405060708u;
     m->u.fetch.count = 0x1112131415161718u;
@@ -127,6 +132,7 @@ static void sample(int type, ps_msg *m) {
     m->u.fetch_reply.data = (const uint8_t *)floats;
     break;
   case PS_MSG_LOAD:
+    m->u.load.fence = FENCE;
     sample_state(&m->u.load.state);
     /* The last piece: it ends exactly at the end of the image. */
     m->u.load.offset = m->u.load.state.image_floats - 5;
@@ -134,6 +140,7 @@ static void sample(int type, ps_msg *m) {
     m->u.load.data = (const uint8_t *)floats;
     break;
   case PS_MSG_STOP:
+    m->u.stop.fence = FENCE;
     m->u.stop.step = 0xf1f2f3f4f5f6f7f8u;
     break;
   default: /* STATS */
@@ -226,10 +233,14 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     break;
   case PS_MSG_PING:
   case PS_MSG_PONG:
-  case PS_MSG_RESUME:
     assert_true(a->u.ping.token == b->u.ping.token);
     break;
+  case PS_MSG_RESUME:
+    assert_true(a->u.resume.fence == b->u.resume.fence);
+    assert_true(a->u.resume.cut_id == b->u.resume.cut_id);
+    break;
   case PS_MSG_CUT:
+    assert_true(a->u.cut.fence == b->u.cut.fence);
     assert_true(a->u.cut.cut_id == b->u.cut.cut_id);
     assert_int_equal(a->u.cut.hold_ms, b->u.cut.hold_ms);
     break;
@@ -238,6 +249,7 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     assert_state_equal(&a->u.cut_reply.state, &b->u.cut_reply.state);
     break;
   case PS_MSG_FETCH:
+    assert_true(a->u.fetch.fence == b->u.fetch.fence);
     assert_true(a->u.fetch.cut_id == b->u.fetch.cut_id);
     assert_true(a->u.fetch.offset == b->u.fetch.offset);
     assert_true(a->u.fetch.count == b->u.fetch.count);
@@ -251,6 +263,7 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
                           4 * a->u.fetch_reply.count);
     break;
   case PS_MSG_LOAD:
+    assert_true(a->u.load.fence == b->u.load.fence);
     assert_state_equal(&a->u.load.state, &b->u.load.state);
     assert_true(a->u.load.offset == b->u.load.offset);
     assert_true(a->u.load.count == b->u.load.count);
@@ -258,6 +271,7 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
       assert_memory_equal(a->u.load.data, b->u.load.data, 4 * a->u.load.count);
     break;
   case PS_MSG_STOP:
+    assert_true(a->u.stop.fence == b->u.stop.fence);
     assert_true(a->u.stop.step == b->u.stop.step);
     break;
   default:
@@ -318,16 +332,16 @@ static void test_roundtrip_every_type(void **state) {
     /* The exact sizes of PROTOCOL.md. */
     static const size_t want[PS_MSG_TYPE_MAX + 1] = {
         0,       48,      58 + 10, 56, 16,      32 + 20, 48 + 20, 32, 0, 88, 16 + 48, 8, 8,
-        /* CUT */ 16, 56, 8,       24, 32 + 20, 64 + 20, 8};
+        /* CUT */ 24, 56, 16,      32, 32 + 20, 80 + 20, 16};
     assert_int_equal(h.length, want[type]);
   }
 }
 
-/* The offsets of PROTOCOL.md's tables for the version-2 messages, read back
+/* The offsets of PROTOCOL.md's tables for the chief's messages (version 3), read back
  * from the encoded bytes rather than through the decoder, so that a field
  * that the encoder and the decoder both put at the same wrong offset shows
  * up. */
-static void test_v2_payload_bytes(void **state) {
+static void test_v3_payload_bytes(void **state) {
   (void)state;
   ps_msg m;
   const uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
@@ -339,15 +353,16 @@ static void test_v2_payload_bytes(void **state) {
   assert_true(ps_get_le64(p + 80) == 3);
 
   encode_sample(PS_MSG_CUT, &m);
-  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
-  assert_int_equal(ps_get_le32(p + 8), 0xe1e2e3e4u);
-  assert_int_equal(ps_get_le32(p + 12), 0);
+  assert_true(ps_get_le64(p) == FENCE);
+  assert_true(ps_get_le64(p + 8) == 0xd1d2d3d4d5d6d7d8u);
+  assert_int_equal(ps_get_le32(p + 16), 0xe1e2e3e4u);
+  assert_int_equal(ps_get_le32(p + 20), 0);
 
-  /* The state block: at 8 in CUT_REPLY, at 0 in LOAD. */
+  /* The state block: at 8 in CUT_REPLY, at 16 in LOAD. */
   static const struct {
     int type;
     size_t at;
-  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 0}};
+  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 16}};
   for (size_t i = 0; i < 2; i++) {
     encode_sample(blocks[i].type, &m);
     const uint8_t *b = p + blocks[i].at;
@@ -365,12 +380,14 @@ static void test_v2_payload_bytes(void **state) {
   assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
 
   encode_sample(PS_MSG_RESUME, &m);
-  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
+  assert_true(ps_get_le64(p) == FENCE);
+  assert_true(ps_get_le64(p + 8) == 0xd1d2d3d4d5d6d7d8u);
 
   encode_sample(PS_MSG_FETCH, &m);
-  assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
-  assert_true(ps_get_le64(p + 8) == 0x0102030405060708u);
-  assert_true(ps_get_le64(p + 16) == 0x1112131415161718u);
+  assert_true(ps_get_le64(p) == FENCE);
+  assert_true(ps_get_le64(p + 8) == 0xd1d2d3d4d5d6d7d8u);
+  assert_true(ps_get_le64(p + 16) == 0x0102030405060708u);
+  assert_true(ps_get_le64(p + 24) == 0x1112131415161718u);
 
   encode_sample(PS_MSG_FETCH_REPLY, &m);
   assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
@@ -380,19 +397,44 @@ static void test_v2_payload_bytes(void **state) {
   assert_memory_equal(p + 32, floats, sizeof floats);
 
   encode_sample(PS_MSG_LOAD, &m);
-  assert_true(ps_get_le64(p + 48) == 0x0000414243444546u - 5);
-  assert_true(ps_get_le64(p + 56) == 5);
-  assert_memory_equal(p + 64, floats, sizeof floats);
+  assert_true(ps_get_le64(p) == FENCE);
+  assert_true(ps_get_le64(p + 8) == 0);
+  assert_true(ps_get_le64(p + 64) == 0x0000414243444546u - 5);
+  assert_true(ps_get_le64(p + 72) == 5);
+  assert_memory_equal(p + 80, floats, sizeof floats);
 
   encode_sample(PS_MSG_STOP, &m);
-  assert_true(ps_get_le64(p) == 0xf1f2f3f4f5f6f7f8u);
+  assert_true(ps_get_le64(p) == FENCE);
+  assert_true(ps_get_le64(p + 8) == 0xf1f2f3f4f5f6f7f8u);
+}
+
+/* PROTOCOL.md's test vector of a fenced frame: CUT, fence token 7, cut 3,
+ * hold_ms 1500, request id 1. */
+static void test_fence_vector(void **state) {
+  (void)state;
+  ps_msg m = {.type = PS_MSG_CUT};
+  m.u.cut = (ps_msg_cut){.fence = 7, .cut_id = 3, .hold_ms = 1500};
+  static const uint8_t want[48] = {
+      'P', 'S', 'R', 'V', 3, 0, 13, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 24, 0, 0, 0,
+      7,   0,   0,   0,   0, 0, 0,  0, 3, 0, 0, 0, 0, 0, 0, 0, 0xdc, 0x05, 0, 0, 0, 0, 0, 0};
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), sizeof want);
+  assert_memory_equal(frame, want, sizeof want);
+  ps_msg out;
+  assert_int_equal(decode_frame(24, &out), 0);
+  assert_true(out.u.cut.fence == 7 && out.u.cut.cut_id == 3 && out.u.cut.hold_ms == 1500);
+  assert_true(ps_proto_fence(&out) == 7);
+  assert_int_equal(ps_proto_set_fence(&out, 9), 0);
+  assert_true(out.u.cut.fence == 9);
+  out.type = PS_MSG_PUSH;
+  assert_int_equal(ps_proto_set_fence(&out, 9), -1);
+  assert_true(ps_proto_fence(&out) == 0);
 }
 
 static void test_header_bytes(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PING, &m);
-  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 2, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
+  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 3, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
                                    4,   3,   2,   1,   8, 0, 0,  0, 0xc8, 0xc7, 0xc6, 0xc5,
                                    0xc4, 0xc3, 0xc2, 0xc1};
   assert_int_equal(n, sizeof want);
@@ -438,7 +480,7 @@ static void test_encode_prefix(void **state) {
   } types[] = {{PS_MSG_PULL_REPLY, 24 + 32},
                {PS_MSG_PUSH, 24 + 48},
                {PS_MSG_FETCH_REPLY, 24 + 32},
-               {PS_MSG_LOAD, 24 + 64}};
+               {PS_MSG_LOAD, 24 + 80}};
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     ps_msg m, out;
     size_t n = encode_sample(types[i].type, &m);
@@ -477,10 +519,10 @@ static void test_encode_prefix(void **state) {
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 56);
   sample(PS_MSG_LOAD, &m);  /* an image of ~2^46 floats: the bound is the length */
   m.u.load.offset = 0;
-  m.u.load.count = (UINT32_MAX - 64) / 4 + 1;
+  m.u.load.count = (UINT32_MAX - 80) / 4 + 1;
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
-  m.u.load.count = (UINT32_MAX - 64) / 4;
-  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 88);
+  m.u.load.count = (UINT32_MAX - 80) / 4;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 104);
   /* The prefix is held to LOAD's rules, too. */
   m.u.load.offset = m.u.load.state.image_floats - m.u.load.count + 1;
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
@@ -570,12 +612,29 @@ static void test_encode_refuses_invalid(void **state) {
   m.u.load.state.image_floats = 4;
   assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
   m.u.load.state.image_floats = 5;
-  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 64 + 20);
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 80 + 20);
   /* An empty piece at the very end is within the image. */
   m.u.load.offset = 5;
   m.u.load.count = 0;
   m.u.load.data = NULL;
-  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 64);
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 80);
+
+  /* Every chief -> shard frame needs a fence token: 0 is refused. */
+  static const int fenced[] = {PS_MSG_CUT, PS_MSG_RESUME, PS_MSG_FETCH, PS_MSG_LOAD, PS_MSG_STOP};
+  for (size_t i = 0; i < sizeof fenced / sizeof fenced[0]; i++) {
+    sample(fenced[i], &m);
+    assert_true(ps_proto_encode(&m, 1, frame, sizeof frame) > 0);
+    /* The fence is the first u64 of each of them. */
+    uint64_t *fence = fenced[i] == PS_MSG_CUT      ? &m.u.cut.fence
+                      : fenced[i] == PS_MSG_RESUME ? &m.u.resume.fence
+                      : fenced[i] == PS_MSG_FETCH  ? &m.u.fetch.fence
+                      : fenced[i] == PS_MSG_LOAD   ? &m.u.load.fence
+                                                   : &m.u.stop.fence;
+    *fence = 0;
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+    if (fenced[i] == PS_MSG_LOAD)
+      assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
+  }
 }
 
 static void test_encode_sanitizes_error_message(void **state) {
@@ -613,10 +672,14 @@ static void test_other_version(void **state) {
   /* A version-1 peer is refused, with both versions named. */
   ps_put_le16(frame + 4, 1);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 1, expected version 2");
-  ps_put_le16(frame + 4, 3);
+                "protocol version 1, expected version 3");
+  /* So is version 2, whose chief frames carried no fence token. */
+  ps_put_le16(frame + 4, 2);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 3, expected version 2");
+                "protocol version 2, expected version 3");
+  ps_put_le16(frame + 4, 4);
+  expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
+                "protocol version 4, expected version 3");
   ps_put_le16(frame + 4, 0);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION, "version 0");
   /* Version 1's 80-byte STATS_REPLY, should one get past the header. */
@@ -673,21 +736,21 @@ static void test_payload_cap(void **state) {
     assert_non_null(strstr(eb.msg, needle));
   }
 
-  /* A float-carrying frame is held to the caller's cap instead: 64 (LOAD's
+  /* A float-carrying frame is held to the caller's cap instead: 80 (LOAD's
    * fixed part, the largest) + 4 * floats. */
   uint64_t cap = ps_proto_max_payload(5);
-  assert_int_equal(cap, 64 + 20);
-  assert_int_equal(ps_proto_max_payload(0), 64);
+  assert_int_equal(cap, 80 + 20);
+  assert_int_equal(ps_proto_max_payload(0), 80);
   static const int with_floats[] = {PS_MSG_PULL_REPLY, PS_MSG_PUSH, PS_MSG_FETCH_REPLY,
                                     PS_MSG_LOAD};
   for (size_t i = 0; i < sizeof with_floats / sizeof with_floats[0]; i++) {
     encode_sample(with_floats[i], &m);
-    ps_put_le32(frame + 20, 64 + 20);
+    ps_put_le32(frame + 20, 80 + 20);
     assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), 0);
-    ps_put_le32(frame + 20, 64 + 21);
+    ps_put_le32(frame + 20, 80 + 21);
     assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), PS_EFORMAT);
     char needle[96];
-    snprintf(needle, sizeof needle, "%s: payload is 85 bytes, more than the cap of 84",
+    snprintf(needle, sizeof needle, "%s: payload is 101 bytes, more than the cap of 100",
              ps_proto_type_name(with_floats[i]));
     assert_non_null(strstr(eb.msg, needle));
     /* The small cap does not apply to floats. */
@@ -702,8 +765,8 @@ static void test_payload_cap(void **state) {
   load.u.load.offset = 0;
   load.u.load.count = 5;
   assert_int_equal(ps_proto_encode(&load, 1, frame, sizeof frame), 24 + ps_proto_max_payload(5));
-  assert_true(ps_proto_max_payload((UINT64_MAX - 64) / 4) == UINT64_MAX - 3);
-  assert_true(ps_proto_max_payload((UINT64_MAX - 64) / 4 + 1) == UINT64_MAX);
+  assert_true(ps_proto_max_payload((UINT64_MAX - 80) / 4) == UINT64_MAX - 3);
+  assert_true(ps_proto_max_payload((UINT64_MAX - 80) / 4 + 1) == UINT64_MAX);
   assert_true(ps_proto_max_payload(UINT64_MAX / 2) == UINT64_MAX);
 }
 
@@ -758,10 +821,10 @@ static void test_count_mismatch(void **state) {
   expect_reject(32 + 22, PS_EFORMAT,
                 "FETCH_REPLY: payload is 54 bytes, expected 32 + 4 * count (count 6) = 56");
   encode_sample(PS_MSG_LOAD, &m);
-  ps_put_le64(frame + 24 + 56, 4);
-  expect_reject(64 + 20, PS_EFORMAT,
-                "LOAD: payload is 84 bytes, expected 64 + 4 * count (count 4) = 80");
-  expect_reject(64 + 17, PS_EFORMAT, "LOAD: payload is 81 bytes, expected 64 + 4 * count");
+  ps_put_le64(frame + 24 + 72, 4);
+  expect_reject(80 + 20, PS_EFORMAT,
+                "LOAD: payload is 100 bytes, expected 80 + 4 * count (count 4) = 96");
+  expect_reject(80 + 17, PS_EFORMAT, "LOAD: payload is 97 bytes, expected 80 + 4 * count");
 }
 
 static void test_count_overflow(void **state) {
@@ -786,13 +849,13 @@ static void test_count_overflow(void **state) {
   expect_reject(32 + 20, PS_EFORMAT, "overflows");
   /* LOAD's count is checked against the bytes before the image bounds. */
   encode_sample(PS_MSG_LOAD, &m);
-  ps_put_le64(frame + 24 + 16, UINT64_MAX);  /* image_floats */
-  ps_put_le64(frame + 24 + 56, UINT64_C(1) << 62);
-  expect_reject(64, PS_EFORMAT,
-                "LOAD: payload is 64 bytes, expected 64 + 4 * count (count 4611686018427387904)");
-  ps_put_le64(frame + 24 + 56, UINT64_MAX);
-  expect_reject(64 + 20, PS_EFORMAT,
-                "LOAD: payload is 84 bytes, expected 64 + 4 * count (count 18446744073709551615), "
+  ps_put_le64(frame + 24 + 32, UINT64_MAX);  /* image_floats */
+  ps_put_le64(frame + 24 + 72, UINT64_C(1) << 62);
+  expect_reject(80, PS_EFORMAT,
+                "LOAD: payload is 80 bytes, expected 80 + 4 * count (count 4611686018427387904)");
+  ps_put_le64(frame + 24 + 72, UINT64_MAX);
+  expect_reject(80 + 20, PS_EFORMAT,
+                "LOAD: payload is 100 bytes, expected 80 + 4 * count (count 18446744073709551615), "
                 "which overflows");
 }
 
@@ -805,8 +868,8 @@ static void test_nonzero_padding(void **state) {
       {PS_MSG_CHALLENGE, 33, 35}, {PS_MSG_HELLO, 1, 3},       {PS_MSG_WELCOME, 5, 7},
       {PS_MSG_WELCOME, 52, 55},   {PS_MSG_PULL, 4, 7},        {PS_MSG_PULL_REPLY, 24, 31},
       {PS_MSG_PUSH, 4, 7},        {PS_MSG_PUSH, 40, 47},      {PS_MSG_PUSH_ACK, 28, 31},
-      {PS_MSG_ERROR, 10, 15},     {PS_MSG_CUT, 12, 15},       {PS_MSG_CUT_REPLY, 52, 55},
-      {PS_MSG_FETCH_REPLY, 24, 31}, {PS_MSG_LOAD, 44, 47},
+      {PS_MSG_ERROR, 10, 15},     {PS_MSG_CUT, 20, 23},       {PS_MSG_CUT_REPLY, 52, 55},
+      {PS_MSG_FETCH_REPLY, 24, 31}, {PS_MSG_LOAD, 8, 15},     {PS_MSG_LOAD, 60, 63},
   };
   for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
     for (int off = pads[i].from; off <= pads[i].to; off++) {
@@ -839,15 +902,30 @@ static void test_bad_fields(void **state) {
   n = encode_sample(PS_MSG_ERROR, &m);
   ps_put_le32(frame + 24 + 4, 2);
   expect_reject((uint32_t)(n - 24), PS_EFORMAT, "ERROR: flags are 0x2");
+  /* Every chief -> shard frame starts with a fence token, never 0. */
+  static const int fenced[] = {PS_MSG_CUT, PS_MSG_RESUME, PS_MSG_FETCH, PS_MSG_LOAD, PS_MSG_STOP};
+  for (size_t i = 0; i < sizeof fenced / sizeof fenced[0]; i++) {
+    n = encode_sample(fenced[i], &m);
+    ps_put_le64(frame + 24, 0);
+    char needle[128];
+    snprintf(needle, sizeof needle, "%s: fence token is 0, expected the chief's lease token",
+             ps_proto_type_name(fenced[i]));
+    expect_reject((uint32_t)(n - 24), PS_EFORMAT, needle);
+    /* Any other value is a token (the shard, not the decoder, compares it). */
+    n = encode_sample(fenced[i], &m);
+    ps_put_le64(frame + 24, 1);
+    ps_msg out;
+    assert_int_equal(decode_frame((uint32_t)(n - 24), &out), 0);
+  }
 }
 
-/* nslots and has_accum of the state block of CUT_REPLY (at 8) and LOAD (at 0). */
+/* nslots and has_accum of the state block of CUT_REPLY (at 8) and LOAD (at 16). */
 static void test_bad_state(void **state) {
   (void)state;
   static const struct {
     int type;
     size_t at;
-  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 0}};
+  } blocks[] = {{PS_MSG_CUT_REPLY, 8}, {PS_MSG_LOAD, 16}};
   for (size_t i = 0; i < 2; i++) {
     const char *name = ps_proto_type_name(blocks[i].type);
     uint8_t *b = frame + PS_PROTO_HEADER_SIZE + blocks[i].at;
@@ -893,37 +971,37 @@ static void test_load_bounds(void **state) {
   ps_msg m, out;
   uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
   encode_sample(PS_MSG_LOAD, &m);
-  ps_put_le64(p + 16, 100);  /* image_floats */
-  ps_put_le64(p + 48, 95);   /* offset: the last 5 floats */
-  assert_int_equal(decode_frame(64 + 20, &out), 0);
+  ps_put_le64(p + 32, 100);  /* image_floats */
+  ps_put_le64(p + 64, 95);   /* offset: the last 5 floats */
+  assert_int_equal(decode_frame(80 + 20, &out), 0);
   assert_true(out.u.load.offset == 95 && out.u.load.count == 5);
   assert_true(out.u.load.state.image_floats == 100);
-  assert_ptr_equal(out.u.load.data, p + 64);
-  ps_put_le64(p + 48, 0);
-  assert_int_equal(decode_frame(64 + 20, &out), 0);
+  assert_ptr_equal(out.u.load.data, p + 80);
+  ps_put_le64(p + 64, 0);
+  assert_int_equal(decode_frame(80 + 20, &out), 0);
 
-  ps_put_le64(p + 48, 96);
-  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 96..+5 lie outside the image of 100");
-  ps_put_le64(p + 48, 101);
-  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 101..+5 lie outside the image of 100");
+  ps_put_le64(p + 64, 96);
+  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 96..+5 lie outside the image of 100");
+  ps_put_le64(p + 64, 101);
+  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 101..+5 lie outside the image of 100");
   /* offset + count wraps to 4, which a careless check would take for in bounds. */
-  ps_put_le64(p + 48, UINT64_MAX);
-  expect_reject(64 + 20, PS_EFORMAT,
+  ps_put_le64(p + 64, UINT64_MAX);
+  expect_reject(80 + 20, PS_EFORMAT,
                 "LOAD: floats 18446744073709551615..+5 lie outside the image of 100");
-  ps_put_le64(p + 48, 0);
-  ps_put_le64(p + 16, 4);
-  expect_reject(64 + 20, PS_EFORMAT, "LOAD: floats 0..+5 lie outside the image of 4");
-  ps_put_le64(p + 16, 0);
-  expect_reject(64 + 20, PS_EFORMAT, "outside the image of 0");
+  ps_put_le64(p + 64, 0);
+  ps_put_le64(p + 32, 4);
+  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 0..+5 lie outside the image of 4");
+  ps_put_le64(p + 32, 0);
+  expect_reject(80 + 20, PS_EFORMAT, "outside the image of 0");
 
   /* Empty pieces: within the image up to its end, not past it. */
-  ps_put_le64(p + 56, 0);
-  ps_put_le64(p + 16, 100);
-  ps_put_le64(p + 48, 100);
-  assert_int_equal(decode_frame(64, &out), 0);
+  ps_put_le64(p + 72, 0);
+  ps_put_le64(p + 32, 100);
+  ps_put_le64(p + 64, 100);
+  assert_int_equal(decode_frame(80, &out), 0);
   assert_true(out.u.load.count == 0);
-  ps_put_le64(p + 48, 101);
-  expect_reject(64, PS_EFORMAT, "LOAD: floats 101..+0 lie outside the image of 100");
+  ps_put_le64(p + 64, 101);
+  expect_reject(80, PS_EFORMAT, "LOAD: floats 101..+0 lie outside the image of 100");
 }
 
 static void test_stats_reply_flags(void **state) {
@@ -1093,7 +1171,7 @@ static void test_names(void **state) {
   assert_string_equal(ps_proto_type_name(18), "LOAD");
   assert_string_equal(ps_proto_type_name(19), "STOP");
   assert_int_equal(PS_MSG_TYPE_MAX, 19);
-  assert_int_equal(PS_PROTO_VERSION, 2);
+  assert_int_equal(PS_PROTO_VERSION, 3);
   assert_string_equal(ps_proto_type_name(0), "unknown");
   assert_string_equal(ps_proto_type_name(20), "unknown");
   assert_string_equal(ps_proto_type_name(-1), "unknown");
@@ -1107,7 +1185,8 @@ static void test_names(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip_every_type),
-      cmocka_unit_test(test_v2_payload_bytes),
+      cmocka_unit_test(test_v3_payload_bytes),
+      cmocka_unit_test(test_fence_vector),
       cmocka_unit_test(test_header_bytes),
       cmocka_unit_test(test_empty_and_max_strings),
       cmocka_unit_test(test_encode_prefix),

@@ -129,6 +129,7 @@ struct ps_replica {
   uint64_t updates;         /* since the last snapshot began */
   int need_full;            /* a snapshot is owed (snapshot mode: entries not stored) */
   snap_job *job;            /* a snapshot in flight */
+  int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
   char *gz;                 /* compression buffer for log entries */
   int gz_cap;
@@ -458,7 +459,10 @@ static void snapshot_done(ps_replica *r, int ok) {
     r->need_full = 1;
   job_free(r->job);
   r->job = NULL;
-  if (r->closing)
+  /* A switch's GC issues its DELs from the listing's reply, and hiredis
+   * takes no command once a disconnect is asked: the clean stop waits
+   * for the listing (on_snaps_listed) before disconnecting. */
+  if (r->closing && !r->gc_pending)
     close_after_snapshots(r);
 }
 
@@ -485,6 +489,10 @@ static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
     }
   }
   free(g);
+  r->gc_pending = 0;
+  /* Without a reply the connection is going: on_disconnect closes. */
+  if (h != NULL && r->closing && r->job == NULL)
+    close_after_snapshots(r);
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
@@ -499,6 +507,8 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
       snprintf(g->keep, sizeof g->keep, "%s", j->id);
       if (redisAsyncCommand(ac, on_snaps_listed, g, "HGETALL %s", r->k.snaps) != REDIS_OK)
         free(g);
+      else
+        r->gc_pending = 1;
     }
     ps_frontier_covered(&r->f, j->journal);
     snapshot_done(r, 1);

@@ -131,6 +131,7 @@ struct ps_replica {
   snap_job *job;            /* a snapshot in flight */
   unsigned snap_failures;   /* snapshots failed in a row */
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
+  int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
   char *gz;                 /* compression buffer for log entries */
   int gz_cap;
@@ -461,7 +462,8 @@ static void snapshot_done(ps_replica *r, int ok) {
     /* Retried at a later tick, backing off while Redis keeps refusing: a
      * copy of a large state every interval would be work thrown away. */
     r->need_full = 1;
-    uint64_t wait_ms = (uint64_t)r->cfg->replicate_interval_ms << (r->snap_failures < 5 ? r->snap_failures : 5);
+    unsigned k = r->snap_failures < 5 ? r->snap_failures : 5;
+    uint64_t wait_ms = (uint64_t)r->cfg->replicate_interval_ms << k;
     if (wait_ms > 2000)
       wait_ms = 2000;
     r->snap_failures++;
@@ -472,7 +474,10 @@ static void snapshot_done(ps_replica *r, int ok) {
   }
   job_free(r->job);
   r->job = NULL;
-  if (r->closing)
+  /* A switch's GC issues its DELs from the listing's reply, and hiredis
+   * takes no command once a disconnect is asked: the clean stop waits
+   * for the listing (on_snaps_listed) before disconnecting. */
+  if (r->closing && !r->gc_pending)
     close_after_snapshots(r);
 }
 
@@ -499,6 +504,10 @@ static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
     }
   }
   free(g);
+  r->gc_pending = 0;
+  /* Without a reply the connection is going: on_disconnect closes. */
+  if (h != NULL && r->closing && r->job == NULL)
+    close_after_snapshots(r);
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
@@ -513,6 +522,8 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
       snprintf(g->keep, sizeof g->keep, "%s", j->id);
       if (redisAsyncCommand(ac, on_snaps_listed, g, "HGETALL %s", r->k.snaps) != REDIS_OK)
         free(g);
+      else
+        r->gc_pending = 1;
     }
     ps_frontier_covered(&r->f, j->journal);
     snapshot_done(r, 1);

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Bounded Redis memory (REDIS.md §1, §6, §7): a shard killed with -9 twenty
+# times while a snapshot is being written -- Redis lists a snapshot in
+# {C:ps:0}:snaps that the meta does not name -- and started again each
+# time, two workers training throughout.  At the end Redis holds exactly
+# the live snapshot's chunks and the live log of that shard: chunk keys =
+# the meta's `chunks`, all of the meta's snapshot; one log stream, the
+# one the log key names; one field in :snaps, the meta's snapshot.  The
+# same after a clean stop.  And from the histories: nothing acknowledged
+# lost, nothing applied twice.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+start_redis
+rc() { redis-cli -p "$REDIS_PORT" "$@"; }
+
+KILLS=20
+hist="$T/history"
+mkdir -p "$hist"
+# mlp 784-2048-1024-10 with Adam: 3.7 M floats in shard 0, an image of
+# 11 M floats in 43 chunks (44 MB) per snapshot.
+write_config "$T/c.conf" 1 2 "model.name=mlp" "model.hidden=2048,1024" "train.batch=16" \
+  "train.last_step=1000000" "train.threads=1" "train.log_every=10" "replication.mode=log" \
+  "replication.interval_ms=100" "cluster.history_dir=$hist"
+P='{itest:ps:0}'
+# meta's snapshot id, and the registered ids that are not it.
+PROBE='local m = redis.call("HGET", KEYS[1], "snap")
+local other = 0
+for _, id in ipairs(redis.call("HKEYS", KEYS[2])) do if id ~= m then other = other + 1 end end
+return {m or "-", other}'
+probe() { rc eval "$PROBE" 2 "$P:meta" "$P:snaps" | paste -sd' '; }
+used_memory() { rc info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
+shard_keys() { rc --scan --pattern "$P:*" | sort; }
+
+# check_bounded WHEN: the shard's keys are the live snapshot and log only.
+check_bounded() {
+  local when=$1 snap chunks keys nchunk nforeign nlog logkey nsnaps f
+  snap=$(rc hget "$P:meta" snap)
+  chunks=$(rc hget "$P:meta" chunks)
+  [ -n "$snap" ] && [ -n "$chunks" ] || fail "$when: no meta"
+  keys=$(shard_keys)
+  nchunk=$(grep -c "^$P:snap:" <<<"$keys" || true)
+  nforeign=$(grep "^$P:snap:" <<<"$keys" | grep -vc "^$P:snap:$snap:" || true)
+  nlog=$(grep -c "^$P:log:" <<<"$keys" || true)
+  logkey=$(rc get "$P:logkey")
+  nsnaps=$(rc hlen "$P:snaps")
+  f=$(rc hkeys "$P:snaps" | paste -sd,)
+  [ "$nchunk" -eq "$chunks" ] && [ "$nforeign" -eq 0 ] ||
+    fail "$when: $nchunk snapshot chunk keys ($nforeign of other snapshots), the meta's snapshot $snap has $chunks"
+  [ "$nlog" -eq 1 ] && grep -qx "$logkey" <<<"$keys" ||
+    fail "$when: $nlog log streams ($(grep "^$P:log:" <<<"$keys" | paste -sd' ')), the log key names $logkey"
+  [ "$nsnaps" -eq 1 ] && [ "$f" = "$snap" ] || fail "$when: :snaps lists $f, the meta names $snap"
+  echo "ok: $when: $(wc -l <<<"$keys") keys of shard 0: $nchunk chunks = meta chunks $chunks, all of snapshot $snap; 1 log stream ($logkey, $(rc xlen "$logkey") entries); :snaps = {$f}; used_memory $(used_memory) bytes"
+}
+
+start ps0_0 "$BIN" ps --config "$T/c.conf" --index 0
+pid=$!
+wait_for "$T/ps0_0.log" "listening on" 30
+start w0 "$BIN" worker --config "$T/c.conf" --index 0
+start w1 "$BIN" worker --config "$T/c.conf" --index 1
+wait_for "$T/w0.log" "step 10 global" 60
+before=$(used_memory)
+mid=0
+for ((k = 1; k <= KILLS; k++)); do
+  # Mid-snapshot: a registered snapshot that the meta does not name.
+  found=""
+  for ((i = 0; i < 2000; i++)); do
+    read -r m other <<<"$(probe)"
+    if [ "$other" -ge 1 ]; then found=1; break; fi
+    sleep 0.005
+  done
+  [ -n "$found" ] || fail "kill $k: no snapshot being written within 10 s"
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  read -r m other <<<"$(probe)"
+  [ "$other" -ge 1 ] && mid=$((mid + 1))
+  start "ps0_$k" "$BIN" ps --config "$T/c.conf" --index 0
+  pid=$!
+  wait_for "$T/ps0_$k.log" "listening on" 30
+done
+# Every kill left a snapshot that never switched (the ones that switched
+# between the look and the kill left it before its clean-up).
+echo "ok: $KILLS kills of shard 0 while a snapshot was written; $mid of them left one registered that never switched; used_memory $before bytes before the kills"
+# Training goes on.
+n=$(grep -c ' global ' "$T/w0.log" || true)
+for ((i = 0; i < 600; i++)); do
+  [ "$(grep -c ' global ' "$T/w0.log" || true)" -gt "$n" ] && break
+  sleep 0.05
+done
+[ "$(grep -c ' global ' "$T/w0.log" || true)" -gt "$n" ] || fail "worker 0 made no progress within 30 s after the last restart"
+# A clean stop while the workers push: the shard writes a last snapshot
+# (its version is newer than the meta's) and cleans up after it.
+kill -TERM "$pid"
+wait_exit "$pid" 30 || fail "ps 0 exited $? after SIGTERM"
+grep -q "stopping at version" "$T/ps0_$KILLS.log" || fail "no clean stop in the shard's log"
+check_bounded "after a clean stop at version $(rc hget "$P:meta" version)"
+start ps0_last "$BIN" ps --config "$T/c.conf" --index 0
+pid=$!
+wait_for "$T/ps0_last.log" "listening on" 30
+n=$(grep -c ' global ' "$T/w0.log" || true)
+wait_for "$T/w0.log" "step $(( (n + 1) * 10 )) global" 30
+kill -TERM "$PID_w0" "$PID_w1"
+wait_exit "$PID_w0" 60 || fail "worker 0 exited $?"
+wait_exit "$PID_w1" 60 || fail "worker 1 exited $?"
+# The shard idle: its last snapshot switched and was cleaned up after.
+for ((i = 0; i < 200; i++)); do
+  read -r m other <<<"$(probe)"
+  [ "$other" = 0 ] && [ "$(rc hget "$P:meta" version)" = "$(sed -n 's/.* version \([0-9]*\) lag 0 .*/\1/p' <<<"$(rc get "$P:node")")" ] && break
+  sleep 0.05
+done
+check_bounded "live shard, idle, after $KILLS kills"
+kill -TERM "$pid"
+wait_exit "$pid" 30 || fail "ps 0 exited $? after SIGTERM"
+verdict=$(scripts/check-history "$hist") || fail "$verdict"
+echo "$verdict" | sed 's/^/ok: /'

@@ -142,13 +142,18 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
         r->epoch = *epoch;
         return 0;
       }
-      if (rc != -ECONNRESET)
+      /* An error reply (OOM, READONLY, MISCONF, NOREPLICAS, ...) is Redis
+       * refusing writes for now, like Redis away: wait.  Not so a refused
+       * login: that is this config's to fix. */
+      if (strstr(eb->msg, "NOAUTH") != NULL || strstr(eb->msg, "WRONGPASS") != NULL)
         return rc;
-      drop(r, eb->msg);
+      if (rc == -ECONNRESET)
+        drop(r, eb->msg);
     }
     unsigned ms = 100u << (attempt < 4 ? attempt : 4);
-    ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation; retry in %u ms",
-           r->cfg->redis.host, r->cfg->redis.port, r->role, ms);
+    ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation%s%s; retry in %u ms",
+           r->cfg->redis.host, r->cfg->redis.port, r->role, c != NULL ? ": " : "",
+           c != NULL ? eb->msg : "", ms);
     usleep(ms * 1000);
   }
   return ps_err_set(eb, -EINTR, "stopped while waiting for Redis");

@@ -99,9 +99,12 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     redisReply *r = redisCommand(c, "GET %s%s:%" PRIu64, k->snap_prefix, snap->str, i);
     uint64_t off = i * PS_SNAP_CHUNK_FLOATS;
     uint64_t want = ps_snap_chunk_floats(image_floats, i);
-    if (r == NULL || r->type != REDIS_REPLY_STRING)
-      rc = ps_err_set(eb, r ? PS_ECORRUPT : -EIO, "%s%s:%" PRIu64 ": snapshot chunk %s",
-                      k->snap_prefix, snap->str, i, r ? "missing" : c->errstr);
+    if (r == NULL || r->type == REDIS_REPLY_ERROR)
+      rc = ps_err_set(eb, -EIO, "%s%s:%" PRIu64 ": GET failed: %s", k->snap_prefix, snap->str, i,
+                      r ? r->str : c->errstr);
+    else if (r->type != REDIS_REPLY_STRING)
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": snapshot chunk missing",
+                      k->snap_prefix, snap->str, i);
     else if (LZ4_decompress_safe(r->str, (char *)(img + off), (int)r->len,
                                  (int)(want * sizeof(float))) != (int)(want * sizeof(float)))
       rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": chunk does not decompress to %" PRIu64
@@ -154,7 +157,7 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
   for (;;) {
     redisReply *r = redisCommand(c, "XRANGE %s %s + COUNT 256", k->log, start);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
-      rc = ps_err_set(eb, r ? PS_ECORRUPT : -EIO, "%s: XRANGE failed: %s", k->log,
+      rc = ps_err_set(eb, -EIO, "%s: XRANGE failed: %s", k->log,
                       r && r->str ? r->str : c->errstr);
       freeReplyObject(r);
       break;
@@ -268,52 +271,40 @@ static void gc_streams(redisContext *c, const ps_shard_keys *k, ps_restore_info 
 
 /* ------------------------------------------------------------- restore */
 
-int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps_shard *shard,
-                       volatile int *stop, ps_restore_info *info, ps_errbuf *eb) {
-  memset(info, 0, sizeof *info);
-  ps_shard_keys k;
-  ps_shard_keys_init(&k, cfg->cluster_id, index);
-  uint64_t t0 = ps_now_ns();
-  redisContext *c = NULL;
-  for (int attempt = 0; !*stop; attempt++) {
-    c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
-    if (c != NULL || eb->code == -EACCES)
-      break;
-    unsigned ms = 100u << (attempt < 5 ? attempt : 5);
-    ps_log(PS_LOG_WARN, "waiting for Redis to restore shard %d: %s; retry in %u ms", index,
-           eb->msg, ms);
-    usleep(ms * 1000);
-  }
-  if (c == NULL)
-    return *stop ? ps_err_set(eb, -EINTR, "stopped while waiting for Redis") : eb->code;
-  int rc = ps_redis_new_epoch(c, k.epoch, &info->epoch, eb);
+/* One attempt: -EIO or -ECONNREFUSED when Redis refused a command or went
+ * away (the caller waits and tries again), another code when the replica
+ * itself is wrong. */
+static int restore_once(redisContext *c, const ps_config *cfg, ps_shard_keys *k,
+                        uint64_t layout_hash, ps_shard *shard, ps_restore_info *info,
+                        ps_errbuf *eb) {
+  int rc = ps_redis_new_epoch(c, k->epoch, &info->epoch, eb);
   if (rc != 0)
-    goto out;
-  ps_shard_keys_log(&k, info->epoch);
-  redisReply *t = redisCommand(c, "EVAL %s 3 %s %s %s %" PRIu64, TAKE_LOG_SCRIPT, k.epoch,
-                               k.logkey, k.log, info->epoch);
+    return -EIO;
+  ps_shard_keys_log(k, info->epoch);
+  redisReply *t = redisCommand(c, "EVAL %s 3 %s %s %s %" PRIu64, TAKE_LOG_SCRIPT, k->epoch,
+                               k->logkey, k->log, info->epoch);
   if (t == NULL || t->type == REDIS_REPLY_ERROR) {
-    rc = ps_err_set(eb, -EIO, "%s: taking over the log: %s", k.log,
+    rc = ps_err_set(eb, -EIO, "%s: taking over the log: %s", k->log,
                     t && t->str ? t->str : c->errstr);
     freeReplyObject(t);
-    goto out;
+    return rc;
   }
   freeReplyObject(t);
-  redisReply *meta = redisCommand(c, "HGETALL %s", k.meta);
+  redisReply *meta = redisCommand(c, "HGETALL %s", k->meta);
   if (meta == NULL || meta->type != REDIS_REPLY_ARRAY) {
-    rc = ps_err_set(eb, -EIO, "%s: HGETALL failed: %s", k.meta,
+    rc = ps_err_set(eb, -EIO, "%s: HGETALL failed: %s", k->meta,
                     meta && meta->str ? meta->str : c->errstr);
     freeReplyObject(meta);
-    goto out;
+    return rc;
   }
   if (meta->elements == 0) {
     /* No replica.  A log without a snapshot holds only entries that were
      * never acknowledged (nothing is durable before the first switch,
      * REDIS.md §9); the first switch trims them. */
     freeReplyObject(meta);
-    gc_snapshots(c, &k, NULL, info);
-    gc_streams(c, &k, info);
-    goto out;
+    gc_snapshots(c, k, NULL, info);
+    gc_streams(c, k, info);
+    return 0;
   }
   uint64_t layout = 0, lineage = 0;
   const redisReply *lv = hash_get(meta, "layout");
@@ -323,27 +314,57 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
                     "%s: a replica of layout %s exists, this shard's layout is %016" PRIx64
                     " (another model, shard count or placement; delete the keys of %s to "
                     "start over)",
-                    k.meta, lv && lv->str ? lv->str : "?", layout_hash, k.tag);
+                    k->meta, lv && lv->str ? lv->str : "?", layout_hash, k->tag);
     freeReplyObject(meta);
-    goto out;
+    return rc;
   }
   hash_u64(meta, "epoch", &lineage);
-  rc = load_snapshot(c, &k, meta, shard, info, eb);
+  rc = load_snapshot(c, k, meta, shard, info, eb);
   char snap_id[64] = "";
   const redisReply *sid = hash_get(meta, "snap");
   if (sid != NULL && sid->type == REDIS_REPLY_STRING)
     snprintf(snap_id, sizeof snap_id, "%s", sid->str);
   freeReplyObject(meta);
+  if (rc == 0)
+    rc = replay(c, k, shard, lineage, info, eb);
   if (rc != 0)
-    goto out;
-  rc = replay(c, &k, shard, lineage, info, eb);
-  if (rc != 0)
-    goto out;
+    return rc;
   info->loaded = 1;
-  gc_snapshots(c, &k, snap_id, info);
-  gc_streams(c, &k, info);
-out:
-  redisFree(c);
+  gc_snapshots(c, k, snap_id, info);
+  gc_streams(c, k, info);
+  (void)cfg;
+  return 0;
+}
+
+int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps_shard *shard,
+                       volatile int *stop, ps_restore_info *info, ps_errbuf *eb) {
+  ps_shard_keys k;
+  ps_shard_keys_init(&k, cfg->cluster_id, index);
+  uint64_t t0 = ps_now_ns();
+  int rc = -EINTR;
+  for (int attempt = 0; !*stop; attempt++) {
+    memset(info, 0, sizeof *info);
+    redisContext *c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
+    if (c == NULL && eb->code == -EACCES)
+      return eb->code;
+    if (c != NULL) {
+      rc = restore_once(c, cfg, &k, layout_hash, shard, info, eb);
+      redisFree(c);
+      /* Redis refusing or going away mid-way is waited out: the next
+       * attempt takes a new epoch and starts over (the state is loaded
+       * whole again). */
+      if (rc != -EIO)
+        break;
+    }
+    unsigned ms = 100u << (attempt < 5 ? attempt : 5);
+    ps_log(PS_LOG_WARN, "waiting for Redis to restore shard %d: %s; retry in %u ms", index,
+           eb->msg, ms);
+    usleep(ms * 1000);
+  }
+  if (*stop && rc == -EIO)
+    rc = ps_err_set(eb, -EINTR, "stopped while waiting for Redis");
+  else if (*stop && rc == -EINTR)
+    ps_err_set(eb, -EINTR, "stopped while waiting for Redis");
   info->seconds = (double)(ps_now_ns() - t0) * 1e-9;
   return rc;
 }

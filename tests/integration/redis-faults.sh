@@ -128,6 +128,30 @@ run_class() {
   echo "$verdict" | sed "s/^/ok: $class: /"
 }
 
+# Start-up while Redis refuses writes: a shard and a worker wait it out
+# (as they wait for an unreachable Redis) instead of exiting.
+run_startup() {
+  local conf="$T/startup.conf"
+  rc flushall >/dev/null
+  write_config "$conf" 1 1 "replication.mode=log" "train.last_step=200" "train.threads=1"
+  inject noreplicas
+  start startup-ps0 "$BIN" ps --config "$conf" --index 0
+  local ps0=$!
+  wait_for "$T/startup-ps0.log" "waiting for Redis to restore shard 0: .*NOREPLICAS" 10
+  start startup-w0 "$BIN" worker --config "$conf" --index 0
+  local w0=$!
+  wait_for "$T/startup-w0.log" "waiting for Redis .*NOREPLICAS" 10
+  kill -0 "$ps0" && kill -0 "$w0" || fail "startup: a process exited while Redis refused writes"
+  heal noreplicas
+  wait_for "$T/startup-ps0.log" "listening on" 10
+  wait_exit "$w0" 60 || fail "startup: worker exited $?"
+  kill -TERM "$ps0"
+  wait_exit "$ps0" 10 || fail "startup: ps exited $?"
+  echo "ok: startup: shard and worker waited while Redis refused writes, then trained to the step limit"
+}
+
 CLASSES=("$@")
-[ ${#CLASSES[@]} -gt 0 ] || CLASSES=(noreplicas oom readonly misconf noperm dropped paused)
-for c in "${CLASSES[@]}"; do run_class "$c"; done
+[ ${#CLASSES[@]} -gt 0 ] || CLASSES=(noreplicas oom readonly misconf noperm dropped paused startup)
+for c in "${CLASSES[@]}"; do
+  if [ "$c" = startup ]; then run_startup; else run_class "$c"; fi
+done

@@ -1,6 +1,6 @@
 /* `paramserv local`: a whole cluster on one machine -- redis-server, the
  * chief, the shards, the workers -- supervised, with a live progress line,
- * optional chaos (kill -9 at random) and a report at the end. */
+ * optional faults (src/local/nemesis.c) and a report at the end. */
 #define _GNU_SOURCE /* nftw */
 #include <errno.h>
 #include <fcntl.h>

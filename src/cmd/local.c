@@ -1,6 +1,6 @@
 /* `paramserv local`: a whole cluster on one machine -- redis-server, the
  * chief, the shards, the workers -- supervised, with a live progress line,
- * optional chaos (kill -9 at random) and a report at the end. */
+ * optional faults (src/local/nemesis.c) and a report at the end. */
 #define _GNU_SOURCE /* nftw */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,8 +20,8 @@
 
 #include "cmd/cmd.h"
 #include "common/config.h"
-#include "common/rng.h"
 #include "common/timeutil.h"
+#include "local/nemesis.h"
 #include "local/runconf.h"
 #include "local/progress.h"
 #include "local/supervisor.h"
@@ -31,13 +31,12 @@
 #define TICK_MS 50
 #define REDRAW_S 0.25        /* the live line on a terminal */
 #define PLAIN_EVERY_S 5.0    /* the progress line when not a terminal */
-#define CHAOS_MIN_S 2.0
-#define CHAOS_MAX_S 5.0
 
 static void local_usage(FILE *f) {
   fprintf(f,
       "usage: paramserv local [--config FILE] [--ps N] [--workers M] [--dir RUNDIR]\n"
-      "                       [--last-step S] [--seed N] [--chaos] [--chaos-redis] [--fresh]\n"
+      "                       [--last-step S] [--seed N] [--chaos] [--chaos-redis]\n"
+      "                       [--nemesis LIST] [--fresh]\n"
       "\n"
       "Run a whole cluster on this machine: its own redis-server, the chief, N shards and\n"
       "M workers, each a child process restarted when it dies, until the chief stops\n"
@@ -52,11 +51,20 @@ static void local_usage(FILE *f) {
       "  --ps N          shards (default: FILE's list, else 2)\n"
       "  --workers M     workers (default: FILE's list, else 2)\n"
       "  --dir RUNDIR    the run directory (default ./" DEFAULT_DIR "): cluster.conf, secret,\n"
-      "                  logs/<process>.log, checkpoints/, pids, report.json\n"
+      "                  logs/<process>.log, checkpoints/, pids, report.json (history/ and\n"
+      "                  nemesis.jsonl with --nemesis)\n"
       "  --last-step S   train to global step S ([train] last_step)\n"
       "  --seed N        [model] seed, and the seed of the chaos schedule\n"
       "  --chaos         every 2-5 s, kill -9 a random shard, worker or the chief, and\n"
-      "                  report each one's time to come back\n"
+      "                  report each one's time to come back (= --nemesis kill)\n"
+      "  --nemesis LIST  faults, every 2-5 s one of LIST (comma-separated) at random:\n"
+      "                  kill (as --chaos), pause (SIGSTOP a shard, worker, the chief or\n"
+      "                  redis-server for 0.5-6 s, then SIGCONT), redis-errors (Redis\n"
+      "                  refuses writes for 1-4 s: NOREPLICAS, OOM or NOPERM, then heals);\n"
+      "                  each fault's time to recover and the longest stall of the acks\n"
+      "                  outside the faults are reported; the acks are read from [cluster]\n"
+      "                  history_dir (default RUNDIR/history); RUNDIR/nemesis.jsonl holds\n"
+      "                  one line per fault, its end and its recovery\n"
       "  --chaos-redis   let chaos kill redis-server too; Redis then keeps an append-only\n"
       "                  file in RUNDIR and comes back with its data (it costs about 40%%\n"
       "                  of the speed: without it, a killed Redis would come back empty)\n"
@@ -76,7 +84,8 @@ static void local_usage(FILE *f) {
 typedef struct local_opts {
   const char *config, *dir;
   int64_t nps, nworkers, last_step, seed;
-  int chaos, chaos_redis, fresh;
+  int chaos_redis, fresh;
+  unsigned nemesis; /* 1 << ps_nem_kind for each fault to inject */
 } local_opts;
 
 /* The state of one run, shared by the loop, the display and the report. */
@@ -92,9 +101,7 @@ typedef struct run {
   int line_shown;       /* the live line is on the screen */
   double started, last_plain;
   int64_t last_plain_step;
-  ps_rng rng;
-  double next_kill;
-  int kills[PS_SUP_NROLES];
+  ps_nemesis *nem;      /* NULL without --chaos or --nemesis */
 } run;
 
 /* ------------------------------------------------------------------------ */
@@ -218,7 +225,8 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
  * happens to hold a "logs" or "checkpoints" of its own. */
 static int clear_rundir(const char *dir) {
   static const char *const names[] = {"logs", "checkpoints", "pids", "report.json",
-                                      "cluster.conf", "dump.rdb", "appendonlydir", NULL};
+                                      "cluster.conf", "dump.rdb", "appendonlydir",
+                                      "history", "nemesis.jsonl", NULL};
   char path[PS_CONFIG_PATH_MAX + 32], head[64] = "";
   snprintf(path, sizeof path, "%s/cluster.conf", dir);
   FILE *f = fopen(path, "re");
@@ -301,6 +309,10 @@ static int setup(run *r) {
     ps_cmd_error("%s", eb.msg);
     return 1;
   }
+  /* The nemesis reads the acks from the workers' histories. */
+  if (r->o.nemesis != 0 && r->cfg.history_dir[0] == '\0')
+    snprintf(r->cfg.history_dir, sizeof r->cfg.history_dir, "%.*s/history",
+             (int)sizeof r->cfg.history_dir - 16, r->rundir);
   struct stat sb;
   if (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
     ps_cmd_error("[model] data_dir %s: %s: expected the Fashion-MNIST IDX files (`make deps` "
@@ -318,40 +330,16 @@ static int setup(run *r) {
     ps_cmd_error("[checkpoint] dir %s: cannot create: %s", r->cfg.checkpoint_dir, strerror(-rc));
     return 1;
   }
+  if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {
+    ps_cmd_error("[cluster] history_dir %s: cannot create: %s", r->cfg.history_dir, strerror(-rc));
+    return 1;
+  }
   if (r->cfg.summary_file[0] != '\0')
     snprintf(r->summary_path, sizeof r->summary_path, "%s", r->cfg.summary_file);
   else
     snprintf(r->summary_path, sizeof r->summary_path, "%.*s/summaries.jsonl",
              (int)sizeof r->summary_path - 20, r->cfg.checkpoint_dir);
   return 0;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Chaos                                                                     */
-/* ------------------------------------------------------------------------ */
-
-static void schedule_kill(run *r, double now) {
-  r->next_kill = now + CHAOS_MIN_S + (CHAOS_MAX_S - CHAOS_MIN_S) * ps_rng_uniform(&r->rng);
-}
-
-/* kill -9 one process that serves now, chosen at random. */
-static void chaos(run *r, double now) {
-  ps_sup_child *pick[PS_SUP_MAX_CHILDREN];
-  int n = 0;
-  for (int i = 0; i < r->sup.nchildren; i++) {
-    ps_sup_child *c = &r->sup.children[i];
-    if (c->state == PS_SUP_RUNNING && c->ready && (c->role != PS_SUP_REDIS || r->o.chaos_redis))
-      pick[n++] = c;
-  }
-  schedule_kill(r, now);
-  if (n == 0)
-    return;
-  ps_sup_child *c = pick[ps_rng_below(&r->rng, (uint64_t)n)];
-  long pid = (long)c->pid;
-  if (ps_sup_kill(&r->sup, c, now) == 0) {
-    r->kills[c->role]++;
-    say(r, "local: killed %s (pid %ld, chaos)", c->name, pid);
-  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -402,7 +390,7 @@ static void report(run *r, int status, double now) {
   json_object_set_new(j, "seconds", json_real(secs));
   json_object_set_new(j, "last_step", json_integer(r->cfg.last_step));
   json_object_set_new(j, "step", json_integer(sum->step));
-  json_object_set_new(j, "chaos", json_boolean(r->o.chaos));
+  json_object_set_new(j, "chaos", json_boolean(r->nem != NULL));
   json_object_set_new(j, "seed", json_integer(r->cfg.seed));
 
   char line[1024];
@@ -426,31 +414,30 @@ static void report(run *r, int status, double now) {
   say(r, "local: %s after %.1f s: step %" PRId64 "%s, %s", status == 0 ? "done" : "stopped",
       secs, sum->step, of, line);
 
-  /* Kills and recovery times per role. */
-  json_t *kills = json_object(), *rec = json_object();
-  int total = 0;
+  /* The faults, then every death's time to come back per role. */
+  if (r->nem != NULL)
+    ps_nemesis_report(r->nem, j, now);
+  json_t *rec = json_object();
+  int any = 0;
   for (int role = 0; role < PS_SUP_NROLES; role++)
-    total += r->kills[role];
-  if (r->o.chaos)
-    say(r, "local: chaos: %d kill%s (kill -9), time from death to back per role:", total,
-        total == 1 ? "" : "s");
+    any |= s->nrecovery[role] > 0;
+  if (any)
+    say(r, "local: time from a death (killed or failed) to back, per role:");
   for (int role = 0; role < PS_SUP_NROLES; role++) {
     const char *name = ps_sup_role_name((ps_sup_role)role);
     json_t *times = json_array();
     size_t n = s->nrecovery[role];
     for (size_t i = 0; i < n; i++)
       json_array_append_new(times, json_real(s->recovery[role][i]));
-    json_object_set_new(kills, name, json_integer(r->kills[role]));
     json_object_set_new(rec, name, times);
-    if (n > 0 || r->kills[role] > 0) {
+    if (n > 0) {
       double max = 0;
       for (size_t i = 0; i < n; i++)
         max = fmax(max, s->recovery[role][i]);
-      say(r, "local:   %-6s %3d killed, %3zu back: median %.2f s, max %.2f s", name,
-          r->kills[role], n, n ? median(s->recovery[role], n) : 0.0, max);
+      say(r, "local:   %-6s %3zu back: median %.2f s, max %.2f s", name, n,
+          median(s->recovery[role], n), max);
     }
   }
-  json_object_set_new(j, "kills", kills);
   json_object_set_new(j, "recovery_s", rec);
 
   json_t *restarts = json_object();
@@ -496,13 +483,15 @@ static void report(run *r, int status, double now) {
 /* ------------------------------------------------------------------------ */
 
 static int parse_args(int argc, char **argv, local_opts *o) {
-  enum { O_CONFIG = 1, O_PS, O_WORKERS, O_CHAOS, O_CHAOS_REDIS, O_DIR, O_LAST, O_SEED, O_FRESH };
+  enum { O_CONFIG = 1, O_PS, O_WORKERS, O_CHAOS, O_CHAOS_REDIS, O_DIR, O_LAST, O_SEED, O_FRESH,
+         O_NEMESIS };
   static const struct option longopts[] = {
       {"config", required_argument, 0, O_CONFIG},  {"ps", required_argument, 0, O_PS},
       {"workers", required_argument, 0, O_WORKERS}, {"chaos", no_argument, 0, O_CHAOS},
       {"chaos-redis", no_argument, 0, O_CHAOS_REDIS}, {"dir", required_argument, 0, O_DIR},
       {"last-step", required_argument, 0, O_LAST}, {"seed", required_argument, 0, O_SEED},
       {"fresh", no_argument, 0, O_FRESH},           {"help", no_argument, 0, 'h'},
+      {"nemesis", required_argument, 0, O_NEMESIS},
       {0, 0, 0, 0},
   };
   *o = (local_opts){.last_step = -1, .seed = -1};
@@ -516,8 +505,21 @@ static int parse_args(int argc, char **argv, local_opts *o) {
     case O_WORKERS:
       rc = ps_cmd_flag_i64("workers", optarg, 1, PS_CONFIG_MAX_NODES, &o->nworkers);
       break;
-    case O_CHAOS: o->chaos = 1; break;
-    case O_CHAOS_REDIS: o->chaos = o->chaos_redis = 1; break;
+    case O_CHAOS: o->nemesis |= 1u << PS_NEM_KILL; break;
+    case O_CHAOS_REDIS:
+      o->nemesis |= 1u << PS_NEM_KILL;
+      o->chaos_redis = 1;
+      break;
+    case O_NEMESIS: {
+      unsigned kinds;
+      ps_errbuf eb = {0};
+      if (ps_nemesis_parse(optarg, &kinds, &eb) != 0) {
+        ps_cmd_error("%s", eb.msg);
+        return -1;
+      }
+      o->nemesis |= kinds;
+      break;
+    }
     case O_DIR: o->dir = optarg; break;
     case O_LAST: rc = ps_cmd_flag_i64("last-step", optarg, 0, INT64_C(1) << 62, &o->last_step); break;
     case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_C(1) << 62, &o->seed); break;
@@ -560,7 +562,6 @@ int ps_cmd_local(int argc, char **argv) {
 
   r.tty = isatty(1);
   r.started = ps_now_s();
-  ps_rng_seed(&r.rng, (uint64_t)r.cfg.seed ^ 0x6c6f63616cULL);
   ps_progress_init(&r.sum, r.summary_path, 0);
   ps_errbuf eb = {0};
   if (ps_sup_init(&r.sup, &r.cfg, r.conf_path, r.rundir, say_line, &r, &eb) != 0) {
@@ -568,6 +569,22 @@ int ps_cmd_local(int argc, char **argv) {
     return 1;
   }
   r.sup.redis_aof = r.o.chaos_redis;
+  char faults[64] = "";
+  if (r.o.nemesis != 0) {
+    r.nem = ps_nemesis_new(&r.sup, &r.cfg, &r.sum, r.rundir, r.o.nemesis, r.o.chaos_redis,
+                           (uint64_t)r.cfg.seed, &eb);
+    if (r.nem == NULL) {
+      ps_cmd_error("%s", eb.msg);
+      ps_sup_close(&r.sup);
+      return 1;
+    }
+    size_t at = (size_t)snprintf(faults, sizeof faults, "; faults:");
+    for (int k = 0; k < PS_NEM_NKINDS; k++)
+      if (r.o.nemesis & (1u << k) && at < sizeof faults)
+        at += (size_t)snprintf(faults + at, sizeof faults - at, " %s%s",
+                               ps_nemesis_kind_name((ps_nem_kind)k),
+                               k == PS_NEM_KILL && r.o.chaos_redis ? " (Redis too)" : "");
+  }
   if (dir_has_checkpoints(r.cfg.checkpoint_dir))
     say(&r, "local: %s holds checkpoints of an earlier run: the chief restores the latest "
         "(--fresh starts over)", r.cfg.checkpoint_dir);
@@ -578,15 +595,13 @@ int ps_cmd_local(int argc, char **argv) {
   say(&r, "local: run directory %s: redis on port %u, the chief, %d shard%s, %d worker%s; %s, "
       "replication %s%s", r.rundir, (unsigned)r.cfg.redis.port, r.cfg.nps,
       r.cfg.nps == 1 ? "" : "s", r.cfg.nworkers, r.cfg.nworkers == 1 ? "" : "s", last,
-      repl[r.cfg.replication], r.o.chaos ? (r.o.chaos_redis ? "; chaos (Redis too)" : "; chaos")
-                                         : "");
+      repl[r.cfg.replication], faults);
   if (ps_sup_start(&r.sup, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
+    ps_nemesis_free(r.nem);
     ps_sup_close(&r.sup);
     return 1;
   }
-  if (r.o.chaos)
-    schedule_kill(&r, ps_now_s());
 
   int signalled = 0;
   double last_draw = 0;
@@ -609,11 +624,13 @@ int ps_cmd_local(int argc, char **argv) {
     /* The summaries first: a chief's last lines are told before its exit. */
     ps_progress_poll(&r.sum, on_event, &r);
     ps_sup_poll(&r.sup, now);
-    /* No kills once the chief reached the step limit: its final
-     * checkpoint, evaluation and stop are the run's end, not a fault test. */
-    if (r.o.chaos && r.sup.phase == PS_SUP_RUN && now >= r.next_kill && !r.sum.stopped &&
-        (r.cfg.last_step == 0 || r.sum.step < r.cfg.last_step))
-      chaos(&r, now);
+    /* No faults once the chief reached the step limit: its final
+     * checkpoint, evaluation and stop are the run's end, not a fault test;
+     * then, or when the run stops, every pause and Redis window ends. */
+    if (r.nem != NULL)
+      ps_nemesis_poll(r.nem, now,
+                      r.sup.phase == PS_SUP_RUN && !r.sum.stopped &&
+                          (r.cfg.last_step == 0 || r.sum.step < r.cfg.last_step));
     if (now - last_draw >= REDRAW_S) {
       if (r.sup.phase != PS_SUP_OVER)
         show_progress(&r, now);
@@ -629,6 +646,7 @@ int ps_cmd_local(int argc, char **argv) {
   if (r.sup.why[0])
     say(&r, "local: %s", r.sup.why);
   report(&r, status, ps_now_s());
+  ps_nemesis_free(r.nem);
   ps_sup_write_pids(&r.sup);
   ps_sup_close(&r.sup);
   return status;

@@ -1,6 +1,7 @@
 /* `paramserv ps` and `paramserv worker`: the cluster's long-running
  * processes, each started with the cluster's config file and its index. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -68,6 +69,11 @@ static int run_node(const node_verb *v, int argc, char **argv) {
                  strcmp(v->name, "ps") == 0 ? "shards" : "workers", count - 1);
     return 2;
   }
+  /* A write to a peer that has gone (a killed chief's connection) fails
+   * with EPIPE, which the connection handles; the signal would kill the
+   * process instead.  libuv and hiredis leave SIGPIPE to the application;
+   * systemd ignores it for its units, `paramserv local` and a shell do not. */
+  signal(SIGPIPE, SIG_IGN);
   return v->run(&cfg, (int)index);
 }
 

@@ -414,12 +414,16 @@ static void on_exit_status(ps_sup *s, ps_sup_child *c, int st, double now) {
         ps_sup_last_line(c, last, sizeof last));
     if (c->down_at == 0) /* not back since an earlier death: time from that one */
       c->down_at = now;
-    /* A child that keeps failing on its own would fail forever. */
-    if (c->nfailures == FAIL_LIMIT) {
-      memmove(c->failures, c->failures + 1, (FAIL_LIMIT - 1) * sizeof c->failures[0]);
-      c->nfailures--;
+    /* A child that keeps failing on its own would fail forever; one that
+     * fails while a fault is injected (a chief that cannot renew its lease
+     * while Redis refuses writes) is not failing on its own. */
+    if (now >= s->excused_until) {
+      if (c->nfailures == FAIL_LIMIT) {
+        memmove(c->failures, c->failures + 1, (FAIL_LIMIT - 1) * sizeof c->failures[0]);
+        c->nfailures--;
+      }
+      c->failures[c->nfailures++] = now;
     }
-    c->failures[c->nfailures++] = now;
     if (c->nfailures == FAIL_LIMIT && now - c->failures[0] <= FAIL_WINDOW_S) {
       char why[640];
       snprintf(why, sizeof why, "%s failed %d times within %.0f s; its last line: %s", c->name,
@@ -524,6 +528,11 @@ static void advance_stop(ps_sup *s, double now) {
 /* ------------------------------------------------------------------------ */
 /* The loop's work                                                           */
 /* ------------------------------------------------------------------------ */
+
+void ps_sup_excuse(ps_sup *s, double until) {
+  if (until > s->excused_until)
+    s->excused_until = until;
+}
 
 int ps_sup_kill(ps_sup *s, ps_sup_child *c, double now) {
   (void)s;

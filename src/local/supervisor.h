@@ -86,6 +86,7 @@ typedef struct ps_sup {
   ps_sup_say_fn say;
   void *say_arg;
   int redis_aof;      /* Redis keeps an append-only file (set after ps_sup_init) */
+  double excused_until; /* deaths before this are not failures (ps_sup_excuse) */
 } ps_sup;
 
 /* Set up (nothing starts): cfg (which must outlive s) is the run's config,
@@ -118,6 +119,11 @@ void ps_sup_stop(ps_sup *s, double now, int result, const char *why);
 
 /* SIGKILL every running child at once (a second Ctrl-C). */
 void ps_sup_kill_all(ps_sup *s);
+
+/* Faults are injected until `until` (ps_now_s time): children that die
+ * before then are restarted as always but not counted toward the failure
+ * limit of ps_sup_poll.  A later `until` than the current one extends it. */
+void ps_sup_excuse(ps_sup *s, double until);
 
 /* kill -9 one child (chaos); it comes back through supervision and the
  * time until it is back is recorded.  @return 0 or -errno. */

@@ -52,25 +52,31 @@ static float *grow(float *img, uint64_t *cap, uint64_t want) {
   return p;
 }
 
-static void resume(server *s, const char *why) {
+/* Pushes flow again; the held ones wait for ps_control_drain. */
+static ps_control_outcome resume(server *s, const char *why) {
   if (!s->paused)
-    return;
+    return PS_CONTROL_NONE;
   s->paused = 0;
+  int n = 0;
+  for (const held_push *h = s->held; h != NULL; h = h->next)
+    n++;
+  ps_log(n > 0 || why[0] != 'R' ? PS_LOG_INFO : PS_LOG_DEBUG,
+         "cut %" PRIu64 ": %s; %d held pushes to apply", s->cut != NULL ? s->cut->cut_id : 0, why,
+         n);
+  return PS_CONTROL_RESUMED;
+}
+
+void ps_control_drain(server *s, ps_control_apply_fn apply) {
   held_push *h = s->held;
   s->held = s->held_tail = NULL;
-  int n = 0;
   while (h != NULL) {
     held_push *next = h->next;
     if (!h->cl->closed && !s->stopping)
-      ps_server_push(h->cl, h->req, &h->p);
+      apply(h->cl, h->req, &h->p);
     client_unref(h->cl);
     free(h);
     h = next;
-    n++;
   }
-  ps_log(n > 0 || why[0] != 'R' ? PS_LOG_INFO : PS_LOG_DEBUG,
-         "cut %" PRIu64 ": %s; %d held pushes applied", s->cut != NULL ? s->cut->cut_id : 0, why,
-         n);
 }
 
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
@@ -129,9 +135,10 @@ void ps_control_prepare(server *s) {
     memset(s->spare, 0, (size_t)in.image_floats * sizeof(float));
 }
 
-void ps_control_tick(server *s, uint64_t now_ns) {
+ps_control_outcome ps_control_tick(server *s, uint64_t now_ns) {
   if (s->paused && now_ns >= s->resume_at_ns)
-    resume(s, "no RESUME from the chief in time: resumed by itself");
+    return resume(s, "no RESUME from the chief in time: resumed by itself");
+  return PS_CONTROL_NONE;
 }
 
 void ps_control_free(server *s) {
@@ -234,12 +241,12 @@ static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
     image_unref(img);
 }
 
-static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
+static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l) {
   server *s = cl->srv;
   if (s->initialized) {
     REFUSE(cl, PS_EFORMAT, 0, "LOAD of shard %d, which already holds a state at version %" PRIu64,
            s->index, s->shard.version);
-    return;
+    return PS_CONTROL_NONE;
   }
   ps_shard_image_info in = {
       .version = l->state.version, .global_step = l->state.global_step,
@@ -253,7 +260,7 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
       snprintf(why, sizeof why, "%" PRIu32 " exactly-once rows and a target of %" PRIu32
                ", expected at most %d", l->state.nonce, l->state.target, PS_CONFIG_MAX_NODES);
     REFUSE(cl, PS_ELAYOUT, 0, "LOAD: %s", why);
-    return;
+    return PS_CONTROL_NONE;
   }
   if (l->offset == 0)
     s->load_next = 0;
@@ -261,13 +268,13 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
     REFUSE(cl, PS_EFORMAT, 0, "LOAD piece at float %" PRIu64 " of %" PRIu64
            " floats, expected the piece at %" PRIu64 " of at most %zu",
            l->offset, l->count, s->load_next, s->shard.o.nfloats);
-    return;
+    return PS_CONTROL_NONE;
   }
   s->load_img = grow(s->load_img, &s->load_cap, in.image_floats);
   if (s->load_img == NULL) {
     REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a state of %" PRIu64 " floats",
            in.image_floats);
-    return;
+    return PS_CONTROL_NONE;
   }
   memcpy(s->load_img + l->offset, l->data, l->count * sizeof(float));
   s->load_next = l->offset + l->count;
@@ -280,27 +287,19 @@ static void on_load(client *cl, uint64_t req, const ps_msg_load *l) {
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
            "; workers admitted", s->shard.version, s->shard.global_step);
     ps_notify_ready("shard %d serving from version %" PRIu64, s->index, s->shard.version);
-    ps_server_state_began(s, "chief");
     ps_control_prepare(s);
-    if (ps_server_start_replica(s) != 0) {
-      s->status = 1;
-      ps_server_stop(s, "cannot replicate the loaded state");
-      return;
-    }
+    send_pong(cl, req, l->offset + l->count);
+    return PS_CONTROL_LOADED;
   }
   send_pong(cl, req, l->offset + l->count);
+  return PS_CONTROL_NONE;
 }
 
-static void on_stop_timer(uv_timer_t *t) {
-  server *s = t->data;
-  s->status = 0;
-  ps_server_stop(s, "the chief ended the run");
-}
-
-static void on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
+static ps_control_outcome on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
   server *s = cl->srv;
-  if (uv_is_active((uv_handle_t *)&s->stop_timer))
-    return;
+  if (s->stop_asked)
+    return PS_CONTROL_NONE;
+  s->stop_asked = 1;
   ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64 "; telling the workers",
          st->step);
   ps_msg m = {.type = PS_MSG_STOP};
@@ -311,16 +310,15 @@ static void on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
       ps_conn_send_msg(c->conn, &m, 0);
   send_pong(cl, req, st->step);
   resume(s, "stopping");
-  /* Exit once the frames are out. */
-  uv_timer_start(&s->stop_timer, on_stop_timer, 200, 0);
+  return PS_CONTROL_STOP;
 }
 
-void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
+ps_control_outcome ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
   server *s = cl->srv;
   if (cl->role != PS_ROLE_CHIEF) {
     REFUSE(cl, PS_EFORMAT, 0, "%s from a %s: only the chief sends it", ps_proto_type_name(m->type),
            ps_role_name(cl->role));
-    return;
+    return PS_CONTROL_NONE;
   }
   /* Fencing: a chief that lost its lease (paused, cut off) may still be
    * running; once a newer chief's token has been seen, it is refused. */
@@ -328,7 +326,7 @@ void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
   if (fence < s->fence) {
     REFUSE(cl, PS_EFENCED, 0, "%s with fence token %" PRIu64 ", but this shard has seen token %"
            PRIu64 ": a newer chief holds the lease", ps_proto_type_name(m->type), fence, s->fence);
-    return;
+    return PS_CONTROL_NONE;
   }
   if (fence > s->fence) {
     if (s->fence != 0)
@@ -345,18 +343,17 @@ void ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
      * pushes are applied. */
     send_pong(cl, req, m->u.resume.cut_id);
     if (s->cut != NULL && m->u.resume.cut_id == s->cut->cut_id && fence == s->cut->fence)
-      resume(s, "RESUME");
+      return resume(s, "RESUME");
     break;
   case PS_MSG_FETCH:
     on_fetch(cl, req, &m->u.fetch);
     break;
   case PS_MSG_LOAD:
-    on_load(cl, req, &m->u.load);
-    break;
+    return on_load(cl, req, &m->u.load);
   case PS_MSG_STOP:
-    on_stop(cl, req, &m->u.stop);
-    break;
+    return on_stop(cl, req, &m->u.stop);
   default:
     break;
   }
+  return PS_CONTROL_NONE;
 }

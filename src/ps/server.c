@@ -379,6 +379,37 @@ static void on_stats(client *cl, uint64_t req) {
   ps_conn_send_msg(cl->conn, &m, req);
 }
 
+/* ------------------------------------------------- the chief's frames */
+
+static void on_stop_timer(uv_timer_t *t) {
+  server *s = t->data;
+  s->status = 0;
+  ps_server_stop(s, "the chief ended the run");
+}
+
+/* What control.c left for the server to do. */
+static void control_outcome(server *s, ps_control_outcome o) {
+  switch (o) {
+  case PS_CONTROL_RESUMED:
+    ps_control_drain(s, ps_server_push);
+    break;
+  case PS_CONTROL_LOADED:
+    ps_server_state_began(s, "chief");
+    if (ps_server_start_replica(s) != 0) {
+      s->status = 1;
+      ps_server_stop(s, "cannot replicate the loaded state");
+    }
+    break;
+  case PS_CONTROL_STOP:
+    ps_control_drain(s, ps_server_push);
+    /* Exit once the frames are out. */
+    uv_timer_start(&s->stop_timer, on_stop_timer, 200, 0);
+    break;
+  default:
+    break;
+  }
+}
+
 static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
   client *cl = ps_conn_data(conn);
   ps_msg m;
@@ -407,7 +438,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   case PS_MSG_FETCH:
   case PS_MSG_LOAD:
   case PS_MSG_STOP:
-    ps_control_frame(cl, h->request_id, &m);
+    control_outcome(cl->srv, ps_control_frame(cl, h->request_id, &m));
     break;
   case PS_MSG_STATS:
     on_stats(cl, h->request_id);
@@ -499,7 +530,7 @@ static void on_connection(uv_stream_t *listener, int status) {
 static void on_tick(uv_timer_t *t) {
   server *s = t->data;
   uint64_t now = ps_now_ns();
-  ps_control_tick(s, now);
+  control_outcome(s, ps_control_tick(s, now));
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
       REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);

@@ -57,6 +57,7 @@ typedef struct server {
   struct held_push *held, *held_tail;
   float *load_img;              /* a LOAD being received */
   uint64_t load_cap, load_next;
+  int stop_asked;                /* the chief's STOP came */
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
   uv_timer_t watchdog;          /* systemd's, when it set one */
   int watchdog_on;
@@ -95,8 +96,20 @@ void client_unref(client *cl);
     ps_conn_fail((cl)->conn, (code), (flags), "%s", why_);                               \
   } while (0)
 
-/* control.c: the chief's frames (CUT, RESUME, FETCH, LOAD, STOP). */
-void ps_control_frame(client *cl, uint64_t req, const ps_msg *m);
+/* control.c: the chief's frames (CUT, RESUME, FETCH, LOAD, STOP).  It
+ * calls nothing of server.c: what a frame or the tick leaves for the
+ * server to do is its outcome. */
+typedef enum ps_control_outcome {
+  PS_CONTROL_NONE = 0,
+  PS_CONTROL_RESUMED,  /* pushes flow again: apply the held ones (ps_control_drain) */
+  PS_CONTROL_LOADED,   /* the shard holds the chief's state now: replicate it */
+  PS_CONTROL_STOP,     /* the chief ended the run: drain, then stop once the frames are out */
+} ps_control_outcome;
+ps_control_outcome ps_control_frame(client *cl, uint64_t req, const ps_msg *m);
+/* Apply each push held during a cut, in arrival order, through `apply`
+ * (skipping those of closed clients), and release them. */
+typedef void (*ps_control_apply_fn)(client *cl, uint64_t req, const ps_msg_push *p);
+void ps_control_drain(server *s, ps_control_apply_fn apply);
 /* A push that arrived while a cut holds pushes: queue it.  @return 1 if
  * queued (or refused), 0 if the shard is not paused. */
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p);
@@ -104,11 +117,11 @@ int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p);
  * config checkpoints at all). */
 void ps_control_prepare(server *s);
 /* on_tick: resume a cut whose RESUME did not come in time. */
-void ps_control_tick(server *s, uint64_t now_ns);
+ps_control_outcome ps_control_tick(server *s, uint64_t now_ns);
 /* Free the control state (images, held pushes). */
 void ps_control_free(server *s);
 
-/* server.c, for control.c and consistency.c */
+/* server.c, for consistency.c */
 /* Answer a PULL with the slice at the current version. */
 void ps_server_pull_reply(client *cl, uint64_t req);
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);

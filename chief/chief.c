@@ -36,6 +36,7 @@
 #include "nn/compute.h"
 #include "recovery/checkpoint.h"
 #include "recovery/plan.h"
+#include "replica/keys.h"
 #include "replica/registry.h"
 #include "worker/control.h"
 
@@ -305,7 +306,9 @@ static void poll_workers(chief *ch) {
   if (c == NULL)
     return;
   for (int j = 0; j < ch->cfg->nworkers; j++) {
-    redisReply *r = redisCommand(c, "GET {%s}:node:worker:%d", ch->cfg->cluster_id, j);
+    char key[PS_KEY_MAX];
+    ps_key_node(key, ch->cfg->cluster_id, "worker", j);
+    redisReply *r = redisCommand(c, "GET %s", key);
     if (r == NULL) {
       ps_registry_lost(ch->reg, "heartbeat check got no reply");
       return;

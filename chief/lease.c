@@ -1,14 +1,15 @@
 /* The chief's lease (see lease.h). */
 #include "chief/lease.h"
 
-#include "replica/registry.h"
-
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "replica/keys.h"
+#include "replica/registry.h"
 
 /* Renew if ours; take if free, with a new token: max(stored epoch + 1, now
  * in ms), stored back, so that each holder's token is higher than every
@@ -37,8 +38,8 @@ void ps_lease_init(ps_lease *l, const char *cluster, int64_t ms) {
   gethostname(host, sizeof host);
   host[sizeof host - 1] = '\0';
   memset(l, 0, sizeof *l);
-  snprintf(l->key, sizeof l->key, "{%s}:chief", cluster);
-  snprintf(l->epoch_key, sizeof l->epoch_key, "{%s}:epoch:chief:0", cluster);
+  ps_key_chief_lease(l->key, cluster);
+  ps_key_epoch(l->epoch_key, cluster, "chief", 0);
   snprintf(l->who, sizeof l->who, "host %s pid %d", host, (int)getpid());
   l->ms = ms;
 }

@@ -13,10 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "replica/keys.h"
+
 /* Written only by lease.c. */
 typedef struct ps_lease {
-  char key[160];      /* {<cluster>}:chief */
-  char epoch_key[160];/* {<cluster>}:epoch:chief:0: the tokens handed out so far */
+  char key[PS_KEY_MAX];        /* {<cluster>}:chief */
+  char epoch_key[PS_KEY_MAX];  /* {<cluster>}:epoch:chief:0: the tokens handed out so far */
   char who[200];      /* "host H pid P" */
   char value[256];    /* "token T host H pid P" while held; "" before */
   uint64_t token;     /* T: 0 before the lease was first taken */

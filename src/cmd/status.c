@@ -138,8 +138,8 @@ static void read_node(const ps_config *cfg, row *w) {
     snprintf(node, sizeof node, "%s", k.node);
     snprintf(epoch, sizeof epoch, "%s", k.epoch);
   } else {
-    ps_cluster_key(node, cfg->cluster_id, "node:%s:%d", w->role, w->index);
-    ps_cluster_key(epoch, cfg->cluster_id, "epoch:%s:%d", w->role, w->index);
+    ps_key_node(node, cfg->cluster_id, w->role, w->index);
+    ps_key_epoch(epoch, cfg->cluster_id, w->role, w->index);
   }
   w->age_ms = -1;
   if (get_ttl(node, v, sizeof v, &w->ttl_ms)) {
@@ -170,7 +170,7 @@ static void read_snapshot(const ps_config *cfg, row *w) {
 
 static void read_lease(const ps_config *cfg, row *l) {
   char key[PS_KEY_MAX], v[512];
-  ps_cluster_key(key, cfg->cluster_id, "chief");
+  ps_key_chief_lease(key, cfg->cluster_id);
   *l = (row){.role = "lease", .ttl_ms = -1, .age_ms = -1};
   if (get_ttl(key, v, sizeof v, &l->ttl_ms)) {
     l->state = UP;

@@ -32,6 +32,26 @@ void ps_cluster_key(char out[PS_KEY_MAX], const char *cluster, const char *fmt, 
   va_end(ap);
 }
 
+void ps_key_node(char out[PS_KEY_MAX], const char *cluster, const char *role, int index) {
+  ps_cluster_key(out, cluster, "node:%s:%d", role, index);
+}
+
+void ps_key_epoch(char out[PS_KEY_MAX], const char *cluster, const char *role, int index) {
+  ps_cluster_key(out, cluster, "epoch:%s:%d", role, index);
+}
+
+void ps_key_worker_pos(char out[PS_KEY_MAX], const char *cluster, int worker) {
+  ps_cluster_key(out, cluster, "pos:worker:%d", worker);
+}
+
+void ps_key_chief_lease(char out[PS_KEY_MAX], const char *cluster) {
+  ps_cluster_key(out, cluster, "chief");
+}
+
+void ps_key_done(char out[PS_KEY_MAX], const char *cluster) {
+  ps_cluster_key(out, cluster, "done");
+}
+
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
   struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
   redisContext *c = redisConnectWithTimeout(cfg->redis.host, cfg->redis.port, tv);

@@ -49,6 +49,13 @@ static inline uint64_t ps_snap_chunk_floats(uint64_t image_floats, uint64_t i) {
 void ps_cluster_key(char out[PS_KEY_MAX], const char *cluster, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The cluster's records (REDIS.md §1, §10), each named once here. */
+void ps_key_node(char out[PS_KEY_MAX], const char *cluster, const char *role, int index);
+void ps_key_epoch(char out[PS_KEY_MAX], const char *cluster, const char *role, int index);
+void ps_key_worker_pos(char out[PS_KEY_MAX], const char *cluster, int worker);
+void ps_key_chief_lease(char out[PS_KEY_MAX], const char *cluster);
+void ps_key_done(char out[PS_KEY_MAX], const char *cluster);
+
 /* Connect to [redis] address with `timeout_ms` for the connect and for
  * every command after it, and AUTH when [redis] password_file is set.
  * @return an opaque hiredis redisContext * (free with redisFree), or NULL

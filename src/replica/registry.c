@@ -129,7 +129,7 @@ static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
 
 int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb) {
   char key[PS_KEY_MAX];
-  ps_cluster_key(key, r->cfg->cluster_id, "epoch:%s:%d", r->role, r->index);
+  ps_key_epoch(key, r->cfg->cluster_id, r->role, r->index);
   for (int attempt = 0; !*stop; attempt++) {
     redisContext *c = ctx(r, 1);
     if (c == NULL && r->auth_failed)
@@ -164,7 +164,9 @@ void *ps_registry_redis(ps_registry *r, int wait) { return ctx(r, wait); }
 void ps_registry_lost(ps_registry *r, const char *why) { drop(r, why); }
 
 int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos) {
-  redisReply *rep = cmd(r, 1, "GET {%s}:pos:worker:%d", r->cfg->cluster_id, worker);
+  char key[PS_KEY_MAX];
+  ps_key_worker_pos(key, r->cfg->cluster_id, worker);
+  redisReply *rep = cmd(r, 1, "GET %s", key);
   int found = rep == NULL ? -1
               : rep->type == REDIS_REPLY_STRING &&
                       sscanf(rep->str, "%" SCNu64 " %" SCNu64, &pos->epoch, &pos->offset) == 2
@@ -177,14 +179,18 @@ int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos) {
 int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
   char value[48];
   snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64, pos->epoch, pos->offset);
-  redisReply *rep = cmd(r, 1, "SET {%s}:pos:worker:%d %s", r->cfg->cluster_id, worker, value);
+  char key[PS_KEY_MAX];
+  ps_key_worker_pos(key, r->cfg->cluster_id, worker);
+  redisReply *rep = cmd(r, 1, "SET %s %s", key, value);
   int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
   freeReplyObject(rep);
   return ok ? 0 : -1;
 }
 
 int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
-  redisReply *rep = cmd(r, 1, "GET {%s}:done", r->cfg->cluster_id);
+  char key[PS_KEY_MAX];
+  ps_key_done(key, r->cfg->cluster_id);
+  redisReply *rep = cmd(r, 1, "GET %s", key);
   int found = rep == NULL ? -1
               : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, step) == 1 ? 1
                                                                                           : 0;
@@ -216,21 +222,27 @@ int ps_registry_set_done(ps_registry *r, uint64_t step, int nonfinite) {
   snprintf(value, sizeof value, "%" PRIu64 "%s", step, nonfinite ? " nonfinite" : "");
   /* One argument: hiredis splits the format at its own spaces, never an
    * interpolated string's. */
-  redisReply *rep = cmd(r, 1, "SET {%s}:done %s", r->cfg->cluster_id, value);
+  char key[PS_KEY_MAX];
+  ps_key_done(key, r->cfg->cluster_id);
+  redisReply *rep = cmd(r, 1, "SET %s %s", key, value);
   int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
   freeReplyObject(rep);
   return ok ? 0 : -1;
 }
 
 int ps_registry_clear_done(ps_registry *r) {
-  redisReply *rep = cmd(r, 1, "DEL {%s}:done", r->cfg->cluster_id);
+  char key[PS_KEY_MAX];
+  ps_key_done(key, r->cfg->cluster_id);
+  redisReply *rep = cmd(r, 1, "DEL %s", key);
   int ok = rep != NULL && rep->type != REDIS_REPLY_ERROR;
   freeReplyObject(rep);
   return ok ? 0 : -1;
 }
 
 int ps_registry_load_pos(ps_registry *r, ps_data_pos *pos, uint64_t *clock) {
-  redisReply *rep = cmd(r, 1, "GET {%s}:pos:%s:%d", r->cfg->cluster_id, r->role, r->index);
+  char key[PS_KEY_MAX];
+  ps_key_worker_pos(key, r->cfg->cluster_id, r->index);
+  redisReply *rep = cmd(r, 1, "GET %s", key);
   *clock = 0;
   /* "<epoch> <offset>" (REDIS.md §10) or "<epoch> <offset> <clock>". */
   int found = rep != NULL && rep->type == REDIS_REPLY_STRING &&
@@ -250,8 +262,9 @@ void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, dou
     char value[72];
     snprintf(value, sizeof value, "%" PRIu64 " %" PRIu64 " %" PRIu64, pos->epoch, pos->offset,
              r->clock);
-    redisReply *rep = cmd(r, force, "SET {%s}:pos:%s:%d %s", r->cfg->cluster_id, r->role,
-                          r->index, value);
+    char key[PS_KEY_MAX];
+    ps_key_worker_pos(key, r->cfg->cluster_id, r->index);
+    redisReply *rep = cmd(r, force, "SET %s %s", key, value);
     if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
       ps_log(PS_LOG_WARN, "redis: saving the data position: %s", rep->str);
     freeReplyObject(rep);
@@ -263,8 +276,9 @@ void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, dou
     snprintf(payload, sizeof payload,
              "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " steps/s %.1f", (int)getpid(),
              r->host, r->epoch, step, steps_per_s);
-    redisReply *rep = cmd(r, 0, "SET {%s}:node:%s:%d %s PX %" PRId64, r->cfg->cluster_id, r->role,
-                          r->index, payload, 3 * r->cfg->heartbeat_ms);
+    char key[PS_KEY_MAX];
+    ps_key_node(key, r->cfg->cluster_id, r->role, r->index);
+    redisReply *rep = cmd(r, 0, "SET %s %s PX %" PRId64, key, payload, 3 * r->cfg->heartbeat_ms);
     freeReplyObject(rep);
   }
 }

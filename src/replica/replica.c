@@ -712,7 +712,7 @@ static void watch_workers(ps_replica *r) {
   char keys_buf[PS_CONFIG_MAX_NODES][PS_KEY_MAX];
   argv[0] = "MGET";
   for (int j = 0; j < n; j++) {
-    ps_cluster_key(keys_buf[j], r->cfg->cluster_id, "node:worker:%d", j);
+    ps_key_node(keys_buf[j], r->cfg->cluster_id, "worker", j);
     argv[1 + j] = keys_buf[j];
   }
   redisAsyncCommandArgv(r->ac, on_workers, r, 1 + n, argv, NULL);

@@ -32,6 +32,7 @@ static const char TAKE_LOG_SCRIPT[] =
     "redis.call('SET', KEYS[2], KEYS[3])\n"
     "return 'OK'\n";
 
+/* A field of a flat field/value array: a hash (HGETALL) or a stream entry. */
 static const redisReply *hash_get(const redisReply *h, const char *field) {
   for (size_t i = 0; i + 1 < h->elements; i += 2)
     if (h->element[i]->type == REDIS_REPLY_STRING && strcmp(h->element[i]->str, field) == 0)
@@ -124,23 +125,6 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
 
 /* -------------------------------------------------------------- replay */
 
-static const redisReply *entry_field(const redisReply *fields, const char *name) {
-  for (size_t i = 0; i + 1 < fields->elements; i += 2)
-    if (fields->element[i]->type == REDIS_REPLY_STRING &&
-        strcmp(fields->element[i]->str, name) == 0)
-      return fields->element[i + 1];
-  return NULL;
-}
-
-static int field_u64(const redisReply *fields, const char *name, uint64_t *out) {
-  const redisReply *v = entry_field(fields, name);
-  if (v == NULL || v->type != REDIS_REPLY_STRING || v->len == 0)
-    return -1;
-  char *end;
-  *out = strtoull(v->str, &end, 10);
-  return *end == '\0' ? 0 : -1;
-}
-
 /* Replay the stream after the snapshot, in stream order.  An entry is
  * applied when it continues the state's journal (n = journal + 1) and its
  * writer is not older than the writer of what the state holds; anything
@@ -179,17 +163,17 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
         info->skipped++;
         continue;
       }
-      const redisReply *kind = entry_field(f, "k");
+      const redisReply *kind = hash_get(f, "k");
       if (kind == NULL || kind->type != REDIS_REPLY_STRING || kind->len != 1 ||
-          field_u64(f, "w", &w) || field_u64(f, "i", &inc) || field_u64(f, "s", &seq) ||
-          field_u64(f, "t", &t) || w >= (uint64_t)s->o.nworkers) {
+          hash_u64(f, "w", &w) || hash_u64(f, "i", &inc) || hash_u64(f, "s", &seq) ||
+          hash_u64(f, "t", &t) || w >= (uint64_t)s->o.nworkers) {
         rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: malformed", k->log, id);
         break;
       }
       ps_journal j = {.kind = kind->str[0], .n = n, .worker = (uint32_t)w, .incarnation = inc,
                       .seq = seq, .step = t, .target = (int)t, .g = g};
       if (j.kind == PS_JOURNAL_PUSH) {
-        const redisReply *gz = entry_field(f, "g");
+        const redisReply *gz = hash_get(f, "g");
         int want = (int)(s->o.nfloats * sizeof(float));
         if (gz == NULL || gz->type != REDIS_REPLY_STRING ||
             LZ4_decompress_safe(gz->str, (char *)g, (int)gz->len, want) != want) {

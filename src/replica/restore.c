@@ -258,9 +258,8 @@ static void gc_streams(redisContext *c, const ps_shard_keys *k, ps_restore_info 
 /* One attempt: -EIO or -ECONNREFUSED when Redis refused a command or went
  * away (the caller waits and tries again), another code when the replica
  * itself is wrong. */
-static int restore_once(redisContext *c, const ps_config *cfg, ps_shard_keys *k,
-                        uint64_t layout_hash, ps_shard *shard, ps_restore_info *info,
-                        ps_errbuf *eb) {
+static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
+                        ps_shard *shard, ps_restore_info *info, ps_errbuf *eb) {
   int rc = ps_redis_new_epoch(c, k->epoch, &info->epoch, eb);
   if (rc != 0)
     return -EIO;
@@ -316,7 +315,6 @@ static int restore_once(redisContext *c, const ps_config *cfg, ps_shard_keys *k,
   info->loaded = 1;
   gc_snapshots(c, k, snap_id, info);
   gc_streams(c, k, info);
-  (void)cfg;
   return 0;
 }
 
@@ -332,7 +330,7 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
     if (c == NULL && eb->code == -EACCES)
       return eb->code;
     if (c != NULL) {
-      rc = restore_once(c, cfg, &k, layout_hash, shard, info, eb);
+      rc = restore_once(c, &k, layout_hash, shard, info, eb);
       redisFree(c);
       /* Redis refusing or going away mid-way is waited out: the next
        * attempt takes a new epoch and starts over (the state is loaded

@@ -48,15 +48,7 @@ int main(int argc, char **argv) {
   peer_role = PS_ROLE_CHIEF;
   if (argc != 2)
     die("usage: chief_wire CONFIG (shard 0 of CONFIG running, initialized)");
-  ps_errbuf eb = {0};
-  ps_model model;
-  if (ps_config_load(argv[1], &cfg, &eb) != 0 ||
-      ps_config_read_secret(&cfg, secret, sizeof secret, &eb) < 0)
-    die("%s", eb.msg);
-  secret_len = (size_t)ps_config_read_secret(&cfg, secret, sizeof secret, &eb);
-  if (ps_layout_for_cluster(&cfg, &model, &layout, &eb) != 0)
-    die("%s", eb.msg);
-  slice = layout.shard_floats[0];
+  peer_setup(argv[1]);
 
   /* Chief token 5 cuts, fetches and resumes. */
   int a = good_client(0, 5);
@@ -108,7 +100,6 @@ int main(int argc, char **argv) {
            ++req_id);
   expect_refusal(a, "FETCH by token 5 after token 6 cut", "fence token 5, but this shard has seen token 6");
   close(b);
-  ps_layout_close(&layout);
-  ps_model_close(&model);
+  peer_close();
   return 0;
 }

@@ -49,15 +49,7 @@ static void raw_header(uint8_t *b, uint32_t magic, uint16_t version, uint16_t ty
 int main(int argc, char **argv) {
   if (argc != 2)
     die("usage: ps_wire CONFIG (shard 0 of CONFIG running)");
-  ps_errbuf eb = {0};
-  ps_model model;
-  if (ps_config_load(argv[1], &cfg, &eb) != 0 ||
-      ps_config_read_secret(&cfg, secret, sizeof secret, &eb) < 0)
-    die("%s", eb.msg);
-  secret_len = (size_t)ps_config_read_secret(&cfg, secret, sizeof secret, &eb);
-  if (ps_layout_for_cluster(&cfg, &model, &layout, &eb) != 0)
-    die("%s", eb.msg);
-  slice = layout.shard_floats[0];
+  peer_setup(argv[1]);
   float *before = malloc(slice * sizeof(float)), *now = malloc(slice * sizeof(float));
   float *after1 = malloc(slice * sizeof(float)), *g = malloc(slice * sizeof(float));
   for (size_t i = 0; i < slice; i++)
@@ -211,7 +203,6 @@ int main(int argc, char **argv) {
   free(now);
   free(after1);
   free(g);
-  ps_layout_close(&layout);
-  ps_model_close(&model);
+  peer_close();
   return 0;
 }

@@ -160,4 +160,25 @@ static inline void expect_refusal(int fd, const char *what, const char *want) {
 
 static uint64_t req_id = 100;
 
+/* Read the config, the secret and the layout: shard 0's slice. */
+static ps_model model;
+
+static inline void peer_setup(const char *config) {
+  ps_errbuf eb = {0};
+  if (ps_config_load(config, &cfg, &eb) != 0)
+    die("%s", eb.msg);
+  int n = ps_config_read_secret(&cfg, secret, sizeof secret, &eb);
+  if (n < 0)
+    die("%s", eb.msg);
+  secret_len = (size_t)n;
+  if (ps_layout_for_cluster(&cfg, &model, &layout, &eb) != 0)
+    die("%s", eb.msg);
+  slice = layout.shard_floats[0];
+}
+
+static inline void peer_close(void) {
+  ps_layout_close(&layout);
+  ps_model_close(&model);
+}
+
 #endif

@@ -335,17 +335,16 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
     if (r == PS_SHARD_APPLIED)
       ps_server_journal(s, &j);
     pending_ack *a = malloc(sizeof *a);
-    if (a == NULL) {
-      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
-                   s->index);
-      return;
+    durable = -ENOMEM;
+    if (a != NULL) {
+      *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
+      durable = ps_replica_when_durable(s->replica, s->shard.journal, ack_durable, a);
+      if (durable == PS_DURABLE_QUEUED)
+        cl->refs++;
+      else
+        free(a);
     }
-    *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
-    durable = ps_replica_when_durable(s->replica, s->shard.journal, ack_durable, a);
-    if (durable == PS_DURABLE_QUEUED)
-      cl->refs++;
-    else
-      free(a);
+    /* No ack: the worker re-sends on a new connection, a duplicate then. */
     if (durable == -ENOMEM)
       ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
                    s->index);

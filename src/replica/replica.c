@@ -79,12 +79,9 @@ static const char HEARTBEAT_SCRIPT[] =
 
 typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
 
-typedef enum { JOB_REGISTER = 0, JOB_COMPRESS, JOB_CHUNKS, JOB_SWITCH } jphase;
-
 typedef struct snap_job {
   uv_work_t work;
   struct ps_replica *r;
-  jphase phase;
   float *img;             /* the copied state image */
   ps_shard_image_info info;
   uint64_t journal, nondurable;
@@ -127,7 +124,7 @@ struct ps_replica {
 
   uint64_t snap_version;    /* newest snapshot Redis holds */
   uint64_t updates;         /* since the last snapshot began */
-  int need_full;            /* a snapshot is owed (snapshot mode: entries not stored) */
+  int need_full;            /* a snapshot is owed: a new connection, or the last one failed */
   snap_job *job;            /* a snapshot in flight */
   unsigned snap_failures;   /* snapshots failed in a row */
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
@@ -564,7 +561,6 @@ static void send_switch(ps_replica *r) {
                         "chunks", f[10], "layout", f[11], "epoch", r->epoch_text, "time", f[12],
                         "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&r->shard->o.optim),
                         "consistency", f[13], "nondurable", f[14]};
-  j->phase = JOB_SWITCH;
   if (redisAsyncCommandArgv(r->ac, on_switched, r, (int)(sizeof argv / sizeof argv[0]), argv,
                             NULL) != REDIS_OK)
     snapshot_done(r, 0);
@@ -597,7 +593,6 @@ static void after_compress(uv_work_t *w, int status) {
     snapshot_done(r, 0);
     return;
   }
-  j->phase = JOB_CHUNKS;
   /* pending counts the SETs issued plus one, released below, so that the
    * switch starts only after every SET was both issued and answered. */
   j->pending = 1;
@@ -628,7 +623,6 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
     snapshot_done(r, 0);
     return;
   }
-  j->phase = JOB_COMPRESS;
   if (uv_queue_work(r->loop, &j->work, compress_work, after_compress) != 0)
     snapshot_done(r, 0);
 }
@@ -661,7 +655,6 @@ static void start_snapshot(ps_replica *r) {
   r->updates = 0;
   r->need_full = 0;
   j->work.data = j;
-  j->phase = JOB_REGISTER;
   char chunks[24];
   snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
   if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=

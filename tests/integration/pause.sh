@@ -21,10 +21,7 @@ mkdir -p "$hist"
 write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=3000" "train.threads=1" \
   "train.log_every=50" "replication.mode=log" "redis.timeout_ms=1000" \
   "cluster.peer_timeout_ms=1000" "worker.heartbeat_ms=300" "cluster.history_dir=$hist"
-start ps0 "$BIN" ps --config "$T/c.conf" --index 0
-start ps1 "$BIN" ps --config "$T/c.conf" --index 1
-wait_for "$T/ps0.log" "listening on" 10
-wait_for "$T/ps1.log" "listening on" 10
+start_shards ps "$T/c.conf" 2
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
 

@@ -82,12 +82,9 @@ run_class() {
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=1600" "train.threads=1" \
     "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
     "redis.timeout_ms=1000" "cluster.history_dir=$hist"
-  start "$class-ps0" "$BIN" ps --config "$conf" --index 0
-  local ps0=$!
-  start "$class-ps1" "$BIN" ps --config "$conf" --index 1
-  local ps1=$!
-  wait_for "$T/$class-ps0.log" "listening on" 10
-  wait_for "$T/$class-ps1.log" "listening on" 10
+  start_shards "$class-ps" "$conf" 2
+  local v0="PID_${class}_ps0" v1="PID_${class}_ps1"
+  local ps0=${!v0} ps1=${!v1}
   start "$class-w0" "$BIN" worker --config "$conf" --index 0
   local w0=$!
   start "$class-w1" "$BIN" worker --config "$conf" --index 1

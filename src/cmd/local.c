@@ -36,7 +36,7 @@ static void local_usage(FILE *f) {
   fprintf(f,
       "usage: paramserv local [--config FILE] [--ps N] [--workers M] [--dir RUNDIR]\n"
       "                       [--last-step S] [--seed N] [--chaos] [--chaos-redis]\n"
-      "                       [--nemesis LIST] [--fresh]\n"
+      "                       [--nemesis LIST] [--fault-gap S] [--fresh]\n"
       "\n"
       "Run a whole cluster on this machine: its own redis-server, the chief, N shards and\n"
       "M workers, each a child process restarted when it dies, until the chief stops\n"
@@ -65,6 +65,8 @@ static void local_usage(FILE *f) {
       "                  outside the faults are reported; the acks are read from [cluster]\n"
       "                  history_dir (default RUNDIR/history); RUNDIR/nemesis.jsonl holds\n"
       "                  one line per fault, its end and its recovery\n"
+      "  --fault-gap S   a fault every S to 2.5 S seconds instead of 2-5 s (0.1..3600);\n"
+      "                  every kind of the list comes once in each round of faults\n"
       "  --chaos-redis   let chaos kill redis-server too; Redis then keeps an append-only\n"
       "                  file in RUNDIR and comes back with its data (it costs about 40%%\n"
       "                  of the speed: without it, a killed Redis would come back empty)\n"
@@ -86,6 +88,7 @@ typedef struct local_opts {
   int64_t nps, nworkers, last_step, seed;
   int chaos_redis, fresh;
   unsigned nemesis; /* 1 << ps_nem_kind for each fault to inject */
+  double gap_s;     /* --fault-gap; 0: the nemesis's default */
 } local_opts;
 
 /* The state of one run, shared by the loop, the display and the report. */
@@ -484,14 +487,14 @@ static void report(run *r, int status, double now) {
 
 static int parse_args(int argc, char **argv, local_opts *o) {
   enum { O_CONFIG = 1, O_PS, O_WORKERS, O_CHAOS, O_CHAOS_REDIS, O_DIR, O_LAST, O_SEED, O_FRESH,
-         O_NEMESIS };
+         O_NEMESIS, O_GAP };
   static const struct option longopts[] = {
       {"config", required_argument, 0, O_CONFIG},  {"ps", required_argument, 0, O_PS},
       {"workers", required_argument, 0, O_WORKERS}, {"chaos", no_argument, 0, O_CHAOS},
       {"chaos-redis", no_argument, 0, O_CHAOS_REDIS}, {"dir", required_argument, 0, O_DIR},
       {"last-step", required_argument, 0, O_LAST}, {"seed", required_argument, 0, O_SEED},
       {"fresh", no_argument, 0, O_FRESH},           {"help", no_argument, 0, 'h'},
-      {"nemesis", required_argument, 0, O_NEMESIS},
+      {"nemesis", required_argument, 0, O_NEMESIS}, {"fault-gap", required_argument, 0, O_GAP},
       {0, 0, 0, 0},
   };
   *o = (local_opts){.last_step = -1, .seed = -1};
@@ -520,6 +523,7 @@ static int parse_args(int argc, char **argv, local_opts *o) {
       o->nemesis |= kinds;
       break;
     }
+    case O_GAP: rc = ps_cmd_flag_double("fault-gap", optarg, 0.1, 3600, &o->gap_s); break;
     case O_DIR: o->dir = optarg; break;
     case O_LAST: rc = ps_cmd_flag_i64("last-step", optarg, 0, INT64_C(1) << 62, &o->last_step); break;
     case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_C(1) << 62, &o->seed); break;
@@ -536,6 +540,10 @@ static int parse_args(int argc, char **argv, local_opts *o) {
     return -1;
   if (o->dir != NULL && o->dir[0] == '\0') {
     ps_cmd_error("--dir '': expected a directory");
+    return -1;
+  }
+  if (o->gap_s > 0 && o->nemesis == 0) {
+    ps_cmd_error("--fault-gap without faults: add --chaos or --nemesis LIST");
     return -1;
   }
   return 0;
@@ -572,7 +580,7 @@ int ps_cmd_local(int argc, char **argv) {
   char faults[64] = "";
   if (r.o.nemesis != 0) {
     r.nem = ps_nemesis_new(&r.sup, &r.cfg, &r.sum, r.rundir, r.o.nemesis, r.o.chaos_redis,
-                           (uint64_t)r.cfg.seed, &eb);
+                           r.o.gap_s, (uint64_t)r.cfg.seed, &eb);
     if (r.nem == NULL) {
       ps_cmd_error("%s", eb.msg);
       ps_sup_close(&r.sup);

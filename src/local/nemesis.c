@@ -15,8 +15,7 @@
 
 #include "common/rng.h"
 
-#define GAP_MIN_S 2.0        /* between two faults' starts */
-#define GAP_MAX_S 5.0
+#define GAP_SPREAD 2.5       /* a gap between two faults' starts: gap_s .. 2.5 gap_s */
 #define PAUSE_MIN_S 0.5      /* past [redis] timeout_ms (3 s), heartbeats and ... */
 #define PAUSE_MAX_S 6.0      /* ... the chief's lease (5 s) for some */
 #define REFUSE_MIN_S 1.0
@@ -54,7 +53,9 @@ struct ps_nemesis {
   const ps_config *cfg;
   const ps_progress *progress;
   unsigned kinds;
+  unsigned bag;         /* kinds not yet injected this round (see start_fault) */
   int kill_redis;
+  double gap_s;         /* the shortest gap between two faults' starts */
   ps_rng rng;
   double started, next_at;
   FILE *events;
@@ -143,8 +144,8 @@ int ps_nemesis_parse(const char *list, unsigned *kinds, ps_errbuf *eb) {
 }
 
 ps_nemesis *ps_nemesis_new(ps_sup *sup, const ps_config *cfg, const ps_progress *progress,
-                           const char *rundir, unsigned kinds, int kill_redis, uint64_t seed,
-                           ps_errbuf *eb) {
+                           const char *rundir, unsigned kinds, int kill_redis, double gap_s,
+                           uint64_t seed, ps_errbuf *eb) {
   ps_nemesis *n = calloc(1, sizeof *n);
   fault *faults = calloc(MAX_FAULTS, sizeof *faults);
   if (n == NULL || faults == NULL) {
@@ -158,6 +159,7 @@ ps_nemesis *ps_nemesis_new(ps_sup *sup, const ps_config *cfg, const ps_progress 
   n->progress = progress;
   n->kinds = kinds;
   n->kill_redis = kill_redis;
+  n->gap_s = gap_s > 0 ? gap_s : PS_NEMESIS_GAP_S;
   n->faults = faults;
   n->nworkers = cfg->nworkers;
   n->nps = cfg->nps;
@@ -378,12 +380,17 @@ static void start_fault(ps_nemesis *n, double now) {
    * sequence of delays, kinds, targets and durations. */
   double u_gap = ps_rng_uniform(&n->rng), u_kind = ps_rng_uniform(&n->rng);
   double u_target = ps_rng_uniform(&n->rng), u_len = ps_rng_uniform(&n->rng);
-  n->next_at = now + GAP_MIN_S + (GAP_MAX_S - GAP_MIN_S) * u_gap;
+  n->next_at = now + n->gap_s * (1 + (GAP_SPREAD - 1) * u_gap);
 
+  /* Kinds come out of a bag: each round injects every enabled kind once,
+   * in an order the seed decides, so even a short run meets all of them.
+   * A kind that cannot be injected now stays in the bag. */
+  if ((n->bag & n->kinds) == 0)
+    n->bag = n->kinds;
   ps_nem_kind enabled[PS_NEM_NKINDS];
   int nk = 0;
   for (int k = 0; k < PS_NEM_NKINDS; k++)
-    if (n->kinds & (1u << k))
+    if (n->bag & n->kinds & (1u << k))
       enabled[nk++] = (ps_nem_kind)k;
   if (nk == 0)
     return;
@@ -400,6 +407,8 @@ static void start_fault(ps_nemesis *n, double now) {
 
   if (kind == PS_NEM_REDIS_ERRORS) {
     ps_sup_child *r = redis_child(n);
+    if (r == NULL)
+      n->bag &= ~(1u << kind);  /* a Redis of its own: never */
     if (n->refusing || r == NULL || !eligible(n, PS_NEM_PAUSE, r))
       return;
     f->how = (refusal)(int)(u_target * NREFUSALS);
@@ -409,6 +418,7 @@ static void start_fault(ps_nemesis *n, double now) {
       return;
     }
     n->refusing = ++n->nfaults;
+    n->bag &= ~(1u << kind);
     ps_sup_excuse(n->sup, now + f->planned + EXCUSE_S);
     event(n, f, "refusing", now, f->planned);
     say(n, "local: nemesis: Redis refuses writes (%s) for %.1f s", refusal_names[f->how],
@@ -430,6 +440,7 @@ static void start_fault(ps_nemesis *n, double now) {
     if (ps_sup_kill(n->sup, c, now) != 0)
       return;
     n->nfaults++;
+    n->bag &= ~(1u << kind);
     event(n, f, "killed", now, -1);
     say(n, "local: killed %s (pid %ld, chaos)", c->name, (long)f->pid);
   } else {
@@ -437,6 +448,7 @@ static void start_fault(ps_nemesis *n, double now) {
     if (kill(c->pid, SIGSTOP) != 0)
       return;
     n->paused[f->child] = ++n->nfaults;
+    n->bag &= ~(1u << kind);
     ps_sup_excuse(n->sup, now + f->planned + EXCUSE_S);
     event(n, f, "stopped", now, f->planned);
     say(n, "local: nemesis: paused %s (pid %ld) for %.1f s", c->name, (long)f->pid, f->planned);
@@ -471,7 +483,7 @@ void ps_nemesis_poll(ps_nemesis *n, double now, int active) {
   int got = read_acks(n);
   track_stall(n, now, got, active);
   if (active && n->next_at == 0)
-    n->next_at = now + GAP_MIN_S + (GAP_MAX_S - GAP_MIN_S) * ps_rng_uniform(&n->rng);
+    n->next_at = now + n->gap_s * (1 + (GAP_SPREAD - 1) * ps_rng_uniform(&n->rng));
 
   for (int i = 0; i < n->nfaults; i++) {
     fault *f = &n->faults[i];

@@ -39,6 +39,9 @@ typedef struct ps_nemesis ps_nemesis;
 /* The name of a kind as --nemesis spells it ("redis-errors"). */
 const char *ps_nemesis_kind_name(ps_nem_kind k);
 
+/* The default shortest gap between two faults, in seconds. */
+#define PS_NEMESIS_GAP_S 2.0
+
 /* Parse a --nemesis list ("kill,pause,redis-errors", any non-empty subset)
  * into a set of 1 << kind bits.  @return 0, or PS_EINVAL with a message
  * naming the unknown word. */
@@ -47,14 +50,15 @@ int ps_nemesis_parse(const char *list, unsigned *kinds, ps_errbuf *eb);
 /* A nemesis over sup's children (sup, cfg and progress must outlive it):
  * `kinds` from ps_nemesis_parse, kill_redis lets kills pick redis-server,
  * `seed` names the schedule (the same seed draws the same sequence of
- * delays, kinds, targets and durations).  Acks are read from
- * cfg->history_dir (none measured when it is empty); events go to
- * RUNDIR/nemesis.jsonl, replaced.  The first fault comes 2-5 s after the
- * first ps_nemesis_poll with `active` set.  @return NULL with a message on
- * failure. */
+ * delays, kinds, targets and durations).  A fault starts every gap_s to
+ * 2.5 gap_s seconds (<= 0: PS_NEMESIS_GAP_S), the first that long after the
+ * first ps_nemesis_poll with `active` set; each round of faults has every
+ * kind once.  Acks are read from cfg->history_dir (none measured when it is
+ * empty); events go to RUNDIR/nemesis.jsonl, replaced.  @return NULL with a
+ * message on failure. */
 ps_nemesis *ps_nemesis_new(ps_sup *sup, const ps_config *cfg, const ps_progress *progress,
-                           const char *rundir, unsigned kinds, int kill_redis, uint64_t seed,
-                           ps_errbuf *eb);
+                           const char *rundir, unsigned kinds, int kill_redis, double gap_s,
+                           uint64_t seed, ps_errbuf *eb);
 
 /* Call after each ps_sup_poll.  While `active` (training, before the step
  * limit) faults are injected on schedule and ended when their time is up;

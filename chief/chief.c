@@ -8,32 +8,29 @@
  * copied, so training stalls only for the copies; then the images are
  * fetched while training goes on and written by a second thread (compress,
  * hash, fsync, rename: recovery/checkpoint.c).  An evaluation runs on a
- * third thread over weights pulled like a worker pulls them.  The chief
- * has no libuv loop of its own (the client runs one per call), so its
- * background work runs on plain threads rather than libuv's pool. */
+ * third thread (chief/eval.c) over weights pulled like a worker pulls
+ * them. */
 #include "chief/chief.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "chief/bg.h"
 #include "chief/cut.h"
+#include "chief/eval.h"
 #include "chief/lease.h"
 #include "chief/restore.h"
 #include "chief/summary.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
-#include "data/idx.h"
-#include "nn/compute.h"
 #include "recovery/checkpoint.h"
 #include "recovery/plan.h"
 #include "replica/keys.h"
@@ -45,22 +42,6 @@
 
 typedef struct chief chief;
 
-
-typedef struct eval_job {
-  chief *ch;
-  uint64_t step;
-  float *params;
-  double loss, accuracy;
-  char nonfinite[256];
-} eval_job;
-
-/* A thread running one job at a time. */
-typedef struct bg {
-  pthread_t t;
-  atomic_int state;  /* 0 idle, 1 running, 2 finished (to be joined) */
-  void *(*fn)(void *);
-  void *job;
-} bg;
 
 struct chief {
   const ps_config *cfg;
@@ -96,47 +77,14 @@ struct chief {
   double log_t0;
   uint64_t next_eval_step;
   uint64_t cut_id;
-  bg writer, evaler;
-  ps_compute *compute;
-  ps_dataset test;
-  float *test_x;
+  ps_bg writer;
+  ps_eval *eval;              /* NULL: evaluations off */
   int status;
   int stopping;
 };
 
 static volatile sig_atomic_t stop_signal;
 static void on_signal(int sig) { stop_signal = sig; }
-
-/* ------------------------------------------------------------ threads */
-
-static void *bg_main(void *arg) {
-  bg *b = arg;
-  b->fn(b->job);
-  atomic_store(&b->state, 2);
-  return NULL;
-}
-
-static int bg_start(bg *b, void *(*fn)(void *), void *job) {
-  b->fn = fn;
-  b->job = job;
-  atomic_store(&b->state, 1);
-  if (pthread_create(&b->t, NULL, bg_main, b) != 0) {
-    atomic_store(&b->state, 0);
-    return -1;
-  }
-  return 0;
-}
-
-/* The finished job, joined, or NULL while idle or running. */
-static void *bg_finished(bg *b) {
-  if (atomic_load(&b->state) != 2)
-    return NULL;
-  pthread_join(b->t, NULL);
-  atomic_store(&b->state, 0);
-  return b->job;
-}
-
-static int bg_busy(bg *b) { return atomic_load(&b->state) != 0; }
 
 /* -------------------------------------------------------------- lease */
 
@@ -417,13 +365,13 @@ static int checkpoint(chief *ch, int wait) {
     return -1;
   ch->last_ckpt_step = job->step;
   ch->last_ckpt_time = ps_now_s();
-  if (bg_start(&ch->writer, write_main, job) != 0) {
+  if (ps_bg_start(&ch->writer, write_main, job) != 0) {
     ps_cut_write(job);
     write_done(ch, job);
     return 0;
   }
-  while (wait && bg_busy(&ch->writer)) {
-    ps_cut *done = bg_finished(&ch->writer);
+  while (wait && ps_bg_busy(&ch->writer)) {
+    ps_cut *done = ps_bg_finished(&ch->writer);
     if (done != NULL) {
       write_done(ch, done);
       break;
@@ -438,57 +386,38 @@ static int checkpoint(chief *ch, int wait) {
 
 /* ---------------------------------------------------------- evaluation */
 
-static void *eval_main(void *arg) {
-  eval_job *e = arg;
-  chief *ch = e->ch;
-  size_t total = ch->model->vars.total;
-  if (ps_find_nonfinite(e->params, total, -1, e->nonfinite, sizeof e->nonfinite))
-    return NULL;
-  size_t right = 0;
-  e->loss = ps_compute_eval(ch->compute, e->params, ch->test_x, ch->test.labels, ch->test.n,
-                            &right);
-  e->accuracy = (double)right / (double)ch->test.n;
-  return NULL;
-}
-
-static void eval_done(chief *ch, eval_job *e, int final) {
+static void eval_done(chief *ch, const ps_eval_result *e, int final) {
   if (e->nonfinite[0]) {
     fail_nonfinite(ch, e->step, e->nonfinite);
-  } else {
-    ps_log(PS_LOG_INFO, "%sevaluation at global step %" PRIu64 ": test loss %.4f, test accuracy "
-           "%.4f", final ? "final " : "", e->step, e->loss, e->accuracy);
-    if (final)
-      printf("final test_acc %.4f global_step %" PRIu64 "\n", e->accuracy, e->step);
-    fflush(stdout);
-    ps_summary_eval(&ch->sum, e->step, e->loss, e->accuracy);
+    return;
   }
-  free(e->params);
-  free(e);
+  ps_log(PS_LOG_INFO, "%sevaluation at global step %" PRIu64 ": test loss %.4f, test accuracy "
+         "%.4f", final ? "final " : "", e->step, e->loss, e->accuracy);
+  if (final)
+    printf("final test_acc %.4f global_step %" PRIu64 "\n", e->accuracy, e->step);
+  fflush(stdout);
+  ps_summary_eval(&ch->sum, e->step, e->loss, e->accuracy);
 }
 
+/* Pull the weights and evaluate them; wait: here, and report it. */
 static int evaluate(chief *ch, int wait) {
-  if (ch->compute == NULL)
+  if (ch->eval == NULL)
     return -1;
-  eval_job *e = calloc(1, sizeof *e);
-  if (e == NULL || (e->params = malloc(ch->model->vars.total * sizeof(float))) == NULL) {
-    free(e);
+  float *params = malloc(ch->model->vars.total * sizeof(float));
+  if (params == NULL)
     return -1;
-  }
-  e->ch = ch;
   int rc = -1;
   for (int attempt = 0; attempt < 5 && rc != 0 && lease_tick(ch) == 0; attempt++)
-    rc = ps_client_pull(ch->client, e->params);
+    rc = ps_client_pull(ch->client, params);
   if (rc != 0) {
     ps_log(PS_LOG_WARN, "evaluation: pulling the weights: %s", ps_client_error(ch->client));
-    free(e->params);
-    free(e);
+    free(params);
     return -1;
   }
-  e->step = ps_client_global_step(ch->client);
-  if (wait || bg_start(&ch->evaler, eval_main, e) != 0) {
-    eval_main(e);
-    eval_done(ch, e, wait);
-  }
+  ps_eval_start(ch->eval, ps_client_global_step(ch->client), params, wait);
+  ps_eval_result r;
+  if (wait && ps_eval_finished(ch->eval, &r))
+    eval_done(ch, &r, 1);
   return 0;
 }
 
@@ -498,12 +427,12 @@ static void hooks(chief *ch) {
   const ps_config *cfg = ch->cfg;
   uint64_t g = ch->gstep;
   double now = ps_now_s();
-  ps_cut *wj = bg_finished(&ch->writer);
+  ps_cut *wj = ps_bg_finished(&ch->writer);
   if (wj != NULL)
     write_done(ch, wj);
-  eval_job *ej = bg_finished(&ch->evaler);
-  if (ej != NULL)
-    eval_done(ch, ej, 0);
+  ps_eval_result er;
+  if (ch->eval != NULL && ps_eval_finished(ch->eval, &er))
+    eval_done(ch, &er, 0);
   if (ch->stopping)
     return;
   if (cfg->chief_log_every > 0 && g >= ch->next_log_step && now - ch->log_t0 >= 0.5) {
@@ -525,10 +454,10 @@ static void hooks(chief *ch) {
              g >= ch->last_ckpt_step + (uint64_t)cfg->checkpoint_every_steps) ||
             (cfg->checkpoint_every_secs > 0 &&
              now - ch->last_ckpt_time >= (double)cfg->checkpoint_every_secs);
-  if (due && g > ch->last_ckpt_step && !bg_busy(&ch->writer))
+  if (due && g > ch->last_ckpt_step && !ps_bg_busy(&ch->writer))
     checkpoint(ch, 0);
-  if (cfg->chief_eval_every > 0 && g >= ch->next_eval_step && !bg_busy(&ch->evaler) &&
-      ch->compute != NULL) {
+  if (cfg->chief_eval_every > 0 && g >= ch->next_eval_step && ch->eval != NULL &&
+      !ps_eval_busy(ch->eval)) {
     evaluate(ch, 0);
     ch->next_eval_step = (g / (uint64_t)cfg->chief_eval_every + 1) * (uint64_t)cfg->chief_eval_every;
   }
@@ -537,7 +466,7 @@ static void hooks(chief *ch) {
 /* The run reached last_step: a final checkpoint there, a final
  * evaluation, then STOP. */
 static void finish(chief *ch) {
-  while (bg_busy(&ch->writer) || bg_busy(&ch->evaler)) {
+  while (ps_bg_busy(&ch->writer) || (ch->eval != NULL && ps_eval_busy(ch->eval))) {
     hooks(ch);
     if (lease_tick(ch) != 0)
       return;
@@ -568,22 +497,6 @@ static void finish(chief *ch) {
 }
 
 /* ---------------------------------------------------------------- run */
-
-static int setup_eval(chief *ch) {
-  ps_errbuf eb = {0};
-  if (ps_dataset_load(ch->cfg->data_dir, "t10k", &ch->test, &eb) != 0) {
-    ps_log(PS_LOG_WARN, "%s: evaluations off", eb.msg);
-    return -1;
-  }
-  ch->test_x = malloc(ch->test.n * ch->model->in_size * sizeof(float));
-  ch->compute = ch->test_x ? ps_compute_new(ch->model, 1, 256, &eb) : NULL;
-  if (ch->compute == NULL) {
-    ps_log(PS_LOG_WARN, "evaluations off: %s", ch->test_x ? eb.msg : "out of memory");
-    return -1;
-  }
-  ps_dataset_images_f32(&ch->test, NULL, ch->test.n, PS_DATA_MEAN, PS_DATA_STD, ch->test_x);
-  return 0;
-}
 
 /* The schedule goes on from the newest checkpoint in the directory. */
 static void schedule_from_dir(chief *ch) {
@@ -708,7 +621,7 @@ int ps_chief_run(const ps_config *cfg) {
          cfg->checkpoint_dir);
   ps_summary_event(&ch->sum, 0, "chief", "{s:I}", "token", (long long)token);
   if (cfg->chief_eval_every > 0 || cfg->last_step > 0)
-    setup_eval(ch);
+    ch->eval = ps_eval_new(cfg, ch->model);
 
   /* The restore plan: wait until every shard answers. */
   int said = 0;
@@ -785,21 +698,12 @@ done:
   if (stop_signal)
     ch->status = PS_CHIEF_DONE;
   /* Let a write in flight finish: a checkpoint is never cut short. */
-  while (bg_busy(&ch->writer)) {
-    ps_cut *j = bg_finished(&ch->writer);
+  while (ps_bg_busy(&ch->writer)) {
+    ps_cut *j = ps_bg_finished(&ch->writer);
     if (j != NULL)
       write_done(ch, j);
     else
       usleep(10000);
-  }
-  while (bg_busy(&ch->evaler)) {
-    eval_job *e = bg_finished(&ch->evaler);
-    if (e != NULL) {
-      free(e->params);
-      free(e);
-    } else {
-      usleep(10000);
-    }
   }
   if (stop_signal)
     ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
@@ -814,9 +718,7 @@ done:
            ch->lease.key, released == 0 ? "no longer ours" : "Redis did not answer");
 out:
   ps_summary_close(&ch->sum);
-  ps_compute_free(ch->compute);
-  free(ch->test_x);
-  ps_dataset_close(&ch->test);
+  ps_eval_free(ch->eval);
   ps_registry_free(ch->reg);
   ps_registry_free(ch->writer_reg);
   ps_client_free(ch->client);

@@ -1,0 +1,94 @@
+/* The chief's evaluations (see eval.h). */
+#include "chief/eval.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "chief/bg.h"
+#include "chief/cut.h"
+#include "common/log.h"
+#include "data/idx.h"
+#include "nn/compute.h"
+
+struct ps_eval {
+  const ps_model *model;
+  ps_compute *compute;
+  ps_dataset test;
+  float *test_x;         /* the test images, normalized */
+  ps_bg thread;
+  float *params;         /* the weights being evaluated */
+  ps_eval_result res;
+  int ready;             /* res holds an evaluation not yet taken */
+};
+
+ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
+  ps_eval *e = calloc(1, sizeof *e);
+  ps_errbuf eb = {0};
+  if (e == NULL) {
+    ps_log(PS_LOG_WARN, "evaluations off: out of memory");
+    return NULL;
+  }
+  e->model = model;
+  if (ps_dataset_load(cfg->data_dir, "t10k", &e->test, &eb) != 0) {
+    ps_log(PS_LOG_WARN, "%s: evaluations off", eb.msg);
+    free(e);
+    return NULL;
+  }
+  e->test_x = malloc(e->test.n * model->in_size * sizeof(float));
+  e->compute = e->test_x ? ps_compute_new(model, 1, 256, &eb) : NULL;
+  if (e->compute == NULL) {
+    ps_log(PS_LOG_WARN, "evaluations off: %s", e->test_x ? eb.msg : "out of memory");
+    ps_eval_free(e);
+    return NULL;
+  }
+  ps_dataset_images_f32(&e->test, NULL, e->test.n, PS_DATA_MEAN, PS_DATA_STD, e->test_x);
+  return e;
+}
+
+static void *eval_main(void *arg) {
+  ps_eval *e = arg;
+  ps_eval_result *r = &e->res;
+  size_t total = e->model->vars.total;
+  if (!ps_find_nonfinite(e->params, total, -1, r->nonfinite, sizeof r->nonfinite)) {
+    size_t right = 0;
+    r->loss = ps_compute_eval(e->compute, e->params, e->test_x, e->test.labels, e->test.n, &right);
+    r->accuracy = (double)right / (double)e->test.n;
+  }
+  free(e->params);
+  e->params = NULL;
+  return NULL;
+}
+
+void ps_eval_start(ps_eval *e, uint64_t step, float *params, int wait) {
+  e->res = (ps_eval_result){.step = step};
+  e->params = params;
+  e->ready = 0;
+  if (wait || ps_bg_start(&e->thread, eval_main, e) != 0) {
+    eval_main(e);
+    e->ready = 1;
+  }
+}
+
+int ps_eval_busy(ps_eval *e) { return e->ready || ps_bg_busy(&e->thread); }
+
+int ps_eval_finished(ps_eval *e, ps_eval_result *out) {
+  if (ps_bg_finished(&e->thread) != NULL)
+    e->ready = 1;
+  if (!e->ready)
+    return 0;
+  e->ready = 0;
+  *out = e->res;
+  return 1;
+}
+
+void ps_eval_free(ps_eval *e) {
+  if (e == NULL)
+    return;
+  while (ps_bg_busy(&e->thread) && ps_bg_finished(&e->thread) == NULL)
+    usleep(10000);
+  free(e->params);
+  ps_compute_free(e->compute);
+  free(e->test_x);
+  ps_dataset_close(&e->test);
+  free(e);
+}

@@ -41,11 +41,7 @@ static void on_cut_reply(void *arg, int shard, const ps_msg *m) {
   cut_ctx *x = arg;
   if (m->u.cut_reply.cut_id != x->cut_id)
     return;
-  const ps_msg_state *st = &m->u.cut_reply.state;
-  x->job->info[shard] = (ps_shard_image_info){
-      .version = st->version, .global_step = st->global_step, .image_floats = st->image_floats,
-      .nslots = (int)st->nslots, .has_accum = (int)st->has_accum,
-      .accum_count = (int)st->accum_count, .target = (int)st->target, .nonce = (int)st->nonce};
+  x->job->info[shard] = m->u.cut_reply.state;
   x->replied++;
   x->last_reply_ns = ps_now_ns();
 }
@@ -179,33 +175,14 @@ void ps_cut_write(ps_cut *job) {
   const ps_cut_env *env = job->env;
   const ps_config *cfg = env->cfg;
   ps_ckpt_shard_state shards[PS_CONFIG_MAX_NODES];
-  ps_ckpt_once once[PS_CONFIG_MAX_NODES][PS_CONFIG_MAX_NODES];
   memset(shards, 0, sizeof shards);
   for (int i = 0; i < cfg->nps; i++) {
-    const ps_shard_image_info *in = &job->info[i];
     size_t n = env->layout->shard_floats[i];
     const float *img = job->img[i];
     /* The guard: never checkpoint weights that went NaN or Inf. */
     if (ps_find_nonfinite(img, n, i, job->nonfinite, sizeof job->nonfinite))
       return;
-    ps_ckpt_shard_state *s = &shards[i];
-    s->nfloats = n;
-    s->values = img;
-    s->nslots = in->nslots;
-    for (int k = 0; k < in->nslots; k++)
-      s->slots[k] = img + n * (size_t)(1 + k);
-    s->accum = in->has_accum ? img + n * (size_t)(1 + in->nslots) : NULL;
-    s->accum_count = in->accum_count;
-    s->target = in->target;
-    s->version = in->version;
-    s->global_step = in->global_step;
-    const uint8_t *rows = (const uint8_t *)(img + n * (size_t)(1 + in->nslots + in->has_accum));
-    s->nonce = in->nonce < PS_CONFIG_MAX_NODES ? in->nonce : PS_CONFIG_MAX_NODES;
-    for (int j = 0; j < s->nonce; j++) {
-      once[i][j].incarnation = ps_get_le64(rows + 16 * j);
-      once[i][j].last_seq = ps_get_le64(rows + 16 * j + 8);
-    }
-    s->once = once[i];
+    shards[i] = (ps_ckpt_shard_state){.nfloats = n, .info = job->info[i], .img = img};
   }
   ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
   ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);

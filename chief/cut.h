@@ -49,7 +49,7 @@ typedef struct ps_cut {
   const ps_cut_env *env;
   uint64_t step;                                  /* shard 0's global step at the cut */
   float *img[PS_CONFIG_MAX_NODES];                /* each shard's state image */
-  ps_shard_image_info info[PS_CONFIG_MAX_NODES];
+  ps_state_info info[PS_CONFIG_MAX_NODES];
   ps_data_pos pos[PS_CONFIG_MAX_NODES];           /* the workers', read at the cut */
   double stall_ms;                                /* first CUT sent to last RESUME answered */
   double fetch_s;

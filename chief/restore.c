@@ -14,7 +14,7 @@
 
 /* LOAD an image into shard i, piece by piece. */
 static int load_shard(const ps_cut_env *env, int i, const float *img,
-                      const ps_shard_image_info *in) {
+                      const ps_state_info *in) {
   ps_msg reqs[PS_CONFIG_MAX_NODES];
   size_t piece = env->layout->shard_floats[i] < PIECE_FLOATS ? env->layout->shard_floats[i]
                                                               : PIECE_FLOATS;
@@ -23,11 +23,7 @@ static int load_shard(const ps_cut_env *env, int i, const float *img,
     memset(reqs, 0, sizeof reqs);
     ps_msg *m = &reqs[i];
     m->type = PS_MSG_LOAD;
-    m->u.load.state = (ps_msg_state){
-        .version = in->version, .global_step = in->global_step, .image_floats = in->image_floats,
-        .nslots = (uint32_t)in->nslots, .has_accum = (uint32_t)in->has_accum,
-        .accum_count = (uint32_t)in->accum_count, .target = (uint32_t)in->target,
-        .nonce = (uint32_t)in->nonce};
+    m->u.load.state = *in;
     m->u.load.offset = off;
     m->u.load.count = n;
     m->u.load.data = (const uint8_t *)(img + off);
@@ -68,7 +64,7 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
     if (stats[i].flags & PS_STATS_INITIALIZED)
       continue;
     float *img = NULL;
-    ps_shard_image_info in;
+    ps_state_info in;
     uint64_t t0 = ps_now_ns();
     if (ps_plan_shard_image(cfg, env->layout, env->model, found ? &ck : NULL, i, &img, &in, &eb) !=
         0) {

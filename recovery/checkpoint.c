@@ -164,12 +164,11 @@ static int put_frame_bytes(int fd, const char *path, const unsigned char *z, siz
 
 static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_filter filter,
                        ps__ckpt_shard_rec *rec, ps_errbuf *eb) {
+  /* The file holds the image's segments (values, slots, accumulator); the
+   * exactly-once rows and the fixed fields are in the manifest. */
   stream st = {.seg_floats = sh->nfloats};
-  st.seg[st.nseg++] = (const unsigned char *)sh->values;
-  for (int k = 0; k < sh->nslots; k++)
-    st.seg[st.nseg++] = (const unsigned char *)sh->slots[k];
-  if (sh->accum != NULL)
-    st.seg[st.nseg++] = (const unsigned char *)sh->accum;
+  for (uint32_t k = 0; k < ps_state_segments(&sh->info); k++)
+    st.seg[st.nseg++] = (const unsigned char *)ps_state_segment_c(sh->img, sh->nfloats, k);
   rec->raw = (uint64_t)st.nseg * sh->nfloats * sizeof(float);
 
   /* The XXH64 is of the unfiltered bytes, the segments back to back. */
@@ -275,15 +274,14 @@ static int check_write_opts(const char *dir, const ps_ckpt_write_opts *o, ps_err
     if (s->nfloats != l->shard_floats[i] || s->nfloats == 0 || s->nfloats > PS_CKPT_MAX_FLOATS)
       return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d holds %zu floats, the layout %zu", i,
                         s->nfloats, l->shard_floats[i]);
-    if (s->nslots != nslots)
-      return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d has %d optimizer slots, %s has %d",
-                        i, s->nslots, ps_optim_name(&o->optim), nslots);
-    if (s->values == NULL || s->nonce < 0 || (s->nonce > 0 && s->once == NULL) ||
-        s->accum_count < 0 || s->target < 0)
-      return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d: missing values or once table", i);
-    for (int k = 0; k < nslots; k++)
-      if (s->slots[k] == NULL)
-        return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d: slot %d missing", i, k);
+    const ps_state_info *in = &s->info;
+    if (in->nslots != (uint32_t)nslots)
+      return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d has %" PRIu32 " optimizer slots, %s "
+                        "has %d", i, in->nslots, ps_optim_name(&o->optim), nslots);
+    if (s->img == NULL || in->has_accum > 1 ||
+        in->image_floats != ps_state_floats(s->nfloats, in->nslots, in->has_accum, in->nonce))
+      return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d: no image, or one of %" PRIu64
+                        " floats that its fields do not describe", i, in->image_floats);
   }
   return 0;
 }
@@ -616,8 +614,7 @@ out:
   return rc;
 }
 
-int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb) {
-  memset(out, 0, sizeof *out);
+int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
   if (c == NULL || i < 0 || i >= c->nshards)
     return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
   const ps_ckpt_shard *s = &c->shards[i];
@@ -629,35 +626,40 @@ int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errb
   if (fd < 0)
     return ps_err_set(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int rc = ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
-    close(fd);
-    return rc;
-  }
-  if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != s->compressed_size) {
-    close(fd);
-    return ps_err_set(eb, PS_ECORRUPT, "%s: size mismatch (file %jd bytes, manifest %" PRIu64
-                      " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
-  }
+  int rc = 0;
+  if (fstat(fd, &st) != 0)
+    rc = ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
+  else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != s->compressed_size)
+    rc = ps_err_set(eb, PS_ECORRUPT, "%s: size mismatch (file %jd bytes, manifest %" PRIu64
+                    " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
   size_t dsize = (size_t)s->uncompressed_size;
-  unsigned char *buf = malloc(dsize);
-  if (buf == NULL) {
-    close(fd);
-    return ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", path, dsize);
-  }
-  int rc = decode_frame(fd, path, buf, dsize, c->filter, eb);
+  if (rc == 0)
+    rc = decode_frame(fd, path, (unsigned char *)dst, dsize, c->filter, eb);
   close(fd);
   if (rc == 0) {
-    uint64_t h = XXH64(buf, dsize, 0);
+    uint64_t h = XXH64(dst, dsize, 0);
     if (h != s->xxh64)
       rc = ps_err_set(eb, PS_ECORRUPT, "%s: xxh64 mismatch (file %016" PRIx64 ", manifest %016"
                       PRIx64 ")", path, h, s->xxh64);
   }
+  return rc;
+}
+
+int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  if (c == NULL || i < 0 || i >= c->nshards)
+    return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
+  const ps_ckpt_shard *s = &c->shards[i];
+  size_t dsize = (size_t)s->uncompressed_size;
+  float *buf = malloc(dsize ? dsize : 1);
+  if (buf == NULL)
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", s->file, dsize);
+  int rc = ps_ckpt_read_shard_into(c, i, buf, eb);
   if (rc != 0) {
     free(buf);
     return rc;
   }
-  out->buf = (float *)buf;
+  out->buf = buf;
   out->nfloats = dsize / sizeof(float);
   out->values = out->buf;
   for (int k = 0; k < s->nslots; k++)

@@ -13,6 +13,7 @@
 #include "optim/optim.h"
 #include "paramserv/error.h"
 #include "paramserv/vartable.h"
+#include "ps/state.h"
 
 /* The version this build writes and the only one it reads. */
 #define PS_CKPT_FORMAT_VERSION 1
@@ -49,30 +50,17 @@ typedef struct ps_ckpt_owner {
   void *fence_arg;
 } ps_ckpt_owner;
 
-/* One worker's row of a shard's exactly-once table. */
-typedef struct ps_ckpt_once {
-  uint64_t incarnation;
-  uint64_t last_seq;
-} ps_ckpt_once;
-
 /* ------------------------------------------------------------------ */
 /* Writing                                                            */
 /* ------------------------------------------------------------------ */
 
-/* One shard's state at the cut, as the chief gathered it.  Every pointer is
- * borrowed: it must stay valid for the duration of ps_ckpt_write only. */
+/* One shard's state at the cut, as the chief gathered it: its state image
+ * (ps/state.h).  The pointer is borrowed: it must stay valid for the
+ * duration of ps_ckpt_write only. */
 typedef struct ps_ckpt_shard_state {
-  size_t nfloats;                           /* the slice's length */
-  const float *values;                      /* nfloats */
-  int nslots;                               /* ps_optim_nslots(optim.kind) */
-  const float *slots[PS_OPTIM_MAX_SLOTS];   /* nslots arrays of nfloats */
-  const float *accum;                       /* sync: the step's sum (nfloats); NULL: none */
-  int accum_count;                          /* sync: gradients in accum */
-  int target;                               /* sync: gradients that complete a step */
-  uint64_t version;                         /* updates applied to the slice */
-  uint64_t global_step;                     /* as the shard knows it */
-  int nonce;                                /* rows in once */
-  const ps_ckpt_once *once;                 /* the exactly-once table, one row per worker */
+  size_t nfloats;          /* the slice's length */
+  ps_state_info info;      /* the image's fields */
+  const float *img;        /* info.image_floats floats */
 } ps_ckpt_shard_state;
 
 /* Everything a checkpoint records.  Borrowed pointers, valid for the call. */
@@ -157,7 +145,7 @@ typedef struct ps_ckpt_shard {
   size_t floats;                 /* the slice's length */
   int nslots, has_accum, accum_count, target;
   int nonce;
-  ps_ckpt_once *once;            /* owned by the ps_ckpt */
+  ps_once *once;                 /* owned by the ps_ckpt */
   uint64_t compressed_size, uncompressed_size, xxh64;
 } ps_ckpt_shard;
 
@@ -228,6 +216,11 @@ typedef struct ps_ckpt_shard_data {
  * buffer the caller frees with ps_ckpt_shard_data_close; on error *out is
  * empty. */
 int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb);
+
+/* Read shard i's file as ps_ckpt_read_shard does, into dst: room for the
+ * manifest's uncompressed size, which is the shard's state image without its
+ * exactly-once rows (ps/state.h).  On error dst holds garbage. */
+int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb);
 
 /* Free d->buf and zero *d; NULL does nothing. */
 void ps_ckpt_shard_data_close(ps_ckpt_shard_data *d);

@@ -160,15 +160,18 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
     json_t *js = json_object(), *once = json_array();
     SET(js, "index", json_integer(i));
     SET(js, "file", json_string(file));
-    SET(js, "version", json_u64(s->version));
-    SET(js, "global_step", json_u64(s->global_step));
+    const ps_state_info *in = &s->info;
+    SET(js, "version", json_u64(in->version));
+    SET(js, "global_step", json_u64(in->global_step));
     SET(js, "floats", json_integer((json_int_t)s->nfloats));
-    SET(js, "nslots", json_integer(s->nslots));
-    SET(js, "has_accum", json_boolean(s->accum != NULL));
-    SET(js, "accum_count", json_integer(s->accum_count));
-    SET(js, "target", json_integer(s->target));
-    for (int w = 0; w < s->nonce; w++)
-      APPEND(once, json_pair_u64(s->once[w].incarnation, s->once[w].last_seq));
+    SET(js, "nslots", json_integer(in->nslots));
+    SET(js, "has_accum", json_boolean(in->has_accum));
+    SET(js, "accum_count", json_integer(in->accum_count));
+    SET(js, "target", json_integer(in->target));
+    for (uint32_t w = 0; w < in->nonce; w++) {
+      ps_once row = ps_state_once_get(in, s->nfloats, s->img, w);
+      APPEND(once, json_pair_u64(row.incarnation, row.last_seq));
+    }
     SET(js, "once", once);
     SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
     SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));
@@ -438,7 +441,7 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     if (pairs != NULL) {
       sh->once = calloc((size_t)sh->nonce + 1, sizeof *sh->once);
       for (int w = 0; sh->once != NULL && w < sh->nonce; w++)
-        sh->once[w] = (ps_ckpt_once){pairs[2 * w], pairs[2 * w + 1]};
+        sh->once[w] = (ps_once){pairs[2 * w], pairs[2 * w + 1]};
       free(pairs);
       if (sh->once == NULL && rc == 0)
         rc = ps_err_set(eb, -ENOMEM, "out of memory");

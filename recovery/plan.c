@@ -2,10 +2,10 @@
 #include "recovery/plan.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/endian.h"
 
 const char *ps_plan_source_name(ps_plan_source s) {
   switch (s) {
@@ -16,56 +16,67 @@ const char *ps_plan_source_name(ps_plan_source s) {
   return "unknown";
 }
 
+/* The seeded initialization, through a fresh shard: its slots start at the
+ * optimizer's initial values. */
+static int seed_image(const ps_config *cfg, const ps_layout *layout, const ps_model *model,
+                      const ps_shard_opts *so, int i, float **img, ps_state_info *info,
+                      ps_errbuf *eb) {
+  float *values = malloc((so->nfloats ? so->nfloats : 1) * sizeof(float));
+  ps_shard *sh = NULL;
+  if (values != NULL) {
+    ps_layout_init_slice(layout, &model->vars, i, (uint64_t)cfg->seed, values);
+    sh = ps_shard_new(so, values);
+  }
+  free(values);
+  if (sh != NULL) {
+    *info = ps_shard_state_info(sh);
+    *img = malloc((size_t)info->image_floats * sizeof(float));
+    if (*img != NULL)
+      ps_shard_state_write(sh, *img);
+  }
+  ps_shard_free(sh);
+  return *img != NULL ? 0 : ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state", i);
+}
+
 int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_model *model,
-                        const ps_ckpt *c, int i, float **img, ps_shard_image_info *info,
+                        const ps_ckpt *c, int i, float **img, ps_state_info *info,
                         ps_errbuf *eb) {
   *img = NULL;
-  /* A shard of this config, built as the shard process builds it: the
-   * image then has exactly the fields the shard expects. */
+  /* The shape of a shard of this config, built as the shard process builds
+   * it: the image then has exactly the fields the shard expects. */
   ps_shard_opts so = ps_shard_opts_for(cfg, layout, i);
-  ps_shard sh;
-  if (ps_shard_init(&sh, &so, NULL) != 0)
-    return ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state", i);
-  int rc = 0;
-  if (c == NULL) {
-    ps_layout_init_slice(layout, &model->vars, i, (uint64_t)cfg->seed, sh.values);
-  } else {
-    const ps_ckpt_shard *cs = &c->shards[i];
-    ps_ckpt_shard_data d;
-    if (cs->nslots != ps_optim_nslots(so.optim.kind) || cs->has_accum != (sh.accum != NULL)) {
-      rc = ps_err_set(eb, PS_ELAYOUT,
+  if (c == NULL)
+    return seed_image(cfg, layout, model, &so, i, img, info, eb);
+  ps_state_info shape = ps_shard_state_shape(&so);
+  const ps_ckpt_shard *cs = &c->shards[i];
+  if (cs->floats != so.nfloats)
+    return ps_err_set(eb, PS_ELAYOUT, "%s: shard %d holds %zu floats, this cluster's %zu",
+                      c->name, i, cs->floats, so.nfloats);
+  if ((uint32_t)cs->nslots != shape.nslots || (uint32_t)cs->has_accum != shape.has_accum)
+    return ps_err_set(eb, PS_ELAYOUT,
                       "%s: shard %d has %d optimizer slots and %s accumulator; this cluster's "
-                      "optimizer %s in %s mode needs %d and %s",
+                      "optimizer %s in %s mode needs %" PRIu32 " and %s",
                       c->name, i, cs->nslots, cs->has_accum ? "a" : "no", cfg->optimizer,
                       cfg->consistency == PS_CONSISTENCY_SYNC ? "sync" : "async/ssp",
-                      ps_optim_nslots(so.optim.kind), sh.accum ? "one" : "none");
-      goto out;
-    }
-    if ((rc = ps_ckpt_read_shard(c, i, &d, eb)) != 0)
-      goto out;
-    memcpy(sh.values, d.values, so.nfloats * sizeof(float));
-    for (int k = 0; k < cs->nslots; k++)
-      memcpy(sh.slots[k], d.slots[k], so.nfloats * sizeof(float));
-    if (sh.accum != NULL)
-      memcpy(sh.accum, d.accum, so.nfloats * sizeof(float));
-    ps_ckpt_shard_data_close(&d);
-    sh.version = cs->version;
-    sh.global_step = cs->global_step;
-    sh.accum_count = cs->accum_count;
-    sh.target = cs->target > 0 ? cs->target : sh.target;
-    for (int j = 0; j < so.nworkers && j < cs->nonce; j++) {
-      sh.once[j].incarnation = cs->once[j].incarnation;
-      sh.once[j].last_seq = cs->once[j].last_seq;
-    }
-  }
-  *info = ps_shard_image_info_of(&sh);
+                      shape.nslots, shape.has_accum ? "one" : "none");
+  /* The file holds the image's segments: it decompresses in place, and the
+   * manifest's rows follow (rows for workers this cluster lacks dropped). */
+  *info = shape;
+  info->version = cs->version;
+  info->global_step = cs->global_step;
+  info->accum_count = (uint32_t)cs->accum_count;
+  info->target = cs->target > 0 ? (uint32_t)cs->target : shape.target;
   *img = malloc((size_t)info->image_floats * sizeof(float));
-  if (*img == NULL) {
-    rc = ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state image", i);
-    goto out;
+  if (*img == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state image", i);
+  int rc = ps_ckpt_read_shard_into(c, i, *img, eb);
+  if (rc != 0) {
+    free(*img);
+    *img = NULL;
+    return rc;
   }
-  ps_shard_image_write(&sh, *img);
-out:
-  ps_shard_close(&sh);
-  return rc;
+  for (uint32_t j = 0; j < info->nonce; j++)
+    ps_state_once_put(info, so.nfloats, *img, j,
+                      j < (uint32_t)cs->nonce ? cs->once[j] : (ps_once){0});
+  return 0;
 }

@@ -28,7 +28,7 @@ const char *ps_plan_source_name(ps_plan_source s);
  * config's.  @return 0, PS_ELAYOUT (another optimizer or consistency mode,
  * message naming both), the errors of ps_ckpt_read_shard, or -ENOMEM. */
 int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_model *model,
-                        const ps_ckpt *c, int i, float **img, ps_shard_image_info *info,
+                        const ps_ckpt *c, int i, float **img, ps_state_info *info,
                         ps_errbuf *eb);
 
 #endif

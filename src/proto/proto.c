@@ -37,7 +37,7 @@ enum {
   STATS_REPLY_SIZE = 88,
   ERROR_FIXED = 16,
   PING_SIZE = 8,
-  STATE_SIZE = 48,          /* the ps_msg_state block inside CUT_REPLY and LOAD */
+  STATE_SIZE = 48,          /* the ps_state_info block inside CUT_REPLY and LOAD */
   /* Every chief -> shard frame starts with its 8-byte fence token. */
   CUT_SIZE = 24,
   CUT_REPLY_SIZE = 8 + STATE_SIZE,
@@ -110,7 +110,7 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
   }
 }
 
-static int state_ok(const ps_msg_state *st) {
+static int state_ok(const ps_state_info *st) {
   return st->nslots <= 2 && st->has_accum <= 1;
 }
 
@@ -309,7 +309,7 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
   return 0;
 }
 
-static void put_state(uint8_t *p, const ps_msg_state *st) {
+static void put_state(uint8_t *p, const ps_state_info *st) {
   ps_put_le64(p, st->version);
   ps_put_le64(p + 8, st->global_step);
   ps_put_le64(p + 16, st->image_floats);
@@ -637,7 +637,7 @@ static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *
 
 /* The state block at payload offset `at` (8 in CUT_REPLY, 0 in LOAD); errors
  * name payload offsets, as every other message's do. */
-static int get_state(const char *name, const uint8_t *payload, size_t at, ps_msg_state *st,
+static int get_state(const char *name, const uint8_t *payload, size_t at, ps_state_info *st,
                      ps_errbuf *eb) {
   const uint8_t *p = payload + at;
   int rc;

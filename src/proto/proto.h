@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "paramserv/error.h"
+#include "ps/state.h"
 
 #define PS_PROTO_MAGIC 0x56525350u  /* the bytes "PSRV" */
 #define PS_PROTO_VERSION 3
@@ -129,18 +130,9 @@ typedef struct ps_msg_stats_reply {
   uint64_t flags;         /* PS_STATS_* */
 } ps_msg_stats_reply;
 
-/* A shard's whole state as one run of floats, the "state image" of CUT,
- * FETCH and LOAD: values, each optimizer slot, the sync accumulator when
- * has_accum, then `nonce` exactly-once rows of 16 bytes (incarnation, last
- * sequence; little-endian u64) = 4 floats' room each. */
-typedef struct ps_msg_state {
-  uint64_t version, global_step;
-  uint64_t image_floats;  /* the whole image */
-  uint32_t nslots;        /* 0..2 */
-  uint32_t has_accum;     /* 0 or 1 */
-  uint32_t accum_count, target;
-  uint32_t nonce;         /* exactly-once rows */
-} ps_msg_state;
+/* CUT replies and LOADs carry a shard's state image: its fixed fields, a
+ * ps_state_info (ps/state.h: the image's one definition), travel in the
+ * frame; its floats in FETCH replies and LOAD pieces. */
 
 /* Every chief -> shard frame (CUT, RESUME, FETCH, LOAD, STOP) carries
  * `fence`: the fencing token of the chief's lease (>= 1; 0 is refused).  A
@@ -154,7 +146,7 @@ typedef struct ps_msg_cut {
 
 typedef struct ps_msg_cut_reply {
   uint64_t cut_id;
-  ps_msg_state state;
+  ps_state_info state;
 } ps_msg_cut_reply;
 
 typedef struct ps_msg_resume {
@@ -174,7 +166,7 @@ typedef struct ps_msg_fetch_reply {
 
 typedef struct ps_msg_load {
   uint64_t fence;
-  ps_msg_state state;
+  ps_state_info state;
   uint64_t offset, count;  /* this piece, in floats of the image */
   const uint8_t *data;
 } ps_msg_load;

@@ -21,7 +21,7 @@
 typedef struct cut_image {
   server *srv;
   uint64_t fence, cut_id;       /* of the CUT that made it */
-  ps_shard_image_info info;
+  ps_state_info info;
   float *buf;
   uint64_t cap;                 /* floats allocated at buf */
   int refs;                     /* the server's while newest, + one per reply being written */
@@ -129,7 +129,7 @@ void ps_control_prepare(server *s) {
     return;
   /* The copy buffer, allocated and touched now: a first cut into fresh
    * pages would stall on every page fault. */
-  ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
+  ps_state_info in = ps_shard_state_info(&s->shard);
   s->spare = grow(s->spare, &s->spare_cap, in.image_floats);
   if (s->spare != NULL)
     memset(s->spare, 0, (size_t)in.image_floats * sizeof(float));
@@ -172,7 +172,7 @@ static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
     REFUSE(cl, PS_EFORMAT, PS_ERROR_RETRY, "CUT of shard %d, which holds no state yet", s->index);
     return;
   }
-  ps_shard_image_info in = ps_shard_image_info_of(&s->shard);
+  ps_state_info in = ps_shard_state_info(&s->shard);
   /* A new image, in the spare buffer when there is one: the previous cut's
    * buffer may still be on the wire in a FETCH_REPLY. */
   cut_image *img = calloc(1, sizeof *img);
@@ -188,18 +188,14 @@ static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
   s->spare = NULL;
   s->spare_cap = 0;
   uint64_t t0 = ps_now_ns();
-  ps_shard_image_write(&s->shard, img->buf);
+  ps_shard_state_write(&s->shard, img->buf);
   image_unref(s->cut);
   s->cut = img;
   s->paused = 1;
   s->resume_at_ns = ps_now_ns() + (uint64_t)c->hold_ms * 1000000ULL;
   ps_msg m = {.type = PS_MSG_CUT_REPLY};
   m.u.cut_reply.cut_id = c->cut_id;
-  m.u.cut_reply.state = (ps_msg_state){
-      .version = in.version, .global_step = in.global_step, .image_floats = in.image_floats,
-      .nslots = (uint32_t)in.nslots, .has_accum = (uint32_t)in.has_accum,
-      .accum_count = (uint32_t)in.accum_count, .target = (uint32_t)in.target,
-      .nonce = (uint32_t)in.nonce};
+  m.u.cut_reply.state = in;
   ps_conn_send_msg(cl->conn, &m, req);
   ps_log(PS_LOG_DEBUG, "cut %" PRIu64 ": copied %" PRIu64 " floats at version %" PRIu64
          " in %.2f ms; holding pushes", c->cut_id, in.image_floats, in.version,
@@ -248,17 +244,9 @@ static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l
            s->index, s->shard.version);
     return PS_CONTROL_NONE;
   }
-  ps_shard_image_info in = {
-      .version = l->state.version, .global_step = l->state.global_step,
-      .image_floats = l->state.image_floats, .nslots = (int)l->state.nslots,
-      .has_accum = (int)l->state.has_accum, .accum_count = (int)l->state.accum_count,
-      .target = (int)l->state.target, .nonce = (int)l->state.nonce};
+  const ps_state_info *in = &l->state;
   char why[256];
-  if (l->state.nonce > PS_CONFIG_MAX_NODES || l->state.target > PS_CONFIG_MAX_NODES ||
-      ps_shard_image_check(&s->shard, &in, why, sizeof why) != 0) {
-    if (l->state.nonce > PS_CONFIG_MAX_NODES || l->state.target > PS_CONFIG_MAX_NODES)
-      snprintf(why, sizeof why, "%" PRIu32 " exactly-once rows and a target of %" PRIu32
-               ", expected at most %d", l->state.nonce, l->state.target, PS_CONFIG_MAX_NODES);
+  if (ps_shard_state_check(&s->shard, in, why, sizeof why) != 0) {
     REFUSE(cl, PS_ELAYOUT, 0, "LOAD: %s", why);
     return PS_CONTROL_NONE;
   }
@@ -270,16 +258,16 @@ static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l
            l->offset, l->count, s->load_next, s->shard.o.nfloats);
     return PS_CONTROL_NONE;
   }
-  s->load_img = grow(s->load_img, &s->load_cap, in.image_floats);
+  s->load_img = grow(s->load_img, &s->load_cap, in->image_floats);
   if (s->load_img == NULL) {
     REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a state of %" PRIu64 " floats",
-           in.image_floats);
+           in->image_floats);
     return PS_CONTROL_NONE;
   }
   memcpy(s->load_img + l->offset, l->data, l->count * sizeof(float));
   s->load_next = l->offset + l->count;
-  if (s->load_next == in.image_floats) {
-    ps_shard_image_load(&s->shard, &in, s->load_img);
+  if (s->load_next == in->image_floats) {
+    ps_shard_state_load(&s->shard, in, s->load_img);
     free(s->load_img);
     s->load_img = NULL;
     s->load_cap = s->load_next = 0;

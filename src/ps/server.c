@@ -28,7 +28,7 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/consistency.h"
-#include "ps/shard.h"
+#include "ps/shard_internal.h"
 #include "replica/registry.h"
 #include "replica/replica.h"
 #include "ps/server_internal.h"

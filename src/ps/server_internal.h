@@ -15,7 +15,7 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/consistency.h"
-#include "ps/shard.h"
+#include "ps/shard_internal.h"
 #include "replica/replica.h"
 
 typedef struct client client;

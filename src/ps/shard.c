@@ -1,5 +1,5 @@
 /* A parameter-server shard's state and update rules (see shard.h). */
-#include "ps/shard.h"
+#include "ps/shard_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -200,81 +200,81 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
 
 /* ------------------------------------------------------------ images */
 
-uint64_t ps_shard_image_floats(size_t n, int nslots, int has_accum, int nonce) {
-  return (uint64_t)n * (uint64_t)(1 + nslots + has_accum) + 4 * (uint64_t)nonce;
-}
-
-ps_shard_image_info ps_shard_image_info_of(const ps_shard *s) {
-  ps_shard_image_info in = {
-      .version = s->version,
-      .global_step = s->global_step,
-      .nslots = ps_optim_nslots(s->o.optim.kind),
-      .has_accum = s->accum != NULL,
-      .accum_count = s->accum_count,
-      .target = s->target,
-      .nonce = s->o.nworkers,
+ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
+  ps_state_info in = {
+      .nslots = (uint32_t)ps_optim_nslots(o->optim.kind),
+      .has_accum = o->consistency == PS_CONSISTENCY_SYNC,
+      .target = (uint32_t)(o->replicas_to_aggregate > 1 ? o->replicas_to_aggregate : 1),
+      .nonce = (uint32_t)o->nworkers,
   };
-  in.image_floats = ps_shard_image_floats(s->o.nfloats, in.nslots, in.has_accum, in.nonce);
+  in.image_floats = ps_state_floats(o->nfloats, in.nslots, in.has_accum, in.nonce);
   return in;
 }
 
-void ps_shard_image_write(const ps_shard *s, float *img) {
-  size_t n = s->o.nfloats;
-  memcpy(img, s->values, n * sizeof(float));
-  img += n;
-  for (int i = 0; i < ps_optim_nslots(s->o.optim.kind); i++, img += n)
-    memcpy(img, s->slots[i], n * sizeof(float));
-  if (s->accum != NULL) {
-    memcpy(img, s->accum, n * sizeof(float));
-    img += n;
-  }
-  uint8_t *rows = (uint8_t *)img;
-  for (int j = 0; j < s->o.nworkers; j++) {
-    ps_put_le64(rows + 16 * j, s->once[j].incarnation);
-    ps_put_le64(rows + 16 * j + 8, s->once[j].last_seq);
-  }
+ps_state_info ps_shard_state_info(const ps_shard *s) {
+  ps_state_info in = ps_shard_state_shape(&s->o);
+  in.version = s->version;
+  in.global_step = s->global_step;
+  in.accum_count = (uint32_t)s->accum_count;
+  in.target = (uint32_t)s->target;
+  return in;
 }
 
-int ps_shard_image_check(const ps_shard *s, const ps_shard_image_info *info, char *why,
+void ps_shard_state_write(const ps_shard *s, float *img) {
+  ps_state_info in = ps_shard_state_info(s);
+  size_t n = s->o.nfloats, bytes = n * sizeof(float);
+  memcpy(ps_state_segment(img, n, 0), s->values, bytes);
+  for (uint32_t k = 0; k < in.nslots; k++)
+    memcpy(ps_state_segment(img, n, 1 + k), s->slots[k], bytes);
+  if (in.has_accum)
+    memcpy(ps_state_segment(img, n, 1 + in.nslots), s->accum, bytes);
+  for (uint32_t j = 0; j < in.nonce; j++)
+    ps_state_once_put(&in, n, img, j, s->once[j]);
+}
+
+int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,
                          size_t why_len) {
-  ps_shard_image_info mine = ps_shard_image_info_of(s);
-  if (info->nslots == mine.nslots && info->has_accum == mine.has_accum &&
-      info->image_floats == ps_shard_image_floats(s->o.nfloats, info->nslots, info->has_accum,
-                                                  info->nonce) &&
-      info->nonce >= 0)
-    return 0;
-  snprintf(why, why_len,
-           "state of %" PRIu64 " floats with %d slots, accumulator %d and %d exactly-once rows; "
-           "this shard holds %zu floats with %d slots and accumulator %d",
-           info->image_floats, info->nslots, info->has_accum, info->nonce, s->o.nfloats,
-           mine.nslots, mine.has_accum);
-  return PS_ELAYOUT;
+  ps_state_info shape = ps_shard_state_shape(&s->o);
+  return ps_state_check(&shape, s->o.nfloats, info, PS_CONFIG_MAX_NODES, why, why_len);
 }
 
-void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const float *img) {
-  size_t n = s->o.nfloats;
-  memcpy(s->values, img, n * sizeof(float));
-  img += n;
-  for (int i = 0; i < info->nslots; i++, img += n)
-    memcpy(s->slots[i], img, n * sizeof(float));
-  if (info->has_accum) {
-    memcpy(s->accum, img, n * sizeof(float));
-    img += n;
-  }
-  s->accum_count = info->accum_count;
-  s->target = info->target > 0 ? info->target : s->o.replicas_to_aggregate;
+void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img) {
+  size_t n = s->o.nfloats, bytes = n * sizeof(float);
+  memcpy(s->values, ps_state_segment_c(img, n, 0), bytes);
+  for (uint32_t k = 0; k < info->nslots; k++)
+    memcpy(s->slots[k], ps_state_segment_c(img, n, 1 + k), bytes);
+  if (info->has_accum)
+    memcpy(s->accum, ps_state_segment_c(img, n, 1 + info->nslots), bytes);
+  s->accum_count = (int)info->accum_count;
+  s->target = info->target > 0 ? (int)info->target : s->o.replicas_to_aggregate;
   s->version = info->version;
   s->global_step = info->global_step;
   /* Rows for workers this cluster does not have are dropped; workers the
    * image lacks start with none. */
-  const uint8_t *rows = (const uint8_t *)img;
-  for (int j = 0; j < s->o.nworkers; j++) {
-    s->once[j] = (ps_once){0};
-    if (j < info->nonce) {
-      s->once[j].incarnation = ps_get_le64(rows + 16 * j);
-      s->once[j].last_seq = ps_get_le64(rows + 16 * j + 8);
-    }
-  }
+  for (int j = 0; j < s->o.nworkers; j++)
+    s->once[j] = (uint32_t)j < info->nonce ? ps_state_once_get(info, n, img, (uint32_t)j)
+                                           : (ps_once){0};
 }
 
 void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }
+
+/* ------------------------------------------------------- the opaque API */
+
+ps_shard *ps_shard_new(const ps_shard_opts *o, const float *initial) {
+  ps_shard *s = malloc(sizeof *s);
+  if (s != NULL && ps_shard_init(s, o, initial) != 0) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+void ps_shard_free(ps_shard *s) {
+  ps_shard_close(s);
+  free(s);
+}
+
+const ps_shard_opts *ps_shard_options(const ps_shard *s) { return &s->o; }
+uint64_t ps_shard_version(const ps_shard *s) { return s->version; }
+uint64_t ps_shard_global_step(const ps_shard *s) { return s->global_step; }
+uint64_t ps_shard_journal(const ps_shard *s) { return s->journal; }

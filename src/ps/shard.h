@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "optim/optim.h"
+#include "ps/state.h"
 
 typedef struct ps_shard_opts {
   int index;                /* shard index; shard 0 keeps the global step */
@@ -20,12 +21,6 @@ typedef struct ps_shard_opts {
   int consistency;          /* ps_consistency */
   int replicas_to_aggregate;  /* sync: gradients per step (>= 1) */
 } ps_shard_opts;
-
-/* Per worker: its newest incarnation and the last sequence applied from it. */
-typedef struct ps_once {
-  uint64_t incarnation;
-  uint64_t last_seq;
-} ps_once;
 
 /* One entry of the shard's journal: a change of the state that a replay
  * must repeat to reach the same bytes.  Entries are numbered 1, 2, ... in
@@ -49,29 +44,24 @@ typedef struct ps_journal {
   const float *g;         /* push: the gradient, nfloats floats, borrowed */
 } ps_journal;
 
-typedef struct ps_shard {
-  ps_shard_opts o;
-  float *values;                      /* nfloats */
-  float *slots[PS_OPTIM_MAX_SLOTS];   /* ps_optim_nslots(kind) of nfloats */
-  float *accum;                       /* sync: the sum of this step's gradients */
-  int accum_count;
-  int target;             /* sync: gradients that complete a step (see ps_shard_sync_flush) */
-  uint64_t version;       /* updates applied to the slice */
-  uint64_t global_step;   /* shard 0: its version; others: the newest seen */
-  uint64_t journal;       /* entries made so far (ps_journal.n of the last) */
-  ps_once *once;          /* nworkers entries */
-  uint64_t pushes_applied, pushes_duplicate, pushes_stale;
-} ps_shard;
+/* The state (opaque outside src/ps: shard_internal.h defines it). */
+typedef struct ps_shard ps_shard;
 
 /* The options of shard `index` of the cluster in cfg (slice length from
  * `layout`, optimizer and schedule from [train]). */
 #include "layout/layout.h"
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index);
 
-/* Allocate the state; values start as `initial` (copied) or zero when NULL,
- * slots at the optimizer's initial values.  @return 0 or -ENOMEM. */
-int ps_shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial);
-void ps_shard_close(ps_shard *s);
+/* A new state; values start as `initial` (copied) or zero when NULL, slots
+ * at the optimizer's initial values.  @return it, or NULL out of memory. */
+ps_shard *ps_shard_new(const ps_shard_opts *o, const float *initial);
+void ps_shard_free(ps_shard *s);
+
+/* What a shard was made with, and where it stands. */
+const ps_shard_opts *ps_shard_options(const ps_shard *s);
+uint64_t ps_shard_version(const ps_shard *s);
+uint64_t ps_shard_global_step(const ps_shard *s);
+uint64_t ps_shard_journal(const ps_shard *s);
 
 /* The result of a push. */
 typedef enum ps_push_result {
@@ -111,36 +101,30 @@ int ps_shard_sync_set_target(ps_shard *s, int target, ps_journal *out);
 int ps_shard_replay(ps_shard *s, const ps_journal *e);
 
 /* ------------------------------------------------------------------ */
-/* The state image (PROTOCOL.md, "The chief"): the whole state as one run
- * of floats, for the chief's cuts and loads.                           */
+/* The state as an image (ps/state.h), for the chief's cuts and loads,  */
+/* the Redis snapshot and the checkpoint.                               */
 /* ------------------------------------------------------------------ */
 
-/* The image's fixed fields (the same as the wire's ps_msg_state). */
-typedef struct ps_shard_image_info {
-  uint64_t version, global_step;
-  uint64_t image_floats;
-  int nslots, has_accum, accum_count, target, nonce;
-} ps_shard_image_info;
+/* The fields of an image of a fresh shard made with o (version 0, no
+ * gradients summed, the configured sync target, one row per worker): the
+ * shape every image this shard loads must have. */
+ps_state_info ps_shard_state_shape(const ps_shard_opts *o);
 
 /* The fields of an image of this shard's current state. */
-ps_shard_image_info ps_shard_image_info_of(const ps_shard *s);
+ps_state_info ps_shard_state_info(const ps_shard *s);
 
-/* The floats of an image with these counts: n * (1 + nslots + has_accum)
- * + 4 * nonce. */
-uint64_t ps_shard_image_floats(size_t n, int nslots, int has_accum, int nonce);
-
-/* Copy the whole state into img (ps_shard_image_info_of(s).image_floats
+/* Copy the whole state into img (ps_shard_state_info(s).image_floats
  * floats). */
-void ps_shard_image_write(const ps_shard *s, float *img);
+void ps_shard_state_write(const ps_shard *s, float *img);
 
-/* Does `info` describe an image this shard can load?  @return 0, or
- * PS_ELAYOUT with a message naming what differs. */
-int ps_shard_image_check(const ps_shard *s, const ps_shard_image_info *info, char *why,
+/* Does `info` describe an image this shard can load (ps_state_check against
+ * its shape)?  @return 0, or PS_ELAYOUT with a message naming what differs. */
+int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,
                          size_t why_len);
 
-/* Replace the state with the image (checked by ps_shard_image_check): values,
+/* Replace the state with the image (checked by ps_shard_state_check): values,
  * slots, accumulator, version, global step and exactly-once table. */
-void ps_shard_image_load(ps_shard *s, const ps_shard_image_info *info, const float *img);
+void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img);
 
 /* The journal count of a state loaded from a replica (the image does not
  * carry it: a checkpoint's state starts a journal of its own). */

@@ -30,7 +30,7 @@ void ps_shard_keys_log(ps_shard_keys *k, uint64_t epoch);
 /* The replica's format (REDIS.md): the meta hash's `format` field. */
 #define PS_SNAP_FORMAT "2"
 
-/* A snapshot is the shard's state image (ps_shard_image_write) cut into
+/* A snapshot is the shard's state image (ps_shard_state_write) cut into
  * chunks of this many floats, each one LZ4 block. */
 #define PS_SNAP_CHUNK_FLOATS (256u * 1024u)
 
@@ -62,5 +62,10 @@ void ps_key_done(char out[PS_KEY_MAX], const char *cluster);
  * with eb set: -ECONNREFUSED (unreachable: retry), -EACCES (AUTH refused or
  * the password file unreadable: do not retry). */
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb);
+
+/* The backoff (common/backoff.h) of whoever waits for Redis at start-up:
+ * the registry's new epoch and the shard's restore. */
+#define PS_REDIS_RETRY_BASE_MS 100
+#define PS_REDIS_RETRY_CAP_MS 2000
 
 #endif

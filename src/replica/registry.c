@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "replica/keys.h"
@@ -130,7 +131,9 @@ static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
 int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, ps_errbuf *eb) {
   char key[PS_KEY_MAX];
   ps_key_epoch(key, r->cfg->cluster_id, r->role, r->index);
-  for (int attempt = 0; !*stop; attempt++) {
+  ps_backoff b;
+  ps_backoff_init(&b, PS_REDIS_RETRY_BASE_MS, PS_REDIS_RETRY_CAP_MS, 0);
+  while (!*stop) {
     redisContext *c = ctx(r, 1);
     if (c == NULL && r->auth_failed)
       return ps_err_set(eb, -EACCES, "redis %s:%u: AUTH%s%s failed (see [redis] user and "
@@ -150,7 +153,7 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
       if (rc == -ECONNRESET)
         drop(r, eb->msg);
     }
-    unsigned ms = 100u << (attempt < 4 ? attempt : 4);
+    unsigned ms = ps_backoff_next(&b);
     ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation%s%s; retry in %u ms",
            r->cfg->redis.host, r->cfg->redis.port, r->role, c != NULL ? ": " : "",
            c != NULL ? eb->msg : "", ms);

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "replica/frontier.h"
@@ -83,7 +84,7 @@ typedef struct snap_job {
   uv_work_t work;
   struct ps_replica *r;
   float *img;             /* the copied state image */
-  ps_shard_image_info info;
+  ps_state_info info;
   uint64_t journal, nondurable;
   char **chunk;           /* compressed chunks */
   int *chunk_len;
@@ -111,7 +112,7 @@ struct ps_replica {
 
   rstate state;
   redisAsyncContext *ac;
-  int attempts;
+  ps_backoff backoff;  /* between connection attempts */
   int down_logged;
   char drop_why[96];        /* why this side dropped the connection */
   ps_frontier f;            /* which entries are durable; the acks waiting */
@@ -126,7 +127,7 @@ struct ps_replica {
   uint64_t updates;         /* since the last snapshot began */
   int need_full;            /* a snapshot is owed: a new connection, or the last one failed */
   snap_job *job;            /* a snapshot in flight */
-  unsigned snap_failures;   /* snapshots failed in a row */
+  ps_backoff snap_backoff;  /* between snapshots that failed */
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
   int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
@@ -188,17 +189,7 @@ static void on_retry_timer(uv_timer_t *t) { replica_connect(t->data); }
 static void schedule_reconnect(ps_replica *r) {
   if (r->closing || r->state == RS_FENCED)
     return;
-  unsigned cap = 100u << (r->attempts < 5 ? r->attempts : 5);
-  if (cap > BACKOFF_CAP_MS)
-    cap = BACKOFF_CAP_MS;
-  /* Never wait longer than one replication interval, so that a Redis that
-   * is back is current again within two. */
-  if (cap > (unsigned)r->cfg->replicate_interval_ms)
-    cap = (unsigned)r->cfg->replicate_interval_ms;
-  if (cap < 2)
-    cap = 2;
-  r->attempts++;
-  uv_timer_start(&r->retry, on_retry_timer, cap / 2 + (unsigned)rand() % (cap / 2 + 1), 0);
+  uv_timer_start(&r->retry, on_retry_timer, ps_backoff_next(&r->backoff), 0);
 }
 
 /* The connection is gone (lost, refused, or past its deadline). */
@@ -268,7 +259,7 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
     return;
   }
   r->state = RS_UP;
-  r->attempts = 0;
+  ps_backoff_reset(&r->backoff);
   int claimed = strcmp(rep->str, "CLAIMED") == 0;
   if (r->down_logged || claimed)
     ps_log(PS_LOG_INFO, "redis %s:%u: connected%s; writing a full snapshot", r->cfg->redis.host,
@@ -276,7 +267,7 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   if (claimed) {
     /* Whatever Redis held of this shard is gone: nothing is durable until
      * a new snapshot switches. */
-    ps_frontier_lost(&r->f, r->shard->journal, "Redis lost this shard's keys");
+    ps_frontier_lost(&r->f, ps_shard_journal(r->shard), "Redis lost this shard's keys");
     r->snap_version = 0;
   }
   r->down_logged = 0;
@@ -361,7 +352,7 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
   }
   int gz_len = 0;
   if (e->kind == PS_JOURNAL_PUSH) {
-    int raw = (int)(r->shard->o.nfloats * sizeof(float));
+    int raw = (int)(ps_shard_options(r->shard)->nfloats * sizeof(float));
     int bound = LZ4_compressBound(raw);
     if (bound > r->gz_cap) {
       char *p = realloc(r->gz, (size_t)bound);
@@ -441,7 +432,7 @@ static void compress_work(uv_work_t *w) {
  * the close, possibly before this returns, so r must not be touched after. */
 static void close_after_snapshots(ps_replica *r) {
   if (r->ac != NULL && r->state == RS_UP && !r->final_started &&
-      (r->snap_version != r->shard->version || r->f.hole)) {
+      (r->snap_version != ps_shard_version(r->shard) || r->f.hole)) {
     r->final_started = 1;
     start_snapshot(r);
     if (r->job != NULL)
@@ -459,14 +450,9 @@ static void snapshot_done(ps_replica *r, int ok) {
     /* Retried at a later tick, backing off while Redis keeps refusing: a
      * copy of a large state every interval would be work thrown away. */
     r->need_full = 1;
-    unsigned k = r->snap_failures < 5 ? r->snap_failures : 5;
-    uint64_t wait_ms = (uint64_t)r->cfg->replicate_interval_ms << k;
-    if (wait_ms > 2000)
-      wait_ms = 2000;
-    r->snap_failures++;
-    r->snap_next_ns = ps_now_ns() + wait_ms * 1000000ULL;
+    r->snap_next_ns = ps_now_ns() + ps_backoff_next(&r->snap_backoff) * 1000000ULL;
   } else {
-    r->snap_failures = 0;
+    ps_backoff_reset(&r->snap_backoff);
     r->snap_next_ns = 0;
   }
   job_free(r->job);
@@ -535,23 +521,23 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
 
 static void send_switch(ps_replica *r) {
   snap_job *j = r->job;
-  const ps_shard_image_info *in = &j->info;
+  const ps_state_info *in = &j->info;
   char trim[48], f[16][24];
   snprintf(trim, sizeof trim, "%" PRIu64 "-%" PRIu64, r->epoch, j->journal + 1);
   snprintf(f[0], 24, "%" PRIu64, in->version);
   snprintf(f[1], 24, "%" PRIu64, in->global_step);
   snprintf(f[2], 24, "%" PRIu64, j->journal);
   snprintf(f[3], 24, "%" PRIu64, in->image_floats);
-  snprintf(f[4], 24, "%zu", r->shard->o.nfloats);
-  snprintf(f[5], 24, "%d", in->nslots);
-  snprintf(f[6], 24, "%d", in->has_accum);
-  snprintf(f[7], 24, "%d", in->nonce);
-  snprintf(f[8], 24, "%d", in->accum_count);
-  snprintf(f[9], 24, "%d", in->target);
+  snprintf(f[4], 24, "%zu", ps_shard_options(r->shard)->nfloats);
+  snprintf(f[5], 24, "%" PRIu32, in->nslots);
+  snprintf(f[6], 24, "%" PRIu32, in->has_accum);
+  snprintf(f[7], 24, "%" PRIu32, in->nonce);
+  snprintf(f[8], 24, "%" PRIu32, in->accum_count);
+  snprintf(f[9], 24, "%" PRIu32, in->target);
   snprintf(f[10], 24, "%" PRIu64, j->nchunks);
   snprintf(f[11], 24, "%016" PRIx64, r->layout_hash);
   snprintf(f[12], 24, "%lld", (long long)time(NULL));
-  snprintf(f[13], 24, "%d", r->shard->o.consistency);
+  snprintf(f[13], 24, "%d", ps_shard_options(r->shard)->consistency);
   snprintf(f[14], 24, "%" PRIu64, j->nondurable);
   const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", r->k.epoch, r->k.meta, r->k.log,
                         r->epoch_text, trim,
@@ -559,7 +545,7 @@ static void send_switch(ps_replica *r) {
                         "image_floats", f[3], "nfloats", f[4], "nslots", f[5],
                         "has_accum", f[6], "nonce", f[7], "accum_count", f[8], "target", f[9],
                         "chunks", f[10], "layout", f[11], "epoch", r->epoch_text, "time", f[12],
-                        "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&r->shard->o.optim),
+                        "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&ps_shard_options(r->shard)->optim),
                         "consistency", f[13], "nondurable", f[14]};
   if (redisAsyncCommandArgv(r->ac, on_switched, r, (int)(sizeof argv / sizeof argv[0]), argv,
                             NULL) != REDIS_OK)
@@ -637,7 +623,7 @@ static void start_snapshot(ps_replica *r) {
   if (j == NULL)
     return;
   j->r = r;
-  j->info = ps_shard_image_info_of(s);
+  j->info = ps_shard_state_info(s);
   j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
   j->chunk = calloc(j->nchunks ? j->nchunks : 1, sizeof *j->chunk);
@@ -647,8 +633,8 @@ static void start_snapshot(ps_replica *r) {
     return;
   }
   /* The copy is the consistent cut: everything below happens off it. */
-  ps_shard_image_write(s, j->img);
-  j->journal = s->journal;
+  ps_shard_state_write(s, j->img);
+  j->journal = ps_shard_journal(s);
   j->nondurable = r->f.nondurable;
   snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, r->epoch, ++r->snap_counter);
   r->job = j;
@@ -678,7 +664,7 @@ static void heartbeat(ps_replica *r) {
   snprintf(payload, sizeof payload,
            "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " version %" PRIu64
            " lag %" PRIu64 " nondurable %" PRIu64 " held %" PRIu64,
-           (int)getpid(), host, r->epoch, r->shard->global_step, r->shard->version,
+           (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard), ps_shard_version(r->shard),
            ps_replica_lag(r), r->f.nondurable, r->f.waiting);
   snprintf(ttl, sizeof ttl, "%" PRId64, 3 * r->cfg->heartbeat_ms);
   const char *argv[] = {"EVAL", HEARTBEAT_SCRIPT, "2", r->k.epoch, r->k.node, r->epoch_text,
@@ -734,7 +720,7 @@ void ps_replica_updated(ps_replica *r) {
     start_snapshot(r);
 }
 
-uint64_t ps_replica_lag(const ps_replica *r) { return r->shard->version - r->snap_version; }
+uint64_t ps_replica_lag(const ps_replica *r) { return ps_shard_version(r->shard) - r->snap_version; }
 
 ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
@@ -754,13 +740,19 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
    * held (fresh, or a chief's LOAD) is durable only once its first
    * snapshot switches. */
   ps_frontier_init(&r->f, cfg->on_redis_failure == PS_REDIS_FAILURE_DEGRADE, restored->loaded,
-                   shard->journal, restored->nondurable);
+                   ps_shard_journal(shard), restored->nondurable);
   if (restored->loaded)
     r->snap_version = restored->snap_version;
   r->need_full = 1;  /* the first snapshot records this incarnation's start */
   snprintf(r->epoch_text, sizeof r->epoch_text, "%" PRIu64, r->epoch);
   ps_shard_keys_init(&r->k, cfg->cluster_id, index);
   ps_shard_keys_log(&r->k, r->epoch);
+  /* Reconnects never wait longer than one replication interval, so that a
+   * Redis that is back is current again within two. */
+  unsigned interval = (unsigned)cfg->replicate_interval_ms, cap = BACKOFF_CAP_MS;
+  cap = interval < cap ? (interval > 2 ? interval : 2) : cap;
+  ps_backoff_init(&r->backoff, cap < 100 ? cap : 100, cap, 0);
+  ps_backoff_init(&r->snap_backoff, interval, BACKOFF_CAP_MS, 0);
   uv_timer_init(loop, &r->retry);
   uv_timer_init(loop, &r->interval);
   r->retry.data = r->interval.data = r;

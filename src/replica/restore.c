@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/backoff.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "replica/keys.h"
@@ -53,41 +54,48 @@ static int hash_u64(const redisReply *h, const char *field, uint64_t *out) {
 
 static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
                          ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
-  uint64_t version, gstep, journal, image_floats, nslots, has_accum, nonce, accum_count, target,
-      chunks, nfloats, nondurable = 0;
+  const ps_shard_opts *o = ps_shard_options(s);
+  uint64_t journal, chunks, nfloats, nondurable = 0, small[5];
+  ps_state_info in = {0};
   const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
   if (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0)
     return ps_err_set(eb, PS_EVERSION,
                       "%s: replica format %s, this shard reads format %s (restore from a "
                       "checkpoint: delete the keys of %s)",
                       k->meta, fmt && fmt->str ? fmt->str : "(none)", PS_SNAP_FORMAT, k->tag);
-  if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "version", &version) ||
-      hash_u64(meta, "global_step", &gstep) || hash_u64(meta, "journal", &journal) ||
-      hash_u64(meta, "image_floats", &image_floats) || hash_u64(meta, "nfloats", &nfloats) ||
-      hash_u64(meta, "nslots", &nslots) || hash_u64(meta, "has_accum", &has_accum) ||
-      hash_u64(meta, "nonce", &nonce) || hash_u64(meta, "accum_count", &accum_count) ||
-      hash_u64(meta, "target", &target) || hash_u64(meta, "chunks", &chunks))
+  if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "version", &in.version) ||
+      hash_u64(meta, "global_step", &in.global_step) || hash_u64(meta, "journal", &journal) ||
+      hash_u64(meta, "image_floats", &in.image_floats) || hash_u64(meta, "nfloats", &nfloats) ||
+      hash_u64(meta, "nslots", &small[0]) || hash_u64(meta, "has_accum", &small[1]) ||
+      hash_u64(meta, "nonce", &small[2]) || hash_u64(meta, "accum_count", &small[3]) ||
+      hash_u64(meta, "target", &small[4]) || hash_u64(meta, "chunks", &chunks))
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata", k->meta);
+  for (int i = 0; i < 5; i++)
+    if (small[i] > UINT32_MAX)
+      return ps_err_set(eb, PS_ECORRUPT, "%s: snapshot count %" PRIu64 " out of range", k->meta,
+                        small[i]);
+  in.nslots = (uint32_t)small[0];
+  in.has_accum = (uint32_t)small[1];
+  in.nonce = (uint32_t)small[2];
+  in.accum_count = (uint32_t)small[3];
+  in.target = (uint32_t)small[4];
   hash_u64(meta, "nondurable", &nondurable);
   const redisReply *opt = hash_get(meta, "optimizer"), *cons = hash_get(meta, "consistency");
   if (opt == NULL || opt->type != REDIS_REPLY_STRING ||
-      strcmp(opt->str, ps_optim_name(&s->o.optim)) != 0 || cons == NULL ||
-      cons->type != REDIS_REPLY_STRING || atoi(cons->str) != s->o.consistency)
+      strcmp(opt->str, ps_optim_name(&o->optim)) != 0 || cons == NULL ||
+      cons->type != REDIS_REPLY_STRING || atoi(cons->str) != o->consistency)
     return ps_err_set(eb, PS_ELAYOUT,
                       "%s: replica written with optimizer %s and consistency %s; this shard runs "
                       "%s and %d (change the config back, or delete the shard's keys)",
                       k->meta, opt && opt->str ? opt->str : "?", cons && cons->str ? cons->str : "?",
-                      ps_optim_name(&s->o.optim), s->o.consistency);
-  ps_shard_image_info in = {.version = version, .global_step = gstep,
-                            .image_floats = image_floats, .nslots = (int)nslots,
-                            .has_accum = (int)has_accum, .accum_count = (int)accum_count,
-                            .target = (int)target, .nonce = (int)nonce};
+                      ps_optim_name(&o->optim), o->consistency);
   char why[256];
-  if (nfloats != s->o.nfloats || nonce > PS_CONFIG_MAX_NODES || target > PS_CONFIG_MAX_NODES ||
-      ps_shard_image_check(s, &in, why, sizeof why) != 0)
-    return ps_err_set(eb, PS_ELAYOUT, "%s: replica of %" PRIu64 " floats per array does not fit "
-                      "this shard (%zu floats, %d workers)", k->meta, nfloats, s->o.nfloats,
-                      s->o.nworkers);
+  if (nfloats != o->nfloats)
+    return ps_err_set(eb, PS_ELAYOUT, "%s: replica of %" PRIu64 " floats per array; this shard "
+                      "holds %zu", k->meta, nfloats, o->nfloats);
+  if (ps_shard_state_check(s, &in, why, sizeof why) != 0)
+    return ps_err_set(eb, PS_ELAYOUT, "%s: %s", k->meta, why);
+  uint64_t image_floats = in.image_floats, version = in.version;
   if (chunks != ps_snap_chunks(image_floats))
     return ps_err_set(eb, PS_ECORRUPT, "%s: %" PRIu64 " chunks for %" PRIu64 " floats, expected %"
                       PRIu64, k->meta, chunks, image_floats, ps_snap_chunks(image_floats));
@@ -113,7 +121,7 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     freeReplyObject(r);
   }
   if (rc == 0) {
-    ps_shard_image_load(s, &in, img);
+    ps_shard_state_load(s, &in, img);
     ps_shard_set_journal(s, journal);
     info->snap_version = version;
     info->snap_journal = journal;
@@ -133,7 +141,8 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
  * `block` mode.  Ids are <writer epoch>-<n> (REDIS.md §4). */
 static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t lineage,
                   ps_restore_info *info, ps_errbuf *eb) {
-  float *g = malloc((s->o.nfloats ? s->o.nfloats : 1) * sizeof(float));
+  const ps_shard_opts *o = ps_shard_options(s);
+  float *g = malloc((o->nfloats ? o->nfloats : 1) * sizeof(float));
   if (g == NULL)
     return ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
   char start[48] = "-";
@@ -157,16 +166,16 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
         rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: id is not <epoch>-<n>", k->log, id);
         break;
       }
-      if (writer < lineage || n <= s->journal)
+      if (writer < lineage || n <= ps_shard_journal(s))
         continue;
-      if (n != s->journal + 1) {
+      if (n != ps_shard_journal(s) + 1) {
         info->skipped++;
         continue;
       }
       const redisReply *kind = hash_get(f, "k");
       if (kind == NULL || kind->type != REDIS_REPLY_STRING || kind->len != 1 ||
           hash_u64(f, "w", &w) || hash_u64(f, "i", &inc) || hash_u64(f, "s", &seq) ||
-          hash_u64(f, "t", &t) || w >= (uint64_t)s->o.nworkers) {
+          hash_u64(f, "t", &t) || w >= (uint64_t)o->nworkers) {
         rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: malformed", k->log, id);
         break;
       }
@@ -174,11 +183,11 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
                       .seq = seq, .step = t, .target = (int)t, .g = g};
       if (j.kind == PS_JOURNAL_PUSH) {
         const redisReply *gz = hash_get(f, "g");
-        int want = (int)(s->o.nfloats * sizeof(float));
+        int want = (int)(o->nfloats * sizeof(float));
         if (gz == NULL || gz->type != REDIS_REPLY_STRING ||
             LZ4_decompress_safe(gz->str, (char *)g, (int)gz->len, want) != want) {
           rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: gradient does not decompress to %zu "
-                          "floats", k->log, id, s->o.nfloats);
+                          "floats", k->log, id, o->nfloats);
           break;
         }
       }
@@ -324,7 +333,9 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   ps_shard_keys_init(&k, cfg->cluster_id, index);
   uint64_t t0 = ps_now_ns();
   int rc = -EINTR;
-  for (int attempt = 0; !*stop; attempt++) {
+  ps_backoff b;
+  ps_backoff_init(&b, PS_REDIS_RETRY_BASE_MS, PS_REDIS_RETRY_CAP_MS, 0);
+  while (!*stop) {
     memset(info, 0, sizeof *info);
     redisContext *c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
     if (c == NULL && eb->code == -EACCES)
@@ -338,7 +349,7 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
       if (rc != -EIO)
         break;
     }
-    unsigned ms = 100u << (attempt < 5 ? attempt : 5);
+    unsigned ms = ps_backoff_next(&b);
     ps_log(PS_LOG_WARN, "waiting for Redis to restore shard %d: %s; retry in %u ms", index,
            eb->msg, ms);
     usleep(ms * 1000);

@@ -22,7 +22,7 @@
 #include "common/history.h"
 #include "common/log.h"
 #include "common/notify.h"
-#include "common/rng.h"
+#include "common/backoff.h"
 #include "common/timeutil.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -43,7 +43,7 @@ typedef struct link {
   ps_conn *conn;
   uv_connect_t connect_req;
   uv_timer_t retry;
-  int attempts;
+  ps_backoff backoff;
   uint64_t down_since_ns;  /* 0 while connected */
   char last_error[512];
   /* The operation this link must finish in the current call. */
@@ -73,7 +73,6 @@ struct ps_client {
   ps_layout layout;
   link *links;
   int nlinks;
-  ps_rng rng;
   uint64_t next_req;
   float *params;           /* the current pull's destination */
   uint64_t pushes;         /* completed pushes of this client */
@@ -119,16 +118,12 @@ static void link_down(link *l, const char *why) {
   snprintf(l->last_error, sizeof l->last_error, "%s", why);
   if (c->fatal)
     return;
-  uint64_t cap = (uint64_t)BACKOFF_BASE_MS << (l->attempts < 6 ? l->attempts : 6);
-  if (cap > BACKOFF_CAP_MS)
-    cap = BACKOFF_CAP_MS;
-  uint64_t delay = ps_rng_below(&c->rng, cap + 1);
-  l->attempts++;
+  unsigned delay = ps_backoff_next(&l->backoff);
   char addr[300];
   ps_addr_format(&c->cfg.ps[l->index], addr, sizeof addr);
   double waited = (double)(ps_now_ns() - l->down_since_ns) * 1e-9;
-  ps_log(PS_LOG_WARN, "waiting for shard %d (%s): %s; retry %d in %" PRIu64 " ms (down %.1f s)",
-         l->index, addr, why, l->attempts, delay, waited);
+  ps_log(PS_LOG_WARN, "waiting for shard %d (%s): %s; retry %u in %u ms (down %.1f s)",
+         l->index, addr, why, l->backoff.attempts, delay, waited);
   if (c->cfg.worker_give_up_s > 0 && waited > (double)c->cfg.worker_give_up_s) {
     set_error(c, -ETIMEDOUT, "shard %d (%s) unreachable for %.0f s ([worker] give_up_s = %" PRId64
               "): %s", l->index, addr, waited, c->cfg.worker_give_up_s, why);
@@ -242,11 +237,11 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->global_step = m.u.welcome.global_step;
       l->consistency = m.u.welcome.consistency;
       l->shard_incarnation = m.u.welcome.incarnation;
-      if (l->down_since_ns != 0 && l->attempts > 0)
+      if (l->down_since_ns != 0 && l->backoff.attempts > 0)
         ps_log(PS_LOG_INFO, "shard %d: connected again after %.1f s", l->index,
                (double)(ps_now_ns() - l->down_since_ns) * 1e-9);
       l->down_since_ns = 0;
-      l->attempts = 0;
+      ps_backoff_reset(&l->backoff);
       c->connects++;
       send_op(l);
       return;
@@ -550,7 +545,6 @@ ps_client *ps_client_new_as(const char *config_path, int role, int worker_index,
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   c->incarnation = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-  ps_rng_seed(&c->rng, c->incarnation ^ (uint64_t)worker_index);
   if (uv_loop_init(&c->loop) != 0) {
     ps_err_set(eb, -ENOMEM, "cannot start an event loop");
     goto fail;
@@ -572,6 +566,8 @@ ps_client *ps_client_new_as(const char *config_path, int role, int worker_index,
     l->slice = malloc((c->layout.shard_floats[i] ? c->layout.shard_floats[i] : 1) * sizeof(float));
     uv_timer_init(&c->loop, &l->retry);
     l->retry.data = l;
+    ps_backoff_init(&l->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS,
+                    ps_mix64(c->incarnation ^ (uint64_t)worker_index) + (uint64_t)i);
     if (l->slice == NULL) {
       ps_err_set(eb, -ENOMEM, "out of memory for shard %d's slice", i);
       ps_client_free(c);

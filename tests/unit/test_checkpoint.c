@@ -40,8 +40,11 @@ typedef struct fx {
   ps_optim optim;
   char root[64];
   int consistency;
+  /* Each shard's state image (ps/state.h); vals, slots and accum point
+   * into it.  Without an accumulator (async) the rows take its place. */
+  float *img[NSHARDS];
   float *vals[NSHARDS], *slots[NSHARDS][NSLOTS], *accum[NSHARDS];
-  ps_ckpt_once once[NSHARDS][NWORKERS];
+  ps_once once[NSHARDS][NWORKERS];
   ps_data_pos pos[NWORKERS];
   ps_ckpt_shard_state st[NSHARDS];
 } fx;
@@ -67,14 +70,16 @@ static void fill(fx *f, uint64_t seed) {
       f->accum[i][k] = rnd(&s);
     }
     for (int w = 0; w < NWORKERS; w++)
-      f->once[i][w] = (ps_ckpt_once){(uint64_t)(w + 1) << 40 | seed, seed * 1000 + (uint64_t)w};
-    f->st[i] = (ps_ckpt_shard_state){
-        .nfloats = n, .values = f->vals[i], .nslots = NSLOTS,
-        .slots = {f->slots[i][0], f->slots[i][1]},
-        .accum = f->consistency == PS_CONSISTENCY_SYNC ? f->accum[i] : NULL,
-        .accum_count = f->consistency == PS_CONSISTENCY_SYNC ? 2 : 0, .target = 3,
+      f->once[i][w] = (ps_once){(uint64_t)(w + 1) << 40 | seed, seed * 1000 + (uint64_t)w};
+    int sync = f->consistency == PS_CONSISTENCY_SYNC;
+    ps_state_info in = {
+        .nslots = NSLOTS, .has_accum = (uint32_t)sync,
+        .accum_count = sync ? 2 : 0, .target = 3,
         .version = seed * 10 + (uint64_t)i, .global_step = seed * 10, .nonce = NWORKERS,
-        .once = f->once[i]};
+        .image_floats = ps_state_floats(n, NSLOTS, (uint32_t)sync, NWORKERS)};
+    for (uint32_t w = 0; w < NWORKERS; w++)
+      ps_state_once_put(&in, n, f->img[i], w, f->once[i][w]);
+    f->st[i] = (ps_ckpt_shard_state){.nfloats = n, .info = in, .img = f->img[i]};
   }
   for (int w = 0; w < NWORKERS; w++)
     f->pos[w] = (ps_data_pos){seed % 7, seed * 31 + (uint64_t)w};
@@ -94,10 +99,13 @@ static int setup(void **state) {
   f->optim = ps_optim_default(PS_OPTIM_ADAM, 0.001f);
   for (int i = 0; i < NSHARDS; i++) {
     size_t n = f->layout.shard_floats[i];
-    f->vals[i] = malloc(n * sizeof(float));
-    f->accum[i] = malloc(n * sizeof(float));
-    for (int k = 0; k < NSLOTS; k++)
-      f->slots[i][k] = malloc(n * sizeof(float));
+    f->img[i] = malloc((size_t)ps_state_floats(n, NSLOTS, 1, NWORKERS) * sizeof(float));
+    if (f->img[i] == NULL)
+      return -1;
+    f->vals[i] = ps_state_segment(f->img[i], n, 0);
+    for (uint32_t k = 0; k < NSLOTS; k++)
+      f->slots[i][k] = ps_state_segment(f->img[i], n, 1 + k);
+    f->accum[i] = ps_state_segment(f->img[i], n, 1 + NSLOTS);
   }
   snprintf(f->root, sizeof f->root, "/tmp/test_ckpt.XXXXXX");
   if (mkdtemp(f->root) == NULL)
@@ -114,10 +122,7 @@ static int teardown(void **state) {
   if (system(cmd) != 0)
     return -1;
   for (int i = 0; i < NSHARDS; i++) {
-    free(f->vals[i]);
-    free(f->accum[i]);
-    for (int k = 0; k < NSLOTS; k++)
-      free(f->slots[i][k]);
+    free(f->img[i]);
   }
   ps_layout_close(&f->layout);
   ps_model_close(&f->model);
@@ -287,12 +292,12 @@ static void roundtrip(fx *f, const char *name, ps_ckpt_filter filter, int consis
   assert_int_equal(c.nshards, NSHARDS);
   for (int i = 0; i < NSHARDS; i++) {
     const ps_ckpt_shard *s = &c.shards[i];
-    assert_int_equal(s->version, f->st[i].version);
-    assert_int_equal(s->global_step, f->st[i].global_step);
+    assert_int_equal(s->version, f->st[i].info.version);
+    assert_int_equal(s->global_step, f->st[i].info.global_step);
     assert_int_equal(s->floats, f->layout.shard_floats[i]);
     assert_int_equal(s->nslots, NSLOTS);
     assert_int_equal(s->has_accum, consistency == PS_CONSISTENCY_SYNC);
-    assert_int_equal(s->accum_count, f->st[i].accum_count);
+    assert_int_equal(s->accum_count, f->st[i].info.accum_count);
     assert_int_equal(s->target, 3);
     assert_int_equal(s->nonce, NWORKERS);
     for (int w = 0; w < NWORKERS; w++) {
@@ -498,15 +503,13 @@ static void test_damage_other_layout(void **state) {
   ps_errbuf eb = {0};
   assert_int_equal(ps_layout_build(&f->model.vars, f->desc, 3, PS_LAYOUT_GREEDY, SIZE_MAX, &l3,
                                    &eb), 0);
-  float *v[3], *s0[3], *s1[3];
+  float *img[3];
   ps_ckpt_shard_state st[3];
   for (int i = 0; i < 3; i++) {
     size_t n = l3.shard_floats[i];
-    v[i] = calloc(n, 4);
-    s0[i] = calloc(n, 4);
-    s1[i] = calloc(n, 4);
-    st[i] = (ps_ckpt_shard_state){.nfloats = n, .values = v[i], .nslots = 2,
-                                  .slots = {s0[i], s1[i]}};
+    ps_state_info in = {.nslots = 2, .image_floats = ps_state_floats(n, 2, 0, 0)};
+    img[i] = calloc(in.image_floats, 4);
+    st[i] = (ps_ckpt_shard_state){.nfloats = n, .info = in, .img = img[i]};
   }
   ps_ckpt_write_opts o = opts(f, 200, PS_CKPT_FILTER_NONE, 0, 0);
   o.layout = &l3;
@@ -523,11 +526,8 @@ static void test_damage_other_layout(void **state) {
   assert_non_null(strstr(eb.msg, hex));
   ps_ckpt_close(&c);
   expect_latest(f, dir, 100);
-  for (int i = 0; i < 3; i++) {
-    free(v[i]);
-    free(s0[i]);
-    free(s1[i]);
-  }
+  for (int i = 0; i < 3; i++)
+    free(img[i]);
   ps_layout_close(&l3);
 }
 

@@ -22,7 +22,7 @@
 static const float floats[5] = {1.5f, -2.25f, 0.0f, 3.0e38f, -1.0e-30f};
 
 /* The state block of CUT_REPLY and LOAD, every field distinct. */
-static void sample_state(ps_msg_state *st) {
+static void sample_state(ps_state_info *st) {
   st->version = 0x2122232425262728u;
   st->global_step = 0x3132333435363738u;
   st->image_floats = 0x0000414243444546u;
@@ -159,7 +159,7 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
   }
 }
 
-static void assert_state_equal(const ps_msg_state *a, const ps_msg_state *b) {
+static void assert_state_equal(const ps_state_info *a, const ps_state_info *b) {
   assert_true(a->version == b->version);
   assert_true(a->global_step == b->global_step);
   assert_true(a->image_floats == b->image_floats);
@@ -586,7 +586,7 @@ static void test_encode_refuses_invalid(void **state) {
   static const int with_state[] = {PS_MSG_CUT_REPLY, PS_MSG_LOAD};
   for (size_t i = 0; i < 2; i++) {
     sample(with_state[i], &m);
-    ps_msg_state *st = with_state[i] == PS_MSG_LOAD ? &m.u.load.state : &m.u.cut_reply.state;
+    ps_state_info *st = with_state[i] == PS_MSG_LOAD ? &m.u.load.state : &m.u.cut_reply.state;
     st->nslots = 3;
     assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
     st->nslots = UINT32_MAX;
@@ -953,7 +953,7 @@ static void test_bad_state(void **state) {
         ps_put_le32(b + 36, 0);           /* target */
         ps_put_le32(b + 40, UINT32_MAX);  /* nonce */
         assert_int_equal(decode_frame(len, &out), 0);
-        const ps_msg_state *st =
+        const ps_state_info *st =
             blocks[i].type == PS_MSG_LOAD ? &out.u.load.state : &out.u.cut_reply.state;
         assert_int_equal(st->nslots, slots);
         assert_int_equal(st->has_accum, accum);

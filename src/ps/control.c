@@ -154,10 +154,8 @@ void ps_control_free(server *s) {
   image_unref(s->cut);
   s->cut = NULL;
   free(s->spare);
-  free(s->load_img);
   s->spare = NULL;
-  s->load_img = NULL;
-  s->spare_cap = s->load_cap = 0;
+  s->spare_cap = 0;
 }
 
 static void send_pong(client *cl, uint64_t req, uint64_t token) {
@@ -258,19 +256,12 @@ static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l
            l->offset, l->count, s->load_next, s->shard.o.nfloats);
     return PS_CONTROL_NONE;
   }
-  s->load_img = grow(s->load_img, &s->load_cap, in->image_floats);
-  if (s->load_img == NULL) {
-    REFUSE(cl, -ENOMEM, PS_ERROR_RETRY, "out of memory for a state of %" PRIu64 " floats",
-           in->image_floats);
-    return PS_CONTROL_NONE;
-  }
-  memcpy(s->load_img + l->offset, l->data, l->count * sizeof(float));
+  /* Straight into the state: it serves nobody until the last piece. */
+  ps_shard_state_load_piece(&s->shard, in, l->offset, l->data, l->count);
   s->load_next = l->offset + l->count;
   if (s->load_next == in->image_floats) {
-    ps_shard_state_load(&s->shard, in, s->load_img);
-    free(s->load_img);
-    s->load_img = NULL;
-    s->load_cap = s->load_next = 0;
+    ps_shard_state_load_end(&s->shard, in);
+    s->load_next = 0;
     s->initialized = 1;
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
            "; workers admitted", s->shard.version, s->shard.global_step);

@@ -620,10 +620,15 @@ static int listen_on(server *s, const ps_addr *a) {
   return rc;
 }
 
-/* A shard started after the chief ended the run has nothing to serve. */
-static int run_ended(const ps_config *cfg) {
+/* A shard started after the chief ended the run has nothing to serve.
+ * One that goes on refuses the chiefs its predecessor would have refused:
+ * it starts from the newest fencing token issued (*fence). */
+static int run_ended(const ps_config *cfg, uint64_t *fence) {
   ps_registry *r = ps_registry_new(cfg, "ps", 0);
   int ended = r != NULL && ps_registry_run_ended(r);
+  if (r != NULL && !ended && ps_registry_chief_token(r, fence) < 0)
+    ps_log(PS_LOG_WARN, "redis: could not read the chief's fencing token; the first chief "
+           "frame sets it");
   ps_registry_free(r);
   return ended;
 }
@@ -667,7 +672,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   shard_open = 1;
   s->max_payload = ps_proto_max_payload(so.nfloats);
   ps_restore_info ri = {0};
-  if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg)) {
+  if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
     status = 0;
     goto out;
   }

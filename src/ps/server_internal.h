@@ -55,8 +55,7 @@ typedef struct server {
   int paused;                   /* pushes are held until RESUME */
   uint64_t resume_at_ns;        /* or until then */
   struct held_push *held, *held_tail;
-  float *load_img;              /* a LOAD being received */
-  uint64_t load_cap, load_next;
+  uint64_t load_next;           /* a LOAD being received: the next piece's offset */
   int stop_asked;                /* the chief's STOP came */
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
   uv_timer_t watchdog;          /* systemd's, when it set one */

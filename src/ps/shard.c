@@ -238,22 +238,41 @@ int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why
   return ps_state_check(&shape, s->o.nfloats, info, PS_CONFIG_MAX_NODES, why, why_len);
 }
 
-void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img) {
-  size_t n = s->o.nfloats, bytes = n * sizeof(float);
-  memcpy(s->values, ps_state_segment_c(img, n, 0), bytes);
-  for (uint32_t k = 0; k < info->nslots; k++)
-    memcpy(s->slots[k], ps_state_segment_c(img, n, 1 + k), bytes);
-  if (info->has_accum)
-    memcpy(s->accum, ps_state_segment_c(img, n, 1 + info->nslots), bytes);
+void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t off,
+                               const void *src, uint64_t count) {
+  const uint8_t *from = src;  /* a wire buffer's floats may be unaligned */
+  size_t n = s->o.nfloats;
+  uint64_t segs_end = (uint64_t)n * ps_state_segments(info);
+  while (count > 0 && off < segs_end) {
+    uint64_t k = off / n, at = off % n, take = n - at < count ? n - at : count;
+    float *dst = k == 0 ? s->values : k <= info->nslots ? s->slots[k - 1] : s->accum;
+    memcpy(dst + at, from, (size_t)take * sizeof(float));
+    off += take;
+    from += take * sizeof(float);
+    count -= take;
+  }
+  /* The rows' bytes land in the table as they are; load_end decodes them.
+   * Rows for workers this cluster does not have are dropped. */
+  uint64_t byte = (off - segs_end) * sizeof(float), room = (uint64_t)s->o.nworkers * 16;
+  if (count > 0 && byte < room) {
+    uint64_t len = count * sizeof(float);
+    memcpy((uint8_t *)s->once + byte, from, (size_t)(len < room - byte ? len : room - byte));
+  }
+}
+
+void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info) {
   s->accum_count = (int)info->accum_count;
   s->target = info->target > 0 ? (int)info->target : s->o.replicas_to_aggregate;
   s->version = info->version;
   s->global_step = info->global_step;
-  /* Rows for workers this cluster does not have are dropped; workers the
-   * image lacks start with none. */
+  /* Workers the image lacks start with none. */
   for (int j = 0; j < s->o.nworkers; j++)
-    s->once[j] = (uint32_t)j < info->nonce ? ps_state_once_get(info, n, img, (uint32_t)j)
-                                           : (ps_once){0};
+    s->once[j] = (uint32_t)j < info->nonce ? ps_state_once_decode(&s->once[j]) : (ps_once){0};
+}
+
+void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img) {
+  ps_shard_state_load_piece(s, info, 0, img, info->image_floats);
+  ps_shard_state_load_end(s, info);
 }
 
 void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }

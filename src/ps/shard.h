@@ -126,6 +126,15 @@ int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why
  * slots, accumulator, version, global step and exactly-once table. */
 void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img);
 
+/* The same, piece by piece, so that a large image never needs a second
+ * copy in memory: floats [off, off + count) of the image go straight into
+ * the state; when every piece is in (any order), ps_shard_state_load_end
+ * sets the fixed fields and decodes the rows.  Until then the state is
+ * not one to serve.  The pieces must lie inside info->image_floats. */
+void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t off,
+                               const void *src, uint64_t count);
+void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info);
+
 /* The journal count of a state loaded from a replica (the image does not
  * carry it: a checkpoint's state starts a journal of its own). */
 void ps_shard_set_journal(ps_shard *s, uint64_t n);

@@ -15,9 +15,13 @@ static const uint8_t *rows_c(const ps_state_info *in, size_t n, const float *img
   return (const uint8_t *)(img + n * ps_state_segments(in));
 }
 
-ps_once ps_state_once_get(const ps_state_info *in, size_t n, const float *img, uint32_t j) {
-  const uint8_t *row = rows_c(in, n, img) + 16 * (size_t)j;
+ps_once ps_state_once_decode(const void *row16) {
+  const uint8_t *row = row16;
   return (ps_once){ps_get_le64(row), ps_get_le64(row + 8)};
+}
+
+ps_once ps_state_once_get(const ps_state_info *in, size_t n, const float *img, uint32_t j) {
+  return ps_state_once_decode(rows_c(in, n, img) + 16 * (size_t)j);
 }
 
 void ps_state_once_put(const ps_state_info *in, size_t n, float *img, uint32_t j, ps_once row) {

@@ -46,6 +46,9 @@ static inline const float *ps_state_segment_c(const float *img, size_t n, uint32
   return img + n * k;
 }
 
+/* A row from its 16 bytes (little-endian incarnation, last sequence). */
+ps_once ps_state_once_decode(const void *row16);
+
 /* Row j (< in->nonce) of an image's exactly-once table. */
 ps_once ps_state_once_get(const ps_state_info *in, size_t n, const float *img, uint32_t j);
 void ps_state_once_put(const ps_state_info *in, size_t n, float *img, uint32_t j, ps_once row);

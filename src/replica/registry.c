@@ -203,6 +203,17 @@ int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
   return found;
 }
 
+int ps_registry_chief_token(ps_registry *r, uint64_t *token) {
+  char key[PS_KEY_MAX];
+  ps_key_epoch(key, r->cfg->cluster_id, "chief", 0);
+  redisReply *rep = cmd(r, 1, "GET %s", key);
+  int found = rep == NULL ? -1
+              : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, token) == 1 ? 1
+                                                                                           : 0;
+  freeReplyObject(rep);
+  return found;
+}
+
 int ps_registry_run_ended(ps_registry *r) {
   uint64_t step = 0;
   int nonfinite = 0;

@@ -99,10 +99,12 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   if (chunks != ps_snap_chunks(image_floats))
     return ps_err_set(eb, PS_ECORRUPT, "%s: %" PRIu64 " chunks for %" PRIu64 " floats, expected %"
                       PRIu64, k->meta, chunks, image_floats, ps_snap_chunks(image_floats));
-  float *img = malloc((size_t)(image_floats ? image_floats : 1) * sizeof(float));
-  if (img == NULL)
-    return ps_err_set(eb, -ENOMEM, "out of memory for a snapshot of %" PRIu64 " floats",
-                      image_floats);
+  /* Chunk by chunk into the state, through one chunk's room: a large
+   * state never needs a second copy.  A failure part-way leaves the state
+   * half loaded, and every path after a failure loads it whole again. */
+  float *piece = malloc(PS_SNAP_CHUNK_FLOATS * sizeof(float));
+  if (piece == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for a snapshot chunk");
   int rc = 0;
   for (uint64_t i = 0; i < chunks && rc == 0; i++) {
     redisReply *r = redisCommand(c, "GET %s%s:%" PRIu64, k->snap_prefix, snap->str, i);
@@ -114,20 +116,22 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     else if (r->type != REDIS_REPLY_STRING)
       rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": snapshot chunk missing",
                       k->snap_prefix, snap->str, i);
-    else if (LZ4_decompress_safe(r->str, (char *)(img + off), (int)r->len,
+    else if (LZ4_decompress_safe(r->str, (char *)piece, (int)r->len,
                                  (int)(want * sizeof(float))) != (int)(want * sizeof(float)))
       rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": chunk does not decompress to %" PRIu64
                       " bytes", k->snap_prefix, snap->str, i, want * sizeof(float));
+    else
+      ps_shard_state_load_piece(s, &in, off, piece, want);
     freeReplyObject(r);
   }
+  free(piece);
   if (rc == 0) {
-    ps_shard_state_load(s, &in, img);
+    ps_shard_state_load_end(s, &in);
     ps_shard_set_journal(s, journal);
     info->snap_version = version;
     info->snap_journal = journal;
     info->nondurable = nondurable;
   }
-  free(img);
   return rc;
 }
 

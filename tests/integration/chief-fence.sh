@@ -3,7 +3,8 @@
 # shards, 2 workers, Redis, durability log):
 #  - the shard itself refuses a chief frame of an older fence token (a raw
 #    chief connection, tests/integration/chief_wire.c), and a FETCH of a cut
-#    it no longer holds;
+#    it no longer holds; restarted (kill -9), it refuses a token below the
+#    newest one Redis holds from its first frame;
 #  - chief A holds the lease and checkpoints; SIGSTOP past its lease; chief
 #    B waits for the lease to expire (it does not take it at once), takes
 #    it and checkpoints; SIGCONT A: A exits 1 ("lost the lease" or "fenced
@@ -30,12 +31,18 @@ gstep() { grep -ho 'global step [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$'; }
 
 # --- the shard's own checks, over a raw chief connection
 write_config "$T/w.conf" 1 1 "model.name=mlp" "replication.self_init=yes" \
-  "checkpoint.every_steps=100"
+  "replication.mode=log" "checkpoint.every_steps=100"
 start_shards wps "$T/w.conf" 1
 "$WIRE" "$T/w.conf" || fail "chief_wire"
 grep -q "CUT with fence token 4, but this shard has seen token 5" "$T/wps0.log" ||
   fail "the shard did not log the refused token"
+# A restarted shard does not forget: it starts from the newest token issued.
+redis-cli -p "$REDIS_PORT" set "{itest}:epoch:chief:0" 9 >/dev/null
+kill -9 "$PID_wps0"; wait "$PID_wps0" 2>/dev/null || true
+start_shards wps "$T/w.conf" 1
+"$WIRE" "$T/w.conf" --restarted 9 || fail "chief_wire --restarted"
 stop_shards wps 1
+redis-cli -p "$REDIS_PORT" flushall >/dev/null  # the cluster below is another layout
 
 # --- chief A holds the lease, then is paused past it
 start_shards ps "$T/c.conf" 2

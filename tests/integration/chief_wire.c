@@ -44,11 +44,34 @@ static void fetch_ok(int fd, uint64_t fence, uint64_t id) {
         r.type == PS_MSG_ERROR ? r.u.error.message : ps_proto_type_name(r.type));
 }
 
+/* A shard started when Redis said the newest chief token is t: it
+ * refuses t - 1 from its first frame, and serves t. */
+static int restarted(uint64_t t) {
+  int old = good_client(0, t - 1);
+  send_msg(old, &(ps_msg){.type = PS_MSG_CUT, .u.cut = {.fence = t - 1, .cut_id = 1,
+                                                        .hold_ms = 2000}}, ++req_id);
+  char want[96];
+  snprintf(want, sizeof want, "CUT with fence token %" PRIu64 ", but this shard has seen token %"
+           PRIu64, t - 1, t);
+  expect_refusal(old, "the first CUT, of a token below Redis's", want);
+  int a = good_client(0, t);
+  cut(a, t, 1);
+  fetch_ok(a, t, 1);
+  resume(a, t, 1);
+  printf("ok: a restarted shard refused token %" PRIu64 " at once and served token %" PRIu64
+         " (Redis's newest)\n", t - 1, t);
+  close(a);
+  peer_close();
+  return 0;
+}
+
 int main(int argc, char **argv) {
   peer_role = PS_ROLE_CHIEF;
-  if (argc != 2)
-    die("usage: chief_wire CONFIG (shard 0 of CONFIG running, initialized)");
+  if (argc != 2 && !(argc == 4 && strcmp(argv[2], "--restarted") == 0))
+    die("usage: chief_wire CONFIG [--restarted TOKEN] (shard 0 of CONFIG running, initialized)");
   peer_setup(argv[1]);
+  if (argc == 4)
+    return restarted(strtoull(argv[3], NULL, 10));
 
   /* Chief token 5 cuts, fetches and resumes. */
   int a = good_client(0, 5);

@@ -123,10 +123,49 @@ static void test_sync_flush_and_target_replay(void **state) {
   ps_shard_free(again);
 }
 
+/* An image loaded piece by piece, in pieces that split segments and rows,
+ * last piece first, is the state it was written from. */
+static void test_state_load_in_pieces(void **state) {
+  (void)state;
+  ps_shard_opts o = opts(PS_CONSISTENCY_SYNC);
+  ps_shard *live = ps_shard_new(&o, NULL), *again = ps_shard_new(&o, NULL);
+  assert_non_null(live);
+  assert_non_null(again);
+  float g[N];
+  for (int k = 0; k < 5; k++) {
+    grad(g, k);
+    assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 7 + (uint64_t)(k % 2),
+                                   (uint64_t)(k / 2 + 1), ps_shard_version(live), g, NULL),
+                     PS_SHARD_APPLIED);
+  }
+  ps_state_info in = ps_shard_state_info(live);
+  assert_int_equal(in.accum_count, 1);  /* an open step: the accumulator counts */
+  float *img = malloc(in.image_floats * sizeof(float));
+  assert_non_null(img);
+  ps_shard_state_write(live, img);
+  const uint64_t piece = 5;  /* splits every segment of 37 and the 4-float rows */
+  uint64_t last = (in.image_floats - 1) / piece * piece;
+  for (uint64_t off = last + piece; off > 0;) {
+    off -= piece;
+    uint64_t count = in.image_floats - off < piece ? in.image_floats - off : piece;
+    /* unaligned on purpose: a wire buffer's floats may be */
+    unsigned char raw[piece * sizeof(float) + 1];
+    memcpy(raw + 1, img + off, count * sizeof(float));
+    ps_shard_state_load_piece(again, &in, off, raw + 1, count);
+  }
+  ps_shard_state_load_end(again, &in);
+  ps_shard_set_journal(again, ps_shard_journal(live));
+  assert_same_state(again, live);
+  free(img);
+  ps_shard_free(live);
+  ps_shard_free(again);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_replay_is_exact),
       cmocka_unit_test(test_sync_flush_and_target_replay),
+      cmocka_unit_test(test_state_load_in_pieces),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,19 @@ static int parse_split_bytes(const ps_setting *s, const char *v, void *field, ch
   return 0;
 }
 
+/* [replication] redis_replicas: "auto" (-1: 1 with Sentinels, else 0) or a count. */
+static int parse_redis_replicas(const ps_setting *s, const char *v, void *field, char *why,
+                                size_t len) {
+  int64_t x = -1;
+  if (strcmp(v, "auto") != 0 && ps_parse_i64(v, (int64_t)s->min, (int64_t)s->max, &x) != 0) {
+    snprintf(why, len, "auto, or an integer of replicas in [%lld, %lld]", (long long)s->min,
+             (long long)s->max);
+    return PS_ECONFIG;
+  }
+  *(int64_t *)field = x;
+  return 0;
+}
+
 static const char *const log_levels[] = {"debug", "info", "warn", "error", NULL};
 static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const optimizers[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
@@ -114,6 +127,10 @@ static const ps_setting settings[] = {
      .help = "file holding the Redis password (empty: no AUTH)"},
     {"redis", "timeout_ms", INT, FIELD(redis_timeout_ms), .min = 10, .max = 600000, .def = "3000",
      .help = "deadline of every Redis command and connect; past it the connection is dropped"},
+    {"redis", "sentinels", ADDR_LIST, LIST(redis_sentinels, nsentinels), .max = PS_CONFIG_MAX_SENTINELS,
+     .def = "", .help = "Redis Sentinels, host:port each (empty: none, [redis] address is the server)"},
+    {"redis", "master_name", STRING, FIELD(redis_master_name), .min = 1, .def = "paramserv",
+     .help = "with sentinels: the name they monitor the primary by"},
 
     {"model", "name", STRING, FIELD(model), .choices = models, .def = "mlp",
      .help = "the model: mlp (fully connected) or cnn"},
@@ -174,6 +191,9 @@ static const ps_setting settings[] = {
      .help = "a shard with no replica initializes its variables itself (no: the chief does)"},
     {"replication", "on_redis_failure", ENUM, FIELD(on_redis_failure), .choices = redis_failures,
      .def = "block", .help = "log mode, Redis refusing or away: block (hold acks) or degrade (count)"},
+    {"replication", "redis_replicas", INT, FIELD(redis_replicas), .max = PS_CONFIG_MAX_SENTINELS,
+     .parse = parse_redis_replicas, .def = "auto",
+     .help = "log mode: an entry is durable once on the primary and this many replicas (WAIT)"},
 
     {"checkpoint", "dir", STRING, FIELD(checkpoint_dir), .min = 1,
      .def = "/var/lib/paramserv/checkpoints", .help = "checkpoint directory, written by the chief"},

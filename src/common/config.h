@@ -11,6 +11,7 @@
 #include "paramserv/error.h"
 
 #define PS_CONFIG_MAX_NODES 64
+#define PS_CONFIG_MAX_SENTINELS 16
 #define PS_CONFIG_PATH_MAX 1024
 
 /* "host:port".  host is a name or an IPv4/IPv6 literal ([::1]:7000). */
@@ -43,6 +44,9 @@ typedef struct ps_config {
   char redis_user[64];
   char redis_password_file[PS_CONFIG_PATH_MAX];
   int64_t redis_timeout_ms;       /* every command's deadline */
+  int nsentinels;                 /* 0: [redis] address is the server */
+  ps_addr redis_sentinels[PS_CONFIG_MAX_SENTINELS];
+  char redis_master_name[64];
 
   /* [model] */
   char model[8];                  /* mlp|cnn */
@@ -75,6 +79,7 @@ typedef struct ps_config {
   int64_t replicate_every_updates;
   int ps_self_init;               /* a shard with no replica initializes itself */
   int on_redis_failure;           /* ps_redis_failure */
+  int64_t redis_replicas;         /* WAIT for this many replicas; -1: auto (see ps_config_redis_replicas) */
 
   /* [checkpoint] (step 4) */
   char checkpoint_dir[PS_CONFIG_PATH_MAX];
@@ -160,6 +165,12 @@ int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbu
  * directory, owner-only), NUL-terminated into buf.  An empty setting gives
  * "" and 0.  @return the length or a negative code with a message. */
 int ps_config_read_redis_password(const ps_config *c, char *buf, size_t cap, ps_errbuf *eb);
+
+/* The replicas a log entry must reach before it counts as durable: [replication]
+ * redis_replicas, or with "auto" 1 when Sentinels are configured, else 0. */
+static inline int ps_config_redis_replicas(const ps_config *c) {
+  return c->redis_replicas >= 0 ? (int)c->redis_replicas : c->nsentinels > 0 ? 1 : 0;
+}
 
 /* Parse "host:port" / "[v6]:port": port 1-65535, host non-empty, printable,
  * without spaces or commas (an unbracketed IPv6 literal is refused as

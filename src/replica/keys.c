@@ -52,11 +52,81 @@ void ps_key_done(char out[PS_KEY_MAX], const char *cluster) {
   ps_cluster_key(out, cluster, "done");
 }
 
-void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
-  struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-  redisContext *c = redisConnectWithTimeout(cfg->redis.host, cfg->redis.port, tv);
+static struct timeval tv_of(int64_t ms) {
+  return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+}
+
+/* Ask one Sentinel for the primary of master_name. */
+static int ask_sentinel(const ps_config *cfg, const ps_addr *s, int64_t timeout_ms,
+                        ps_addr *out, char *why, size_t len) {
+  redisContext *c = redisConnectWithTimeout(s->host, s->port, tv_of(timeout_ms));
   if (c == NULL || c->err) {
-    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s", cfg->redis.host, cfg->redis.port,
+    snprintf(why, len, "%s", c ? c->errstr : "out of memory");
+    redisFree(c);
+    return -1;
+  }
+  redisSetTimeout(c, tv_of(timeout_ms));
+  redisReply *r = redisCommand(c, "SENTINEL get-master-addr-by-name %s", cfg->redis_master_name);
+  int rc = -1;
+  if (r == NULL)
+    snprintf(why, len, "%s", c->errstr);
+  else if (r->type == REDIS_REPLY_ERROR)
+    snprintf(why, len, "%s", r->str);
+  else if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+           r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_STRING)
+    snprintf(why, len, "it monitors no primary named '%s'", cfg->redis_master_name);
+  else {
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s:%s", r->element[0]->str, r->element[1]->str);
+    rc = ps_addr_parse(addr, out);
+    if (rc != 0)
+      snprintf(why, len, "it named '%.200s', not host:port", addr);
+  }
+  freeReplyObject(r);
+  redisFree(c);
+  return rc;
+}
+
+int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_errbuf *eb) {
+  if (cfg->nsentinels == 0) {
+    *out = cfg->redis;
+    return 0;
+  }
+  char why[256] = "", a[300];
+  for (int i = 0; i < cfg->nsentinels; i++)
+    if (ask_sentinel(cfg, &cfg->redis_sentinels[i], timeout_ms, out, why, sizeof why) == 0)
+      return 0;
+  return ps_err_set(eb, -ECONNREFUSED, "no Sentinel named the primary '%s' (the last, %s: %s)",
+                    cfg->redis_master_name,
+                    ps_addr_format(&cfg->redis_sentinels[cfg->nsentinels - 1], a, sizeof a), why);
+}
+
+/* With Sentinels, the server must be the primary now: right after a
+ * failover a Sentinel may still name the old one, now a replica. */
+static int check_primary(redisContext *c, const ps_addr *at, ps_errbuf *eb) {
+  redisReply *r = redisCommand(c, "ROLE");
+  int ok = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+           r->element[0]->type == REDIS_REPLY_STRING && strcmp(r->element[0]->str, "master") == 0;
+  if (!ok)
+    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: not the primary (%s): a failover is under way",
+               at->host, at->port,
+               r == NULL ? c->errstr
+               : r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+                       r->element[0]->type == REDIS_REPLY_STRING
+                   ? r->element[0]->str
+                   : "no role");
+  freeReplyObject(r);
+  return ok ? 0 : -1;
+}
+
+void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
+  struct timeval tv = tv_of(timeout_ms);
+  ps_addr at;
+  if (ps_redis_primary(cfg, timeout_ms, &at, eb) != 0)
+    return NULL;
+  redisContext *c = redisConnectWithTimeout(at.host, at.port, tv);
+  if (c == NULL || c->err) {
+    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s", at.host, at.port,
                c ? c->errstr : "out of memory");
     redisFree(c);
     return NULL;
@@ -75,13 +145,17 @@ void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) 
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
       /* A reply of NULL is the connection failing, not a refusal. */
       ps_err_set(eb, r ? -EACCES : -ECONNREFUSED, "redis %s:%u: AUTH%s%s failed: %s",
-                 cfg->redis.host, cfg->redis.port, cfg->redis_user[0] ? " as " : "",
+                 at.host, at.port, cfg->redis_user[0] ? " as " : "",
                  cfg->redis_user, r ? r->str : c->errstr);
       freeReplyObject(r);
       redisFree(c);
       return NULL;
     }
     freeReplyObject(r);
+  }
+  if (cfg->nsentinels > 0 && check_primary(c, &at, eb) != 0) {
+    redisFree(c);
+    return NULL;
   }
   return c;
 }

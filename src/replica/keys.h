@@ -56,8 +56,15 @@ void ps_key_worker_pos(char out[PS_KEY_MAX], const char *cluster, int worker);
 void ps_key_chief_lease(char out[PS_KEY_MAX], const char *cluster);
 void ps_key_done(char out[PS_KEY_MAX], const char *cluster);
 
-/* Connect to [redis] address with `timeout_ms` for the connect and for
- * every command after it, and AUTH when [redis] password_file is set.
+/* Where the Redis primary is: [redis] address, or with [redis] sentinels
+ * the primary the first Sentinel that answers names for master_name (each
+ * asked with `timeout_ms`).  @return 0, or -ECONNREFUSED with eb set. */
+int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_errbuf *eb);
+
+/* Connect to the primary (ps_redis_primary) with `timeout_ms` for the
+ * connect and for every command after it, and AUTH when [redis]
+ * password_file is set; with Sentinels, check that it is the primary now
+ * (ROLE: right after a failover a Sentinel may name the old one).
  * @return an opaque hiredis redisContext * (free with redisFree), or NULL
  * with eb set: -ECONNREFUSED (unreachable: retry), -EACCES (AUTH refused or
  * the password file unreadable: do not retry). */

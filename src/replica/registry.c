@@ -125,6 +125,8 @@ static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
   va_end(ap);
   if (rep == NULL)
     drop(r, c->errstr);
+  else if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0)
+    drop(r, "it is a replica now (READONLY): a failover");  /* the next call finds the primary */
   return rep;
 }
 

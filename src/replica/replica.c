@@ -94,9 +94,13 @@ typedef struct snap_job {
   int failed;
 } snap_job;
 
+/* One log append in flight: its XADD's answer, kept until its WAIT's. */
 typedef struct append_req {
   struct ps_replica *r;
   uint64_t n;
+  int waiting;              /* a WAIT follows the XADD */
+  int fenced;               /* the XADD fenced this incarnation out */
+  char failure[160];        /* the XADD's failure; "" when Redis stored it */
 } append_req;
 
 struct ps_replica {
@@ -112,6 +116,12 @@ struct ps_replica {
 
   rstate state;
   redisAsyncContext *ac;
+  ps_addr at;               /* the primary connected to (or last tried) */
+  uv_work_t resolve;        /* asking the Sentinels where the primary is */
+  int resolving;
+  ps_addr resolved;
+  ps_errbuf resolve_eb;
+  int wait_replicas;        /* WAIT for this many after each write that makes entries durable */
   ps_backoff backoff;  /* between connection attempts */
   int down_logged;
   char drop_why[96];        /* why this side dropped the connection */
@@ -153,7 +163,7 @@ uint64_t ps_replica_nondurable(const ps_replica *r) { return r->f.nondurable; }
 /* ------------------------------------------------------- connection */
 
 static void maybe_finish_close(ps_replica *r) {
-  if (!r->closing || r->ac != NULL || r->job != NULL || r->handles_open > 0)
+  if (!r->closing || r->ac != NULL || r->job != NULL || r->handles_open > 0 || r->resolving)
     return;
   free(r->gz);
   void (*done)(void *) = r->close_done;
@@ -199,8 +209,8 @@ static void went_down(ps_replica *r, const char *why) {
   if (r->state != RS_FENCED)
     r->state = RS_DOWN;
   if (!r->closing && (was_up || !r->down_logged))
-    ps_log(PS_LOG_WARN, "redis %s:%u: %s; serving on and reconnecting", r->cfg->redis.host,
-           r->cfg->redis.port, why);
+    ps_log(PS_LOG_WARN, "redis %s:%u: %s; serving on and reconnecting", r->at.host,
+           r->at.port, why);
   r->down_logged = 1;
   r->need_full = 1;
   if (r->closing)
@@ -262,8 +272,8 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   ps_backoff_reset(&r->backoff);
   int claimed = strcmp(rep->str, "CLAIMED") == 0;
   if (r->down_logged || claimed)
-    ps_log(PS_LOG_INFO, "redis %s:%u: connected%s; writing a full snapshot", r->cfg->redis.host,
-           r->cfg->redis.port, claimed ? " to a Redis that lost this shard's keys" : " again");
+    ps_log(PS_LOG_INFO, "redis %s:%u: connected%s; writing a full snapshot", r->at.host,
+           r->at.port, claimed ? " to a Redis that lost this shard's keys" : " again");
   if (claimed) {
     /* Whatever Redis held of this shard is gone: nothing is durable until
      * a new snapshot switches. */
@@ -284,10 +294,61 @@ static void on_auth(redisAsyncContext *ac, void *reply, void *priv) {
   }
 }
 
-static void replica_connect(ps_replica *r) {
-  if (r->closing || r->ac != NULL || r->state == RS_FENCED)
+static void connect_to_primary(ps_replica *r);
+
+/* How long a WAIT waits: half the command deadline, so that a replica that
+ * is slow is an answer ("too few"), not a connection past its deadline. */
+static int64_t wait_ms(const ps_replica *r) {
+  return r->cfg->redis_timeout_ms / 2 > 0 ? r->cfg->redis_timeout_ms / 2 : 1;
+}
+
+/* With Sentinels, where the primary is is asked on the loop's thread pool
+ * (a Sentinel that does not answer must not stop the shard's loop). */
+static void resolve_work(uv_work_t *w) {
+  ps_replica *r = w->data;
+  r->resolve_eb = (ps_errbuf){0};
+  ps_redis_primary(r->cfg, r->cfg->redis_timeout_ms, &r->resolved, &r->resolve_eb);
+}
+
+static void after_resolve(uv_work_t *w, int status) {
+  ps_replica *r = w->data;
+  r->resolving = 0;
+  if (r->closing) {
+    maybe_finish_close(r);
     return;
-  redisAsyncContext *ac = redisAsyncConnect(r->cfg->redis.host, r->cfg->redis.port);
+  }
+  if (status != 0 || r->resolve_eb.code != 0) {
+    if (!r->down_logged)
+      ps_log(PS_LOG_WARN, "redis: %s; serving on and asking again",
+             status != 0 ? "the Sentinel query was cancelled" : r->resolve_eb.msg);
+    r->down_logged = 1;
+    schedule_reconnect(r);
+    return;
+  }
+  if (strcmp(r->resolved.host, r->at.host) != 0 || r->resolved.port != r->at.port)
+    ps_log(PS_LOG_INFO, "redis: the Sentinels name %s:%u as the primary '%s'", r->resolved.host,
+           r->resolved.port, r->cfg->redis_master_name);
+  r->at = r->resolved;
+  connect_to_primary(r);
+}
+
+static void replica_connect(ps_replica *r) {
+  if (r->closing || r->ac != NULL || r->state == RS_FENCED || r->resolving)
+    return;
+  if (r->cfg->nsentinels == 0) {
+    r->at = r->cfg->redis;
+    connect_to_primary(r);
+    return;
+  }
+  r->resolve.data = r;
+  if (uv_queue_work(r->loop, &r->resolve, resolve_work, after_resolve) == 0)
+    r->resolving = 1;
+  else
+    schedule_reconnect(r);
+}
+
+static void connect_to_primary(ps_replica *r) {
+  redisAsyncContext *ac = redisAsyncConnect(r->at.host, r->at.port);
   if (ac == NULL || ac->err) {
     if (ac)
       redisAsyncFree(ac);
@@ -322,25 +383,64 @@ static void replica_connect(ps_replica *r) {
 
 /* ------------------------------------------------------------ the log */
 
+/* A READONLY reply: this server was made a replica (a failover): find the
+ * primary again. */
+static void check_readonly(ps_replica *r, const redisReply *rep) {
+  if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0 &&
+      r->ac != NULL && r->state == RS_UP) {
+    snprintf(r->drop_why, sizeof r->drop_why, "%s", "it is a replica now (READONLY)");
+    redisAsyncDisconnect(r->ac);
+  }
+}
+
 static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   append_req *q = priv;
   ps_replica *r = q->r;
   redisReply *rep = reply;
-  uint64_t n = q->n;
-  free(q);
   if (rep != NULL && rep->type == REDIS_REPLY_NIL) {
     /* NOMKSTREAM found no stream: a newer incarnation took it over. */
+    q->fenced = 1;
     fence(r, "the log stream was taken over by a newer incarnation");
   } else if (is_fenced(rep)) {
+    q->fenced = 1;
     fence(r, rep->str);
   } else if (rep == NULL) {
-    ps_frontier_answered(&r->f, n, "the connection to Redis was lost");
+    snprintf(q->failure, sizeof q->failure, "the connection to Redis was lost");
   } else if (rep->type == REDIS_REPLY_ERROR) {
-    ps_frontier_answered(&r->f, n, rep->str);
-  } else {
-    ps_frontier_answered(&r->f, n, NULL);
+    snprintf(q->failure, sizeof q->failure, "%s", rep->str);
+    check_readonly(r, rep);
   }
+  if (q->waiting)
+    return;  /* on_waited answers */
+  if (!q->fenced)
+    ps_frontier_answered(&r->f, q->n, q->failure[0] ? q->failure : NULL);
+  free(q);
+}
+
+/* The WAIT after an append: the entry is durable once the primary and
+ * wait_replicas replicas hold it (REDIS.md, "Sentinel"). */
+static void on_waited(redisAsyncContext *ac, void *reply, void *priv) {
+  (void)ac;
+  append_req *q = priv;
+  ps_replica *r = q->r;
+  redisReply *rep = reply;
+  char why[200];
+  if (q->fenced) {
+  } else if (q->failure[0]) {
+    ps_frontier_answered(&r->f, q->n, q->failure);
+  } else if (rep == NULL || rep->type != REDIS_REPLY_INTEGER) {
+    ps_frontier_answered(&r->f, q->n, rep == NULL ? "the connection to Redis was lost"
+                                      : rep->type == REDIS_REPLY_ERROR ? rep->str
+                                                                       : "WAIT gave no count");
+  } else if (rep->integer < r->wait_replicas) {
+    snprintf(why, sizeof why, "%lld of %d Redis replicas confirmed it within %" PRId64 " ms",
+             (long long)rep->integer, r->wait_replicas, wait_ms(r));
+    ps_frontier_answered(&r->f, q->n, why);
+  } else {
+    ps_frontier_answered(&r->f, q->n, NULL);
+  }
+  free(q);
 }
 
 void ps_replica_append(ps_replica *r, const ps_journal *e) {
@@ -374,7 +474,7 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
     ps_frontier_answered(&r->f, e->n, "out of memory");
     return;
   }
-  *q = (append_req){r, e->n};
+  *q = (append_req){.r = r, .n = e->n};
   char id[48], ks[2] = {(char)e->kind, 0}, ws[16], is[24], ss[24], ts[24];
   snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64, r->epoch, e->n);
   snprintf(ws, sizeof ws, "%u", e->worker);
@@ -392,7 +492,12 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
   if (redisAsyncCommandArgv(r->ac, on_appended, q, 16, argv, argl) != REDIS_OK) {
     free(q);
     ps_frontier_answered(&r->f, e->n, "hiredis refused the command");
+    return;
   }
+  if (r->wait_replicas > 0 &&
+      redisAsyncCommand(r->ac, on_waited, q, "WAIT %d %" PRId64, r->wait_replicas, wait_ms(r)) ==
+          REDIS_OK)
+    q->waiting = 1;
 }
 
 /* ------------------------------------------------------- snapshots */
@@ -493,6 +598,23 @@ static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
     close_after_snapshots(r);
 }
 
+/* The WAIT after a switch: only a snapshot the replicas hold covers the
+ * entries it replaced (a failover must not lose them with it). */
+static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
+  (void)ac;
+  ps_replica *r = priv;
+  redisReply *rep = reply;
+  if (rep != NULL && rep->type == REDIS_REPLY_INTEGER && rep->integer >= r->wait_replicas) {
+    ps_frontier_covered(&r->f, r->job->journal);
+    snapshot_done(r, 1);
+    return;
+  }
+  ps_log(PS_LOG_WARN, "redis: snapshot switched on the primary, but %s", rep == NULL
+         ? "the connection was lost before the replicas confirmed it"
+         : rep->type == REDIS_REPLY_INTEGER ? "too few replicas confirmed it" : "WAIT failed");
+  snapshot_done(r, 0);
+}
+
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   ps_replica *r = priv;
   redisReply *rep = reply;
@@ -508,6 +630,14 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
       else
         r->gc_pending = 1;
     }
+    if (r->wait_replicas > 0 && ac != NULL &&
+        redisAsyncCommand(ac, on_switch_waited, r, "WAIT %d %" PRId64, r->wait_replicas,
+                          wait_ms(r)) == REDIS_OK)
+      return;
+    if (r->wait_replicas > 0) {
+      snapshot_done(r, 0);
+      return;
+    }
     ps_frontier_covered(&r->f, j->journal);
     snapshot_done(r, 1);
     return;
@@ -516,6 +646,7 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
     fence(r, rep->str);
   else if (rep != NULL)
     ps_log(PS_LOG_WARN, "redis: snapshot switch failed: %s", rep->str);
+  check_readonly(r, rep);
   snapshot_done(r, 0);
 }
 
@@ -744,6 +875,8 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
   if (restored->loaded)
     r->snap_version = restored->snap_version;
   r->need_full = 1;  /* the first snapshot records this incarnation's start */
+  r->wait_replicas = ps_config_redis_replicas(cfg);
+  r->at = cfg->redis;
   snprintf(r->epoch_text, sizeof r->epoch_text, "%" PRIu64, r->epoch);
   ps_shard_keys_init(&r->k, cfg->cluster_id, index);
   ps_shard_keys_log(&r->k, r->epoch);

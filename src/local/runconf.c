@@ -293,9 +293,12 @@ static void format_value(const ps_setting *s, const ps_config *c, char *buf, siz
     break;
   case PS_SETTING_INT: {
     int64_t v = *(const int64_t *)field;
-    /* split_bytes spells its two special values as words (config.h). */
-    if (strcmp(s->key, "split_bytes") == 0 && v <= 0)
-      snprintf(buf, len, "%s", v < 0 ? "auto" : "never");
+    /* split_bytes and redis_replicas spell -1 "auto", split_bytes 0
+     * "never" (config.h); their own parsers read the words. */
+    if (v < 0 && s->parse != NULL)
+      snprintf(buf, len, "auto");
+    else if (strcmp(s->key, "split_bytes") == 0 && v == 0)
+      snprintf(buf, len, "never");
     else
       snprintf(buf, len, "%lld", (long long)v);
     break;

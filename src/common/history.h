@@ -4,6 +4,7 @@
  * right after.  Line formats are in scripts/check-history, which reads them:
  *   worker-<j>.history: ack <shard> <shard epoch> <worker incarnation> <seq> <version> <status>
  *   ps-<i>.history:     start <epoch> <version> <journal> <source>
+ *                       chief <fence token> <CUT|LOAD|STOP> <unix ms>
  */
 #ifndef PS_COMMON_HISTORY_H
 #define PS_COMMON_HISTORY_H

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 
 #include "common/notify.h"
@@ -312,6 +313,14 @@ ps_control_outcome ps_control_frame(client *cl, uint64_t req, const ps_msg *m) {
       ps_log(PS_LOG_INFO, "chief fence token %" PRIu64 " -> %" PRIu64 ": a newer chief; frames "
              "with older tokens are refused from now on", s->fence, fence);
     s->fence = fence;
+  }
+  /* The history of chief actions, for the one-token-at-a-time check. */
+  if (m->type == PS_MSG_CUT || m->type == PS_MSG_STOP ||
+      (m->type == PS_MSG_LOAD && m->u.load.offset == 0)) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ps_history_line(s->history, "chief %" PRIu64 " %s %lld", fence, ps_proto_type_name(m->type),
+                    (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
   }
   switch (m->type) {
   case PS_MSG_CUT:

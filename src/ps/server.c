@@ -671,6 +671,24 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   shard_open = 1;
   s->max_payload = ps_proto_max_payload(so.nfloats);
+  /* The address first: a machine that does not hold it (its replacement
+   * took it) must fail before it takes the shard's epoch in Redis, which
+   * would fence the replacement out.  An address in use here is another
+   * matter: its holder may be a stale incarnation of this shard (stopped,
+   * hung), which the epoch taken below fences; this one then exits and is
+   * restarted.  Connections wait in the backlog until the loop runs. */
+  if (uv_loop_init(&s->loop) != 0)
+    goto out;
+  loop_open = 1;
+  int rc = listen_on(s, &cfg->ps[index]);
+  char addr[300];
+  ps_addr_format(&cfg->ps[index], addr, sizeof addr);
+  if (rc != 0 && rc != UV_EADDRINUSE) {
+    ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s (this machine does "
+           "not hold the address)", cfg->path, index, addr, uv_strerror(rc));
+    goto out;
+  }
+  int listen_rc = rc;
   ps_restore_info ri = {0};
   if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
     status = 0;
@@ -733,20 +751,17 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO, "restore: deleted %" PRIu64 " snapshots that never switched and %" PRIu64
            " logs of dead incarnations", ri.gc_snapshots, ri.gc_streams);
   s->ri = ri;
-
-  if (uv_loop_init(&s->loop) != 0)
-    goto out;
-  loop_open = 1;
-  int rc = listen_on(s, &cfg->ps[index]);
-  char addr[300];
-  ps_addr_format(&cfg->ps[index], addr, sizeof addr);
-  if (rc != 0) {
-    ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s", cfg->path, index,
-           addr, uv_strerror(rc));
-    uv_walk(&s->loop, close_walk, NULL);
-    uv_run(&s->loop, UV_RUN_DEFAULT);
+  if (listen_rc != 0) {
+    if (cfg->replication != PS_REPLICATION_OFF)
+      ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s (epoch %" PRIu64
+             " taken: a stale incarnation holding it is fenced out)", cfg->path, index, addr,
+             uv_strerror(listen_rc), ri.epoch);
+    else
+      ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s", cfg->path, index,
+             addr, uv_strerror(listen_rc));
     goto out;
   }
+
   uv_timer_init(&s->loop, &s->tick);
   s->tick.data = s;
   uv_timer_start(&s->tick, on_tick, TICK_MS, TICK_MS);
@@ -782,6 +797,10 @@ int ps_server_run(const ps_config *cfg, int index) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = s->status;
 out:
+  if (loop_open) {  /* the listener, when the start-up ended early */
+    uv_walk(&s->loop, close_walk, NULL);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+  }
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
   reply_bufs_free(s);

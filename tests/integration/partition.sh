@@ -12,7 +12,9 @@
 #      Redis fences A;
 #   3. X moves from h2 to h3 (as a floating address would); the workers
 #      reconnect to B at X and re-send their unacknowledged pushes;
-#   4. the cut heals: A reaches Redis, is fenced out and exits 1.
+#   4. the cut heals: A reaches Redis, is fenced out and exits 1; started
+#      again on h2 (as systemd would), it finds X gone and stops before it
+#      touches Redis: it cannot fence B.
 # From the histories (scripts/check-history): nothing acknowledged lost,
 # nothing applied twice; the workers reach their step limit.
 set -euo pipefail
@@ -110,6 +112,16 @@ wait_exit "$PID_psA" 30 && fail "A exited 0 after the heal, expected 1 (fenced)"
 t_fenced=$(now)
 grep -q "fenced out" "$T/psA.log" || fail "A did not say it was fenced out"
 
+# A started again on h2, which no longer holds X: it stops before it
+# touches Redis, so it cannot fence B (as systemd restarting it would).
+epoch=$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")
+start psA2 $H exec 2 "$BIN" ps --config "$T/c.conf" --index 0
+wait_exit "$PID_psA2" 20 && fail "A started again on h2 exited 0, expected 1" || st=$?
+[ "$st" = 1 ] || fail "A started again on h2 exited $st, expected 1"
+grep -q "does not hold the address" "$T/psA2.log" || fail "A started again: $(tail -1 "$T/psA2.log")"
+[ "$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")" = "$epoch" ] ||
+  fail "A started again on h2 took the epoch from B"
+
 wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
 kill -TERM "$PID_psB"
@@ -119,4 +131,5 @@ echo "ok: $(at "$t_cut") cut h2 (A) from h1 (Redis); A noticed at $(at "$t_notic
 echo "ok: $(at "$t_b") B on h3 took shard 0's epoch: ${restored% }"
 echo "ok: $(at "$t_moved") $X moved to h3; acks from B again at $(at "$t_acks")"
 echo "ok: $(at "$t_fenced") healed: A fenced out by Redis, exit status 1: $(grep -o 'fenced out by Redis: [^;]*' "$T/psA.log" | head -1 | cut -c1-70)"
+echo "ok: A started again on h2 (no longer holding $X): exit 1 before touching Redis, B's epoch kept"
 echo "$verdict" | sed 's/^/ok: partition: /'

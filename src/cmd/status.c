@@ -78,8 +78,13 @@ static int get_ttl(const char *key, char *buf, size_t len, int64_t *ttl_ms) {
 }
 
 static int connect_redis(const ps_config *cfg) {
-  ps_addr_format(&cfg->redis, rc_addr, sizeof rc_addr);
   ps_errbuf eb = {0};
+  ps_addr at = cfg->redis;
+  if (cfg->nsentinels > 0 && ps_redis_primary(cfg, cfg->redis_timeout_ms, &at, &eb) != 0) {
+    ps_cmd_error("status: redis: %s ([redis] sentinels in %s)", eb.msg, cfg->path);
+    return -1;
+  }
+  ps_addr_format(&at, rc_addr, sizeof rc_addr);
   rc_ctx = ps_redis_connect(cfg, cfg->redis_timeout_ms, &eb);
   if (rc_ctx == NULL) {
     /* eb.msg is "redis <address>: <why>". */
@@ -88,7 +93,8 @@ static int connect_redis(const ps_config *cfg) {
     if (eb.code == -EACCES)
       ps_cmd_error("status: redis %s ([redis] in %s): %s", rc_addr, cfg->path, why);
     else
-      ps_cmd_error("status: redis %s ([redis] address in %s) unreachable: %s", rc_addr, cfg->path,
+      ps_cmd_error("status: redis %s ([redis] %s in %s) unreachable: %s", rc_addr,
+                   cfg->nsentinels > 0 ? "the primary the Sentinels name" : "address", cfg->path,
                    why);
     return -1;
   }
@@ -261,6 +267,9 @@ static void print_table(const ps_config *cfg, const row *rows, int n, const row 
   }
   printf("\n");
   char t[32];
+  if (cfg->nsentinels > 0)
+    printf("redis: primary %s, named by the Sentinels of '%s' (%d configured)\n", rc_addr,
+           cfg->redis_master_name, cfg->nsentinels);
   if (l->state == UP)
     printf("chief lease: token %" PRIu64 ", host %s, pid %lld, %s left\n", l->incarnation,
            l->host[0] ? l->host : "?", l->pid, age_text(l->ttl_ms / 1e3, t, sizeof t));

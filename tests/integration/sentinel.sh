@@ -81,10 +81,14 @@ resumed_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 rc "$PP" role | head -1 | grep -q slave || fail "the old primary did not come back as a replica"
 grep -q "the Sentinels name 127.0.0.1:$RP as the primary" "$T/ps0.log" ||
   fail "shard 0 did not follow the failover"
+st=$("$BIN" status --config "$T/c.conf") || fail "paramserv status failed: $st"
+grep -q "^redis: primary 127.0.0.1:$RP, named by the Sentinels" <<<"$st" ||
+  fail "paramserv status does not name the new primary: $st"
 
 wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
 stop_shards ps 2
 verdict=$(scripts/check-history "$hist") || fail "sentinel failover: $verdict"
 echo "ok: kill -9 of the Redis primary after $before acks: the Sentinels promoted the replica in $failover_ms ms; the shards held their acks (no replica for WAIT) until the old primary was back as a replica, acks again $resumed_ms ms after the kill; both workers reached step 3000"
+echo "ok: paramserv status after the failover: $(grep '^redis:' <<<"$st")"
 echo "$verdict" | sed 's/^/ok: sentinel: /'

@@ -39,7 +39,7 @@ typedef struct server {
   int nclients;
   int stopping;
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
-  reply_buf *reply_cur, *reply_free;  /* see send_pull_reply */
+  reply_buf *reply_cur, *reply_free;  /* pull.c: the current version's copy, the pool */
   int reply_nfree;
   ps_replica *replica;   /* NULL with replication = off */
   ps_cons cons;          /* consistency.c */
@@ -120,9 +120,12 @@ ps_control_outcome ps_control_tick(server *s, uint64_t now_ns);
 /* Free the control state (images, held pushes). */
 void ps_control_free(server *s);
 
-/* server.c, for consistency.c */
-/* Answer a PULL with the slice at the current version. */
+/* pull.c: answer a PULL with the slice at the current version; free the
+ * pooled reply buffers at the server's end. */
 void ps_server_pull_reply(client *cl, uint64_t req);
+void ps_server_pull_bufs_free(server *s);
+
+/* server.c, for consistency.c and control.c */
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
 int ps_server_start_replica(server *s);
 void ps_server_stop(server *s, const char *why);

@@ -4,9 +4,8 @@
  * life is one state machine: DOWN -> CONNECTING (AUTH and CLAIM queued
  * first) -> UP, back to DOWN on any loss or deadline, FENCED for good when
  * a newer incarnation took the shard.  Journal entries are appended in
- * order; snapshots are copied on the loop, compressed on libuv's thread
- * pool, registered, stored in chunks and switched in by one fenced script
- * that trims the log they cover.
+ * order (and confirmed by WAIT with redis_replicas); snapshots are
+ * snapshot.c's; the heartbeat and the workers' liveness are here.
  *
  * The durability frontier.  An entry is durable when a restore would reach
  * it: its append and every earlier one succeeded since the last switched
@@ -34,24 +33,18 @@
 #include "replica/frontier.h"
 #include "replica/keys.h"
 #include "replica/redis_uv.h"
+#include "replica/replica_internal.h"
+
+/* One log append in flight: its XADD's answer, kept until its WAIT's. */
+typedef struct append_req {
+  struct ps_replica *r;
+  uint64_t n;
+  int waiting;              /* a WAIT follows the XADD */
+  int fenced;               /* the XADD fenced this incarnation out */
+  char failure[160];        /* the XADD's failure; "" when Redis stored it */
+} append_req;
 
 #define BACKOFF_CAP_MS 2000
-
-/* Float32 data barely compresses (94-98%), and LZ4's default setting spent
- * a quarter of the shard's loop on it; a high acceleration skips
- * incompressible runs fast. */
-#define LZ4_ACCEL 32
-
-/* Point the meta hash at a new snapshot and trim the log it covers, if the
- * epoch still holds.  KEYS: epoch, meta, log.  ARGV: epoch, trim MINID,
- * then the meta hash's field/value pairs. */
-static const char SWITCH_SCRIPT[] =
-    "local e = redis.call('GET', KEYS[1])\n"
-    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
-    "redis.call('DEL', KEYS[2])\n"
-    "redis.call('HSET', KEYS[2], unpack(ARGV, 3))\n"
-    "redis.call('XTRIM', KEYS[3], 'MINID', ARGV[2])\n"
-    "return 'OK'\n";
 
 /* On every (re)connection: the epoch key must hold this incarnation's
  * epoch.  A Redis that lost its data has none: the shard claims it back
@@ -78,77 +71,7 @@ static const char HEARTBEAT_SCRIPT[] =
     "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
     "return redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])\n";
 
-typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
 
-typedef struct snap_job {
-  uv_work_t work;
-  struct ps_replica *r;
-  float *img;             /* the copied state image */
-  ps_state_info info;
-  uint64_t journal, nondurable;
-  char **chunk;           /* compressed chunks */
-  int *chunk_len;
-  uint64_t nchunks;
-  char id[48];
-  uint64_t pending;       /* chunk SETs not yet answered */
-  int failed;
-} snap_job;
-
-/* One log append in flight: its XADD's answer, kept until its WAIT's. */
-typedef struct append_req {
-  struct ps_replica *r;
-  uint64_t n;
-  int waiting;              /* a WAIT follows the XADD */
-  int fenced;               /* the XADD fenced this incarnation out */
-  char failure[160];        /* the XADD's failure; "" when Redis stored it */
-} append_req;
-
-struct ps_replica {
-  uv_loop_t *loop;
-  const ps_config *cfg;
-  int index;
-  uint64_t epoch, layout_hash;
-  char epoch_text[24];
-  ps_shard_keys k;
-  ps_shard *shard;
-  ps_replica_fenced_fn fenced;
-  void *fenced_arg;
-
-  rstate state;
-  redisAsyncContext *ac;
-  ps_addr at;               /* the primary connected to (or last tried) */
-  uv_work_t resolve;        /* asking the Sentinels where the primary is */
-  int resolving;
-  ps_addr resolved;
-  ps_errbuf resolve_eb;
-  int wait_replicas;        /* WAIT for this many after each write that makes entries durable */
-  ps_backoff backoff;  /* between connection attempts */
-  int down_logged;
-  char drop_why[96];        /* why this side dropped the connection */
-  ps_frontier f;            /* which entries are durable; the acks waiting */
-
-  uv_timer_t retry, interval;
-  int handles_open;
-  int closing, final_started;
-  void (*close_done)(void *);
-  void *close_arg;
-
-  uint64_t snap_version;    /* newest snapshot Redis holds */
-  uint64_t updates;         /* since the last snapshot began */
-  int need_full;            /* a snapshot is owed: a new connection, or the last one failed */
-  snap_job *job;            /* a snapshot in flight */
-  ps_backoff snap_backoff;  /* between snapshots that failed */
-  uint64_t snap_next_ns;    /* no new one before this, after a failure */
-  int gc_pending;           /* a switch's GC listing not yet answered */
-  uint64_t snap_counter;
-  char *gz;                 /* compression buffer for log entries */
-  int gz_cap;
-  uint64_t last_hb_ns;
-  ps_replica_alive_fn alive_fn;
-  void *alive_arg;
-};
-
-static void start_snapshot(ps_replica *r);
 static void replica_connect(ps_replica *r);
 
 int ps_replica_when_durable(ps_replica *r, uint64_t n, void (*done)(void *arg, int status),
@@ -162,7 +85,7 @@ uint64_t ps_replica_nondurable(const ps_replica *r) { return r->f.nondurable; }
 
 /* ------------------------------------------------------- connection */
 
-static void maybe_finish_close(ps_replica *r) {
+void ps__replica_maybe_finish_close(ps_replica *r) {
   if (!r->closing || r->ac != NULL || r->job != NULL || r->handles_open > 0 || r->resolving)
     return;
   free(r->gz);
@@ -176,10 +99,10 @@ static void maybe_finish_close(ps_replica *r) {
 static void on_handle_closed(uv_handle_t *h) {
   ps_replica *r = h->data;
   r->handles_open--;
-  maybe_finish_close(r);
+  ps__replica_maybe_finish_close(r);
 }
 
-static void fence(ps_replica *r, const char *why) {
+void ps__replica_fence(ps_replica *r, const char *why) {
   if (r->state == RS_FENCED)
     return;
   r->state = RS_FENCED;
@@ -190,7 +113,7 @@ static void fence(ps_replica *r, const char *why) {
     r->fenced(r->fenced_arg, why);
 }
 
-static int is_fenced(const redisReply *rep) {
+int ps__replica_is_fenced(const redisReply *rep) {
   return rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "FENCED", 6) == 0;
 }
 
@@ -214,7 +137,7 @@ static void went_down(ps_replica *r, const char *why) {
   r->down_logged = 1;
   r->need_full = 1;
   if (r->closing)
-    maybe_finish_close(r);
+    ps__replica_maybe_finish_close(r);
   else
     schedule_reconnect(r);
 }
@@ -259,8 +182,8 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   redisReply *rep = reply;
   if (rep == NULL)
     return;  /* disconnected again: on_disconnect handles it */
-  if (is_fenced(rep)) {
-    fence(r, rep->str);
+  if (ps__replica_is_fenced(rep)) {
+    ps__replica_fence(r, rep->str);
     return;
   }
   if (rep->type == REDIS_REPLY_ERROR) {
@@ -282,7 +205,7 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   }
   r->down_logged = 0;
   r->snap_next_ns = 0;  /* a new connection: try at once */
-  start_snapshot(r);
+  ps__replica_snapshot_start(r);
 }
 
 static void on_auth(redisAsyncContext *ac, void *reply, void *priv) {
@@ -298,7 +221,7 @@ static void connect_to_primary(ps_replica *r);
 
 /* How long a WAIT waits: half the command deadline, so that a replica that
  * is slow is an answer ("too few"), not a connection past its deadline. */
-static int64_t wait_ms(const ps_replica *r) {
+int64_t ps__replica_wait_ms(const ps_replica *r) {
   return r->cfg->redis_timeout_ms / 2 > 0 ? r->cfg->redis_timeout_ms / 2 : 1;
 }
 
@@ -314,7 +237,7 @@ static void after_resolve(uv_work_t *w, int status) {
   ps_replica *r = w->data;
   r->resolving = 0;
   if (r->closing) {
-    maybe_finish_close(r);
+    ps__replica_maybe_finish_close(r);
     return;
   }
   if (status != 0 || r->resolve_eb.code != 0) {
@@ -385,7 +308,7 @@ static void connect_to_primary(ps_replica *r) {
 
 /* A READONLY reply: this server was made a replica (a failover): find the
  * primary again. */
-static void check_readonly(ps_replica *r, const redisReply *rep) {
+void ps__replica_check_readonly(ps_replica *r, const redisReply *rep) {
   if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0 &&
       r->ac != NULL && r->state == RS_UP) {
     snprintf(r->drop_why, sizeof r->drop_why, "%s", "it is a replica now (READONLY)");
@@ -401,15 +324,15 @@ static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
   if (rep != NULL && rep->type == REDIS_REPLY_NIL) {
     /* NOMKSTREAM found no stream: a newer incarnation took it over. */
     q->fenced = 1;
-    fence(r, "the log stream was taken over by a newer incarnation");
-  } else if (is_fenced(rep)) {
+    ps__replica_fence(r, "the log stream was taken over by a newer incarnation");
+  } else if (ps__replica_is_fenced(rep)) {
     q->fenced = 1;
-    fence(r, rep->str);
+    ps__replica_fence(r, rep->str);
   } else if (rep == NULL) {
     snprintf(q->failure, sizeof q->failure, "the connection to Redis was lost");
   } else if (rep->type == REDIS_REPLY_ERROR) {
     snprintf(q->failure, sizeof q->failure, "%s", rep->str);
-    check_readonly(r, rep);
+    ps__replica_check_readonly(r, rep);
   }
   if (q->waiting)
     return;  /* on_waited answers */
@@ -435,7 +358,7 @@ static void on_waited(redisAsyncContext *ac, void *reply, void *priv) {
                                                                        : "WAIT gave no count");
   } else if (rep->integer < r->wait_replicas) {
     snprintf(why, sizeof why, "%lld of %d Redis replicas confirmed it within %" PRId64 " ms",
-             (long long)rep->integer, r->wait_replicas, wait_ms(r));
+             (long long)rep->integer, r->wait_replicas, ps__replica_wait_ms(r));
     ps_frontier_answered(&r->f, q->n, why);
   } else {
     ps_frontier_answered(&r->f, q->n, NULL);
@@ -495,288 +418,9 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
     return;
   }
   if (r->wait_replicas > 0 &&
-      redisAsyncCommand(r->ac, on_waited, q, "WAIT %d %" PRId64, r->wait_replicas, wait_ms(r)) ==
+      redisAsyncCommand(r->ac, on_waited, q, "WAIT %d %" PRId64, r->wait_replicas, ps__replica_wait_ms(r)) ==
           REDIS_OK)
     q->waiting = 1;
-}
-
-/* ------------------------------------------------------- snapshots */
-
-static void job_free(snap_job *j) {
-  if (j == NULL)
-    return;
-  for (uint64_t i = 0; j->chunk && i < j->nchunks; i++)
-    free(j->chunk[i]);
-  free(j->chunk);
-  free(j->chunk_len);
-  free(j->img);
-  free(j);
-}
-
-static void compress_work(uv_work_t *w) {
-  snap_job *j = w->data;
-  for (uint64_t i = 0; i < j->nchunks; i++) {
-    uint64_t n = ps_snap_chunk_floats(j->info.image_floats, i);
-    int bound = LZ4_compressBound((int)(n * sizeof(float)));
-    j->chunk[i] = malloc((size_t)bound);
-    if (j->chunk[i] == NULL) {
-      j->failed = 1;
-      return;
-    }
-    j->chunk_len[i] = LZ4_compress_fast((const char *)(j->img + i * PS_SNAP_CHUNK_FLOATS),
-                                        j->chunk[i], (int)(n * sizeof(float)), bound, LZ4_ACCEL);
-    if (j->chunk_len[i] <= 0) {
-      j->failed = 1;
-      return;
-    }
-  }
-}
-
-/* Closing: write one last snapshot if the newest is older than the shard
- * (or the journal is not durable), then disconnect; on_disconnect finishes
- * the close, possibly before this returns, so r must not be touched after. */
-static void close_after_snapshots(ps_replica *r) {
-  if (r->ac != NULL && r->state == RS_UP && !r->final_started &&
-      (r->snap_version != ps_shard_version(r->shard) || r->f.hole)) {
-    r->final_started = 1;
-    start_snapshot(r);
-    if (r->job != NULL)
-      return;
-  }
-  if (r->ac != NULL) {
-    redisAsyncDisconnect(r->ac);
-    return;
-  }
-  maybe_finish_close(r);
-}
-
-static void snapshot_done(ps_replica *r, int ok) {
-  if (!ok) {
-    /* Retried at a later tick, backing off while Redis keeps refusing: a
-     * copy of a large state every interval would be work thrown away. */
-    r->need_full = 1;
-    r->snap_next_ns = ps_now_ns() + ps_backoff_next(&r->snap_backoff) * 1000000ULL;
-  } else {
-    ps_backoff_reset(&r->snap_backoff);
-    r->snap_next_ns = 0;
-  }
-  job_free(r->job);
-  r->job = NULL;
-  /* A switch's GC issues its DELs from the listing's reply, and hiredis
-   * takes no command once a disconnect is asked: the clean stop waits
-   * for the listing (on_snaps_listed) before disconnecting. */
-  if (r->closing && !r->gc_pending)
-    close_after_snapshots(r);
-}
-
-/* Delete the chunks and registrations of every snapshot but `keep`: those
- * replaced, and those a killed incarnation left half written. */
-typedef struct gc_req {
-  ps_replica *r;
-  char keep[48];
-} gc_req;
-
-static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
-  gc_req *g = priv;
-  ps_replica *r = g->r;
-  redisReply *h = reply;
-  if (h != NULL && h->type == REDIS_REPLY_ARRAY && r->ac == ac && r->state == RS_UP) {
-    for (size_t i = 0; i + 1 < h->elements; i += 2) {
-      const char *id = h->element[i]->str;
-      if (id == NULL || strcmp(id, g->keep) == 0)
-        continue;
-      uint64_t chunks = strtoull(h->element[i + 1]->str ? h->element[i + 1]->str : "0", NULL, 10);
-      for (uint64_t c = 0; c < chunks; c++)
-        redisAsyncCommand(ac, NULL, NULL, "DEL %s%s:%" PRIu64, r->k.snap_prefix, id, c);
-      redisAsyncCommand(ac, NULL, NULL, "HDEL %s %s", r->k.snaps, id);
-    }
-  }
-  free(g);
-  r->gc_pending = 0;
-  /* Without a reply the connection is going: on_disconnect closes. */
-  if (h != NULL && r->closing && r->job == NULL)
-    close_after_snapshots(r);
-}
-
-/* The WAIT after a switch: only a snapshot the replicas hold covers the
- * entries it replaced (a failover must not lose them with it). */
-static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
-  (void)ac;
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  if (rep != NULL && rep->type == REDIS_REPLY_INTEGER && rep->integer >= r->wait_replicas) {
-    ps_frontier_covered(&r->f, r->job->journal);
-    snapshot_done(r, 1);
-    return;
-  }
-  ps_log(PS_LOG_WARN, "redis: snapshot switched on the primary, but %s", rep == NULL
-         ? "the connection was lost before the replicas confirmed it"
-         : rep->type == REDIS_REPLY_INTEGER ? "too few replicas confirmed it" : "WAIT failed");
-  snapshot_done(r, 0);
-}
-
-static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  snap_job *j = r->job;
-  if (rep != NULL && rep->type != REDIS_REPLY_ERROR) {
-    r->snap_version = j->info.version;
-    gc_req *g = ac != NULL && r->state == RS_UP ? malloc(sizeof *g) : NULL;
-    if (g != NULL) {
-      g->r = r;
-      snprintf(g->keep, sizeof g->keep, "%s", j->id);
-      if (redisAsyncCommand(ac, on_snaps_listed, g, "HGETALL %s", r->k.snaps) != REDIS_OK)
-        free(g);
-      else
-        r->gc_pending = 1;
-    }
-    if (r->wait_replicas > 0 && ac != NULL &&
-        redisAsyncCommand(ac, on_switch_waited, r, "WAIT %d %" PRId64, r->wait_replicas,
-                          wait_ms(r)) == REDIS_OK)
-      return;
-    if (r->wait_replicas > 0) {
-      snapshot_done(r, 0);
-      return;
-    }
-    ps_frontier_covered(&r->f, j->journal);
-    snapshot_done(r, 1);
-    return;
-  }
-  if (is_fenced(rep))
-    fence(r, rep->str);
-  else if (rep != NULL)
-    ps_log(PS_LOG_WARN, "redis: snapshot switch failed: %s", rep->str);
-  check_readonly(r, rep);
-  snapshot_done(r, 0);
-}
-
-static void send_switch(ps_replica *r) {
-  snap_job *j = r->job;
-  const ps_state_info *in = &j->info;
-  char trim[48], f[16][24];
-  snprintf(trim, sizeof trim, "%" PRIu64 "-%" PRIu64, r->epoch, j->journal + 1);
-  snprintf(f[0], 24, "%" PRIu64, in->version);
-  snprintf(f[1], 24, "%" PRIu64, in->global_step);
-  snprintf(f[2], 24, "%" PRIu64, j->journal);
-  snprintf(f[3], 24, "%" PRIu64, in->image_floats);
-  snprintf(f[4], 24, "%zu", ps_shard_options(r->shard)->nfloats);
-  snprintf(f[5], 24, "%" PRIu32, in->nslots);
-  snprintf(f[6], 24, "%" PRIu32, in->has_accum);
-  snprintf(f[7], 24, "%" PRIu32, in->nonce);
-  snprintf(f[8], 24, "%" PRIu32, in->accum_count);
-  snprintf(f[9], 24, "%" PRIu32, in->target);
-  snprintf(f[10], 24, "%" PRIu64, j->nchunks);
-  snprintf(f[11], 24, "%016" PRIx64, r->layout_hash);
-  snprintf(f[12], 24, "%lld", (long long)time(NULL));
-  snprintf(f[13], 24, "%d", ps_shard_options(r->shard)->consistency);
-  snprintf(f[14], 24, "%" PRIu64, j->nondurable);
-  const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", r->k.epoch, r->k.meta, r->k.log,
-                        r->epoch_text, trim,
-                        "snap", j->id, "version", f[0], "global_step", f[1], "journal", f[2],
-                        "image_floats", f[3], "nfloats", f[4], "nslots", f[5],
-                        "has_accum", f[6], "nonce", f[7], "accum_count", f[8], "target", f[9],
-                        "chunks", f[10], "layout", f[11], "epoch", r->epoch_text, "time", f[12],
-                        "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&ps_shard_options(r->shard)->optim),
-                        "consistency", f[13], "nondurable", f[14]};
-  if (redisAsyncCommandArgv(r->ac, on_switched, r, (int)(sizeof argv / sizeof argv[0]), argv,
-                            NULL) != REDIS_OK)
-    snapshot_done(r, 0);
-}
-
-static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  snap_job *j = r->job;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
-    if (!j->failed && rep != NULL)
-      ps_log(PS_LOG_WARN, "redis: snapshot chunk not stored: %s", rep->str);
-    j->failed = 1;
-  }
-  if (--j->pending > 0)
-    return;
-  if (j->failed || r->ac == NULL || ac == NULL || r->state != RS_UP) {
-    snapshot_done(r, 0);
-    return;
-  }
-  /* Every chunk is stored: switch the meta hash to them, atomically. */
-  send_switch(r);
-}
-
-static void after_compress(uv_work_t *w, int status) {
-  snap_job *j = w->data;
-  ps_replica *r = j->r;
-  if (status != 0 || j->failed || r->state != RS_UP || r->ac == NULL ||
-      (r->closing && !r->final_started)) {
-    snapshot_done(r, 0);
-    return;
-  }
-  /* pending counts the SETs issued plus one, released below, so that the
-   * switch starts only after every SET was both issued and answered. */
-  j->pending = 1;
-  for (uint64_t i = 0; i < j->nchunks; i++) {
-    char key[PS_KEY_MAX + 80];
-    snprintf(key, sizeof key, "%s%s:%" PRIu64, r->k.snap_prefix, j->id, i);
-    const char *argv[3] = {"SET", key, j->chunk[i]};
-    size_t argl[3] = {3, strlen(key), (size_t)j->chunk_len[i]};
-    if (redisAsyncCommandArgv(r->ac, on_chunk_set, r, 3, argv, argl) == REDIS_OK)
-      j->pending++;
-    else
-      j->failed = 1;
-  }
-  on_chunk_set(r->ac, &(redisReply){.type = REDIS_REPLY_STATUS}, r);
-}
-
-/* The snapshot is registered: a crash from now on leaves chunks that the
- * next start-up or switch finds and deletes.  Compress, then store them.
- * (Registering first also means a Redis that refuses writes costs a copy
- * and one command, not a compression of the whole state.) */
-static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  snap_job *j = r->job;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP) {
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
-      ps_log(PS_LOG_DEBUG, "redis: snapshot not registered: %s", rep->str);
-    snapshot_done(r, 0);
-    return;
-  }
-  if (uv_queue_work(r->loop, &j->work, compress_work, after_compress) != 0)
-    snapshot_done(r, 0);
-}
-
-static void start_snapshot(ps_replica *r) {
-  if (r->job != NULL || r->state != RS_UP || (r->closing && !r->final_started))
-    return;
-  if (!r->final_started && ps_now_ns() < r->snap_next_ns)
-    return;
-  ps_shard *s = r->shard;
-  snap_job *j = calloc(1, sizeof *j);
-  if (j == NULL)
-    return;
-  j->r = r;
-  j->info = ps_shard_state_info(s);
-  j->nchunks = ps_snap_chunks(j->info.image_floats);
-  j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
-  j->chunk = calloc(j->nchunks ? j->nchunks : 1, sizeof *j->chunk);
-  j->chunk_len = calloc(j->nchunks ? j->nchunks : 1, sizeof *j->chunk_len);
-  if (j->img == NULL || j->chunk == NULL || j->chunk_len == NULL) {
-    job_free(j);
-    return;
-  }
-  /* The copy is the consistent cut: everything below happens off it. */
-  ps_shard_state_write(s, j->img);
-  j->journal = ps_shard_journal(s);
-  j->nondurable = r->f.nondurable;
-  snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, r->epoch, ++r->snap_counter);
-  r->job = j;
-  r->updates = 0;
-  r->need_full = 0;
-  j->work.data = j;
-  char chunks[24];
-  snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
-  if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=
-      REDIS_OK)
-    snapshot_done(r, 0);
 }
 
 /* ------------------------------------------------- heartbeat, timers */
@@ -784,8 +428,8 @@ static void start_snapshot(ps_replica *r) {
 static void on_heartbeat(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   ps_replica *r = priv;
-  if (is_fenced(reply))
-    fence(r, ((redisReply *)reply)->str);
+  if (ps__replica_is_fenced(reply))
+    ps__replica_fence(r, ((redisReply *)reply)->str);
 }
 
 static void heartbeat(ps_replica *r) {
@@ -837,7 +481,7 @@ static void on_interval(uv_timer_t *t) {
   ps_replica *r = t->data;
   uint64_t now = ps_now_ns();
   if (r->updates > 0 || r->need_full || r->f.hole)
-    start_snapshot(r);
+    ps__replica_snapshot_start(r);
   if (r->state == RS_UP && now - r->last_hb_ns >= (uint64_t)r->cfg->heartbeat_ms * 1000000ULL) {
     r->last_hb_ns = now;
     heartbeat(r);
@@ -848,7 +492,7 @@ static void on_interval(uv_timer_t *t) {
 
 void ps_replica_updated(ps_replica *r) {
   if (++r->updates >= (uint64_t)r->cfg->replicate_every_updates)
-    start_snapshot(r);
+    ps__replica_snapshot_start(r);
 }
 
 uint64_t ps_replica_lag(const ps_replica *r) { return ps_shard_version(r->shard) - r->snap_version; }
@@ -906,5 +550,5 @@ void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg) {
   /* A snapshot in flight is finished, and a clean stop loses nothing even
    * in `snapshot` mode. */
   if (r->job == NULL)
-    close_after_snapshots(r);
+    ps__replica_snapshots_close(r);
 }

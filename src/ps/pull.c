@@ -1,0 +1,110 @@
+/* Pull replies (see server_internal.h): the slice copied once per version
+ * into a pooled buffer that every reply of that version shares. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/conn.h"
+#include "proto/proto.h"
+#include "ps/server_internal.h"
+
+/* A copy of the slice at one version, shared by every pull reply of that
+ * version while they are being written.  Copying keeps each reply one
+ * version even when pushes are applied during its write.  Buffers are kept
+ * for reuse: a fresh multi-megabyte malloc per pull would be mmapped,
+ * faulted in page by page and unmapped again, which costs more than the
+ * copy itself. */
+typedef struct reply_buf {
+  struct server *srv;
+  float *data;
+  uint64_t version;
+  int refs;
+  struct reply_buf *next;  /* in the free list */
+} reply_buf;
+
+#define REPLY_BUFS_KEPT 2
+
+static void reply_buf_release(reply_buf *b) {
+  server *s = b->srv;
+  if (--b->refs > 0 || b == s->reply_cur)
+    return;
+  if (s->reply_nfree < REPLY_BUFS_KEPT) {
+    b->next = s->reply_free;
+    s->reply_free = b;
+    s->reply_nfree++;
+    return;
+  }
+  free(b->data);
+  free(b);
+}
+
+/* A buffer holding the slice at the shard's current version. */
+static reply_buf *reply_buf_get(server *s) {
+  reply_buf *b = s->reply_cur;
+  if (b != NULL && b->version == s->shard.version) {
+    b->refs++;
+    return b;
+  }
+  if (b != NULL) {
+    s->reply_cur = NULL;
+    b->refs++;
+    reply_buf_release(b);  /* back to the pool once its writes are done */
+  }
+  b = s->reply_free;
+  if (b != NULL) {
+    s->reply_free = b->next;
+    s->reply_nfree--;
+  } else {
+    b = calloc(1, sizeof *b);
+    if (b == NULL || posix_memalign((void **)&b->data, 64,
+                                    (s->shard.o.nfloats ? s->shard.o.nfloats : 1) * sizeof(float))) {
+      free(b);
+      return NULL;
+    }
+    b->srv = s;
+  }
+  memcpy(b->data, s->shard.values, s->shard.o.nfloats * sizeof(float));
+  b->version = s->shard.version;
+  b->refs = 1;
+  s->reply_cur = b;
+  return b;
+}
+
+static void reply_written(void *arg, int status) {
+  (void)status;
+  reply_buf_release(arg);
+}
+
+void ps_server_pull_reply(client *cl, uint64_t req) {
+  server *s = cl->srv;
+  reply_buf *b = reply_buf_get(s);
+  if (b == NULL) {
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
+                 s->index);
+    return;
+  }
+  ps_msg m = {.type = PS_MSG_PULL_REPLY};
+  m.u.pull_reply.version = b->version;
+  m.u.pull_reply.global_step = s->shard.global_step;
+  m.u.pull_reply.count = s->shard.o.nfloats;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
+  if (ps_conn_send(cl->conn, prefix, plen, b->data, s->shard.o.nfloats * sizeof(float),
+                   reply_written, b) != 0)
+    reply_buf_release(b);
+  s->pulls++;
+}
+
+void ps_server_pull_bufs_free(server *s) {
+  if (s->reply_cur != NULL && s->reply_cur->refs == 0) {
+    free(s->reply_cur->data);
+    free(s->reply_cur);
+  }
+  s->reply_cur = NULL;
+  while (s->reply_free != NULL) {
+    reply_buf *b = s->reply_free;
+    s->reply_free = b->next;
+    free(b->data);
+    free(b);
+  }
+}

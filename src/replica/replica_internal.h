@@ -1,0 +1,100 @@
+/* The replica's state, shared by its two halves: replica.c (the
+ * connection's state machine, the log, the heartbeat) and snapshot.c (the
+ * snapshot job: copy, compress, register, store, switch, GC).  Private to
+ * src/replica. */
+#ifndef PS_REPLICA_REPLICA_INTERNAL_H
+#define PS_REPLICA_REPLICA_INTERNAL_H
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/backoff.h"
+#include "replica/frontier.h"
+#include "replica/keys.h"
+#include "replica/replica.h"
+
+/* Float32 data barely compresses (94-98%), and LZ4's default setting spent
+ * a quarter of the shard's loop on it; a high acceleration skips
+ * incompressible runs fast. */
+#define LZ4_ACCEL 32
+
+typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
+
+typedef struct snap_job {
+  uv_work_t work;
+  struct ps_replica *r;
+  float *img;             /* the copied state image */
+  ps_state_info info;
+  uint64_t journal, nondurable;
+  char **chunk;           /* compressed chunks */
+  int *chunk_len;
+  uint64_t nchunks;
+  char id[48];
+  uint64_t pending;       /* chunk SETs not yet answered */
+  int failed;
+} snap_job;
+
+
+struct ps_replica {
+  uv_loop_t *loop;
+  const ps_config *cfg;
+  int index;
+  uint64_t epoch, layout_hash;
+  char epoch_text[24];
+  ps_shard_keys k;
+  ps_shard *shard;
+  ps_replica_fenced_fn fenced;
+  void *fenced_arg;
+
+  rstate state;
+  redisAsyncContext *ac;
+  ps_addr at;               /* the primary connected to (or last tried) */
+  uv_work_t resolve;        /* asking the Sentinels where the primary is */
+  int resolving;
+  ps_addr resolved;
+  ps_errbuf resolve_eb;
+  int wait_replicas;        /* WAIT for this many after each write that makes entries durable */
+  ps_backoff backoff;  /* between connection attempts */
+  int down_logged;
+  char drop_why[96];        /* why this side dropped the connection */
+  ps_frontier f;            /* which entries are durable; the acks waiting */
+
+  uv_timer_t retry, interval;
+  int handles_open;
+  int closing, final_started;
+  void (*close_done)(void *);
+  void *close_arg;
+
+  uint64_t snap_version;    /* newest snapshot Redis holds */
+  uint64_t updates;         /* since the last snapshot began */
+  int need_full;            /* a snapshot is owed: a new connection, or the last one failed */
+  snap_job *job;            /* a snapshot in flight */
+  ps_backoff snap_backoff;  /* between snapshots that failed */
+  uint64_t snap_next_ns;    /* no new one before this, after a failure */
+  int gc_pending;           /* a switch's GC listing not yet answered */
+  uint64_t snap_counter;
+  char *gz;                 /* compression buffer for log entries */
+  int gz_cap;
+  uint64_t last_hb_ns;
+  ps_replica_alive_fn alive_fn;
+  void *alive_arg;
+};
+
+/* replica.c, for snapshot.c */
+void ps__replica_fence(ps_replica *r, const char *why);   /* a newer incarnation took over */
+int ps__replica_is_fenced(const redisReply *rep);         /* a FENCED error reply */
+void ps__replica_check_readonly(ps_replica *r, const redisReply *rep);  /* READONLY: reconnect */
+int64_t ps__replica_wait_ms(const ps_replica *r);         /* a WAIT's timeout */
+void ps__replica_maybe_finish_close(ps_replica *r);       /* the close's last step, when due */
+
+/* snapshot.c, for replica.c */
+/* Start a snapshot when one is due and none is in flight (a copy of the
+ * state now, the rest off the loop). */
+void ps__replica_snapshot_start(ps_replica *r);
+/* The clean stop: a last snapshot when the newest switched one is older
+ * than the state, then the close. */
+void ps__replica_snapshots_close(ps_replica *r);
+
+#endif

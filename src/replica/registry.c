@@ -152,8 +152,8 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
        * login: that is this config's to fix. */
       if (strstr(eb->msg, "NOAUTH") != NULL || strstr(eb->msg, "WRONGPASS") != NULL)
         return rc;
-      if (rc == -ECONNRESET)
-        drop(r, eb->msg);
+      if (rc == -ECONNRESET || strstr(eb->msg, "READONLY") != NULL)
+        drop(r, eb->msg);  /* lost, or a replica now: the next try finds the primary */
     }
     unsigned ms = ps_backoff_next(&b);
     ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation%s%s; retry in %u ms",

@@ -253,6 +253,7 @@ void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t 
   }
   /* The rows' bytes land in the table as they are; load_end decodes them.
    * Rows for workers this cluster does not have are dropped. */
+  _Static_assert(sizeof(ps_once) == 16, "a row of the table is a row of the image");
   uint64_t byte = (off - segs_end) * sizeof(float), room = (uint64_t)s->o.nworkers * 16;
   if (count > 0 && byte < room) {
     uint64_t len = count * sizeof(float);

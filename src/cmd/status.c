@@ -79,13 +79,13 @@ static int get_ttl(const char *key, char *buf, size_t len, int64_t *ttl_ms) {
 
 static int connect_redis(const ps_config *cfg) {
   ps_errbuf eb = {0};
-  ps_addr at = cfg->redis;
-  if (cfg->nsentinels > 0 && ps_redis_primary(cfg, cfg->redis_timeout_ms, &at, &eb) != 0) {
+  ps_addr at;
+  if (ps_redis_primary(cfg, cfg->redis_timeout_ms, &at, &eb) != 0) {
     ps_cmd_error("status: redis: %s ([redis] sentinels in %s)", eb.msg, cfg->path);
     return -1;
   }
   ps_addr_format(&at, rc_addr, sizeof rc_addr);
-  rc_ctx = ps_redis_connect(cfg, cfg->redis_timeout_ms, &eb);
+  rc_ctx = ps_redis_connect_to(cfg, &at, cfg->redis_timeout_ms, &eb);
   if (rc_ctx == NULL) {
     /* eb.msg is "redis <address>: <why>". */
     const char *why = strstr(eb.msg, ": ");

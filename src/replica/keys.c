@@ -120,10 +120,16 @@ static int check_primary(redisContext *c, const ps_addr *at, ps_errbuf *eb) {
 }
 
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
-  struct timeval tv = tv_of(timeout_ms);
   ps_addr at;
   if (ps_redis_primary(cfg, timeout_ms, &at, eb) != 0)
     return NULL;
+  return ps_redis_connect_to(cfg, &at, timeout_ms, eb);
+}
+
+void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeout_ms,
+                          ps_errbuf *eb) {
+  struct timeval tv = tv_of(timeout_ms);
+  ps_addr at = *to;
   redisContext *c = redisConnectWithTimeout(at.host, at.port, tv);
   if (c == NULL || c->err) {
     ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s", at.host, at.port,

@@ -70,6 +70,11 @@ int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_
  * the password file unreadable: do not retry). */
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb);
 
+/* The same, to an address already found with ps_redis_primary (the
+ * Sentinels are not asked again). */
+void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeout_ms,
+                          ps_errbuf *eb);
+
 /* The backoff (common/backoff.h) of whoever waits for Redis at start-up:
  * the registry's new epoch and the shard's restore. */
 #define PS_REDIS_RETRY_BASE_MS 100

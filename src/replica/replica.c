@@ -221,8 +221,30 @@ static void connect_to_primary(ps_replica *r);
 
 /* How long a WAIT waits: half the command deadline, so that a replica that
  * is slow is an answer ("too few"), not a connection past its deadline. */
-int64_t ps__replica_wait_ms(const ps_replica *r) {
+static int64_t wait_ms(const ps_replica *r) {
   return r->cfg->redis_timeout_ms / 2 > 0 ? r->cfg->redis_timeout_ms / 2 : 1;
+}
+
+int ps__replica_send_wait(ps_replica *r, redisAsyncContext *ac, redisCallbackFn *fn, void *arg) {
+  return redisAsyncCommand(ac, fn, arg, "WAIT %d %" PRId64, r->wait_replicas, wait_ms(r)) ==
+                 REDIS_OK
+             ? 0
+             : -1;
+}
+
+const char *ps__replica_wait_failure(const ps_replica *r, const redisReply *rep, char *why,
+                                     size_t len) {
+  if (rep == NULL)
+    return "the connection to Redis was lost before the replicas confirmed it";
+  if (rep->type == REDIS_REPLY_ERROR)
+    return rep->str;
+  if (rep->type != REDIS_REPLY_INTEGER)
+    return "WAIT gave no count";
+  if (rep->integer >= r->wait_replicas)
+    return NULL;
+  snprintf(why, len, "%lld of %d Redis replicas confirmed it within %" PRId64 " ms",
+           (long long)rep->integer, r->wait_replicas, wait_ms(r));
+  return why;
 }
 
 /* With Sentinels, where the primary is is asked on the loop's thread pool
@@ -346,23 +368,11 @@ static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
 static void on_waited(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   append_req *q = priv;
-  ps_replica *r = q->r;
-  redisReply *rep = reply;
   char why[200];
-  if (q->fenced) {
-  } else if (q->failure[0]) {
-    ps_frontier_answered(&r->f, q->n, q->failure);
-  } else if (rep == NULL || rep->type != REDIS_REPLY_INTEGER) {
-    ps_frontier_answered(&r->f, q->n, rep == NULL ? "the connection to Redis was lost"
-                                      : rep->type == REDIS_REPLY_ERROR ? rep->str
-                                                                       : "WAIT gave no count");
-  } else if (rep->integer < r->wait_replicas) {
-    snprintf(why, sizeof why, "%lld of %d Redis replicas confirmed it within %" PRId64 " ms",
-             (long long)rep->integer, r->wait_replicas, ps__replica_wait_ms(r));
-    ps_frontier_answered(&r->f, q->n, why);
-  } else {
-    ps_frontier_answered(&r->f, q->n, NULL);
-  }
+  if (!q->fenced)
+    ps_frontier_answered(&q->r->f, q->n,
+                         q->failure[0] ? q->failure
+                                       : ps__replica_wait_failure(q->r, reply, why, sizeof why));
   free(q);
 }
 
@@ -417,9 +427,7 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
     ps_frontier_answered(&r->f, e->n, "hiredis refused the command");
     return;
   }
-  if (r->wait_replicas > 0 &&
-      redisAsyncCommand(r->ac, on_waited, q, "WAIT %d %" PRId64, r->wait_replicas, ps__replica_wait_ms(r)) ==
-          REDIS_OK)
+  if (r->wait_replicas > 0 && ps__replica_send_wait(r, r->ac, on_waited, q) == 0)
     q->waiting = 1;
 }
 
@@ -439,8 +447,8 @@ static void heartbeat(ps_replica *r) {
   snprintf(payload, sizeof payload,
            "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " version %" PRIu64
            " lag %" PRIu64 " nondurable %" PRIu64 " held %" PRIu64,
-           (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard), ps_shard_version(r->shard),
-           ps_replica_lag(r), r->f.nondurable, r->f.waiting);
+           (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard),
+           ps_shard_version(r->shard), ps_replica_lag(r), r->f.nondurable, r->f.waiting);
   snprintf(ttl, sizeof ttl, "%" PRId64, 3 * r->cfg->heartbeat_ms);
   const char *argv[] = {"EVAL", HEARTBEAT_SCRIPT, "2", r->k.epoch, r->k.node, r->epoch_text,
                         payload, ttl};
@@ -495,7 +503,9 @@ void ps_replica_updated(ps_replica *r) {
     ps__replica_snapshot_start(r);
 }
 
-uint64_t ps_replica_lag(const ps_replica *r) { return ps_shard_version(r->shard) - r->snap_version; }
+uint64_t ps_replica_lag(const ps_replica *r) {
+  return ps_shard_version(r->shard) - r->snap_version;
+}
 
 ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,

@@ -86,7 +86,13 @@ struct ps_replica {
 void ps__replica_fence(ps_replica *r, const char *why);   /* a newer incarnation took over */
 int ps__replica_is_fenced(const redisReply *rep);         /* a FENCED error reply */
 void ps__replica_check_readonly(ps_replica *r, const redisReply *rep);  /* READONLY: reconnect */
-int64_t ps__replica_wait_ms(const ps_replica *r);         /* a WAIT's timeout */
+/* WAIT for wait_replicas replicas after what ac sent so far, fn(arg) on its
+ * answer: 0, or -1 when hiredis refused the command. */
+int ps__replica_send_wait(ps_replica *r, redisAsyncContext *ac, redisCallbackFn *fn, void *arg);
+/* A WAIT's answer: NULL when enough replicas confirmed, else why not (a
+ * static string, the reply's, or written into why). */
+const char *ps__replica_wait_failure(const ps_replica *r, const redisReply *rep, char *why,
+                                     size_t len);
 void ps__replica_maybe_finish_close(ps_replica *r);       /* the close's last step, when due */
 
 /* snapshot.c, for replica.c */

@@ -128,15 +128,14 @@ static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
 static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   ps_replica *r = priv;
-  redisReply *rep = reply;
-  if (rep != NULL && rep->type == REDIS_REPLY_INTEGER && rep->integer >= r->wait_replicas) {
+  char why[200];
+  const char *failure = ps__replica_wait_failure(r, reply, why, sizeof why);
+  if (failure == NULL) {
     ps_frontier_covered(&r->f, r->job->journal);
     snapshot_done(r, 1);
     return;
   }
-  ps_log(PS_LOG_WARN, "redis: snapshot switched on the primary, but %s", rep == NULL
-         ? "the connection was lost before the replicas confirmed it"
-         : rep->type == REDIS_REPLY_INTEGER ? "too few replicas confirmed it" : "WAIT failed");
+  ps_log(PS_LOG_WARN, "redis: snapshot switched on the primary, but %s", failure);
   snapshot_done(r, 0);
 }
 
@@ -156,8 +155,7 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
         r->gc_pending = 1;
     }
     if (r->wait_replicas > 0 && ac != NULL &&
-        redisAsyncCommand(ac, on_switch_waited, r, "WAIT %d %" PRId64, r->wait_replicas,
-                          ps__replica_wait_ms(r)) == REDIS_OK)
+        ps__replica_send_wait(r, ac, on_switch_waited, r) == 0)
       return;
     if (r->wait_replicas > 0) {
       snapshot_done(r, 0);
@@ -201,7 +199,8 @@ static void send_switch(ps_replica *r) {
                         "image_floats", f[3], "nfloats", f[4], "nslots", f[5],
                         "has_accum", f[6], "nonce", f[7], "accum_count", f[8], "target", f[9],
                         "chunks", f[10], "layout", f[11], "epoch", r->epoch_text, "time", f[12],
-                        "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&ps_shard_options(r->shard)->optim),
+                        "format", PS_SNAP_FORMAT,
+                        "optimizer", ps_optim_name(&ps_shard_options(r->shard)->optim),
                         "consistency", f[13], "nondurable", f[14]};
   if (redisAsyncCommandArgv(r->ac, on_switched, r, (int)(sizeof argv / sizeof argv[0]), argv,
                             NULL) != REDIS_OK)

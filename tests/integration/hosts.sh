@@ -9,14 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
-[ "$(id -u)" = 0 ] || { echo "skip: not root (ip netns needs CAP_SYS_ADMIN)"; exit 0; }
-NAME="it$(($$ % 10000))"
-H="scripts/hosts --name $NAME"
-trap 'cleanup; $H down 2>/dev/null || true' EXIT
-out=$($H up 3 2>&1) || {
-  case $out in *"cannot make a network namespace"*) echo "skip: $out"; exit 0 ;; esac
-  fail "up 3: $out"
-}
+hosts_up it 3
 
 # A listener on every host that answers with its host name.
 for i in 1 2 3; do

@@ -143,3 +143,18 @@ start_redis() {
   done
   fail "redis-server on port $REDIS_PORT did not answer PING within 10 s"
 }
+
+# hosts_up PREFIX N: N hosts of scripts/hosts, named PREFIX + a number ($NAME),
+# driven with $H; taken down on exit.  Skips the test (exit 0, "skip: why")
+# where it cannot run: not root, or no network namespaces.
+hosts_up() {
+  [ "$(id -u)" = 0 ] || { echo "skip: not root (ip netns needs CAP_SYS_ADMIN)"; exit 0; }
+  NAME="$1$(($$ % 10000))"
+  H="scripts/hosts --name $NAME"
+  trap 'cleanup; $H down 2>/dev/null || true' EXIT
+  local out
+  out=$($H up "$2" 2>&1) || {
+    case $out in *"cannot make a network namespace"*) echo "skip: $out"; exit 0 ;; esac
+    fail "scripts/hosts up $2: $out"
+  }
+}

@@ -21,14 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
-[ "$(id -u)" = 0 ] || { echo "skip: not root (ip netns needs CAP_SYS_ADMIN)"; exit 0; }
-NAME="pt$(($$ % 10000))"
-H="scripts/hosts --name $NAME"
-trap 'cleanup; $H down 2>/dev/null || true' EXIT
-out=$($H up 5 2>&1) || {
-  case $out in *"cannot make a network namespace"*) echo "skip: $out"; exit 0 ;; esac
-  fail "hosts up 5: $out"
-}
+hosts_up pt 5
 BIN=$(realpath "$BIN")
 net=$($H ip 1)
 net=${net%.*}

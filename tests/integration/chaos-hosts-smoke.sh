@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/chaos --hosts, short: 5 hosts (network namespaces) with a Redis
 # primary, its replica and 3 Sentinels, 2 chiefs, 3 shards, 3 workers;
-# 1500 steps with a fault every 1.5-3.75 s (kill, pause, partition,
-# redis-failover: each round has every kind once), then the same run calm.
+# 2500 steps with a fault every 1.5-3.75 s (kill, pause, partition,
+# redis-failover, clock: each round has every kind once), then the same run
+# calm.
 # The report must end with `result: ok` (scripts/check-history exact over
 # the histories: no acknowledged update lost or applied twice, no chief
 # action of an older token after a newer one; no stall over 10 s outside
@@ -16,7 +17,7 @@ ip netns add "psprobe$$" 2>/dev/null || { echo "skip: ip netns add failed (no ne
 ip netns del "psprobe$$"
 
 set +e
-scripts/chaos --hosts 5 --steps 1500 --fault-gap 1.5 --timeout 150 --seed 1 --dir "$T/run" --binary "$BIN" \
+scripts/chaos --hosts 5 --steps 2500 --fault-gap 1.5 --timeout 240 --seed 1 --dir "$T/run" --binary "$BIN" \
   >"$T/chaos.log" 2>&1
 rc=$?
 set -e
@@ -24,12 +25,12 @@ report=$(sed -n '/^== chaos report/,$p' "$T/chaos.log")
 [ -n "$report" ] || { tail -20 "$T/chaos.log" >&2; fail "scripts/chaos --hosts exited $rc without a report"; }
 grep -q '^result: ok$' <<<"$report" || { echo "$report" >&2; fail "$(tail -n 1 <<<"$report")"; }
 [ "$rc" -eq 0 ] || fail "result: ok but exit status $rc"
-for kind in kill pause partition redis-failover; do
+for kind in kill pause partition redis-failover clock; do
   grep -q "\"kind\": \"$kind\"" "$T/run/faults.json" || fail "no $kind fault was injected"
 done
 left=$( (ip netns list; ip -o link) | grep -c ' \?ch[0-9]*-h[0-9]\|ch[0-9]*br' || true)
 [ "$left" = 0 ] || fail "namespaces or links left: $left"
 [ -z "$(pgrep -f "$T/run/")" ] || fail "processes left: $(pgrep -af "$T/run/")"
-grep -E '^(faults|  (kill|pause|partition|redis-failover) |  chaos: history: (chief|ok)|longest|final)' \
+grep -E '^(faults|  (kill|pause|partition|redis-failover|clock) |  chaos: history: (chief|ok)|longest|final)' \
   <<<"$report" | sed 's/^ */ok: /'
 echo "ok: result: ok"

@@ -60,11 +60,26 @@ const ps_vartable *ps_client_vars(const ps_client *c);
  * within the staleness bound.  @return 0 or a negative code. */
 int ps_client_pull(ps_client *c, float *params);
 
-/* Push a gradient (the whole arena; `grad` must stay unchanged until the
- * call returns) to every shard, computed on the weights of the last pull,
- * and wait until every shard has acknowledged it.  @return 0 or a
- * negative code. */
+/* Push a gradient (the whole arena) to every shard, computed on the
+ * weights of the last pull, and wait until every shard has acknowledged
+ * it.  @return 0 or a negative code. */
 int ps_client_push(ps_client *c, const float *grad);
+
+/* The same push without waiting for its acknowledgements: it copies
+ * `grad`, sends it, and returns.  The acks come while later calls run, so
+ * that a shard's durable write (Redis, [replication] mode = log) overlaps
+ * the caller's next gradient: push_async, pull, compute, push_async...  At
+ * most one push is unacknowledged: push_async first waits for the acks of
+ * the one before (as ps_client_flush), and a sync pull does too.  A pull
+ * after a push_async sees its update (a shard reads a connection's frames
+ * in order).  A shard that fails meanwhile gets the push again, with the
+ * same sequence number.  @return 0 or a negative code (of the previous
+ * push's acks). */
+int ps_client_push_async(ps_client *c, const float *grad);
+
+/* Wait until every shard acknowledged the last push (nothing to wait for:
+ * returns 0 at once).  @return 0 or a negative code. */
+int ps_client_flush(ps_client *c);
 
 /* The global step as of the last reply from shard 0 (updates applied to
  * the model so far). */
@@ -73,7 +88,8 @@ uint64_t ps_client_global_step(const ps_client *c);
 /* The step limit of the cluster's config ([train] last_step, 0 = none). */
 uint64_t ps_client_last_step(const ps_client *c);
 
-/* Pushes this client completed: each was acknowledged by every shard. */
+/* Pushes this client completed: each was acknowledged by every shard (a
+ * push_async counts once its acks came). */
 uint64_t ps_client_pushes(const ps_client *c);
 
 /* The worker's clock: its pushes over all its incarnations, which ssp

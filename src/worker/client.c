@@ -34,7 +34,7 @@
 #define BACKOFF_CAP_MS 1000
 
 enum { L_DOWN = 0, L_CONNECTING, L_HANDSHAKE, L_READY };
-enum { OP_NONE = 0, OP_PULL, OP_PUSH, OP_REQ };
+enum { OP_NONE = 0, OP_PULL, OP_REQ };
 
 typedef struct link {
   struct ps_client *cl;
@@ -50,6 +50,11 @@ typedef struct link {
   int op, done;
   uint64_t req_id;
   uint64_t pull_step;
+  /* The push: at most one unacknowledged at a time (its ack may come while
+   * a later pull runs), sent again on every new connection until acked. */
+  int push_wait;           /* sent, no ack yet */
+  int pulled_since_push;   /* a pull reply came after it: fresher than its ack */
+  uint64_t push_req;       /* its request id on the current connection */
   uint64_t seq;            /* of the current push */
   float *slice;            /* the push's gradient slice, owned */
   /* What the shard said last. */
@@ -76,6 +81,8 @@ struct ps_client {
   uint64_t next_req;
   float *params;           /* the current pull's destination */
   uint64_t pushes;         /* completed pushes of this client */
+  uint64_t sent;           /* pushes sent: pushes, or pushes + 1 while one waits */
+  int flushing;            /* the call also waits for the push's acks */
   uint64_t clock_base;     /* ssp: the clock is clock_base + pushes */
   uint64_t duplicates, stale;
   int fatal;               /* a non-retryable error ended the call */
@@ -132,6 +139,28 @@ static void link_down(link *l, const char *why) {
   uv_timer_start(&l->retry, on_retry, delay, 0);
 }
 
+static void send_push(link *l) {
+  ps_client *c = l->cl;
+  if (!l->push_wait || l->state != L_READY)
+    return;
+  l->push_req = ++c->next_req;
+  ps_msg m;
+  memset(&m, 0, sizeof m);
+  m.type = PS_MSG_PUSH;
+  m.u.push.worker = (uint32_t)c->index;
+  m.u.push.incarnation = c->incarnation;
+  m.u.push.seq = l->seq;
+  /* Sync compares the step with the shard's own version; the others use
+   * the global step for the learning-rate schedule. */
+  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
+                                                        : c->links[0].global_step;
+  m.u.push.count = c->layout.shard_floats[l->index];
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, l->push_req, prefix);
+  /* The slice stays untouched until its ack, which comes after the write. */
+  ps_conn_send(l->conn, prefix, plen, l->slice, m.u.push.count * sizeof(float), NULL, NULL);
+}
+
 static void send_op(link *l) {
   ps_client *c = l->cl;
   if (l->op == OP_NONE || l->done || l->state != L_READY)
@@ -156,21 +185,31 @@ static void send_op(link *l) {
     m.u.pull.worker = (uint32_t)c->index;
     m.u.pull.step = l->pull_step;
     ps_conn_send_msg(l->conn, &m, l->req_id);
-    return;
   }
-  m.type = PS_MSG_PUSH;
-  m.u.push.worker = (uint32_t)c->index;
-  m.u.push.incarnation = c->incarnation;
-  m.u.push.seq = l->seq;
-  /* Sync compares the step with the shard's own version; the others use
-   * the global step for the learning-rate schedule. */
-  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
-                                                        : c->links[0].global_step;
-  m.u.push.count = c->layout.shard_floats[l->index];
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&m, l->req_id, prefix);
-  /* The slice stays untouched until its ack, which comes after the write. */
-  ps_conn_send(l->conn, prefix, plen, l->slice, m.u.push.count * sizeof(float), NULL, NULL);
+}
+
+/* A push's ack from shard l.  Once every shard acked, the push is complete. */
+static void on_push_ack(link *l, const ps_msg_push_ack *a) {
+  ps_client *c = l->cl;
+  /* A pull answered after the push was sent carries newer numbers. */
+  if (!l->pulled_since_push) {
+    l->version = a->version;
+    l->global_step = a->global_step;
+  }
+  l->ack_status = a->status;
+  if (l->ack_status == PS_PUSH_DUPLICATE)
+    c->duplicates++;
+  if (l->ack_status == PS_PUSH_STALE)
+    c->stale++;
+  static const char *const statuses[] = {"applied", "duplicate", "stale"};
+  ps_history_line(c->history, "ack %d %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %s",
+                  l->index, l->shard_incarnation, c->incarnation, l->seq, a->version,
+                  l->ack_status < 3 ? statuses[l->ack_status] : "?");
+  l->push_wait = 0;
+  for (int i = 0; i < c->nlinks; i++)
+    if (c->links[i].push_wait)
+      return;
+  c->pushes++;
 }
 
 /* The reply each control request gets. */
@@ -243,11 +282,17 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->down_since_ns = 0;
       ps_backoff_reset(&l->backoff);
       c->connects++;
+      send_push(l);  /* first: the shard applies it before the op reads */
       send_op(l);
       return;
     }
     break;
   case L_READY:
+    if (m.type == PS_MSG_PUSH_ACK && l->push_wait && h->request_id == l->push_req &&
+        m.u.push_ack.seq == l->seq) {
+      on_push_ack(l, &m.u.push_ack);
+      return;
+    }
     if (h->request_id < l->req_id)
       return;  /* the reply to a call that timed out */
     if (h->request_id != l->req_id)
@@ -266,21 +311,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
                         c->params);
       l->version = l->pulled_version = m.u.pull_reply.version;
       l->global_step = m.u.pull_reply.global_step;
-      l->done = 1;
-      return;
-    }
-    if (m.type == PS_MSG_PUSH_ACK && l->op == OP_PUSH && !l->done && m.u.push_ack.seq == l->seq) {
-      l->version = m.u.push_ack.version;
-      l->global_step = m.u.push_ack.global_step;
-      l->ack_status = m.u.push_ack.status;
-      if (l->ack_status == PS_PUSH_DUPLICATE)
-        c->duplicates++;
-      if (l->ack_status == PS_PUSH_STALE)
-        c->stale++;
-      static const char *const statuses[] = {"applied", "duplicate", "stale"};
-      ps_history_line(c->history, "ack %d %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %s",
-                      l->index, l->shard_incarnation, c->incarnation, l->seq, l->version,
-                      l->ack_status < 3 ? statuses[l->ack_status] : "?");
+      l->pulled_since_push = 1;
       l->done = 1;
       return;
     }
@@ -364,8 +395,8 @@ static void on_deadline(uv_timer_t *t) {
   c->timed_out = 1;
 }
 
-/* Run the loop until every link has done its operation, a fatal error, or
- * the deadline. */
+/* Run the loop until every link has done its operation (and, when
+ * flushing, has its push acknowledged), a fatal error, or the deadline. */
 static int run_op(ps_client *c) {
   c->fatal = 0;
   c->timed_out = 0;
@@ -386,7 +417,7 @@ static int run_op(ps_client *c) {
   for (;;) {
     int pending = 0;
     for (int i = 0; i < c->nlinks; i++)
-      pending += !c->links[i].done;
+      pending += !c->links[i].done || (c->flushing && c->links[i].push_wait);
     if (pending == 0 || c->fatal || c->timed_out)
       break;
     if (c->stop_flag != NULL && *c->stop_flag) {
@@ -399,10 +430,11 @@ static int run_op(ps_client *c) {
   }
   uv_timer_stop(&c->deadline);
   uv_timer_stop(&c->wake);
+  c->flushing = 0;
   int timed_out = 0;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
-    if (l->op != OP_NONE && !l->done && !c->fatal && c->timed_out && !timed_out) {
+    if ((!l->done || (c->flushing && l->push_wait)) && !c->fatal && c->timed_out && !timed_out) {
       timed_out = 1;
       snprintf(c->error, sizeof c->error, "shard %d: no reply within %d ms (%s)", l->index,
                c->deadline_ms, l->state == L_READY ? "connected"
@@ -416,6 +448,12 @@ static int run_op(ps_client *c) {
 }
 
 int ps_client_pull(ps_client *c, float *params) {
+  /* Sync's pull asks for the step its push was counted in: its ack says. */
+  if (c->links[0].consistency == PS_CONSISTENCY_SYNC) {
+    int rc = ps_client_flush(c);
+    if (rc != 0)
+      return rc;
+  }
   c->params = params;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
@@ -428,7 +466,8 @@ int ps_client_pull(ps_client *c, float *params) {
                                                                       : l->pulled_version + 1;
       break;
     case PS_CONSISTENCY_SSP:
-      l->pull_step = c->clock_base + c->pushes;
+      /* The push in flight counts: the shard applied it before this pull. */
+      l->pull_step = c->clock_base + c->sent;
       break;
     default:
       l->pull_step = 0;
@@ -437,17 +476,39 @@ int ps_client_pull(ps_client *c, float *params) {
   return run_op(c);
 }
 
-int ps_client_push(ps_client *c, const float *grad) {
+int ps_client_flush(ps_client *c) {
+  int any = 0;
+  for (int i = 0; i < c->nlinks; i++) {
+    c->links[i].op = OP_NONE;
+    any |= c->links[i].push_wait;
+  }
+  if (!any)
+    return 0;
+  c->flushing = 1;
+  return run_op(c);
+}
+
+int ps_client_push_async(ps_client *c, const float *grad) {
+  int rc = ps_client_flush(c);
+  if (rc != 0)
+    return rc;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
     ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
-    l->op = OP_PUSH;
     l->seq++;
+    l->push_wait = 1;
+    l->pulled_since_push = 0;
+    /* Written now if the link is up (libuv writes at once what the socket
+     * takes); else on its next connection, in the next call. */
+    send_push(l);
   }
-  int rc = run_op(c);
-  if (rc == 0)
-    c->pushes++;
-  return rc;
+  c->sent++;
+  return 0;
+}
+
+int ps_client_push(ps_client *c, const float *grad) {
+  int rc = ps_client_push_async(c, grad);
+  return rc != 0 ? rc : ps_client_flush(c);
 }
 
 const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }

@@ -167,9 +167,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
           sum[i] *= inv;
       }
       window_steps = 0;
-      rc = ps_client_push(client, sum);
+      rc = ps_client_push_async(client, sum);
     } else {
-      rc = ps_client_push(client, grad);
+      rc = ps_client_push_async(client, grad);
     }
     if (rc == 0)
       rc = ps_client_pull(client, params);
@@ -188,6 +188,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
+  /* The last push's acks (it was sent without waiting for them). */
+  if (rc == 0)
+    rc = ps_client_flush(client);
   if (rc == PS_ESTOPPED || (rc == -EINTR && stop_requested)) {
     ps_log(PS_LOG_INFO, "%s", ps_client_error(client));
   } else if (rc != 0) {

@@ -78,13 +78,27 @@ void ps_registry_free(ps_registry *r) {
   free(r);
 }
 
+/* Which Redis, for messages: [redis] address, or with Sentinels the
+ * primary they named (when connected) or their master_name. */
+static const char *redis_name(const ps_registry *r, char *buf, size_t n) {
+  if (r->cfg->nsentinels == 0)
+    snprintf(buf, n, "%s:%u", r->cfg->redis.host, r->cfg->redis.port);
+  else if (r->c != NULL && r->c->tcp.host != NULL)
+    snprintf(buf, n, "%s:%d (primary '%s')", r->c->tcp.host, r->c->tcp.port,
+             r->cfg->redis_master_name);
+  else
+    snprintf(buf, n, "primary '%s' (from the Sentinels)", r->cfg->redis_master_name);
+  return buf;
+}
+
 static void drop(ps_registry *r, const char *why) {
+  char name[400];
   /* ps_redis_connect's messages name the address already. */
   if (!r->down_logged && strncmp(why, "redis ", 6) == 0)
     ps_log(PS_LOG_WARN, "%s; training on, records not saved until it is back", why);
   else if (!r->down_logged)
-    ps_log(PS_LOG_WARN, "redis %s:%u: %s; training on, records not saved until it is back",
-           r->cfg->redis.host, r->cfg->redis.port, why);
+    ps_log(PS_LOG_WARN, "redis %s: %s; training on, records not saved until it is back",
+           redis_name(r, name, sizeof name), why);
   r->down_logged = 1;
   redisFree(r->c);
   r->c = NULL;
@@ -107,10 +121,11 @@ static redisContext *ctx(ps_registry *r, int wait) {
     drop(r, eb.msg);
     return NULL;
   }
-  if (r->down_logged)
-    ps_log(PS_LOG_INFO, "redis %s:%u: connected again", r->cfg->redis.host, r->cfg->redis.port);
-  r->down_logged = 0;
   r->c = c;
+  char name[400];
+  if (r->down_logged)
+    ps_log(PS_LOG_INFO, "redis %s: connected again", redis_name(r, name, sizeof name));
+  r->down_logged = 0;
   return c;
 }
 
@@ -135,11 +150,12 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
   ps_key_epoch(key, r->cfg->cluster_id, r->role, r->index);
   ps_backoff b;
   ps_backoff_init(&b, PS_REDIS_RETRY_BASE_MS, PS_REDIS_RETRY_CAP_MS, 0);
+  char name[400];
   while (!*stop) {
     redisContext *c = ctx(r, 1);
     if (c == NULL && r->auth_failed)
-      return ps_err_set(eb, -EACCES, "redis %s:%u: AUTH%s%s failed (see [redis] user and "
-                        "password_file in %s)", r->cfg->redis.host, r->cfg->redis.port,
+      return ps_err_set(eb, -EACCES, "redis %s: AUTH%s%s failed (see [redis] user and "
+                        "password_file in %s)", redis_name(r, name, sizeof name),
                         r->cfg->redis_user[0] ? " as " : "", r->cfg->redis_user, r->cfg->path);
     if (c != NULL) {
       int rc = ps_redis_new_epoch(c, key, epoch, eb);
@@ -156,8 +172,8 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
         drop(r, eb->msg);  /* lost, or a replica now: the next try finds the primary */
     }
     unsigned ms = ps_backoff_next(&b);
-    ps_log(PS_LOG_WARN, "waiting for Redis %s:%u for this %s's incarnation%s%s; retry in %u ms",
-           r->cfg->redis.host, r->cfg->redis.port, r->role, c != NULL ? ": " : "",
+    ps_log(PS_LOG_WARN, "waiting for Redis %s for this %s's incarnation%s%s; retry in %u ms",
+           redis_name(r, name, sizeof name), r->role, c != NULL ? ": " : "",
            c != NULL ? eb->msg : "", ms);
     usleep(ms * 1000);
   }

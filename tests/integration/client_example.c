@@ -149,11 +149,19 @@ int main(int argc, char **argv) {
           g1[j * IN + i] += da[j] * x[i];
       }
     }
-    if ((rc = ps_client_push(c, grad)) != 0)
+    /* The second half overlaps each push's acks with the next gradient. */
+    if ((rc = step < steps / 2 ? ps_client_push(c, grad) : ps_client_push_async(c, grad)) != 0)
       break;
     if (step % 50 == 0)
       printf("example: step %d loss %.4f global step %llu\n", step, loss / BATCH,
              (unsigned long long)ps_client_global_step(c));
+  }
+  if (rc == 0)
+    rc = ps_client_flush(c);
+  if (rc == 0 && ps_client_pushes(c) != (uint64_t)steps) {
+    fprintf(stderr, "client_example: %llu pushes acknowledged after %d steps and a flush\n",
+            (unsigned long long)ps_client_pushes(c), steps);
+    rc = -1;
   }
   if (rc == 0)
     rc = ps_client_pull(c, params);

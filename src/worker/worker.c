@@ -85,9 +85,12 @@ int ps_worker_run(const ps_config *cfg, int index) {
   }
   ps_client_set_stop_flag(client, &stop_requested);
   uint64_t epoch = 0;
-  if (cfg->replication != PS_REPLICATION_OFF) {
+  if (cfg->replication != PS_REPLICATION_OFF || !cfg->ps_self_init) {
     /* The incarnation and the data position live in Redis, so that a
-     * restarted worker is a new incarnation that goes on where it was. */
+     * restarted worker is a new incarnation that goes on where it was.
+     * With a chief (the shards wait for it to initialize them) there is a
+     * Redis even when the shards do not replicate: the chief's lease lives
+     * there, and its checkpoints need every worker's data position. */
     registry = ps_registry_new(cfg, "worker", index);
     if (registry == NULL ||
         ps_registry_new_epoch(registry, (volatile int *)&stop_requested, &epoch, &eb) != 0) {

@@ -8,6 +8,8 @@
 #    checkpoint directory at the saved step with the saved data positions;
 #  - last_step: a final checkpoint there, every process exits 0, nothing is
 #    left running, and the accuracy meets step 2's bar.
+#  - replication off: the chief still checkpoints (the workers record
+#    their data positions in Redis).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -151,3 +153,16 @@ start schief2 "$BIN" chief --config "$T/s.conf"
 wait_for "$T/schief2.log" "every shard holds its state" 15
 wait_for "$T/schief2.log" "checkpoint ckpt-" 10
 echo "ok: every_secs after a chief restart: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/schief2.log" | head -1) by the new chief"
+
+# --- checkpoints without replication: the shards keep nothing in Redis,
+# the workers still record their data positions there for the chief
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+write_config "$T/o.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mode=off" \
+  "replication.self_init=no" "checkpoint.dir=$T/off" "checkpoint.every_steps=50" \
+  "checkpoint.every_secs=0" "chief.eval_every_steps=0"
+start_shards ops "$T/o.conf" 1
+start ow0 "$BIN" worker --config "$T/o.conf" --index 0
+start ochief "$BIN" chief --config "$T/o.conf"
+wait_for "$T/ochief.log" "checkpoint ckpt-" 20
+compgen -G "$T/off/ckpt-*" >/dev/null || fail "replication off: the chief logged a checkpoint, none is in $T/off"
+echo "ok: replication off: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/ochief.log" | head -1)"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every benchmark in its --smoke mode (tiny sizes, seconds), so that a
+# change that breaks one fails here rather than on the day it is run: each
+# must exit 0 and end with its target lines, every one of the form
+# `target NAME: FIGURE (bar OP BAR): ok|MISSED`.  The figures of a smoke say
+# nothing about speed and are not judged; a benchmark that installs its
+# reference (iperf3, python3-torch) does so here too.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+
+for b in bench-ps bench-recovery bench-engine bench-ckpt; do
+  rc=0
+  scripts/$b --smoke --binary "$BIN" >"$T/$b.log" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || fail "scripts/$b --smoke exited $rc"
+  lines=$(grep '^target ' "$T/$b.log" || true)
+  [ -n "$lines" ] || fail "scripts/$b --smoke printed no target line"
+  bad=$(grep -Ev '^target [^ :]+: -?[0-9.eE+-]+[^ ]* \(bar (<=|>=) [0-9.eE+-]+[^ )]*\): (ok|MISSED)$' <<<"$lines" || true)
+  [ -z "$bad" ] || fail "scripts/$b --smoke: malformed target line: $(head -n 1 <<<"$bad")"
+  echo "ok: $b --smoke: $(wc -l <<<"$lines") targets ($(tr '\n' ';' <<<"$lines" | sed 's/;$//; s/;/; /g'))"
+done

@@ -376,6 +376,12 @@ static void on_waited(redisAsyncContext *ac, void *reply, void *priv) {
   free(q);
 }
 
+/* The XADD of an entry is written as RESP around its compressed gradient:
+ * LZ4 compresses straight into r->gz after room for the command's head,
+ * the head goes just before it, and hiredis copies the whole into its
+ * output buffer once (redisAsyncCommandArgv would format a second copy). */
+#define XADD_HEAD_MAX 1024
+
 void ps_replica_append(ps_replica *r, const ps_journal *e) {
   if (r->state == RS_FENCED)
     return;
@@ -383,21 +389,24 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
     ps_frontier_answered(&r->f, e->n, "Redis is not connected");
     return;
   }
-  int gz_len = 0;
-  if (e->kind == PS_JOURNAL_PUSH) {
-    int raw = (int)(ps_shard_options(r->shard)->nfloats * sizeof(float));
-    int bound = LZ4_compressBound(raw);
-    if (bound > r->gz_cap) {
-      char *p = realloc(r->gz, (size_t)bound);
-      if (p == NULL) {
-        ps_frontier_answered(&r->f, e->n, "out of memory compressing the entry");
-        return;
-      }
-      r->gz = p;
-      r->gz_cap = bound;
+  int raw = e->kind == PS_JOURNAL_PUSH ? (int)(ps_shard_options(r->shard)->nfloats * sizeof(float))
+                                       : 0;
+  int bound = XADD_HEAD_MAX + LZ4_compressBound(raw) + 2;
+  if (bound > r->gz_cap) {
+    char *p = realloc(r->gz, (size_t)bound);
+    if (p == NULL) {
+      ps_frontier_answered(&r->f, e->n, "out of memory compressing the entry");
+      return;
     }
-    gz_len = LZ4_compress_fast((const char *)e->g, r->gz, raw, r->gz_cap, LZ4_ACCEL);
-    if (gz_len <= 0 && raw > 0) {
+    r->gz = p;
+    r->gz_cap = bound;
+  }
+  char *gz = r->gz + XADD_HEAD_MAX;
+  int gz_len = 0;
+  if (raw > 0) {
+    gz_len = LZ4_compress_fast((const char *)e->g, gz, raw, r->gz_cap - XADD_HEAD_MAX - 2,
+                               LZ4_ACCEL);
+    if (gz_len <= 0) {
       ps_frontier_answered(&r->f, e->n, "the entry did not compress");
       return;
     }
@@ -415,14 +424,23 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
   snprintf(ss, sizeof ss, "%" PRIu64, e->seq);
   snprintf(ts, sizeof ts, "%" PRIu64,
            e->kind == PS_JOURNAL_TARGET ? (uint64_t)e->target : e->step);
-  const char *argv[16] = {"XADD", r->k.log, "NOMKSTREAM", id, "k", ks, "w", ws, "i", is,
-                          "s", ss, "t", ts, "g", e->kind == PS_JOURNAL_PUSH ? r->gz : ""};
-  size_t argl[16];
+  const char *argv[15] = {"XADD", r->k.log, "NOMKSTREAM", id, "k", ks, "w", ws, "i", is,
+                          "s", ss, "t", ts, "g"};
+  char head[XADD_HEAD_MAX];
+  size_t hl = (size_t)snprintf(head, sizeof head, "*16\r\n");
   for (int i = 0; i < 15; i++)
-    argl[i] = strlen(argv[i]);
-  argl[15] = (size_t)gz_len;
-  /* hiredis copies the arguments into its output buffer. */
-  if (redisAsyncCommandArgv(r->ac, on_appended, q, 16, argv, argl) != REDIS_OK) {
+    hl += (size_t)snprintf(head + hl, sizeof head - hl, "$%zu\r\n%s\r\n", strlen(argv[i]), argv[i]);
+  hl += (size_t)snprintf(head + hl, sizeof head - hl, "$%d\r\n", gz_len);
+  /* At most about 470 bytes besides the key (PS_KEY_MAX): never here. */
+  if (hl >= sizeof head) {
+    free(q);
+    ps_frontier_answered(&r->f, e->n, "the XADD's head is too long");
+    return;
+  }
+  memcpy(gz - hl, head, hl);
+  memcpy(gz + gz_len, "\r\n", 2);
+  if (redisAsyncFormattedCommand(r->ac, on_appended, q, gz - hl, hl + (size_t)gz_len + 2) !=
+      REDIS_OK) {
     free(q);
     ps_frontier_answered(&r->f, e->n, "hiredis refused the command");
     return;

@@ -144,9 +144,13 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 write_config "$T/s.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mode=log" \
   "replication.self_init=no" "checkpoint.dir=$T/secs" "checkpoint.every_steps=0" \
   "checkpoint.every_secs=1" "chief.eval_every_steps=0"
-start_shards sps "$T/s.conf" 1
-start sw0 "$BIN" worker --config "$T/s.conf" --index 0
-start schief1 "$BIN" chief --config "$T/s.conf"
+# small_cluster P CONF: 1 shard (Pps0), 1 worker (Pw0) and a chief (Pchief1).
+small_cluster() {
+  start_shards "$1ps" "$2" 1
+  start "$1w0" "$BIN" worker --config "$2" --index 0
+  start "$1chief1" "$BIN" chief --config "$2"
+}
+small_cluster s "$T/s.conf"
 wait_for "$T/schief1.log" "checkpoint ckpt-" 20
 kill -9 "$PID_schief1"
 start schief2 "$BIN" chief --config "$T/s.conf"
@@ -160,9 +164,7 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 write_config "$T/o.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mode=off" \
   "replication.self_init=no" "checkpoint.dir=$T/off" "checkpoint.every_steps=50" \
   "checkpoint.every_secs=0" "chief.eval_every_steps=0"
-start_shards ops "$T/o.conf" 1
-start ow0 "$BIN" worker --config "$T/o.conf" --index 0
-start ochief "$BIN" chief --config "$T/o.conf"
-wait_for "$T/ochief.log" "checkpoint ckpt-" 20
+small_cluster o "$T/o.conf"
+wait_for "$T/ochief1.log" "checkpoint ckpt-" 20
 compgen -G "$T/off/ckpt-*" >/dev/null || fail "replication off: the chief logged a checkpoint, none is in $T/off"
-echo "ok: replication off: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/ochief.log" | head -1)"
+echo "ok: replication off: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/ochief1.log" | head -1)"

@@ -3,8 +3,8 @@
 # fault class: 2 shards and 2 workers train with replication = log and
 # on_redis_failure = block while Redis refuses writes (each kind of error
 # reply, provoked through Redis's own settings), drops the connection, or
-# stops answering; shard 0 is killed with kill -9 inside the fault, the
-# fault ends, shard 0 comes back.  From the histories every process wrote
+# stops answering; the first shard to meet the fault is killed with kill -9
+# inside it, the fault ends, that shard comes back.  From the histories every process wrote
 # (scripts/check-history): no acknowledged update lost, none applied twice.
 # And training goes on within the deadlines once the fault ends.
 #
@@ -91,16 +91,27 @@ run_class() {
   local w1=$!
   wait_for "$T/$class-w0.log" "step 300 global" 60
   inject "$class"
-  wait_for "$T/$class-ps0.log" "$(seen_pattern "$class")" 20
+  # The first shard to meet the fault: a fault that begins between the two
+  # shards' entries of one step leaves the other with nothing to write (the
+  # workers wait for the first one's ack).
+  local k="" i pat
+  pat=$(seen_pattern "$class")
+  for ((i = 0; i < 400; i++)); do
+    if grep -q -- "$pat" "$T/$class-ps0.log"; then k=0; break; fi
+    if grep -q -- "$pat" "$T/$class-ps1.log"; then k=1; break; fi
+    sleep 0.05
+  done
+  [ -n "$k" ] || fail "$class: no '$pat' in either shard's log within 20 s"
   # Inside the fault: the shard holds what Redis does not have.  Kill it.
-  local acked_before
-  acked_before=$(cat "$hist"/worker-*.history | grep -c '^ack 0 ' || true)
-  kill -9 "$ps0"
-  wait "$ps0" 2>/dev/null || true
+  local acked_before victim
+  acked_before=$(cat "$hist"/worker-*.history | grep -c "^ack $k " || true)
+  victim=$([ "$k" = 0 ] && echo "$ps0" || echo "$ps1")
+  kill -9 "$victim"
+  wait "$victim" 2>/dev/null || true
   heal "$class"
-  start "$class-ps0b" "$BIN" ps --config "$conf" --index 0
-  ps0=$!
-  wait_for "$T/$class-ps0b.log" "listening on" 20
+  start "$class-psb" "$BIN" ps --config "$conf" --index "$k"
+  if [ "$k" = 0 ]; then ps0=$!; else ps1=$!; fi
+  wait_for "$T/$class-psb.log" "listening on" 20
   # Training goes on: a new step line of worker 0 within the deadline.
   local steps
   steps=$(grep -c ' global ' "$T/$class-w0.log" || true)
@@ -120,8 +131,8 @@ run_class() {
   local verdict
   verdict=$(scripts/check-history "$hist") || fail "$class: $verdict"
   local restored
-  restored=$(grep -h -o 'restored from Redis in .*' "$T/$class-ps0b.log" | sed 's/ (epoch.*//')
-  echo "ok: $class: shard 0 killed inside the fault with $acked_before acks seen; $restored"
+  restored=$(grep -h -o 'restored from Redis in .*' "$T/$class-psb.log" | sed 's/ (epoch.*//')
+  echo "ok: $class: shard $k killed inside the fault with $acked_before acks seen; $restored"
   echo "$verdict" | sed "s/^/ok: $class: /"
 }
 

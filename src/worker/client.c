@@ -430,7 +430,6 @@ static int run_op(ps_client *c) {
   }
   uv_timer_stop(&c->deadline);
   uv_timer_stop(&c->wake);
-  c->flushing = 0;
   int timed_out = 0;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
@@ -442,6 +441,7 @@ static int run_op(ps_client *c) {
     }
     l->op = OP_NONE;
   }
+  c->flushing = 0;
   if (c->fatal)
     return c->fatal_code ? c->fatal_code : -EIO;
   return timed_out ? -ETIMEDOUT : 0;

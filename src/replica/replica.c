@@ -426,12 +426,14 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
            e->kind == PS_JOURNAL_TARGET ? (uint64_t)e->target : e->step);
   const char *argv[15] = {"XADD", r->k.log, "NOMKSTREAM", id, "k", ks, "w", ws, "i", is,
                           "s", ss, "t", ts, "g"};
+  /* At most about 470 bytes besides the key (PS_KEY_MAX): never too long,
+   * but a truncated head is refused rather than written past. */
   char head[XADD_HEAD_MAX];
   size_t hl = (size_t)snprintf(head, sizeof head, "*16\r\n");
-  for (int i = 0; i < 15; i++)
+  for (int i = 0; i < 15 && hl < sizeof head; i++)
     hl += (size_t)snprintf(head + hl, sizeof head - hl, "$%zu\r\n%s\r\n", strlen(argv[i]), argv[i]);
-  hl += (size_t)snprintf(head + hl, sizeof head - hl, "$%d\r\n", gz_len);
-  /* At most about 470 bytes besides the key (PS_KEY_MAX): never here. */
+  if (hl < sizeof head)
+    hl += (size_t)snprintf(head + hl, sizeof head - hl, "$%d\r\n", gz_len);
   if (hl >= sizeof head) {
     free(q);
     ps_frontier_answered(&r->f, e->n, "the XADD's head is too long");

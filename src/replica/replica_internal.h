@@ -75,7 +75,7 @@ struct ps_replica {
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
   int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
-  char *gz;                 /* compression buffer for log entries */
+  char *gz;                 /* a log entry's XADD: its head, then the compressed gradient */
   int gz_cap;
   uint64_t last_hb_ns;
   ps_replica_alive_fn alive_fn;

@@ -81,7 +81,6 @@ struct ps_client {
   uint64_t next_req;
   float *params;           /* the current pull's destination */
   uint64_t pushes;         /* completed pushes of this client */
-  uint64_t sent;           /* pushes sent: pushes, or pushes + 1 while one waits */
   int flushing;            /* the call also waits for the push's acks */
   uint64_t clock_base;     /* ssp: the clock is clock_base + pushes */
   uint64_t duplicates, stale;
@@ -188,6 +187,14 @@ static void send_op(link *l) {
   }
 }
 
+/* A push sent and not yet acknowledged by every shard. */
+static int push_in_flight(const ps_client *c) {
+  for (int i = 0; i < c->nlinks; i++)
+    if (c->links[i].push_wait)
+      return 1;
+  return 0;
+}
+
 /* A push's ack from shard l.  Once every shard acked, the push is complete. */
 static void on_push_ack(link *l, const ps_msg_push_ack *a) {
   ps_client *c = l->cl;
@@ -206,10 +213,8 @@ static void on_push_ack(link *l, const ps_msg_push_ack *a) {
                   l->index, l->shard_incarnation, c->incarnation, l->seq, a->version,
                   l->ack_status < 3 ? statuses[l->ack_status] : "?");
   l->push_wait = 0;
-  for (int i = 0; i < c->nlinks; i++)
-    if (c->links[i].push_wait)
-      return;
-  c->pushes++;
+  if (!push_in_flight(c))
+    c->pushes++;
 }
 
 /* The reply each control request gets. */
@@ -455,6 +460,8 @@ int ps_client_pull(ps_client *c, float *params) {
       return rc;
   }
   c->params = params;
+  /* ssp: the push in flight counts, the shards applied it before this pull. */
+  uint64_t clock = c->clock_base + c->pushes + (uint64_t)push_in_flight(c);
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
     l->op = OP_PULL;
@@ -466,8 +473,7 @@ int ps_client_pull(ps_client *c, float *params) {
                                                                       : l->pulled_version + 1;
       break;
     case PS_CONSISTENCY_SSP:
-      /* The push in flight counts: the shard applied it before this pull. */
-      l->pull_step = c->clock_base + c->sent;
+      l->pull_step = clock;
       break;
     default:
       l->pull_step = 0;
@@ -477,13 +483,10 @@ int ps_client_pull(ps_client *c, float *params) {
 }
 
 int ps_client_flush(ps_client *c) {
-  int any = 0;
-  for (int i = 0; i < c->nlinks; i++) {
-    c->links[i].op = OP_NONE;
-    any |= c->links[i].push_wait;
-  }
-  if (!any)
+  if (!push_in_flight(c))
     return 0;
+  for (int i = 0; i < c->nlinks; i++)
+    c->links[i].op = OP_NONE;
   c->flushing = 1;
   return run_op(c);
 }
@@ -502,7 +505,6 @@ int ps_client_push_async(ps_client *c, const float *grad) {
      * takes); else on its next connection, in the next call. */
     send_push(l);
   }
-  c->sent++;
   return 0;
 }
 

@@ -87,6 +87,20 @@ wait_for() {
   fail "no '$pattern' in $file within $secs s"
 }
 
+# wait_for_any PATTERN SECS FILE...: until one of the FILEs has PATTERN;
+# sets WHICH to its place in the list (0, 1, ...), the first in order.
+wait_for_any() {
+  local pattern=$1 secs=$2 i k
+  shift 2
+  for ((i = 0; i < secs * 20; i++)); do
+    for ((k = 1; k <= $#; k++)); do
+      grep -q -- "$pattern" "${!k}" 2>/dev/null && { WHICH=$((k - 1)); return 0; }
+    done
+    sleep 0.05
+  done
+  fail "no '$pattern' in any of $* within $secs s"
+}
+
 # start NAME CMD...: run CMD in the background, output to $T/NAME.log.
 start() {
   local name=$1

@@ -42,12 +42,7 @@ kill -9 "$PID_redis"
 wait "$PID_redis" 2>/dev/null || true
 # A shard with an entry in flight holds its acks; the other may have none
 # in flight (the workers wait for the first one's ack): either shard.
-for ((i = 0; i < 400; i++)); do
-  grep -q "holding acknowledgements" "$T/ps0.log" "$T/ps1.log" && break
-  sleep 0.05
-done
-grep -q "holding acknowledgements" "$T/ps0.log" "$T/ps1.log" ||
-  fail "Redis killed: no shard held its acks ('holding acknowledgements') within 20 s"
+wait_for_any "holding acknowledgements" 20 "$T/ps0.log" "$T/ps1.log"
 g=$(grep -o 'step [0-9]* global [0-9]*' "$T/w0.log" | tail -n 1 | awk '{print $4}')
 back=$(date +%s%N)
 start_redis

@@ -94,14 +94,8 @@ run_class() {
   # The first shard to meet the fault: a fault that begins between the two
   # shards' entries of one step leaves the other with nothing to write (the
   # workers wait for the first one's ack).
-  local k="" i pat
-  pat=$(seen_pattern "$class")
-  for ((i = 0; i < 400; i++)); do
-    if grep -q -- "$pat" "$T/$class-ps0.log"; then k=0; break; fi
-    if grep -q -- "$pat" "$T/$class-ps1.log"; then k=1; break; fi
-    sleep 0.05
-  done
-  [ -n "$k" ] || fail "$class: no '$pat' in either shard's log within 20 s"
+  wait_for_any "$(seen_pattern "$class")" 20 "$T/$class-ps0.log" "$T/$class-ps1.log"
+  local k=$WHICH
   # Inside the fault: the shard holds what Redis does not have.  Kill it.
   local acked_before victim
   acked_before=$(cat "$hist"/worker-*.history | grep -c "^ack $k " || true)

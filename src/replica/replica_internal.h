@@ -15,24 +15,17 @@
 #include "replica/keys.h"
 #include "replica/replica.h"
 
-/* Float32 data barely compresses (94-98%), and LZ4's default setting spent
- * a quarter of the shard's loop on it; a high acceleration skips
- * incompressible runs fast. */
-#define LZ4_ACCEL 32
-
 typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
 
 typedef struct snap_job {
-  uv_work_t work;
   struct ps_replica *r;
-  float *img;             /* the copied state image */
+  float *img;             /* the copied state image; chunk k is floats [k*262144, ...) */
   ps_state_info info;
   uint64_t journal, nondurable;
-  char **chunk;           /* compressed chunks */
-  int *chunk_len;
   uint64_t nchunks;
   char id[48];
-  uint64_t pending;       /* chunk SETs not yet answered */
+  uint64_t next;          /* the next chunk to SET */
+  uint64_t pending;       /* chunk SETs issued and not yet answered */
   int failed;
 } snap_job;
 
@@ -75,8 +68,8 @@ struct ps_replica {
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
   int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
-  char *gz;                 /* a log entry's XADD: its head, then the compressed gradient */
-  int gz_cap;
+  char *entry;              /* a log entry's XADD: its head, then the gradient */
+  size_t entry_cap;
   uint64_t last_hb_ns;
   ps_replica_alive_fn alive_fn;
   void *alive_arg;

@@ -58,9 +58,11 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   uint64_t journal, chunks, nfloats, nondurable = 0, small[5];
   ps_state_info in = {0};
   const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
-  if (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0)
+  /* Format 2 stored its chunks as LZ4 blocks; 3 stores them raw. */
+  int lz4 = fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "2") == 0;
+  if (!lz4 && (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0))
     return ps_err_set(eb, PS_EVERSION,
-                      "%s: replica format %s, this shard reads format %s (restore from a "
+                      "%s: replica format %s, this shard reads formats 2 and %s (restore from a "
                       "checkpoint: delete the keys of %s)",
                       k->meta, fmt && fmt->str ? fmt->str : "(none)", PS_SNAP_FORMAT, k->tag);
   if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "version", &in.version) ||
@@ -116,12 +118,16 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     else if (r->type != REDIS_REPLY_STRING)
       rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": snapshot chunk missing",
                       k->snap_prefix, snap->str, i);
-    else if (LZ4_decompress_safe(r->str, (char *)piece, (int)r->len,
-                                 (int)(want * sizeof(float))) != (int)(want * sizeof(float)))
+    else if (lz4 && LZ4_decompress_safe(r->str, (char *)piece, (int)r->len,
+                                        (int)(want * sizeof(float))) != (int)(want * sizeof(float)))
       rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": chunk does not decompress to %" PRIu64
                       " bytes", k->snap_prefix, snap->str, i, want * sizeof(float));
+    else if (!lz4 && r->len != want * sizeof(float))
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s%s:%" PRIu64 ": chunk of %zu bytes, expected %" PRIu64,
+                      k->snap_prefix, snap->str, i, r->len, want * sizeof(float));
     else
-      ps_shard_state_load_piece(s, &in, off, piece, want);
+      ps_shard_state_load_piece(s, &in, off, lz4 ? piece : (const float *)(const void *)r->str,
+                                want);
     freeReplyObject(r);
   }
   free(piece);
@@ -186,12 +192,20 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
       ps_journal j = {.kind = kind->str[0], .n = n, .worker = (uint32_t)w, .incarnation = inc,
                       .seq = seq, .step = t, .target = (int)t, .g = g};
       if (j.kind == PS_JOURNAL_PUSH) {
-        const redisReply *gz = hash_get(f, "g");
-        int want = (int)(o->nfloats * sizeof(float));
-        if (gz == NULL || gz->type != REDIS_REPLY_STRING ||
-            LZ4_decompress_safe(gz->str, (char *)g, (int)gz->len, want) != want) {
-          rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: gradient does not decompress to %zu "
-                          "floats", k->log, id, o->nfloats);
+        /* `v`: the gradient as it is; `g`: an LZ4 block (format 2). */
+        const redisReply *v = hash_get(f, "v"), *gz = v ? NULL : hash_get(f, "g");
+        size_t want = o->nfloats * sizeof(float);
+        if (v != NULL && (v->type != REDIS_REPLY_STRING || v->len != want)) {
+          rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: gradient of %zu bytes, expected %zu",
+                          k->log, id, v->type == REDIS_REPLY_STRING ? v->len : 0, want);
+          break;
+        }
+        if (v != NULL) {
+          j.g = (const float *)(const void *)v->str;
+        } else if (gz == NULL || gz->type != REDIS_REPLY_STRING ||
+                   LZ4_decompress_safe(gz->str, (char *)g, (int)gz->len, (int)want) != (int)want) {
+          rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: no gradient, or one that does not "
+                          "decompress to %zu floats", k->log, id, o->nfloats);
           break;
         }
       }

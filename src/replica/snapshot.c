@@ -1,12 +1,11 @@
 /* A shard's snapshots in Redis (see replica_internal.h, REDIS.md §6): the
- * state image copied on the loop (the consistent cut), compressed in chunks
- * on libuv's thread pool, registered in P:snaps, stored, then switched in
- * by one fenced script that trims the log it covers (and, with
+ * state image copied on the loop (the consistent cut), registered in
+ * P:snaps, stored in raw chunks a few at a time, then switched in by one
+ * fenced script that trims the log it covers (and, with
  * redis_replicas, confirmed by WAIT before it covers anything); each
  * switch deletes the snapshots that never switched. */
 #include <errno.h>
 #include <inttypes.h>
-#include <lz4.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,31 +29,8 @@ static const char SWITCH_SCRIPT[] =
 static void job_free(snap_job *j) {
   if (j == NULL)
     return;
-  for (uint64_t i = 0; j->chunk && i < j->nchunks; i++)
-    free(j->chunk[i]);
-  free(j->chunk);
-  free(j->chunk_len);
   free(j->img);
   free(j);
-}
-
-static void compress_work(uv_work_t *w) {
-  snap_job *j = w->data;
-  for (uint64_t i = 0; i < j->nchunks; i++) {
-    uint64_t n = ps_snap_chunk_floats(j->info.image_floats, i);
-    int bound = LZ4_compressBound((int)(n * sizeof(float)));
-    j->chunk[i] = malloc((size_t)bound);
-    if (j->chunk[i] == NULL) {
-      j->failed = 1;
-      return;
-    }
-    j->chunk_len[i] = LZ4_compress_fast((const char *)(j->img + i * PS_SNAP_CHUNK_FLOATS),
-                                        j->chunk[i], (int)(n * sizeof(float)), bound, LZ4_ACCEL);
-    if (j->chunk_len[i] <= 0) {
-      j->failed = 1;
-      return;
-    }
-  }
 }
 
 /* Closing: write one last snapshot if the newest is older than the shard
@@ -207,18 +183,49 @@ static void send_switch(ps_replica *r) {
     snapshot_done(r, 0);
 }
 
+/* At most this many chunk SETs in flight: hiredis's output buffer (a log
+ * entry waits behind it) stays a few MiB, not the whole state. */
+#define SET_WINDOW 2
+
+static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv);
+
+/* Issue chunk SETs up to the window.  @return 0, or -1 when hiredis took
+ * none (the connection is going). */
+static int send_chunks(ps_replica *r) {
+  snap_job *j = r->job;
+  while (j->pending < SET_WINDOW && j->next < j->nchunks) {
+    uint64_t i = j->next;
+    char key[PS_KEY_MAX + 80];
+    snprintf(key, sizeof key, "%s%s:%" PRIu64, r->k.snap_prefix, j->id, i);
+    const char *argv[3] = {"SET", key, (const char *)(j->img + i * PS_SNAP_CHUNK_FLOATS)};
+    size_t argl[3] = {3, strlen(key),
+                      (size_t)ps_snap_chunk_floats(j->info.image_floats, i) * sizeof(float)};
+    if (redisAsyncCommandArgv(r->ac, on_chunk_set, r, 3, argv, argl) != REDIS_OK)
+      return -1;
+    j->next++;
+    j->pending++;
+  }
+  return 0;
+}
+
 static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   ps_replica *r = priv;
   redisReply *rep = reply;
   snap_job *j = r->job;
+  j->pending--;
   if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
     if (!j->failed && rep != NULL)
       ps_log(PS_LOG_WARN, "redis: snapshot chunk not stored: %s", rep->str);
     j->failed = 1;
   }
-  if (--j->pending > 0)
+  if (!j->failed && (r->ac == NULL || ac == NULL || r->state != RS_UP ||
+                     (r->closing && !r->final_started)))
+    j->failed = 1;
+  if (!j->failed && send_chunks(r) != 0)
+    j->failed = 1;
+  if (j->pending > 0)
     return;
-  if (j->failed || r->ac == NULL || ac == NULL || r->state != RS_UP) {
+  if (j->failed) {
     snapshot_done(r, 0);
     return;
   }
@@ -226,46 +233,30 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   send_switch(r);
 }
 
-static void after_compress(uv_work_t *w, int status) {
-  snap_job *j = w->data;
-  ps_replica *r = j->r;
-  if (status != 0 || j->failed || r->state != RS_UP || r->ac == NULL ||
-      (r->closing && !r->final_started)) {
-    snapshot_done(r, 0);
-    return;
-  }
-  /* pending counts the SETs issued plus one, released below, so that the
-   * switch starts only after every SET was both issued and answered. */
-  j->pending = 1;
-  for (uint64_t i = 0; i < j->nchunks; i++) {
-    char key[PS_KEY_MAX + 80];
-    snprintf(key, sizeof key, "%s%s:%" PRIu64, r->k.snap_prefix, j->id, i);
-    const char *argv[3] = {"SET", key, j->chunk[i]};
-    size_t argl[3] = {3, strlen(key), (size_t)j->chunk_len[i]};
-    if (redisAsyncCommandArgv(r->ac, on_chunk_set, r, 3, argv, argl) == REDIS_OK)
-      j->pending++;
-    else
-      j->failed = 1;
-  }
-  on_chunk_set(r->ac, &(redisReply){.type = REDIS_REPLY_STATUS}, r);
-}
-
 /* The snapshot is registered: a crash from now on leaves chunks that the
- * next start-up or switch finds and deletes.  Compress, then store them.
- * (Registering first also means a Redis that refuses writes costs a copy
- * and one command, not a compression of the whole state.) */
+ * next start-up or switch finds and deletes.  Store them.  (Registering
+ * first also means a Redis that refuses writes costs a copy and one
+ * command, not the whole state sent.) */
 static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
   ps_replica *r = priv;
   redisReply *rep = reply;
   snap_job *j = r->job;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP) {
+  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP ||
+      (r->closing && !r->final_started)) {
     if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
       ps_log(PS_LOG_DEBUG, "redis: snapshot not registered: %s", rep->str);
     snapshot_done(r, 0);
     return;
   }
-  if (uv_queue_work(r->loop, &j->work, compress_work, after_compress) != 0)
-    snapshot_done(r, 0);
+  if (send_chunks(r) != 0 || j->pending == 0) {
+    /* None issued (an image has at least one chunk): the connection is
+     * going, and nothing is in flight to end the job. */
+    if (j->pending == 0) {
+      snapshot_done(r, 0);
+      return;
+    }
+    j->failed = 1;
+  }
 }
 
 void ps__replica_snapshot_start(ps_replica *r) {
@@ -281,9 +272,7 @@ void ps__replica_snapshot_start(ps_replica *r) {
   j->info = ps_shard_state_info(s);
   j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
-  j->chunk = calloc(j->nchunks ? j->nchunks : 1, sizeof *j->chunk);
-  j->chunk_len = calloc(j->nchunks ? j->nchunks : 1, sizeof *j->chunk_len);
-  if (j->img == NULL || j->chunk == NULL || j->chunk_len == NULL) {
+  if (j->img == NULL) {
     job_free(j);
     return;
   }
@@ -295,7 +284,6 @@ void ps__replica_snapshot_start(ps_replica *r) {
   r->job = j;
   r->updates = 0;
   r->need_full = 0;
-  j->work.data = j;
   char chunks[24];
   snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
   if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=

@@ -2,9 +2,12 @@
 #include "chief/restore.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "common/timeutil.h"
@@ -12,27 +15,107 @@
 
 #define PIECE_FLOATS (1u << 20)  /* floats per LOAD piece */
 
-/* LOAD an image into shard i, piece by piece. */
-static int load_shard(const ps_cut_env *env, int i, const float *img,
-                      const ps_state_info *in) {
+/* The images of the shards that need one, made on threads: a checkpoint's
+ * shard files decompress (and are verified) once, side by side. */
+typedef struct images {
+  const ps_cut_env *env;
+  const ps_ckpt *ck;           /* NULL: the seeded initialization */
+  int n;                       /* shards that need a state */
+  int shard[PS_CONFIG_MAX_NODES];
+  float *img[PS_CONFIG_MAX_NODES];
+  ps_state_info in[PS_CONFIG_MAX_NODES];
+  ps_errbuf eb[PS_CONFIG_MAX_NODES];
+  int rc[PS_CONFIG_MAX_NODES];
+  atomic_int next;
+  int mismatch;                /* the newest readable checkpoint does not fit this cluster */
+  ps_errbuf mismatch_eb;
+} images;
+
+static void images_free(images *im) {
+  for (int k = 0; k < im->n; k++) {
+    free(im->img[k]);
+    im->img[k] = NULL;
+  }
+}
+
+static void *plan_thread(void *arg) {
+  images *im = arg;
+  const ps_cut_env *env = im->env;
+  for (int k; (k = atomic_fetch_add(&im->next, 1)) < im->n;)
+    im->rc[k] = ps_plan_shard_image(env->cfg, env->layout, env->model, im->ck, im->shard[k],
+                                    &im->img[k], &im->in[k], &im->eb[k]);
+  return NULL;
+}
+
+/* Every image from ck (NULL: seeded), one thread per shard up to the
+ * machine's cores.  @return 0, or the first failure's code with its
+ * message in *why (and no image kept). */
+static int plan_images(images *im, const ps_ckpt *ck, ps_errbuf *why) {
+  images_free(im);
+  im->ck = ck;
+  atomic_store(&im->next, 0);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nthreads = im->n < cores ? im->n : (int)(cores > 1 ? cores : 1);
+  pthread_t t[PS_CONFIG_MAX_NODES];
+  int started = 0;
+  for (int k = 1; k < nthreads; k++, started++)
+    if (pthread_create(&t[started], NULL, plan_thread, im) != 0)
+      break;
+  plan_thread(im);
+  for (int k = 0; k < started; k++)
+    pthread_join(t[k], NULL);
+  for (int k = 0; k < im->n; k++)
+    if (im->rc[k] != 0) {
+      int rc = ps_err_set(why, im->rc[k], "%s", im->eb[k].msg);
+      images_free(im);
+      return rc;
+    }
+  return 0;
+}
+
+/* A damaged checkpoint is passed over for the one before it; one that
+ * does not fit the cluster (another optimizer, another shape) stops the
+ * search: an older one would not fit either, and the seeded
+ * initialization instead would throw the training away. */
+static int accept_ckpt(const ps_ckpt *c, void *arg, ps_errbuf *why) {
+  images *im = arg;
+  int rc = plan_images(im, c, why);
+  if (rc == PS_ELAYOUT) {
+    im->mismatch = 1;
+    im->mismatch_eb = *why;
+    return 0;
+  }
+  return rc;
+}
+
+/* LOAD every image, piece k of every shard in one call: the shards load
+ * side by side. */
+static int load_images(const ps_cut_env *env, const images *im) {
   ps_msg reqs[PS_CONFIG_MAX_NODES];
-  size_t piece = env->layout->shard_floats[i] < PIECE_FLOATS ? env->layout->shard_floats[i]
-                                                              : PIECE_FLOATS;
-  for (uint64_t off = 0; off < in->image_floats;) {
-    uint64_t n = in->image_floats - off < piece ? in->image_floats - off : piece;
+  for (uint64_t piece = 0;; piece++) {
     memset(reqs, 0, sizeof reqs);
-    ps_msg *m = &reqs[i];
-    m->type = PS_MSG_LOAD;
-    m->u.load.state = *in;
-    m->u.load.offset = off;
-    m->u.load.count = n;
-    m->u.load.data = (const uint8_t *)(img + off);
+    int any = 0;
+    for (int k = 0; k < im->n; k++) {
+      int i = im->shard[k];
+      uint64_t size = env->layout->shard_floats[i] < PIECE_FLOATS ? env->layout->shard_floats[i]
+                                                                  : PIECE_FLOATS;
+      uint64_t off = piece * size, total = im->in[k].image_floats;
+      if (off >= total)
+        continue;
+      ps_msg *m = &reqs[i];
+      m->type = PS_MSG_LOAD;
+      m->u.load.state = im->in[k];
+      m->u.load.offset = off;
+      m->u.load.count = total - off < size ? total - off : size;
+      m->u.load.data = (const uint8_t *)(im->img[k] + off);
+      any = 1;
+    }
+    if (!any)
+      return 0;
     int rc = env->call(env->call_arg, reqs, NULL, NULL);
     if (rc != 0)
       return rc;
-    off += n;
   }
-  return 0;
 }
 
 int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
@@ -42,13 +125,33 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
   ps_errbuf eb = {0};
   memset(&ck, 0, sizeof ck);
   memset(out, 0, sizeof *out);
-  int found = ps_ckpt_find_latest(cfg->checkpoint_dir, env->layout->hash, env->model_text, &ck,
-                                  &eb);
+  images *im = calloc(1, sizeof *im);
+  if (im == NULL) {
+    ps_log(PS_LOG_WARN, "out of memory restoring the shards");
+    return -1;
+  }
+  im->env = env;
+  for (int i = 0; i < cfg->nps; i++)
+    if (!(stats[i].flags & PS_STATS_INITIALIZED))
+      im->shard[im->n++] = i;
+  uint64_t t0 = ps_now_ns();
+  /* The newest checkpoint whose files all decompress and verify, read
+   * once: the images are what the shards get. */
+  int found = ps_ckpt_find_latest_with(cfg->checkpoint_dir, env->layout->hash, env->model_text,
+                                       accept_ckpt, im, &ck, &eb);
   if (found < 0) {
     ps_log(PS_LOG_WARN, "%s; starting from the seeded initialization", eb.msg);
     found = 0;
   }
-  if (found && everyone) {
+  int rc = 0;
+  if (im->mismatch) {
+    ps_log(PS_LOG_ERROR, "%s", im->mismatch_eb.msg);
+    rc = -2;
+  } else if (!found && plan_images(im, NULL, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    rc = -2;  /* the plan itself failed: retrying will not help */
+  }
+  if (rc == 0 && found && everyone) {
     for (int j = 0; j < ck.nworkers && j < cfg->nworkers; j++)
       if (ps_registry_set_pos(reg, j, &ck.data_pos[j]) != 0)
         ps_log(PS_LOG_WARN, "redis: could not restore worker %d's data position", j);
@@ -59,35 +162,30 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
     out->step = ck.step;
     snprintf(out->from, sizeof out->from, "%s", ck.name);
   }
-  int rc = 0;
-  for (int i = 0; i < cfg->nps && rc == 0; i++) {
-    if (stats[i].flags & PS_STATS_INITIALIZED)
-      continue;
-    float *img = NULL;
-    ps_state_info in;
-    uint64_t t0 = ps_now_ns();
-    if (ps_plan_shard_image(cfg, env->layout, env->model, found ? &ck : NULL, i, &img, &in, &eb) !=
-        0) {
-      ps_log(PS_LOG_ERROR, "shard %d: %s", i, eb.msg);
-      rc = -2;  /* the plan itself failed: retrying will not help */
-      break;
-    }
-    rc = load_shard(env, i, img, &in);
-    free(img);
-    if (rc != 0) {
-      ps_log(PS_LOG_WARN, "shard %d: loading its state: %s", i, ps_client_error(env->client));
-      break;
-    }
-    const char *src = found ? ck.name : "the seeded initialization";
+  double planned = (double)(ps_now_ns() - t0) * 1e-9;
+  if (rc == 0 && load_images(env, im) != 0) {
+    ps_log(PS_LOG_WARN, "loading the shards' states: %s", ps_client_error(env->client));
+    rc = -1;
+  }
+  const char *src = found ? ck.name : "the seeded initialization";
+  if (rc == 0)
+    ps_log(PS_LOG_INFO, "%s: %d shard state%s made in %.3f s (side by side), loaded in %.3f s",
+           src, im->n, im->n == 1 ? "" : "s", planned,
+           (double)(ps_now_ns() - t0) * 1e-9 - planned);
+  for (int k = 0; k < im->n && rc == 0; k++) {
+    int i = im->shard[k];
     ps_log(PS_LOG_INFO, "shard %d: loaded from %s: version %" PRIu64 ", global step %" PRIu64
-           " (%.3f s)", i, src, in.version, in.global_step, (double)(ps_now_ns() - t0) * 1e-9);
+           " (%.3f s)", i, src, im->in[k].version, im->in[k].global_step,
+           (double)(ps_now_ns() - t0) * 1e-9);
     if (!everyone && found)
       ps_log(PS_LOG_WARN, "shard %d had lost its state: it goes on from %s's, step %" PRIu64
              ", while the others keep theirs", i, ck.name, ck.step);
-    ps_summary_event(sum, in.global_step, "restore", "{s:s, s:i, s:s}", "source",
+    ps_summary_event(sum, im->in[k].global_step, "restore", "{s:s, s:i, s:s}", "source",
                      ps_plan_source_name(found ? PS_PLAN_CHECKPOINT : PS_PLAN_INIT), "shard", i,
                      "from", found ? ck.name : "seed");
   }
+  images_free(im);
+  free(im);
   ps_ckpt_close(&ck);
-  return rc == 0 ? 0 : rc == -2 ? -2 : -1;
+  return rc;
 }

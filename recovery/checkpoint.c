@@ -711,8 +711,18 @@ int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb) {
 /* Finding the newest valid checkpoint                                */
 /* ------------------------------------------------------------------ */
 
+static int verify_fn(const ps_ckpt *c, void *arg, ps_errbuf *why) {
+  (void)arg;
+  return ps_ckpt_verify(c, why);
+}
+
 int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb) {
+  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, eb);
+}
+
+int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
+                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out, ps_errbuf *eb) {
   memset(out, 0, sizeof *out);
   ps_ckpt_entry *e = NULL;
   int n = ps_ckpt_list(dir, &e, eb);
@@ -727,7 +737,7 @@ int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model
       ps_err_set(&why, -ENOENT, "listed in the index but its directory is missing");
     } else if (ps_ckpt_open(out, path, &why) == 0) {
       if ((model == NULL || ps_ckpt_check_layout(out, layout_hash, model, &why) == 0) &&
-          ps_ckpt_verify(out, &why) == 0)
+          accept(out, arg, &why) == 0)
         found_one = 1;
       else
         ps_ckpt_close(out);

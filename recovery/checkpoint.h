@@ -266,6 +266,16 @@ int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb);
 int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb);
 
+/* A candidate's content check: 0 accepts it, anything else rejects it with
+ * the reason in *why. */
+typedef int (*ps_ckpt_accept_fn)(const ps_ckpt *c, void *arg, ps_errbuf *why);
+
+/* ps_ckpt_find_latest with `accept` in place of ps_ckpt_verify: a reader
+ * that must decompress the shard files anyway verifies them as it does,
+ * and keeps what it read. */
+int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
+                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out, ps_errbuf *eb);
+
 /* Retention: keep the max_to_keep newest checkpoints (by step; 0 = all),
  * plus, with keep_every_n_hours > 0, the oldest checkpoint of each window
  * [k * h, (k + 1) * h) of unix time, and always `protect` (a checkpoint name

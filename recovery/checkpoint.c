@@ -8,6 +8,8 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +245,61 @@ out:
   return rc;
 }
 
+/* The shard files, one thread per shard up to the machine's cores: each
+ * shuffles, compresses, hashes and fsyncs its own file. */
+typedef struct shard_writes {
+  const char *tmp;
+  const ps_ckpt_write_opts *o;
+  ps__ckpt_shard_rec *recs;
+  ps_errbuf *eb;  /* one per shard */
+  int *rc;
+  atomic_int next;
+} shard_writes;
+
+static void *write_shards_thread(void *arg) {
+  shard_writes *w = arg;
+  char path[PATH_MAX];
+  for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->o->layout->nshards;) {
+    snprintf(path, sizeof path, "%s/shard-%d.lz4", w->tmp, i);
+    w->rc[i] = write_shard(path, &w->o->shards[i], w->o->filter, &w->recs[i], &w->eb[i]);
+  }
+  return NULL;
+}
+
+/* @return 0, or the failure of the lowest shard that failed (in *eb). */
+static int write_shards(const char *tmp, const ps_ckpt_write_opts *o, ps__ckpt_shard_rec *recs,
+                        ps_errbuf *eb) {
+  int n = o->layout->nshards, rc = 0;
+  shard_writes w = {.tmp = tmp, .o = o, .recs = recs};
+  w.eb = calloc((size_t)n, sizeof *w.eb);
+  w.rc = calloc((size_t)n, sizeof *w.rc);
+  if (w.eb == NULL || w.rc == NULL) {
+    free(w.eb);
+    free(w.rc);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  atomic_init(&w.next, 0);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nthreads = n < cores ? n : (int)(cores > 1 ? cores : 1);
+  pthread_t *t = calloc((size_t)nthreads, sizeof *t);
+  int started = 0;
+  for (int k = 1; t != NULL && k < nthreads; k++, started++)
+    if (pthread_create(&t[started], NULL, write_shards_thread, &w) != 0)
+      break;
+  write_shards_thread(&w);
+  for (int k = 0; k < started; k++)
+    pthread_join(t[k], NULL);
+  for (int i = 0; i < n && rc == 0; i++)
+    if (w.rc[i] != 0) {
+      *eb = w.eb[i];
+      rc = w.rc[i];
+    }
+  free(t);
+  free(w.eb);
+  free(w.rc);
+  return rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Writing a checkpoint                                               */
 /* ------------------------------------------------------------------ */
@@ -327,14 +384,12 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
   made_tmp = 1;
 
   stage = "write the shard files";
-  for (int i = 0; i < l->nshards; i++) {
-    if ((size_t)snprintf(path, sizeof path, "%s/shard-%d.lz4", tmp, i) >= sizeof path) {
-      rc = ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", tmp);
-      goto err;
-    }
-    if ((rc = write_shard(path, &o->shards[i], o->filter, &recs[i], eb)) != 0)
-      goto err;
+  if ((size_t)snprintf(path, sizeof path, "%s/shard-%d.lz4", tmp, l->nshards) >= sizeof path) {
+    rc = ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", tmp);
+    goto err;
   }
+  if ((rc = write_shards(tmp, o, recs, eb)) != 0)
+    goto err;
   ps__ckpt_crash_point("shards");
 
   stage = "write the manifest";

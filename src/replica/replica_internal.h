@@ -18,7 +18,6 @@
 typedef enum { RS_DOWN = 0, RS_CONNECTING, RS_UP, RS_FENCED } rstate;
 
 typedef struct snap_job {
-  struct ps_replica *r;
   float *img;             /* the copied state image; chunk k is floats [k*262144, ...) */
   ps_state_info info;
   uint64_t journal, nondurable;

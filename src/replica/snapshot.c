@@ -248,9 +248,13 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
     snapshot_done(r, 0);
     return;
   }
-  if (send_chunks(r) != 0 || j->pending == 0) {
-    /* None issued (an image has at least one chunk): the connection is
-     * going, and nothing is in flight to end the job. */
+  if (j->nchunks == 0) {
+    send_switch(r);
+    return;
+  }
+  if (send_chunks(r) != 0) {
+    /* hiredis took no more: the connection is going.  With none in
+     * flight, nothing else will end the job. */
     if (j->pending == 0) {
       snapshot_done(r, 0);
       return;
@@ -268,7 +272,6 @@ void ps__replica_snapshot_start(ps_replica *r) {
   snap_job *j = calloc(1, sizeof *j);
   if (j == NULL)
     return;
-  j->r = r;
   j->info = ps_shard_state_info(s);
   j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));

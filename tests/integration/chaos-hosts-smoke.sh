@@ -17,7 +17,7 @@ ip netns add "psprobe$$" 2>/dev/null || { echo "skip: ip netns add failed (no ne
 ip netns del "psprobe$$"
 
 set +e
-scripts/chaos --hosts 5 --steps 3000 --fault-gap 1.5 --timeout 240 --seed 1 --dir "$T/run" --binary "$BIN" \
+scripts/chaos --hosts 5 --steps 3000 --fault-gap 1.5 --timeout 420 --seed 1 --dir "$T/run" --binary "$BIN" \
   >"$T/chaos.log" 2>&1
 rc=$?
 set -e

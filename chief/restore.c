@@ -2,14 +2,12 @@
 #include "chief/restore.h"
 
 #include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/timeutil.h"
 #include "recovery/plan.h"
 
@@ -26,7 +24,6 @@ typedef struct images {
   ps_state_info in[PS_CONFIG_MAX_NODES];
   ps_errbuf eb[PS_CONFIG_MAX_NODES];
   int rc[PS_CONFIG_MAX_NODES];
-  atomic_int next;
   int mismatch;                /* the newest readable checkpoint does not fit this cluster */
   ps_errbuf mismatch_eb;
 } images;
@@ -38,32 +35,20 @@ static void images_free(images *im) {
   }
 }
 
-static void *plan_thread(void *arg) {
+static void plan_one(void *arg, int k) {
   images *im = arg;
   const ps_cut_env *env = im->env;
-  for (int k; (k = atomic_fetch_add(&im->next, 1)) < im->n;)
-    im->rc[k] = ps_plan_shard_image(env->cfg, env->layout, env->model, im->ck, im->shard[k],
-                                    &im->img[k], &im->in[k], &im->eb[k]);
-  return NULL;
+  im->rc[k] = ps_plan_shard_image(env->cfg, env->layout, env->model, im->ck, im->shard[k],
+                                  &im->img[k], &im->in[k], &im->eb[k]);
 }
 
-/* Every image from ck (NULL: seeded), one thread per shard up to the
- * machine's cores.  @return 0, or the first failure's code with its
- * message in *why (and no image kept). */
+/* Every image from ck (NULL: seeded), side by side (ps_pool_for).
+ * @return 0, or the first failure's code with its message in *why (and no
+ * image kept). */
 static int plan_images(images *im, const ps_ckpt *ck, ps_errbuf *why) {
   images_free(im);
   im->ck = ck;
-  atomic_store(&im->next, 0);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int nthreads = im->n < cores ? im->n : (int)(cores > 1 ? cores : 1);
-  pthread_t t[PS_CONFIG_MAX_NODES];
-  int started = 0;
-  for (int k = 1; k < nthreads; k++, started++)
-    if (pthread_create(&t[started], NULL, plan_thread, im) != 0)
-      break;
-  plan_thread(im);
-  for (int k = 0; k < started; k++)
-    pthread_join(t[k], NULL);
+  ps_pool_for(im->n, plan_one, im);
   for (int k = 0; k < im->n; k++)
     if (im->rc[k] != 0) {
       int rc = ps_err_set(why, im->rc[k], "%s", im->eb[k].msg);

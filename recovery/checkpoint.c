@@ -8,8 +8,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +20,7 @@
 #include <xxhash.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/timeutil.h"
 #include "recovery/commit.h"
 #include "recovery/manifest.h"
@@ -245,25 +244,21 @@ out:
   return rc;
 }
 
-/* The shard files, one thread per shard up to the machine's cores: each
- * shuffles, compresses, hashes and fsyncs its own file. */
+/* The shard files, side by side (ps_pool_for): each thread shuffles,
+ * compresses, hashes and fsyncs its own file. */
 typedef struct shard_writes {
   const char *tmp;
   const ps_ckpt_write_opts *o;
   ps__ckpt_shard_rec *recs;
   ps_errbuf *eb;  /* one per shard */
   int *rc;
-  atomic_int next;
 } shard_writes;
 
-static void *write_shards_thread(void *arg) {
+static void write_one(void *arg, int i) {
   shard_writes *w = arg;
   char path[PATH_MAX];
-  for (int i; (i = atomic_fetch_add(&w->next, 1)) < w->o->layout->nshards;) {
-    snprintf(path, sizeof path, "%s/shard-%d.lz4", w->tmp, i);
-    w->rc[i] = write_shard(path, &w->o->shards[i], w->o->filter, &w->recs[i], &w->eb[i]);
-  }
-  return NULL;
+  snprintf(path, sizeof path, "%s/shard-%d.lz4", w->tmp, i);
+  w->rc[i] = write_shard(path, &w->o->shards[i], w->o->filter, &w->recs[i], &w->eb[i]);
 }
 
 /* @return 0, or the failure of the lowest shard that failed (in *eb). */
@@ -278,23 +273,12 @@ static int write_shards(const char *tmp, const ps_ckpt_write_opts *o, ps__ckpt_s
     free(w.rc);
     return ps_err_set(eb, -ENOMEM, "out of memory");
   }
-  atomic_init(&w.next, 0);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int nthreads = n < cores ? n : (int)(cores > 1 ? cores : 1);
-  pthread_t *t = calloc((size_t)nthreads, sizeof *t);
-  int started = 0;
-  for (int k = 1; t != NULL && k < nthreads; k++, started++)
-    if (pthread_create(&t[started], NULL, write_shards_thread, &w) != 0)
-      break;
-  write_shards_thread(&w);
-  for (int k = 0; k < started; k++)
-    pthread_join(t[k], NULL);
+  ps_pool_for(n, write_one, &w);
   for (int i = 0; i < n && rc == 0; i++)
     if (w.rc[i] != 0) {
       *eb = w.eb[i];
       rc = w.rc[i];
     }
-  free(t);
   free(w.eb);
   free(w.rc);
   return rc;

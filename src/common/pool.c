@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 struct ps_pool {
   int n;
@@ -114,4 +115,29 @@ void ps_pool_free(ps_pool *p) {
   pthread_cond_destroy(&p->done);
   free(p->threads);
   free(p);
+}
+
+typedef struct for_job {
+  int n;
+  ps_pool_item_fn fn;
+  void *arg;
+} for_job;
+
+static void for_run(void *arg, int tid, int nthreads) {
+  for_job *j = arg;
+  for (int k = tid; k < j->n; k += nthreads)
+    j->fn(j->arg, k);
+}
+
+void ps_pool_for(int n, ps_pool_item_fn fn, void *arg) {
+  for_job j = {n, fn, arg};
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nthreads = cores < n ? (int)cores : n;
+  ps_pool *p = nthreads > 1 ? ps_pool_new(nthreads) : NULL;
+  if (p == NULL) {
+    for_run(&j, 0, 1);
+    return;
+  }
+  ps_pool_run(p, for_run, &j);
+  ps_pool_free(p);
 }

@@ -20,4 +20,10 @@ int ps_pool_size(const ps_pool *p);
 /* Stop and join the threads.  ps_pool_free(NULL) does nothing. */
 void ps_pool_free(ps_pool *p);
 
+/* fn(arg, k) for every k in [0, n), on up to min(n, online cores)
+ * threads of a pool made for this call (the caller's thread alone when
+ * none can be made); returns when every call has returned. */
+typedef void (*ps_pool_item_fn)(void *arg, int k);
+void ps_pool_for(int n, ps_pool_item_fn fn, void *arg);
+
 #endif

@@ -400,8 +400,14 @@ static void on_deadline(uv_timer_t *t) {
   c->timed_out = 1;
 }
 
-/* Run the loop until every link has done its operation (and, when
- * flushing, has its push acknowledged), a fatal error, or the deadline. */
+/* Link l still owes this call something: its operation's reply, or, when
+ * the call flushes, its push's ack. */
+static int link_owes(const ps_client *c, const link *l) {
+  return !l->done || (c->flushing && l->push_wait);
+}
+
+/* Run the loop until no link owes anything (link_owes), a fatal error, or
+ * the deadline. */
 static int run_op(ps_client *c) {
   c->fatal = 0;
   c->timed_out = 0;
@@ -422,7 +428,7 @@ static int run_op(ps_client *c) {
   for (;;) {
     int pending = 0;
     for (int i = 0; i < c->nlinks; i++)
-      pending += !c->links[i].done || (c->flushing && c->links[i].push_wait);
+      pending += link_owes(c, &c->links[i]);
     if (pending == 0 || c->fatal || c->timed_out)
       break;
     if (c->stop_flag != NULL && *c->stop_flag) {
@@ -438,7 +444,7 @@ static int run_op(ps_client *c) {
   int timed_out = 0;
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
-    if ((!l->done || (c->flushing && l->push_wait)) && !c->fatal && c->timed_out && !timed_out) {
+    if (link_owes(c, l) && !c->fatal && c->timed_out && !timed_out) {
       timed_out = 1;
       snprintf(c->error, sizeof c->error, "shard %d: no reply within %d ms (%s)", l->index,
                c->deadline_ms, l->state == L_READY ? "connected"

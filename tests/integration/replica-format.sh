@@ -31,7 +31,8 @@ keys save "$T/saved.pickle"
 
 # restore NAME: start a shard on the saved replica; it must restore version
 # 60 from the snapshot and 60 entries, then switch in its own first snapshot
-# (format 3); prints that snapshot's "version sha256".
+# (format 3); that snapshot's "version sha256" in $IMAGE.  (Not run in a
+# $(...) subshell: a shard started there would escape the cleanup.)
 restore() {
   local name=$1 i
   start "$name" "$BIN" ps --config "$conf" --index 0
@@ -46,16 +47,18 @@ restore() {
   local v="PID_${name//[^a-zA-Z0-9]/_}"
   kill -9 "${!v}"
   wait "${!v}" 2>/dev/null || true
-  keys image
+  IMAGE=$(keys image)
 }
 
-a=$(restore ps-format3)
+restore ps-format3
+a=$IMAGE
 echo "ok: format 3: snapshot at version 0 + 60 log entries = version 60 (image $a)"
 keys load "$T/saved.pickle"
 conv=$(keys to-format-2)
 [ "$(meta format)" = 2 ] && [[ $conv == *", 60 gradients" ]] ||
   fail "to-format-2 left format $(meta format) and converted $conv"
-b=$(restore ps-format2)
+restore ps-format2
+b=$IMAGE
 [ "$a" = "$b" ] || fail "format 2 restored to $b, format 3 to $a"
 echo "ok: format 2 ($conv as LZ4 blocks): the same state, bit for bit"
 

@@ -239,6 +239,35 @@ static void on_written(uv_write_t *req, int status) {
   free(w);
 }
 
+/* The non-empty parts of a frame as libuv buffers.  @return their count. */
+static unsigned frame_bufs(const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
+                           uv_buf_t bufs[2]) {
+  unsigned n = 0;
+  if (plen)
+    bufs[n++] = uv_buf_init((char *)prefix, (unsigned)plen);
+  if (dlen)
+    bufs[n++] = uv_buf_init((char *)data, (unsigned)dlen);
+  return n;
+}
+
+int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
+                     size_t dlen, size_t *sent) {
+  *sent = 0;
+  if (c->closing || c->failing)
+    return UV_ECANCELED;
+  uv_buf_t bufs[2];
+  unsigned nbufs = frame_bufs(prefix, plen, data, dlen, bufs);
+  /* libuv answers UV_EAGAIN while writes are queued, keeping frames in order. */
+  int n = nbufs ? uv_try_write((uv_stream_t *)&c->tcp, bufs, nbufs) : 0;
+  if (n == UV_EAGAIN)
+    return 0;
+  if (n < 0)
+    return n;
+  *sent = (size_t)n;
+  c->bytes_out += (size_t)n;
+  return 0;
+}
+
 int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
                  void (*done)(void *arg, int status), void *arg) {
   if (c->closing)
@@ -250,9 +279,9 @@ int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *dat
   w->c = c;
   w->done = done;
   w->arg = arg;
-  uv_buf_t bufs[2] = {uv_buf_init((char *)w->bytes, (unsigned)plen),
-                      uv_buf_init((char *)data, (unsigned)dlen)};
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, dlen ? 2 : 1, on_written);
+  uv_buf_t bufs[2];
+  unsigned nbufs = frame_bufs(w->bytes, plen, data, dlen, bufs);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_written);
   if (rc != 0) {
     free(w);
     return rc;

@@ -61,6 +61,15 @@ const char *ps_conn_peer(const ps_conn *c);
 int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
                  void (*done)(void *arg, int status), void *arg);
 
+/* Write as much of a frame (`prefix`, then `dlen` bytes at `data`) as the
+ * socket takes now, without blocking and without copying; nothing when
+ * earlier frames are still queued, so frames never interleave.  *sent is
+ * the bytes written.  The caller queues the rest with ps_conn_send (from a
+ * copy when `data` may change before that write completes).  @return 0, or
+ * a libuv error when the connection failed (the caller closes it). */
+int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
+                     size_t dlen, size_t *sent);
+
 /* Encode and queue a message without floats (copied).  @return 0 or an error. */
 int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id);
 

@@ -1,5 +1,6 @@
-/* Pull replies (see server_internal.h): the slice copied once per version
- * into a pooled buffer that every reply of that version shares. */
+/* Pull replies (see server_internal.h): written from the slice itself when
+ * the socket takes them whole, else the rest from a copy of the slice made
+ * once per version into a pooled buffer that every such reply shares. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,7 @@
 #include "ps/server_internal.h"
 
 /* A copy of the slice at one version, shared by every pull reply of that
- * version while they are being written.  Copying keeps each reply one
+ * version whose write did not complete at once.  Copying keeps each reply one
  * version even when pushes are applied during its write.  Buffers are kept
  * for reuse: a fresh multi-megabyte malloc per pull would be mmapped,
  * faulted in page by page and unmapped again, which costs more than the
@@ -77,22 +78,31 @@ static void reply_written(void *arg, int status) {
 
 void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
+  ps_msg m = {.type = PS_MSG_PULL_REPLY};
+  m.u.pull_reply.version = s->shard.version;
+  m.u.pull_reply.global_step = s->shard.global_step;
+  m.u.pull_reply.count = s->shard.o.nfloats;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
+  size_t bytes = s->shard.o.nfloats * sizeof(float);
+  s->pulls++;
+  /* Most replies fit the socket's buffer: written from the slice itself,
+   * they need no copy.  Only what the socket does not take now is sent
+   * from a copy of this version. */
+  size_t sent;
+  if (ps_conn_try_send(cl->conn, prefix, plen, s->shard.values, bytes, &sent) != 0 ||
+      sent == plen + bytes)
+    return;
   reply_buf *b = reply_buf_get(s);
   if (b == NULL) {
     ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
                  s->index);
     return;
   }
-  ps_msg m = {.type = PS_MSG_PULL_REPLY};
-  m.u.pull_reply.version = b->version;
-  m.u.pull_reply.global_step = s->shard.global_step;
-  m.u.pull_reply.count = s->shard.o.nfloats;
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
-  if (ps_conn_send(cl->conn, prefix, plen, b->data, s->shard.o.nfloats * sizeof(float),
-                   reply_written, b) != 0)
+  size_t head = sent < plen ? sent : plen, body = sent - head;
+  if (ps_conn_send(cl->conn, prefix + head, plen - head, (const uint8_t *)b->data + body,
+                   bytes - body, reply_written, b) != 0)
     reply_buf_release(b);
-  s->pulls++;
 }
 
 void ps_server_pull_bufs_free(server *s) {

@@ -3,6 +3,8 @@
  * connection while the shard keeps serving others with its state
  * unchanged, and a push re-sent with the same (worker, incarnation,
  * sequence) is acknowledged again but applied once. */
+#include <sys/ioctl.h>
+
 #include "tests/integration/wire_peer.h"
 
 static ps_msg_stats_reply stats(int fd) {
@@ -46,14 +48,63 @@ static void raw_header(uint8_t *b, uint32_t magic, uint16_t version, uint16_t ty
   memcpy(b + 20, &length, 4);
 }
 
+/* A pull reply the reader does not take at once (a small receive window;
+ * a slice larger than the shard's socket buffer) is written partly later,
+ * while pushes change the slice: it is still the one version it names. */
+static void slow_pull(float *before, float *now, const float *g) {
+  int keep = good_client(1, 1);
+  uint64_t vp = pull(keep, before);
+  dial_rcvbuf = 4096;
+  int slow = good_client(0, 8);
+  dial_rcvbuf = 0;
+  ps_msg pm = {.type = PS_MSG_PULL};
+  send_msg(slow, &pm, ++req_id);
+  uint64_t slow_req = req_id;
+  /* The shard has started the reply once its first bytes arrive. */
+  int queued = 0;
+  for (int i = 0; i < 1000 && queued == 0; i++) {
+    if (ioctl(slow, FIONREAD, &queued) != 0)
+      die("FIONREAD: %s", strerror(errno));
+    if (queued == 0)
+      usleep(10000);
+  }
+  if (queued == 0)
+    die("no byte of the pull reply arrived in 10 s");
+  if ((size_t)queued >= slice * sizeof(float))
+    die("the whole pull reply (%d bytes) arrived at once: the window is not small", queued);
+  for (uint64_t seq = 1; seq <= 3; seq++)
+    if (push(keep, 1, 1, seq, g).status != PS_PUSH_APPLIED)
+      die("push %" PRIu64 " during the slow pull was not applied", seq);
+  if (pull(keep, now) != vp + 3 || memcmp(now, before, slice * sizeof(float)) == 0)
+    die("the pushes during the slow pull did not change the values");
+  ps_msg sm;
+  ps_frame_header sh;
+  if (!read_msg(slow, &sm, &sh) || sm.type != PS_MSG_PULL_REPLY || sh.request_id != slow_req)
+    die("expected the slow PULL_REPLY");
+  if (sm.u.pull_reply.version != vp ||
+      memcmp(sm.u.pull_reply.data, before, slice * sizeof(float)) != 0)
+    die("the slow pull reply names version %" PRIu64 " (expected %" PRIu64 ") and its values %s",
+        sm.u.pull_reply.version, vp,
+        memcmp(sm.u.pull_reply.data, before, slice * sizeof(float)) ? "differ from that version's"
+                                                                   : "are that version's");
+  printf("ok: a pull reply read slowly (%d of %zu bytes at first) while 3 pushes were applied is "
+         "version %" PRIu64 ", its values whole\n", queued, slice * sizeof(float), vp);
+  close(slow);
+  close(keep);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2)
-    die("usage: ps_wire CONFIG (shard 0 of CONFIG running)");
+  if (argc != 2 && !(argc == 3 && strcmp(argv[2], "slow-pull") == 0))
+    die("usage: ps_wire CONFIG [slow-pull]  (shard 0 of CONFIG running)");
   peer_setup(argv[1]);
   float *before = malloc(slice * sizeof(float)), *now = malloc(slice * sizeof(float));
   float *after1 = malloc(slice * sizeof(float)), *g = malloc(slice * sizeof(float));
   for (size_t i = 0; i < slice; i++)
     g[i] = (float)((i % 7) + 1) * 1e-3f;
+  if (argc == 3) {
+    slow_pull(before, now, g);
+    goto out;
+  }
 
   /* A good worker stays connected through every bad case below. */
   int keep = good_client(1, 1);
@@ -199,6 +250,8 @@ int main(int argc, char **argv) {
   pull(newer, now);
   printf("ok: incarnation 7 still served\n");
   close(newer);
+
+out:
   free(before);
   free(now);
   free(after1);

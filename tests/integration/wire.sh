@@ -15,3 +15,10 @@ n=$(grep -c 'closing$' "$T/ps0.log" || true)
 grep -m1 'closing$' "$T/ps0.log" | sed 's/^/ok: logged: /'
 stop_shards ps 1
 echo "ok: shard exited 0 on SIGTERM"
+
+# A slice of about 6.5 MB, more than a socket's send buffer (tcp_wmem's
+# 4 MB at most): a reply the reader is slow to take is written in parts.
+write_config "$T/big.conf" 2 2 "model.name=mlp" "model.hidden=4096"
+start_shards big "$T/big.conf" 1
+"$WIRE" "$T/big.conf" slow-pull || fail "ps_wire slow-pull"
+stop_shards big 1

@@ -41,10 +41,16 @@ static inline void die(const char *fmt, ...) {
   exit(1);
 }
 
+/* SO_RCVBUF of the next connections, set before connecting so that the
+ * window is small from the start (0: the kernel's default). */
+static int dial_rcvbuf;
+
 static inline int dial(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(cfg.ps[0].port)};
   inet_pton(AF_INET, cfg.ps[0].host, &a.sin_addr);
+  if (fd >= 0 && dial_rcvbuf > 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &dial_rcvbuf, sizeof dial_rcvbuf);
   if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
     die("connect to shard 0: %s", strerror(errno));
   struct timeval tv = {.tv_sec = 10};

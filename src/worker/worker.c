@@ -33,6 +33,17 @@ static void on_stop_signal(int sig) {
   stop_requested = 1;
 }
 
+/* The next batch of this worker's part: its images normalized into x, its
+ * labels into y.  @return the samples in it. */
+static size_t next_batch(ps_sampler *sampler, const ps_dataset *train, size_t *idx, size_t batch,
+                         float *x, uint8_t *y) {
+  size_t n = ps_sampler_next(sampler, idx, batch);
+  ps_dataset_images_f32(train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
+  for (size_t i = 0; i < n; i++)
+    y[i] = train->labels[idx[i]];
+  return n;
+}
+
 int ps_worker_run(const ps_config *cfg, int index) {
   char tag[32];
   snprintf(tag, sizeof tag, "worker.%d", index);
@@ -139,11 +150,16 @@ int ps_worker_run(const ps_config *cfg, int index) {
                ps_sampler_part_size(&sampler));
     }
   }
+  /* The batch is prepared while the shards apply the previous push and
+   * answer the pull (cores the step leaves idle); `trained` is the data
+   * position of the batches already pushed, what a restart resumes from. */
+  size_t n = 0;
+  int have_batch = 0;
+  ps_data_pos trained = sampler.pos;
   while (rc == 0 && !stop_requested && (last == 0 || ps_client_global_step(client) < last)) {
-    size_t n = ps_sampler_next(&sampler, idx, (size_t)batch);
-    ps_dataset_images_f32(&train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
-    for (size_t i = 0; i < n; i++)
-      y[i] = train.labels[idx[i]];
+    if (!have_batch)
+      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+    have_batch = 0;
     /* Dropout masks are keyed by the sample's place in this worker's
      * stream, unique per (worker, sample). */
     uint64_t first = ((uint64_t)index << 48) + samples;
@@ -174,12 +190,16 @@ int ps_worker_run(const ps_config *cfg, int index) {
     } else {
       rc = ps_client_push_async(client, grad);
     }
-    if (rc == 0)
+    trained = sampler.pos;
+    if (rc == 0) {
+      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+      have_batch = 1;
       rc = ps_client_pull(client, params);
+    }
     double now = ps_now_s();
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
-      ps_registry_tick(registry, &sampler.pos, local, (double)local / (now - t0), 0);
+      ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
     }
     if (steps_log >= (uint64_t)cfg->log_every) {
       ps_log(PS_LOG_INFO,
@@ -203,7 +223,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   double secs = ps_now_s() - t0;
   if (registry != NULL) {
     ps_registry_set_clock(registry, ps_client_clock(client));
-    ps_registry_tick(registry, &sampler.pos, local, (double)local / secs, 1);
+    ps_registry_tick(registry, have_batch ? &trained : &sampler.pos, local, (double)local / secs, 1);
   }
   printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
          " samples, %.1f s, samples/s %.1f, pushes %" PRIu64 ", duplicates %" PRIu64

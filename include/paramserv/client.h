@@ -77,6 +77,15 @@ int ps_client_push(ps_client *c, const float *grad);
  * push's acks). */
 int ps_client_push_async(ps_client *c, const float *grad);
 
+/* A push_async followed by a pull, in two halves so that the caller can
+ * work while the shards answer (prepare its next batch): start sends the
+ * push and the pull together (a shard reads both at once, and answers the
+ * pull before it copies the push into its log), finish waits for the pull
+ * into `params` (untouched until then).  Call finish after every start that
+ * returned 0; no other call in between.  @return 0 or a negative code. */
+int ps_client_push_pull_start(ps_client *c, const float *grad, float *params);
+int ps_client_pull_finish(ps_client *c);
+
 /* Wait until every shard acknowledged the last push (nothing to wait for:
  * returns 0 at once).  @return 0 or a negative code. */
 int ps_client_flush(ps_client *c);

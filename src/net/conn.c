@@ -26,6 +26,7 @@ struct ps_conn {
   ps_frame_header hdr;
   int have_hdr;
   int closing, failing;
+  int held;  /* a handled frame's payload must stay in place until on_release */
   int err;
   char why[PS_PROTO_ERROR_MSG_MAX + 64];
   char peer[64];
@@ -132,6 +133,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = c->rcap - c->rlen;
 }
 
+void ps_conn_hold(ps_conn *c) { c->held = 1; }
+
+static void release(ps_conn *c) {
+  if (!c->held)
+    return;
+  c->held = 0;
+  if (c->cbs.on_release != NULL)
+    c->cbs.on_release(c);
+}
+
 static void process(ps_conn *c) {
   while (!c->closing && !c->failing) {
     size_t avail = c->rlen - c->rpos;
@@ -141,13 +152,21 @@ static void process(ps_conn *c) {
       ps_errbuf eb = {0};
       if (ps_proto_decode_header(c->rbuf + c->rpos, c->max_payload, &c->hdr, &eb) != 0) {
         ps_conn_fail(c, eb.code, 0, "%s", eb.msg);
-        return;
+        break;
       }
       c->have_hdr = 1;
       if (c->rpos % 16 != FRAME_BASE) {
-        memmove(c->rbuf + FRAME_BASE, c->rbuf + c->rpos, avail);
-        c->rpos = FRAME_BASE;
-        c->rlen = FRAME_BASE + avail;
+        /* Align the payload: the unread bytes move up by under 16 bytes,
+         * leaving the frames handled in place; back to the start of the
+         * buffer only when there is no room (then nothing may be held). */
+        size_t up = (FRAME_BASE + 16 - c->rpos % 16) % 16, to = c->rpos + up;
+        if (c->rcap - c->rlen < up) {
+          release(c);
+          to = FRAME_BASE;
+        }
+        memmove(c->rbuf + to, c->rbuf + c->rpos, avail);
+        c->rpos = to;
+        c->rlen = to + avail;
       }
     }
     size_t frame = PS_PROTO_HEADER_SIZE + (size_t)c->hdr.length;
@@ -159,6 +178,7 @@ static void process(ps_conn *c) {
     c->have_hdr = 0;
     c->cbs.on_frame(c, &h, payload);
   }
+  release(c);
   if (c->rpos == c->rlen)
     c->rpos = c->rlen = FRAME_BASE;
 }
@@ -239,14 +259,16 @@ static void on_written(uv_write_t *req, int status) {
   free(w);
 }
 
-/* The non-empty parts of a frame as libuv buffers.  @return their count. */
-static unsigned frame_bufs(const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
-                           uv_buf_t bufs[2]) {
+/* The non-empty parts of a write as libuv buffers.  @return their count. */
+static unsigned write_bufs(const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
+                           const uint8_t *next, size_t nlen, uv_buf_t bufs[3]) {
   unsigned n = 0;
   if (plen)
     bufs[n++] = uv_buf_init((char *)prefix, (unsigned)plen);
   if (dlen)
     bufs[n++] = uv_buf_init((char *)data, (unsigned)dlen);
+  if (nlen)
+    bufs[n++] = uv_buf_init((char *)next, (unsigned)nlen);
   return n;
 }
 
@@ -255,8 +277,8 @@ int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void 
   *sent = 0;
   if (c->closing || c->failing)
     return UV_ECANCELED;
-  uv_buf_t bufs[2];
-  unsigned nbufs = frame_bufs(prefix, plen, data, dlen, bufs);
+  uv_buf_t bufs[3];
+  unsigned nbufs = write_bufs(prefix, plen, data, dlen, NULL, 0, bufs);
   /* libuv answers UV_EAGAIN while writes are queued, keeping frames in order. */
   int n = nbufs ? uv_try_write((uv_stream_t *)&c->tcp, bufs, nbufs) : 0;
   if (n == UV_EAGAIN)
@@ -268,26 +290,34 @@ int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void 
   return 0;
 }
 
-int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
-                 void (*done)(void *arg, int status), void *arg) {
+int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
+                      size_t dlen, const uint8_t *next, size_t nlen,
+                      void (*done)(void *arg, int status), void *arg) {
   if (c->closing)
     return UV_ECANCELED;
-  wreq *w = malloc(sizeof *w + plen);
+  wreq *w = malloc(sizeof *w + plen + nlen);
   if (w == NULL)
     return UV_ENOMEM;
   memcpy(w->bytes, prefix, plen);
+  if (nlen)
+    memcpy(w->bytes + plen, next, nlen);
   w->c = c;
   w->done = done;
   w->arg = arg;
-  uv_buf_t bufs[2];
-  unsigned nbufs = frame_bufs(w->bytes, plen, data, dlen, bufs);
+  uv_buf_t bufs[3];
+  unsigned nbufs = write_bufs(w->bytes, plen, data, dlen, w->bytes + plen, nlen, bufs);
   int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, bufs, nbufs, on_written);
   if (rc != 0) {
     free(w);
     return rc;
   }
-  c->bytes_out += plen + dlen;
+  c->bytes_out += plen + dlen + nlen;
   return 0;
+}
+
+int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
+                 void (*done)(void *arg, int status), void *arg) {
+  return ps_conn_send_with(c, prefix, plen, data, dlen, NULL, 0, done, arg);
 }
 
 int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id) {

@@ -17,6 +17,10 @@ typedef struct ps_conn_cbs {
    * valid only during the call.  The callback may send, close the
    * connection, or stop reading. */
   void (*on_frame)(ps_conn *c, const ps_frame_header *h, const uint8_t *payload);
+  /* After on_frame called ps_conn_hold: the held payloads are valid until
+   * this returns.  It runs once the frames that arrived together were
+   * handled (or sooner, before anything would move them). */
+  void (*on_release)(ps_conn *c);
   /* The connection is closed and its handle released: `err` is 0 after
    * ps_conn_close, UV_EOF when the peer closed, another negative code on an
    * I/O error or a frame the header check refused (`why` says which, one
@@ -61,6 +65,11 @@ const char *ps_conn_peer(const ps_conn *c);
 int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data, size_t dlen,
                  void (*done)(void *arg, int status), void *arg);
 
+/* From on_frame: keep this frame's payload valid until on_release, so
+ * that work on it can wait until the frames that came with it (a pull
+ * after a push) were answered. */
+void ps_conn_hold(ps_conn *c);
+
 /* Write as much of a frame (`prefix`, then `dlen` bytes at `data`) as the
  * socket takes now, without blocking and without copying; nothing when
  * earlier frames are still queued, so frames never interleave.  *sent is
@@ -69,6 +78,13 @@ int ps_conn_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *dat
  * a libuv error when the connection failed (the caller closes it). */
 int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
                      size_t dlen, size_t *sent);
+
+/* ps_conn_send of a frame followed by a small frame `next` (nlen bytes,
+ * copied), in one write: the peer reads the second with the end of the
+ * first (a pull with the push before it). */
+int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
+                      size_t dlen, const uint8_t *next, size_t nlen,
+                      void (*done)(void *arg, int status), void *arg);
 
 /* Encode and queue a message without floats (copied).  @return 0 or an error. */
 int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id);

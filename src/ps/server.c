@@ -44,10 +44,19 @@ void client_unref(client *cl) {
 /* ------------------------------------------------------------ handlers */
 
 /* Durability `log`: the entry goes to Redis before anything it changed is
- * acknowledged (REDIS.md §9). */
+ * acknowledged (REDIS.md §9).  A push's entry borrows the frame's payload
+ * and goes out once the frames read with it were handled: the pull that
+ * follows a push is answered first, and the worker computes while the
+ * shard copies the gradient into the XADD. */
 void ps_server_journal(server *s, const ps_journal *j) {
-  if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG)
-    ps_replica_append(s->replica, j);
+  if (s->replica == NULL || s->cfg->replication != PS_REPLICATION_LOG)
+    return;
+  if (j->g != NULL && (const void *)j->g == s->frame_payload) {
+    if (ps_replica_append_later(s->replica, j))
+      ps_conn_hold(s->frame_conn);
+    return;
+  }
+  ps_replica_append(s->replica, j);
 }
 
 static void set_name(client *cl) {
@@ -327,7 +336,11 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     on_pull(cl, h->request_id, &m.u.pull);
     break;
   case PS_MSG_PUSH:
+    cl->srv->frame_payload = m.u.push.data;
+    cl->srv->frame_conn = conn;
     ps_server_push(cl, h->request_id, &m.u.push);
+    cl->srv->frame_payload = NULL;
+    cl->srv->frame_conn = NULL;
     break;
   case PS_MSG_CUT:
   case PS_MSG_RESUME:
@@ -379,7 +392,15 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
     ps_consistency_closed(s);
 }
 
-static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_close = on_conn_close};
+/* A push's log entry kept by ps_server_journal goes out now. */
+static void on_conn_release(ps_conn *conn) {
+  client *cl = ps_conn_data(conn);
+  if (cl->srv->replica != NULL)
+    ps_replica_flush(cl->srv->replica);
+}
+
+static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_release = on_conn_release,
+                                     .on_close = on_conn_close};
 
 static void on_connection(uv_stream_t *listener, int status) {
   server *s = listener->data;

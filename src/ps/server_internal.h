@@ -42,6 +42,11 @@ typedef struct server {
   reply_buf *reply_cur, *reply_free;  /* pull.c: the current version's copy, the pool */
   int reply_nfree;
   ps_replica *replica;   /* NULL with replication = off */
+  /* While a PUSH frame is handled: its payload and connection, so that its
+   * log entry can borrow the payload until the frames that came with it
+   * (the pull) are answered. */
+  const void *frame_payload;
+  ps_conn *frame_conn;
   ps_cons cons;          /* consistency.c */
   int status;            /* the exit status */
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */

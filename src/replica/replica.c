@@ -383,7 +383,8 @@ static void on_waited(redisAsyncContext *ac, void *reply, void *priv) {
  * about 6% fewer samples/s (median of 12 alternating runs, log mode). */
 #define XADD_HEAD_MAX 1024
 
-void ps_replica_append(ps_replica *r, const ps_journal *e) {
+/* Format and send one entry's XADD (and its WAIT). */
+static void append_now(ps_replica *r, const ps_journal *e) {
   if (r->state == RS_FENCED)
     return;
   if (r->state != RS_UP || r->closing) {
@@ -443,6 +444,29 @@ void ps_replica_append(ps_replica *r, const ps_journal *e) {
   }
   if (r->wait_replicas > 0 && ps__replica_send_wait(r, r->ac, on_waited, q) == 0)
     q->waiting = 1;
+}
+
+void ps_replica_flush(ps_replica *r) {
+  if (!r->has_later)
+    return;
+  r->has_later = 0;
+  append_now(r, &r->later);
+}
+
+void ps_replica_append(ps_replica *r, const ps_journal *e) {
+  ps_replica_flush(r);
+  append_now(r, e);
+}
+
+int ps_replica_append_later(ps_replica *r, const ps_journal *e) {
+  ps_replica_flush(r);
+  if (r->state != RS_UP || r->closing || e->g == NULL) {
+    append_now(r, e);
+    return 0;
+  }
+  r->later = *e;
+  r->has_later = 1;
+  return 1;
 }
 
 /* ------------------------------------------------- heartbeat, timers */
@@ -565,6 +589,7 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
 }
 
 void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg) {
+  ps_replica_flush(r);
   r->closing = 1;
   r->close_done = done;
   r->close_arg = arg;

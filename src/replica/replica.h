@@ -32,9 +32,20 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            ps_replica_fenced_fn fenced, void *fenced_arg);
 
 /* Append a journal entry the shard just made (durability `log`).  Entries
- * must be appended in the order of their n; the gradient is compressed and
- * copied before this returns. */
+ * must be appended in the order of their n; the gradient is copied before
+ * this returns. */
 void ps_replica_append(ps_replica *r, const ps_journal *e);
+
+/* The same, but the entry may be kept, its gradient borrowed, until
+ * ps_replica_flush: so that a shard answers the pull that came with a push
+ * before it copies the push's gradient into the XADD.  Any other append,
+ * a snapshot's start and ps_replica_close flush it first, keeping the
+ * order.  @return 1 when the entry was kept (e->g must stay valid and
+ * unchanged until ps_replica_flush), 0 when it was handled now. */
+int ps_replica_append_later(ps_replica *r, const ps_journal *e);
+
+/* Append the kept entry, if any. */
+void ps_replica_flush(ps_replica *r);
 
 /* When is journal entry n (and every entry before it) durable: stored in
  * Redis so that a restore reaches it?  Either now (a PS_DURABLE_* code,

@@ -69,6 +69,8 @@ struct ps_replica {
   uint64_t snap_counter;
   char *entry;              /* a log entry's XADD: its head, then the gradient */
   size_t entry_cap;
+  ps_journal later;         /* ps_replica_append_later's entry, its gradient borrowed */
+  int has_later;
   uint64_t last_hb_ns;
   ps_replica_alive_fn alive_fn;
   void *alive_arg;

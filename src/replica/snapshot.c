@@ -268,6 +268,8 @@ void ps__replica_snapshot_start(ps_replica *r) {
     return;
   if (!r->final_started && ps_now_ns() < r->snap_next_ns)
     return;
+  /* The image covers every entry so far: each goes out before its chunks. */
+  ps_replica_flush(r);
   ps_shard *s = r->shard;
   snap_job *j = calloc(1, sizeof *j);
   if (j == NULL)

@@ -53,6 +53,7 @@ typedef struct link {
   /* The push: at most one unacknowledged at a time (its ack may come while
    * a later pull runs), sent again on every new connection until acked. */
   int push_wait;           /* sent, no ack yet */
+  int push_unsent;         /* not yet written on the current connection */
   int pulled_since_push;   /* a pull reply came after it: fresher than its ack */
   uint64_t push_req;       /* its request id on the current connection */
   uint64_t seq;            /* of the current push */
@@ -68,6 +69,8 @@ typedef struct link {
 
 struct ps_client {
   uv_loop_t loop;
+  float *pull_pending;     /* ps_client_push_pull_start's params, until finished */
+  int pull_started;        /* its pull was begun (op_start), not yet finished */
   ps_config cfg;
   int role;                /* PS_ROLE_WORKER, or PS_ROLE_CHIEF (worker/control.h) */
   int index;
@@ -138,10 +141,9 @@ static void link_down(link *l, const char *why) {
   uv_timer_start(&l->retry, on_retry, delay, 0);
 }
 
-static void send_push(link *l) {
+/* The push's prefix (its request id is the next one).  @return its length. */
+static size_t push_prefix(link *l, uint8_t prefix[PS_PROTO_PREFIX_MAX]) {
   ps_client *c = l->cl;
-  if (!l->push_wait || l->state != L_READY)
-    return;
   l->push_req = ++c->next_req;
   ps_msg m;
   memset(&m, 0, sizeof m);
@@ -154,37 +156,70 @@ static void send_push(link *l) {
   m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
                                                         : c->links[0].global_step;
   m.u.push.count = c->layout.shard_floats[l->index];
+  return ps_proto_encode_prefix(&m, l->push_req, prefix);
+}
+
+static size_t slice_bytes(const link *l) {
+  return l->cl->layout.shard_floats[l->index] * sizeof(float);
+}
+
+/* The slice stays untouched until its ack, which comes after the write. */
+static void send_push(link *l) {
+  if (!l->push_wait || !l->push_unsent || l->state != L_READY)
+    return;
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&m, l->push_req, prefix);
-  /* The slice stays untouched until its ack, which comes after the write. */
-  ps_conn_send(l->conn, prefix, plen, l->slice, m.u.push.count * sizeof(float), NULL, NULL);
+  size_t plen = push_prefix(l, prefix);
+  ps_conn_send(l->conn, prefix, plen, l->slice, slice_bytes(l), NULL, NULL);
+  l->push_unsent = 0;
+}
+
+/* The PULL of the current operation (its request id is the next one). */
+static ps_msg pull_msg(link *l) {
+  l->req_id = ++l->cl->next_req;
+  ps_msg m;
+  memset(&m, 0, sizeof m);
+  m.type = PS_MSG_PULL;
+  m.u.pull.worker = (uint32_t)l->cl->index;
+  m.u.pull.step = l->pull_step;
+  return m;
 }
 
 static void send_op(link *l) {
   ps_client *c = l->cl;
   if (l->op == OP_NONE || l->done || l->state != L_READY)
     return;
-  l->req_id = ++c->next_req;
-  ps_msg m;
-  memset(&m, 0, sizeof m);
-  if (l->op == OP_REQ) {
-    ps_proto_set_fence(&l->req, c->fence);
-    if (l->req.type == PS_MSG_LOAD) {
-      uint8_t prefix[PS_PROTO_PREFIX_MAX];
-      size_t plen = ps_proto_encode_prefix(&l->req, l->req_id, prefix);
-      ps_conn_send(l->conn, prefix, plen, l->req.u.load.data, l->req.u.load.count * sizeof(float),
-                   NULL, NULL);
-    } else {
-      ps_conn_send_msg(l->conn, &l->req, l->req_id);
-    }
+  if (l->op == OP_PULL) {
+    ps_msg m = pull_msg(l);
+    ps_conn_send_msg(l->conn, &m, l->req_id);
     return;
   }
-  if (l->op == OP_PULL) {
-    m.type = PS_MSG_PULL;
-    m.u.pull.worker = (uint32_t)c->index;
-    m.u.pull.step = l->pull_step;
-    ps_conn_send_msg(l->conn, &m, l->req_id);
+  l->req_id = ++c->next_req;
+  ps_proto_set_fence(&l->req, c->fence);
+  if (l->req.type == PS_MSG_LOAD) {
+    uint8_t prefix[PS_PROTO_PREFIX_MAX];
+    size_t plen = ps_proto_encode_prefix(&l->req, l->req_id, prefix);
+    ps_conn_send(l->conn, prefix, plen, l->req.u.load.data, l->req.u.load.count * sizeof(float),
+                 NULL, NULL);
+  } else {
+    ps_conn_send_msg(l->conn, &l->req, l->req_id);
   }
+}
+
+/* The push not yet written on this connection, if any, then the
+ * operation.  A push and a pull go in one write: the shard reads the pull
+ * with the push's end, and answers it before it logs the push. */
+static void send_push_op(link *l) {
+  if (l->push_wait && l->push_unsent && l->state == L_READY && l->op == OP_PULL && !l->done) {
+    uint8_t prefix[PS_PROTO_PREFIX_MAX], pull[PS_PROTO_HEADER_SIZE + PS_PROTO_SMALL_PAYLOAD_MAX];
+    size_t plen = push_prefix(l, prefix);
+    ps_msg m = pull_msg(l);
+    size_t n = ps_proto_encode(&m, l->req_id, pull, sizeof pull);
+    ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), pull, n, NULL, NULL);
+    l->push_unsent = 0;
+    return;
+  }
+  send_push(l);  /* first: the shard applies it before the op reads */
+  send_op(l);
 }
 
 /* A push sent and not yet acknowledged by every shard. */
@@ -287,8 +322,8 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->down_since_ns = 0;
       ps_backoff_reset(&l->backoff);
       c->connects++;
-      send_push(l);  /* first: the shard applies it before the op reads */
-      send_op(l);
+      l->push_unsent = l->push_wait;
+      send_push_op(l);
       return;
     }
     break;
@@ -408,7 +443,8 @@ static int link_owes(const ps_client *c, const link *l) {
 
 /* Run the loop until no link owes anything (link_owes), a fatal error, or
  * the deadline. */
-static int run_op(ps_client *c) {
+/* Start the operation set on the links: send it where connected. */
+static void op_start(ps_client *c) {
   c->fatal = 0;
   c->timed_out = 0;
   /* The loop runs only inside calls: its clock is as old as the last one. */
@@ -423,8 +459,12 @@ static int run_op(ps_client *c) {
     if (l->state == L_DOWN && !uv_is_active((uv_handle_t *)&l->retry))
       link_connect(l);
     else
-      send_op(l);
+      send_push_op(l);
   }
+}
+
+/* Run the loop until every link finished the operation op_start began. */
+static int op_finish(ps_client *c) {
   for (;;) {
     int pending = 0;
     for (int i = 0; i < c->nlinks; i++)
@@ -458,13 +498,13 @@ static int run_op(ps_client *c) {
   return timed_out ? -ETIMEDOUT : 0;
 }
 
-int ps_client_pull(ps_client *c, float *params) {
-  /* Sync's pull asks for the step its push was counted in: its ack says. */
-  if (c->links[0].consistency == PS_CONSISTENCY_SYNC) {
-    int rc = ps_client_flush(c);
-    if (rc != 0)
-      return rc;
-  }
+static int run_op(ps_client *c) {
+  op_start(c);
+  return op_finish(c);
+}
+
+/* Set every link's operation to a pull into params. */
+static void pull_prepare(ps_client *c, float *params) {
   c->params = params;
   /* ssp: the push in flight counts, the shards applied it before this pull. */
   uint64_t clock = c->clock_base + c->pushes + (uint64_t)push_in_flight(c);
@@ -485,6 +525,16 @@ int ps_client_pull(ps_client *c, float *params) {
       l->pull_step = 0;
     }
   }
+}
+
+int ps_client_pull(ps_client *c, float *params) {
+  /* Sync's pull asks for the step its push was counted in: its ack says. */
+  if (c->links[0].consistency == PS_CONSISTENCY_SYNC) {
+    int rc = ps_client_flush(c);
+    if (rc != 0)
+      return rc;
+  }
+  pull_prepare(c, params);
   return run_op(c);
 }
 
@@ -497,7 +547,10 @@ int ps_client_flush(ps_client *c) {
   return run_op(c);
 }
 
-int ps_client_push_async(ps_client *c, const float *grad) {
+/* The next push of `grad`, after the acks of the one before; sent now
+ * unless `later` (then with the operation op_start begins).  @return 0 or
+ * a negative code (of the previous push's acks). */
+static int push_begin(ps_client *c, const float *grad, int later) {
   int rc = ps_client_flush(c);
   if (rc != 0)
     return rc;
@@ -506,12 +559,40 @@ int ps_client_push_async(ps_client *c, const float *grad) {
     ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
     l->seq++;
     l->push_wait = 1;
+    l->push_unsent = 1;
     l->pulled_since_push = 0;
     /* Written now if the link is up (libuv writes at once what the socket
      * takes); else on its next connection, in the next call. */
-    send_push(l);
+    if (!later)
+      send_push(l);
   }
   return 0;
+}
+
+int ps_client_push_async(ps_client *c, const float *grad) { return push_begin(c, grad, 0); }
+
+int ps_client_push_pull_start(ps_client *c, const float *grad, float *params) {
+  /* Sync's pull waits for the push's acks first: nothing to send together. */
+  int sync = c->links[0].consistency == PS_CONSISTENCY_SYNC;
+  int rc = push_begin(c, grad, !sync);
+  if (rc != 0)
+    return rc;
+  c->pull_pending = params;
+  if (!sync) {
+    pull_prepare(c, params);
+    op_start(c);
+    c->pull_started = 1;
+  }
+  return 0;
+}
+
+int ps_client_pull_finish(ps_client *c) {
+  float *params = c->pull_pending;
+  c->pull_pending = NULL;
+  if (!c->pull_started)
+    return params != NULL ? ps_client_pull(c, params) : 0;
+  c->pull_started = 0;
+  return op_finish(c);
 }
 
 int ps_client_push(ps_client *c, const float *grad) {

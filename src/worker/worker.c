@@ -150,8 +150,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
                ps_sampler_part_size(&sampler));
     }
   }
-  /* The batch is prepared while the shards apply the previous push and
-   * answer the pull (cores the step leaves idle); `trained` is the data
+  /* The batch is prepared while the shards apply the push and answer the
+   * pull sent with it (cores the step leaves idle); `trained` is the data
    * position of the batches already pushed, what a restart resumes from. */
   size_t n = 0;
   int have_batch = 0;
@@ -186,15 +186,13 @@ int ps_worker_run(const ps_config *cfg, int index) {
           sum[i] *= inv;
       }
       window_steps = 0;
-      rc = ps_client_push_async(client, sum);
-    } else {
-      rc = ps_client_push_async(client, grad);
     }
+    rc = ps_client_push_pull_start(client, cfg->window > 1 ? sum : grad, params);
     trained = sampler.pos;
     if (rc == 0) {
       n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
       have_batch = 1;
-      rc = ps_client_pull(client, params);
+      rc = ps_client_pull_finish(client);
     }
     double now = ps_now_s();
     if (registry != NULL && rc == 0) {

@@ -18,6 +18,26 @@ SANFLAGS :=
 endif
 ARCHFLAGS := $(if $(filter 1,$(NATIVE)),-march=native,)
 
+# make CUDA=1: the CUDA backend too (src/nn/*.cu through nvcc, cuBLAS and
+# the CUDA runtime linked in, PS_HAVE_CUDA defined), in build/cuda so that
+# objects built with and without it never mix.  The default build needs no
+# CUDA.  The CUDA build is not sanitized (ASan's protected shadow gap is
+# where the CUDA driver maps its memory, unless every run sets
+# ASAN_OPTIONS=protect_shadow_gap=0); `make SAN=1 test` still builds and
+# runs it (cuda-check), without sanitizers.
+CUDA      ?= 0
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+# Machine code for sm_90 (H100) and PTX for compute_80, which the driver of
+# any newer GPU (A100 up) compiles at load.
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80
+ifeq ($(CUDA),1)
+ifeq ($(SAN),1)
+$(error CUDA=1 with SAN=1: the CUDA build is not sanitized (make SAN=1 test builds it without))
+endif
+BUILD    := build/cuda
+endif
+
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
             -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror \
@@ -28,6 +48,18 @@ LDFLAGS  += $(SANFLAGS)
 
 LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CU_SRC   := $(sort $(shell find src -name '*.cu' 2>/dev/null))
+GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
+GPU_BIN  := $(GPU_SRC:tests/gpu/%.c=build/cuda/tests/%)
+GPU_TESTS := $(filter build/cuda/tests/test_%,$(GPU_BIN))
+ifeq ($(CUDA),1)
+CFLAGS   += -DPS_HAVE_CUDA
+LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/%.o)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+NVCCFLAGS := -O2 -g -std=c++20 $(CUDA_ARCH) -DPS_HAVE_CUDA -D_POSIX_C_SOURCE=200809L \
+             -D_DEFAULT_SOURCE -Iinclude -Isrc -I. --Werror all-warnings \
+             -Xcompiler -Wall,-Wextra,-Wshadow,-Werror,-fno-math-errno
+endif
 MAIN_OBJ := $(BUILD)/src/cmd/main.o
 BIN      := $(BUILD)/paramserv
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
@@ -39,7 +71,8 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
 .SECONDARY:
 
-.PHONY: all deps test unit integration systemd-test fuzz fuzz-smoke demo clean help install
+.PHONY: all deps test unit integration systemd-test fuzz fuzz-smoke demo clean help install \
+        cuda-check gpu-tests
 
 all: $(BIN)
 
@@ -49,6 +82,9 @@ help:
 	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
 	@echo "make            build $(BIN)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
+	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
+	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
+	@echo "                without nvcc it says skip, without a GPU each test does)"
 	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each,"
 	@echo "                the wire protocol's for FUZZ_PROTO_SECONDS (default $(FUZZ_PROTO_SECONDS))"
 
@@ -64,6 +100,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/libparamserv.a: $(LIB_OBJ)
 	@rm -f $@
@@ -84,6 +125,31 @@ $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 
+# The GPU tests and tools (tests/gpu/), linked with the CUDA build's library;
+# bench_sgemm times cuBLAS alone for scripts/bench-gpu.
+ifeq ($(CUDA),1)
+$(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(BUILD)/libparamserv.a
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+
+$(BUILD)/tests/gpu/bench_sgemm.o: CFLAGS += -I$(CUDA_HOME)/include
+
+gpu-tests: $(GPU_BIN)
+else
+gpu-tests:
+	@$(MAKE) --no-print-directory CUDA=1 SAN=0 gpu-tests
+endif
+
+# Compiles the CUDA backend whenever nvcc is here, so that it cannot rot
+# unnoticed on machines without a GPU, and runs the GPU tests: each says
+# "skip: no GPU (...)" and passes where no GPU answers.
+cuda-check:
+	@if [ ! -x "$(NVCC)" ]; then \
+	  echo "skip: no nvcc ($(NVCC) not found; set CUDA_HOME or NVCC)"; exit 0; fi; \
+	$(MAKE) --no-print-directory CUDA=1 SAN=0 all gpu-tests || exit 1; \
+	for t in $(GPU_TESTS); do echo "== $$t"; $$t || exit 1; done
+
 # Unit tests run from the project root, so that they can find tests/ data.
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -93,7 +159,7 @@ integration: $(BIN) $(INTEG_BIN)
 	  echo "== $$t"; PARAMSERV=$(BIN) $$t; done
 
 test: deps
-	@$(MAKE) --no-print-directory all unit integration systemd-test
+	@$(MAKE) --no-print-directory all unit cuda-check integration systemd-test
 	@$(MAKE) --no-print-directory fuzz-smoke SAN=0
 
 # The units under a real systemd (tests/systemd/run, through

@@ -5,7 +5,9 @@
 #include <stdint.h>
 
 /* Each verb takes argv with argv[0] = the verb's name and returns the
- * process's exit status: 0 success, 1 failure, 2 bad usage. */
+ * process's exit status: 0 success, 1 failure, 2 bad usage or a device
+ * asked for that this machine or build does not have (--device cuda with
+ * no GPU, or without CUDA). */
 int ps_cmd_train(int argc, char **argv);
 int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);

@@ -16,28 +16,36 @@ typedef struct node_verb {
   int (*run)(const ps_config *cfg, int index);
 } node_verb;
 
+static int is_worker(const node_verb *v) { return strcmp(v->name, "worker") == 0; }
+
 static void node_usage(FILE *f, const node_verb *v) {
   fprintf(f,
-          "usage: paramserv %s --config FILE --index N\n"
+          "usage: paramserv %s --config FILE --index N%s\n"
           "\n"
           "%s\n"
           "\n"
           "  --config FILE   the cluster's config file (see systemd/cluster.conf)\n"
-          "  --index N       which %s of the config's [cluster] %s list this process is\n"
-          "  -h, --help      this help\n"
-          "\n"
-          "Stops cleanly on SIGTERM or SIGINT.\n",
-          v->name, v->what, v->role, strcmp(v->name, "ps") == 0 ? "ps" : "workers");
+          "  --index N       which %s of the config's [cluster] %s list this process is\n",
+          v->name, is_worker(v) ? " [--device D]" : "", v->what, v->role,
+          is_worker(v) ? "workers" : "ps");
+  if (is_worker(v))
+    fprintf(f, "  --device D      compute on D instead of [worker] device: %s\n"
+               "                  (one GPU host among CPU hosts, with the same config)\n",
+            PS_DEVICE_FORM);
+  fprintf(f, "  -h, --help      this help\n"
+             "\n"
+             "Stops cleanly on SIGTERM or SIGINT.\n");
 }
 
 static int run_node(const node_verb *v, int argc, char **argv) {
   static const struct option longopts[] = {
       {"config", required_argument, 0, 'c'},
       {"index", required_argument, 0, 'i'},
+      {"device", required_argument, 0, 'd'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
-  const char *config = NULL, *index_text = NULL;
+  const char *config = NULL, *index_text = NULL, *device = NULL;
   opterr = 0;
   optind = 1;
   int c;
@@ -45,6 +53,13 @@ static int run_node(const node_verb *v, int argc, char **argv) {
     switch (c) {
     case 'c': config = optarg; break;
     case 'i': index_text = optarg; break;
+    case 'd':
+      if (!is_worker(v)) {
+        ps_cmd_error("--device: a shard does not compute gradients, only a worker has a device");
+        return 2;
+      }
+      device = optarg;
+      break;
     case 'h': node_usage(stdout, v); return 0;
     default:
       return ps_cmd_bad_option(c, argv, v->name);
@@ -61,6 +76,14 @@ static int run_node(const node_verb *v, int argc, char **argv) {
   if (ps_config_load(config, &cfg, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
     return 1;
+  }
+  int dev;
+  if (device != NULL) {
+    if (ps_parse_device(device, &dev) != 0) {
+      ps_cmd_error("--device '%s': expected %s", device, PS_DEVICE_FORM);
+      return 2;
+    }
+    cfg.device = dev;
   }
   int count = strcmp(v->name, "ps") == 0 ? cfg.nps : cfg.nworkers;
   int64_t index;

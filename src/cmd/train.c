@@ -1,5 +1,6 @@
 /* `paramserv train`: one process, no parameter server.  The reference
  * trainer that the distributed runs are measured against. */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 typedef struct train_opts {
   const char *model, *hidden, *data;
   int64_t epochs, batch, threads, max_steps, train_limit, warmup;
+  int device;  /* PS_DEVICE_CPU or a CUDA device number */
   double lr, momentum, weight_decay, gamma, step_epochs, min_lr;
   uint64_t seed;
   int eval;
@@ -48,7 +50,9 @@ static void train_usage(FILE *f) {
       "  --gamma X             step schedule: factor per decay (default 0.5)\n"
       "  --min-lr X            cosine schedule: final learning rate (default 0)\n"
       "  --warmup-steps N      linear warm-up steps (default 0)\n"
-      "  --threads T           compute threads (default: all cores)\n"
+      "  --device D            cpu, cuda or cuda:N: where gradients are computed\n"
+      "                        (default cpu; cuda needs a build with make CUDA=1)\n"
+      "  --threads T           compute threads on the cpu (default: all cores)\n"
       "  --seed S              seed of initial weights, data order and dropout (default 1)\n"
       "  --data DIR            IDX directory (default " PS_DATA_DEFAULT_DIR ")\n"
       "  --max-steps N         stop after N steps in all (default: no limit)\n"
@@ -65,7 +69,7 @@ static void train_usage(FILE *f) {
 static int parse_opts(int argc, char **argv, train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
-         O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL };
+         O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
@@ -81,6 +85,7 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
       {"min-lr", required_argument, 0, O_MIN_LR},
       {"warmup-steps", required_argument, 0, O_WARMUP},
       {"threads", required_argument, 0, O_THREADS},
+      {"device", required_argument, 0, O_DEVICE},
       {"seed", required_argument, 0, O_SEED},
       {"data", required_argument, 0, O_DATA},
       {"max-steps", required_argument, 0, O_MAX_STEPS},
@@ -95,7 +100,7 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   *o = (train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
                     .threads = cores > 0 ? cores : 1, .lr = 0.001, .momentum = 0.9,
-                    .gamma = 0.5, .step_epochs = 1, .eval = 1};
+                    .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU};
   opterr = 0;
   optind = 1;
   int c, rc = 0;
@@ -115,6 +120,12 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     case O_MIN_LR: rc = ps_cmd_flag_double("min-lr", optarg, 0, 1e3, &o->min_lr); break;
     case O_WARMUP: rc = ps_cmd_flag_i64("warmup-steps", optarg, 0, INT64_MAX, &o->warmup); break;
     case O_THREADS: rc = ps_cmd_flag_i64("threads", optarg, 1, 256, &o->threads); break;
+    case O_DEVICE:
+      if (ps_parse_device(optarg, &o->device) != 0) {
+        ps_cmd_error("--device '%s': expected " PS_DEVICE_FORM, optarg);
+        rc = -1;
+      }
+      break;
     case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_MAX, &seed); break;
     case O_DATA: o->data = optarg; break;
     case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
@@ -182,6 +193,20 @@ int ps_cmd_train(int argc, char **argv) {
   uint8_t *y = NULL;
   size_t *index = NULL;
 
+  if (ps_model_build(&spec, &model, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    goto out;
+  }
+  /* The device first: a GPU that is not there is said in one line at once,
+   * before seconds of loading data, and it is the environment's problem (2),
+   * not a failure of the run (1). */
+  compute = ps_compute_new_on(&model, o.device, (int)o.threads, (int)o.batch, &eb);
+  if (compute == NULL) {
+    ps_cmd_error("%s", eb.msg);
+    if (eb.code == -ENODEV)
+      status = 2;
+    goto out;
+  }
   if (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
       (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0)) {
     ps_cmd_error("%s", eb.msg);
@@ -195,20 +220,13 @@ int ps_cmd_train(int argc, char **argv) {
   }
   if (o.train_limit > 0 && (size_t)o.train_limit < train.n)
     train.n = (size_t)o.train_limit;
-  if (ps_model_build(&spec, &model, &eb) != 0) {
-    ps_cmd_error("%s", eb.msg);
-    goto out;
-  }
-  compute = ps_compute_new(&model, (int)o.threads, (int)o.batch, &eb);
-  if (compute == NULL) {
-    ps_cmd_error("%s", eb.msg);
-    goto out;
-  }
   size_t total = model.vars.total;
   int nslots = ps_optim_nslots(o.optim.kind);
-  params = malloc(total * sizeof *params);
-  grad = malloc(total * sizeof *grad);
-  x = malloc((size_t)o.batch * model.in_size * sizeof *x);
+  /* What goes to and from the device every step lives in its fastest
+   * host memory (pinned, on a GPU). */
+  params = ps_compute_host_alloc(compute, total * sizeof *params);
+  grad = ps_compute_host_alloc(compute, total * sizeof *grad);
+  x = ps_compute_host_alloc(compute, (size_t)o.batch * model.in_size * sizeof *x);
   y = malloc((size_t)o.batch);
   index = malloc((size_t)o.batch * sizeof *index);
   int failed = params == NULL || grad == NULL || x == NULL || y == NULL || index == NULL;
@@ -246,9 +264,9 @@ int ps_cmd_train(int argc, char **argv) {
   printf("train: model %s, %zu parameters, %s lr %g (%s), batch %" PRId64 ", %" PRId64
          " threads, seed %" PRIu64 "\n",
          ps_model_spec_format(&spec, desc, sizeof desc), total, ps_optim_name(&o.optim), o.lr,
-         ps_sched_name(&o.sched), o.batch, o.threads, o.seed);
+         ps_sched_name(&o.sched), o.batch, (int64_t)ps_compute_threads(compute), o.seed);
   printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
-         ps_backend_cpu_describe());
+         ps_compute_describe(compute));
   fflush(stdout);
 
   uint64_t step = 0, samples = 0;
@@ -306,12 +324,14 @@ int ps_cmd_train(int argc, char **argv) {
 out:
   free(index);
   free(y);
-  free(x);
   free(test_x);
   for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
     free(slots[i]);
-  free(grad);
-  free(params);
+  if (compute != NULL) {
+    ps_compute_host_free(compute, x);
+    ps_compute_host_free(compute, grad);
+    ps_compute_host_free(compute, params);
+  }
   ps_compute_free(compute);
   ps_sampler_close(&sampler);
   ps_model_close(&model);

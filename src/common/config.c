@@ -75,6 +75,18 @@ static int parse_redis_replicas(const ps_setting *s, const char *v, void *field,
   return 0;
 }
 
+/* [worker] device: cpu, cuda or cuda:N, as paramserv train --device. */
+static int parse_device(const ps_setting *s, const char *v, void *field, char *why, size_t len) {
+  (void)s;
+  int device;
+  if (ps_parse_device(v, &device) != 0) {
+    snprintf(why, len, PS_DEVICE_FORM);
+    return PS_ECONFIG;
+  }
+  *(int64_t *)field = device;
+  return 0;
+}
+
 static const char *const log_levels[] = {"debug", "info", "warn", "error", NULL};
 static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const optimizers[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
@@ -221,6 +233,9 @@ static const ps_setting settings[] = {
      .help = "a worker exits after failing to reach a shard for this long (0: never)"},
     {"worker", "heartbeat_ms", INT, FIELD(heartbeat_ms), .min = 10, .max = 3600000, .def = "1000",
      .help = "a worker heart-beats to Redis this often"},
+    {"worker", "device", INT, FIELD(device), .min = PS_DEVICE_CPU, .max = PS_DEVICE_MAX,
+     .parse = parse_device, .def = "cpu",
+     .help = "where a worker computes gradients: cpu, cuda (GPU 0) or cuda:N (GPU N)"},
 };
 
 #define NSETTINGS (sizeof settings / sizeof settings[0])

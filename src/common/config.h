@@ -94,6 +94,7 @@ typedef struct ps_config {
   /* [worker] */
   int64_t worker_give_up_s;       /* 0 = never give up */
   int64_t heartbeat_ms;
+  int64_t device;                 /* PS_DEVICE_CPU (-1) or a CUDA device number */
 } ps_config;
 
 typedef enum ps_setting_type {

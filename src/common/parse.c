@@ -1,9 +1,11 @@
-/* Strict parsing of numbers from text. */
+/* Strict parsing of numbers and devices from text. */
 #include "common/parse.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int ps_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   char *end;
@@ -27,4 +29,28 @@ int ps_parse_double(const char *s, double lo, double hi, double *out) {
     return -ERANGE;
   *out = v;
   return 0;
+}
+
+int ps_parse_device(const char *s, int *device) {
+  int64_t n = 0;
+  if (strcmp(s, "cpu") == 0) {
+    *device = PS_DEVICE_CPU;
+    return 0;
+  }
+  if (strncmp(s, "cuda", 4) != 0)
+    return -EINVAL;
+  /* "cuda:" + digits only: ps_parse_i64 alone would take " 1" and "+1". */
+  if (s[4] != '\0' && (s[4] != ':' || s[5] < '0' || s[5] > '9' ||
+                        ps_parse_i64(s + 5, 0, PS_DEVICE_MAX, &n) != 0))
+    return -EINVAL;
+  *device = (int)n;
+  return 0;
+}
+
+const char *ps_device_format(int device, char *buf, size_t len) {
+  if (device < 0)
+    snprintf(buf, len, "cpu");
+  else
+    snprintf(buf, len, "cuda:%d", device);
+  return buf;
 }

@@ -3,13 +3,6 @@
 
 #include <math.h>
 
-void ps_rng_seed(ps_rng *r, uint64_t seed) {
-  for (int i = 0; i < 4; i++) {
-    seed = ps_mix64(seed);
-    r->s[i] = seed;
-  }
-}
-
 uint64_t ps_rng_below(ps_rng *r, uint64_t n) {
   /* Rejection keeps every value equally likely. */
   uint64_t limit = UINT64_MAX - UINT64_MAX % n;

@@ -409,6 +409,17 @@ static void on_exit_status(ps_sup *s, ps_sup_child *c, int st, double now) {
     ps_sup_stop(s, now, 1, why);
     return;
   }
+  if (c->role != PS_SUP_REDIS && WIFEXITED(st) && WEXITSTATUS(st) == 2) {
+    /* Bad usage or a device that is not there (src/cmd/cmd.h): a restart
+     * would get the same answer, so the units do not restart it either
+     * (RestartPreventExitStatus=2). */
+    char why[640];
+    snprintf(why, sizeof why, "%s %s, which a restart would not change: %s", c->name, what,
+             ps_sup_last_line(c, last, sizeof last));
+    c->state = PS_SUP_DONE;
+    ps_sup_stop(s, now, 1, why);
+    return;
+  }
   if (!c->down_by_kill) {
     say(s, "local: %s (pid %ld) %s: %s", c->name, (long)pid, what,
         ps_sup_last_line(c, last, sizeof last));

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/rng.h"
+#include "nn/dropout.h"
 
 static void *cpu_alloc(ps_backend *b, size_t bytes) {
   (void)b;
@@ -258,20 +258,15 @@ static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, floa
                             uint64_t seed, uint64_t first, const float *x, float *y,
                             uint8_t *mask) {
   (void)b;
-  /* 16 bits of randomness per group: p is resolved to 1/65536. */
-  const uint32_t keep_below = (uint32_t)((1.0 - (double)p) * 65536.0 + 0.5);
-  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  const uint32_t keep_below = ps_dropout_keep_below(p);
+  const float scale = ps_dropout_scale(p);
   const size_t groups = per / group;
   for (int i = 0; i < n; i++) {
-    ps_rng r;
-    ps_rng_seed(&r, seed ^ ps_mix64(first + (uint64_t)i));
+    ps_dropout_draws d;
+    ps_dropout_begin(&d, seed, first + (uint64_t)i);
     uint8_t *m = mask + (size_t)i * per;
-    uint64_t bits = 0;
-    for (size_t j = 0; j < groups; j++, bits >>= 16) {
-      if (j % 4 == 0)
-        bits = ps_rng_next(&r);
-      memset(m + j * group, (uint32_t)(bits & 0xffff) < keep_below, group);
-    }
+    for (size_t j = 0; j < groups; j++)
+      memset(m + j * group, ps_dropout_next(&d, keep_below), group);
     apply_mask(per, scale, m, x + (size_t)i * per, y + (size_t)i * per);
   }
 }
@@ -279,8 +274,7 @@ static void cpu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, floa
 static void cpu_dropout_bwd(ps_backend *b, size_t count, float p, const uint8_t *mask,
                             const float *dy, float *dx) {
   (void)b;
-  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-  apply_mask(count, scale, mask, dy, dx);
+  apply_mask(count, ps_dropout_scale(p), mask, dy, dx);
 }
 
 static double cpu_nll(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,
@@ -311,8 +305,14 @@ static double cpu_nll(ps_backend *b, int n, int k, const float *logits, const ui
   return loss;
 }
 
+static const char *cpu_describe(ps_backend *b) {
+  (void)b;
+  return ps_backend_cpu_describe();
+}
+
 static const ps_backend_ops cpu_ops = {
     .name = "cpu",
+    .describe = cpu_describe,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .to_device = cpu_copy,
@@ -349,8 +349,6 @@ ps_backend *ps_backend_cpu_new(void) {
   b->host_memory = 1;
   return b;
 }
-
-void ps_backend_free(ps_backend *b) { free(b); }
 
 const char *ps_backend_cpu_describe(void) {
   static char buf[128];

@@ -1,16 +1,18 @@
-/* Batch-parallel gradient computation (see compute.h). */
+/* Batch-parallel gradient computation on the CPU, whole batches on a GPU
+ * (see compute.h). */
 #include "nn/compute.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/parse.h"
 #include "common/pool.h"
 
 typedef struct slot {
   ps_backend *backend;
   ps_model_ws ws;
-  float *grad;     /* this thread's gradient (slot 0 writes the caller's) */
+  float *grad;     /* this slot's gradient; NULL: it writes the caller's */
   double loss;
   size_t correct;
 } slot;
@@ -20,6 +22,9 @@ struct ps_compute {
   ps_pool *pool;
   int threads, max_batch;
   slot *slots;
+  /* A device backend's copies of a step's params and batch (NULL when the
+   * backend computes on host memory, which then reads the caller's). */
+  float *dev_params, *dev_x;
   /* The current job, read by every thread. */
   const float *params, *x;
   const uint8_t *labels;
@@ -37,6 +42,10 @@ void ps_compute_free(ps_compute *c) {
       slot *s = &c->slots[t];
       if (s->backend != NULL) {
         s->backend->ops->free(s->backend, s->grad);
+        if (t == 0) {
+          s->backend->ops->free(s->backend, c->dev_params);
+          s->backend->ops->free(s->backend, c->dev_x);
+        }
         ps_model_ws_close(&s->ws);
         ps_backend_free(s->backend);
       }
@@ -46,6 +55,15 @@ void ps_compute_free(ps_compute *c) {
 }
 
 ps_compute *ps_compute_new(const ps_model *m, int threads, int max_batch, ps_errbuf *eb) {
+  return ps_compute_new_on(m, PS_DEVICE_CPU, threads, max_batch, eb);
+}
+
+ps_compute *ps_compute_new_on(const ps_model *m, int device, int threads, int max_batch,
+                              ps_errbuf *eb) {
+  /* A GPU runs the whole batch on one backend: threads would only split it
+   * into smaller, slower launches on the same device. */
+  if (device >= 0)
+    threads = 1;
   if (threads < 1 || max_batch < 1) {
     ps_err_set(eb, PS_EUSAGE, "compute: threads %d and batch %d must both be at least 1",
                threads, max_batch);
@@ -61,16 +79,26 @@ ps_compute *ps_compute_new(const ps_model *m, int threads, int max_batch, ps_err
   if (c->slots == NULL)
     goto nomem;
   int per = (max_batch + threads - 1) / threads;
+  size_t grad_bytes = m->vars.total * sizeof(float);
   for (int t = 0; t < threads; t++) {
     slot *s = &c->slots[t];
-    s->backend = ps_backend_cpu_new();
-    if (s->backend == NULL)
+    s->backend = ps_backend_new(device, eb);
+    if (s->backend == NULL) {
+      ps_compute_free(c);
+      return NULL;
+    }
+    ps_backend *b = s->backend;
+    if (ps_model_ws_init(&s->ws, m, b, per) != 0)
       goto nomem;
-    if (ps_model_ws_init(&s->ws, m, s->backend, per) != 0)
-      goto nomem;
-    if (t > 0) {
-      s->grad = s->backend->ops->alloc(s->backend, m->vars.total * sizeof(float));
+    if (t > 0 || !b->host_memory) {
+      s->grad = b->ops->alloc(b, grad_bytes);
       if (s->grad == NULL)
+        goto nomem;
+    }
+    if (!b->host_memory) {
+      c->dev_params = b->ops->alloc(b, grad_bytes);
+      c->dev_x = b->ops->alloc(b, (size_t)max_batch * m->in_size * sizeof(float));
+      if (c->dev_params == NULL || c->dev_x == NULL)
         goto nomem;
     }
   }
@@ -80,17 +108,53 @@ ps_compute *ps_compute_new(const ps_model *m, int threads, int max_batch, ps_err
   return c;
 nomem:
   ps_compute_free(c);
-  ps_err_set(eb, -ENOMEM, "compute: out of memory for %d threads at batch %d", threads,
-             max_batch);
+  ps_err_set(eb, -ENOMEM, "compute: out of %s memory for %d threads at batch %d",
+             device >= 0 ? "GPU" : "host", threads, max_batch);
   return NULL;
 }
 
 int ps_compute_threads(const ps_compute *c) { return c->threads; }
 
+const char *ps_compute_describe(const ps_compute *c) {
+  ps_backend *b = c->slots[0].backend;
+  return b->ops->describe(b);
+}
+
+void *ps_compute_host_alloc(ps_compute *c, size_t bytes) {
+  ps_backend *b = c->slots[0].backend;
+  if (b->ops->host_alloc != NULL)
+    return b->ops->host_alloc(b, bytes);
+  return malloc(bytes ? bytes : 1);
+}
+
+void ps_compute_host_free(ps_compute *c, void *p) {
+  if (p == NULL)
+    return;
+  ps_backend *b = c->slots[0].backend;
+  if (b->ops->host_free != NULL)
+    b->ops->host_free(b, p);
+  else
+    free(p);
+}
+
 /* Thread t's part of the batch: [lo, hi), parts differ by at most one. */
 static void part(int n, int t, int nt, int *lo, int *hi) {
   *lo = (int)((long)n * t / nt);
   *hi = (int)((long)n * (t + 1) / nt);
+}
+
+/* On a device, the job reads the device's copies: the params (when given)
+ * and n samples of x go over now, queued before the passes that use them. */
+static void stage_in(ps_compute *c, const float *params, const float *x, int n) {
+  if (c->dev_params == NULL)
+    return;
+  ps_backend *b = c->slots[0].backend;
+  if (params != NULL) {
+    b->ops->to_device(b, c->dev_params, params, c->m->vars.total * sizeof(float));
+    c->params = c->dev_params;
+  }
+  b->ops->to_device(b, c->dev_x, x, (size_t)n * c->m->in_size * sizeof(float));
+  c->x = c->dev_x;
 }
 
 static void grad_job(void *arg, int t, int nt) {
@@ -100,7 +164,7 @@ static void grad_job(void *arg, int t, int nt) {
   part(c->n, t, nt, &lo, &hi);
   s->loss = 0.0;
   s->correct = 0;
-  float *g = t == 0 ? c->grad : s->grad;
+  float *g = s->grad != NULL ? s->grad : c->grad;
   if (hi == lo) {
     /* An empty slice contributes a zero gradient to the sum. */
     if (c->train)
@@ -146,9 +210,14 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
   c->seed = seed;
   c->first = first;
   c->grad = grad;
+  stage_in(c, params, x, n);
   ps_pool_run(c->pool, grad_job, c);
   if (c->threads > 1)
     ps_pool_run(c->pool, reduce_job, c);
+  if (c->dev_params != NULL) {
+    ps_backend *b = c->slots[0].backend;
+    b->ops->to_host(b, grad, c->slots[0].grad, c->m->vars.total * sizeof(float));
+  }
   double loss = 0.0;
   for (int t = 0; t < c->threads; t++) {
     loss += c->slots[t].loss;
@@ -169,6 +238,8 @@ double ps_compute_eval(ps_compute *c, const float *params, const float *x,
     c->x = x + done * c->m->in_size;
     c->labels = labels + done;
     c->n = chunk;
+    /* The params go over once, with the first chunk. */
+    stage_in(c, done == 0 ? params : NULL, c->x, chunk);
     ps_pool_run(c->pool, grad_job, c);
     for (int t = 0; t < c->threads; t++) {
       loss += c->slots[t].loss;

@@ -1,7 +1,9 @@
-/* Gradient computation over a batch, split across threads: each thread runs
- * the model on its slice of the batch with its own backend and workspace,
- * and the slices' gradients are summed.  What a worker and `paramserv train`
- * call once per step. */
+/* Gradient computation over a batch, on the CPU or a GPU.  On the CPU the
+ * batch is split across threads: each thread runs the model on its slice
+ * with its own backend and workspace, and the slices' gradients are summed.
+ * On a GPU one CUDA backend runs the whole batch: each step copies the
+ * parameters and the batch to the device and the gradient back, once each.
+ * What a worker and `paramserv train` call once per step. */
 #ifndef PS_NN_COMPUTE_H
 #define PS_NN_COMPUTE_H
 
@@ -13,10 +15,31 @@
 
 typedef struct ps_compute ps_compute;
 
-/* `m` must outlive the object.  threads >= 1; batches of up to max_batch.
- * @return NULL with a message in eb on failure.  Free with ps_compute_free. */
+/* On the CPU: ps_compute_new_on(m, PS_DEVICE_CPU, threads, max_batch, eb). */
 ps_compute *ps_compute_new(const ps_model *m, int threads, int max_batch, ps_errbuf *eb);
+
+/* `m` must outlive the object; batches of up to max_batch.  device:
+ * PS_DEVICE_CPU (common/parse.h) computes on `threads` (>= 1) threads; a
+ * CUDA device number computes on that GPU (threads is then unused).
+ * @return NULL with one line in eb on failure; eb->code is -ENODEV when the
+ * device cannot be used (no GPU, no such GPU, a build without CUDA), so
+ * that a command can tell that from running out of memory.  Free with
+ * ps_compute_free. */
+ps_compute *ps_compute_new_on(const ps_model *m, int device, int threads, int max_batch,
+                              ps_errbuf *eb);
 void ps_compute_free(ps_compute *c);
+
+/* Host memory for the params, x and grad a caller passes every step: on a
+ * GPU it is pinned (page-locked), so that the step's copies run as direct
+ * DMA instead of through the driver's staging buffer; on the CPU plain
+ * memory.  Any host memory works with ps_compute_grad: this one is only
+ * faster.  @return NULL when out of memory.  Free with ps_compute_host_free
+ * on the same object, before ps_compute_free; freeing NULL does nothing. */
+void *ps_compute_host_alloc(ps_compute *c, size_t bytes);
+void ps_compute_host_free(ps_compute *c, void *p);
+
+/* One line saying what computes (the BLAS, or the GPU); valid while c lives. */
+const char *ps_compute_describe(const ps_compute *c);
 
 /* Mean loss gradient over the batch: grad (m->vars.total floats, host) is
  * overwritten with d(mean NLL)/d(params).  x: n * in_size floats, labels: n
@@ -32,6 +55,7 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
 double ps_compute_eval(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, size_t n, size_t *correct);
 
+/* Threads the CPU computes on; 1 on a GPU. */
 int ps_compute_threads(const ps_compute *c);
 
 #endif

@@ -72,23 +72,34 @@ int ps_worker_run(const ps_config *cfg, int index) {
   const ps_vartable *vars = ps_client_vars(client);
   /* The model the client built from the config, layout and all. */
   const ps_model *model = ps_client_model(client);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
+  int batch = (int)cfg->batch;
+  /* The device first: one that cannot be used ([worker] device = cuda with
+   * no GPU, or no CUDA in this build) is said at once, in one line, and is
+   * the environment's fault (exit 2), not the run's. */
+  compute = ps_compute_new_on(model, (int)cfg->device, threads, batch, &eb);
+  if (compute == NULL) {
+    ps_log(PS_LOG_ERROR, "[worker] device: %s", eb.msg);
+    if (eb.code == -ENODEV)
+      status = 2;
+    goto out;
+  }
   if (ps_dataset_load(cfg->data_dir, "train", &train, &eb) != 0 ||
       (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &test, &eb) != 0)) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
-  int batch = (int)cfg->batch;
-  compute = ps_compute_new(model, threads, batch, &eb);
   size_t total = vars->total;
-  params = malloc(total * sizeof *params);
-  grad = malloc(total * sizeof *grad);
+  /* What goes to and from the device every step lives in its fastest host
+   * memory (pinned, on a GPU). */
+  params = ps_compute_host_alloc(compute, total * sizeof *params);
+  grad = ps_compute_host_alloc(compute, total * sizeof *grad);
   sum = cfg->window > 1 ? malloc(total * sizeof *sum) : NULL;
-  x = malloc((size_t)batch * model->in_size * sizeof *x);
+  x = ps_compute_host_alloc(compute, (size_t)batch * model->in_size * sizeof *x);
   y = malloc((size_t)batch);
   idx = malloc((size_t)batch * sizeof *idx);
-  if (compute == NULL || params == NULL || grad == NULL || (cfg->window > 1 && sum == NULL) ||
+  if (params == NULL || grad == NULL || (cfg->window > 1 && sum == NULL) ||
       x == NULL || y == NULL || idx == NULL ||
       ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
@@ -115,8 +126,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
     }
   }
   uint64_t last = ps_client_last_step(client);
-  ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64,
-         index, cfg->nworkers, ps_sampler_part_size(&sampler), batch, threads, last);
+  ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64
+         "; %s", index, cfg->nworkers, ps_sampler_part_size(&sampler), batch,
+         ps_compute_threads(compute), last, ps_compute_describe(compute));
 
   /* Test only: poison the gradients after this many local steps, to
    * exercise the chief's NaN guard end to end. */
@@ -246,11 +258,13 @@ int ps_worker_run(const ps_config *cfg, int index) {
 out:
   free(idx);
   free(y);
-  free(x);
   free(sum);
-  free(grad);
-  free(params);
   free(test_x);
+  if (compute != NULL) {
+    ps_compute_host_free(compute, x);
+    ps_compute_host_free(compute, grad);
+    ps_compute_host_free(compute, params);
+  }
   ps_compute_free(compute);
   ps_sampler_close(&sampler);
   ps_dataset_close(&test);

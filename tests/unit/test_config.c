@@ -16,6 +16,7 @@
 #include "tmpdir.h"
 
 #include "common/config.h"
+#include "common/parse.h"
 
 /* ------------------------------------------------------------------------ */
 /* Fixtures: a fresh temp directory per test                                 */
@@ -202,7 +203,8 @@ static const char full_conf[] =
     "keep_every_n_hours = 0.5\n"
     "[worker]\n"
     "give_up_s = 60\n"
-    "heartbeat_ms = 10\n";
+    "heartbeat_ms = 10\n"
+    "device = cuda:3\n";
 
 static void test_full_file(void **state) {
   (void)state;
@@ -262,6 +264,7 @@ static void test_full_file(void **state) {
   assert_true(c->keep_every_n_hours == 0.5);
   assert_int_equal(c->worker_give_up_s, 60);
   assert_int_equal(c->heartbeat_ms, 10);
+  assert_int_equal(c->device, 3);
 
   /* The words of split_bytes and the other spellings of booleans. */
   assert_int_equal(ps_config_parse("s.conf", MINIMAL "[layout]\nsplit_bytes = never\n"
@@ -273,6 +276,18 @@ static void test_full_file(void **state) {
   assert_int_equal(ps_config_parse("s.conf", MINIMAL "[train]\nconsistency = sync\n"
                                               "replicas_to_aggregate = 1\n", c, &eb), 0);
   assert_int_equal(c->consistency, PS_CONSISTENCY_SYNC);
+
+  /* The device's spellings; the default is the CPU. */
+  const struct { const char *text; int64_t device; } devices[] = {
+      {"cpu", PS_DEVICE_CPU}, {"cuda", 0}, {"cuda:0", 0}, {"cuda:255", 255}};
+  for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+    char text[256];
+    snprintf(text, sizeof text, MINIMAL "[worker]\ndevice = %s\n", devices[i].text);
+    assert_int_equal(ps_config_parse("s.conf", text, c, &eb), 0);
+    assert_int_equal(c->device, devices[i].device);
+  }
+  assert_int_equal(ps_config_parse("s.conf", MINIMAL, c, &eb), 0);
+  assert_int_equal(c->device, PS_DEVICE_CPU);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -308,6 +323,14 @@ static const bad_case bad_cases[] = {
      "expected yes or no"},
     {C PSW "[train]\nthreads =\n", "cluster.conf:5:", "[train] threads = \"\"",
      "expected an integer in [0, 256]"},
+    {C PSW "[worker]\ndevice = gpu\n", "cluster.conf:5:", "[worker] device = gpu",
+     "expected cpu, cuda or cuda:N"},
+    {C PSW "[worker]\ndevice = cuda:x\n", "cluster.conf:5:", "[worker] device = cuda:x",
+     "expected cpu, cuda or cuda:N"},
+    {C PSW "[worker]\ndevice = cuda:256\n", "cluster.conf:5:", "[worker] device = cuda:256",
+     "[0, 255]"},
+    {C PSW "[worker]\ndevice = cuda: 1\n", "cluster.conf:5:", "[worker] device = cuda: 1",
+     "expected cpu"},
     {C "chief = localhost\n" PSW, "cluster.conf:2:", "[cluster] chief = localhost",
      "expected host:port"},
     {C "ps = 127.0.0.1:7001, 127.0.0.1:0\nworkers = 127.0.0.1:7101\n", "cluster.conf:2:",

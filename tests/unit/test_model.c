@@ -10,21 +10,17 @@
 
 #include <cmocka.h>
 
+#include "gradcheck.h"
+
+#include "common/parse.h"
 #include "common/rng.h"
 #include "nn/compute.h"
 #include "nn/model.h"
 
-static void build(const char *name, const char *hidden, ps_model *m) {
-  ps_model_spec spec;
-  ps_errbuf eb = {0};
-  assert_int_equal(ps_model_spec_parse(name, hidden, &spec, &eb), 0);
-  assert_int_equal(ps_model_build(&spec, m, &eb), 0);
-}
-
 static void test_cnn_table(void **state) {
   (void)state;
   ps_model m;
-  build("cnn", NULL, &m);
+  gradcheck_build("cnn", NULL, &m);
   const struct { const char *name; size_t count; } want[] = {
       {"conv1.weight", 32 * 1 * 3 * 3}, {"conv1.bias", 32},
       {"conv2.weight", 64 * 32 * 3 * 3}, {"conv2.bias", 64},
@@ -50,7 +46,7 @@ static void test_cnn_table(void **state) {
 static void test_mlp_spec(void **state) {
   (void)state;
   ps_model m;
-  build("mlp", NULL, &m);
+  gradcheck_build("mlp", NULL, &m);
   char buf[64];
   assert_string_equal(ps_model_spec_format(&m.spec, buf, sizeof buf), "mlp 784-256-128-10");
   assert_int_equal(m.vars.total, 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
@@ -71,7 +67,7 @@ static void test_mlp_spec(void **state) {
 static void test_init_slices(void **state) {
   (void)state;
   ps_model m;
-  build("cnn", NULL, &m);
+  gradcheck_build("cnn", NULL, &m);
   float *a = malloc(m.vars.total * sizeof *a), *b = malloc(m.vars.total * sizeof *b);
   ps_vartable_init_arena(&m.vars, 5, a);
   ps_vartable_init_arena(&m.vars, 5, b);
@@ -91,129 +87,14 @@ static void test_init_slices(void **state) {
   ps_model_close(&m);
 }
 
-static double loss_at(ps_model *m, ps_model_ws *ws, const float *params, const float *x,
-                      const uint8_t *y, int n, float *scratch) {
-  ps_model_forward(m, ws, params, x, n, 1, 11, 0);
-  return ps_model_backward(m, ws, params, x, y, n, 1.0f, scratch, NULL);
-}
-
-/* The whole model's gradient against central differences on `checks`
- * parameters spread over every variable. */
-static void model_gradcheck(const char *name, const char *hidden, int checks, float eps) {
-  ps_model m;
-  build(name, hidden, &m);
-  ps_backend *be = ps_backend_cpu_new();
-  ps_model_ws ws;
-  enum { N = 3 };
-  assert_int_equal(ps_model_ws_init(&ws, &m, be, N), 0);
-  size_t total = m.vars.total;
-  float *params = malloc(total * sizeof *params), *grad = malloc(total * sizeof *grad);
-  float *scratch = malloc(total * sizeof *scratch);
-  float *x = malloc(N * m.in_size * sizeof *x);
-  uint8_t y[N] = {1, 7, 3};
-  ps_vartable_init_arena(&m.vars, 3, params);
-  ps_rng r;
-  ps_rng_seed(&r, 9);
-  for (size_t i = 0; i < N * m.in_size; i++)
-    x[i] = (float)ps_rng_uniform(&r);
-  loss_at(&m, &ws, params, x, y, N, grad);
-  int bad = 0;
-  for (int c = 0; c < checks; c++) {
-    const ps_var *v = &m.vars.vars[c % m.vars.n];
-    size_t i = v->offset + ps_rng_below(&r, v->count);
-    float keep = params[i];
-    params[i] = keep + eps;
-    double up = loss_at(&m, &ws, params, x, y, N, scratch);
-    params[i] = keep - eps;
-    double down = loss_at(&m, &ws, params, x, y, N, scratch);
-    params[i] = keep;
-    double num = (up - down) / (2.0 * eps);
-    if (fabs(num - grad[i]) > 2e-2 * fmax(1e-1, fabs(num)) + 2e-3) {
-      print_message("%s %s[%zu]: backward %.6f, finite difference %.6f\n", name, v->name,
-                    i - v->offset, grad[i], num);
-      bad++;
-    }
-  }
-  /* relu kinks and max-pool switches can flip under a perturbation; allow
-   * at most 2% of the checks to land on one. */
-  assert_true(bad <= checks / 50);
-  free(params);
-  free(grad);
-  free(scratch);
-  free(x);
-  ps_model_ws_close(&ws);
-  ps_backend_free(be);
-  ps_model_close(&m);
-}
-
 static void test_mlp_gradcheck(void **state) {
   (void)state;
-  model_gradcheck("mlp", "16,8", 300, 1e-3f);
+  gradcheck_params("mlp", "16,8", PS_DEVICE_CPU, 300, 1e-3f);
 }
 
-/* The cnn has tens of thousands of relu and max-pool kinks per sample: a
- * per-parameter finite difference either crosses some (large step) or
- * drowns in float32 noise (small step).  Its layers are each checked in
- * test_layers; here the whole model is checked variable by variable along
- * the gradient itself, where the directional derivative is |g_v|.  At a
- * step of 1e-4 that matches to about 1e-4 relative, except when an input
- * happens to put a relu within about 1e-5 of its kink (seen: one fc2 unit
- * at -0.00002), so each variable must match on two of three inputs: a wrong
- * gradient fails on all three. */
 static void test_cnn_directional(void **state) {
   (void)state;
-  ps_model m;
-  build("cnn", NULL, &m);
-  ps_backend *be = ps_backend_cpu_new();
-  ps_model_ws ws;
-  enum { N = 3, TRIALS = 3 };
-  assert_int_equal(ps_model_ws_init(&ws, &m, be, N), 0);
-  size_t total = m.vars.total;
-  float *params = malloc(total * sizeof *params), *grad = malloc(total * sizeof *grad);
-  float *moved = malloc(total * sizeof *moved), *scratch = malloc(total * sizeof *scratch);
-  float *x = malloc(N * m.in_size * sizeof *x);
-  uint8_t y[N] = {2, 9, 4};
-  int matched[PS_MODEL_MAX_LAYERS * 2] = {0};
-  ps_vartable_init_arena(&m.vars, 4, params);
-  for (int trial = 0; trial < TRIALS; trial++) {
-    ps_rng r;
-    ps_rng_seed(&r, 10 + (uint64_t)trial);
-    for (size_t i = 0; i < N * m.in_size; i++)
-      x[i] = (float)ps_rng_uniform(&r);
-    loss_at(&m, &ws, params, x, y, N, grad);
-    for (int v = 0; v < m.vars.n; v++) {
-      const ps_var *var = &m.vars.vars[v];
-      const float *g = grad + var->offset;
-      double norm2 = 0.0;
-      for (size_t i = 0; i < var->count; i++)
-        norm2 += (double)g[i] * g[i];
-      double norm = sqrt(norm2), h = 1e-4, fd[2];
-      for (int side = 0; side < 2; side++) {
-        memcpy(moved, params, total * sizeof *moved);
-        for (size_t i = 0; i < var->count; i++)
-          moved[var->offset + i] += (float)((side ? -h : h) * g[i] / norm);
-        fd[side] = loss_at(&m, &ws, moved, x, y, N, scratch);
-      }
-      double num = (fd[0] - fd[1]) / (2.0 * h);
-      if (fabs(num - norm) < 0.01 * norm)
-        matched[v]++;
-      else
-        print_message("input %d %s: |g| %.6f, directional finite difference %.6f\n", trial,
-                      var->name, norm, num);
-    }
-  }
-  for (int v = 0; v < m.vars.n; v++)
-    if (matched[v] < 2)
-      fail_msg("%s: gradient matched its finite difference on %d of %d inputs",
-               m.vars.vars[v].name, matched[v], TRIALS);
-  free(params);
-  free(grad);
-  free(moved);
-  free(scratch);
-  free(x);
-  ps_model_ws_close(&ws);
-  ps_backend_free(be);
-  ps_model_close(&m);
+  gradcheck_directional("cnn", PS_DEVICE_CPU);
 }
 
 /* The gradient does not depend on how the batch is split among threads
@@ -221,7 +102,7 @@ static void test_cnn_directional(void **state) {
 static void test_compute_threads(void **state) {
   (void)state;
   ps_model m;
-  build("cnn", NULL, &m);
+  gradcheck_build("cnn", NULL, &m);
   enum { N = 7 };
   size_t total = m.vars.total;
   float *params = malloc(total * sizeof *params);

@@ -63,8 +63,14 @@ static void test_defaults(void **state) {
   assert_int_equal(back.ps[1].port, cfg.ps[1].port);
   assert_int_equal(back.split_bytes, -1);
   assert_true(back.lr == cfg.lr);
+  assert_int_equal(back.device, -1);  /* written as "cpu" */
   uint8_t secret[128];
   assert_int_equal(ps_config_read_secret(&back, secret, sizeof secret, &eb), 64);
+  /* A GPU device is written as its word too, and reads back. */
+  cfg.device = 2;
+  assert_int_equal(ps_runconf_write(&cfg, path, &eb), 0);
+  assert_int_equal(ps_config_load(path, &back, &eb), 0);
+  assert_int_equal(back.device, 2);
 }
 
 /* A user's file without ps or workers: its settings are kept, relative

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Asking for a GPU: `train --device` and `[worker] device`.  Where there is
+# no GPU (or no CUDA in the build), asking for one gets exactly one line on
+# stderr naming what is missing and exit 2; a device that does not parse is
+# refused in one line that names it.  Both builds are checked: $PARAMSERV
+# (the default build, without CUDA) and build/cuda/paramserv (make CUDA=1,
+# which make test builds in cuda-check whenever nvcc is here).  Where a GPU
+# answers, the CUDA build trains on it instead.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+CUDA_BIN=${PARAMSERV_CUDA:-build/cuda/paramserv}
+
+# one_line_exit2 WHAT PATTERN CMD...: CMD exits 2 with one stderr line
+# matching PATTERN.
+one_line_exit2() {
+  local what=$1 pattern=$2 rc=0
+  shift 2
+  "$@" >"$T/out" 2>"$T/err" || rc=$?
+  [ "$rc" = 2 ] || fail "$what: exit $rc, expected 2 ($(head -c 300 "$T/err"))"
+  [ "$(wc -l <"$T/err")" = 1 ] || fail "$what: $(wc -l <"$T/err") lines on stderr, expected 1: $(cat "$T/err")"
+  grep -Eq -- "$pattern" "$T/err" || fail "$what: '$(cat "$T/err")' does not match /$pattern/"
+  echo "ok: $what: $(cat "$T/err")"
+}
+
+# check_build BIN: --device cuda without a GPU, and bad devices.  Adds BIN
+# to $gpu_builds when a GPU answered it.
+gpu_builds=" "
+check_build() {
+  local bin=$1 rc=0
+  "$bin" train --device cuda --max-steps 5 --batch 32 --train-limit 640 --no-eval \
+    >"$T/out" 2>"$T/err" || rc=$?
+  if [ "$rc" = 0 ]; then
+    grep -q '^done steps 5 samples 160 ' "$T/out" || fail "$bin --device cuda: $(tail -n 1 "$T/out")"
+    echo "ok: $bin train --device cuda: a GPU answered and trained 5 steps"
+    gpu_builds+="$bin "
+  else
+    one_line_exit2 "$bin train --device cuda" '^paramserv: error: cuda(:[0-9]+)?: ' \
+      "$bin" train --device cuda --max-steps 5 --no-eval
+  fi
+  one_line_exit2 "$bin train --device cuda:x" "--device 'cuda:x': expected cpu, cuda or cuda:N" \
+    "$bin" train --device cuda:x
+  one_line_exit2 "$bin train --device gpu" "--device 'gpu': expected cpu, cuda or cuda:N" \
+    "$bin" train --device gpu
+}
+
+check_build "$BIN"
+"$BIN" train --help | grep -q -- '--device D' || fail "$BIN train --help lacks --device"
+# A build without CUDA names what it lacks, whatever device it is asked for.
+rc=0
+"$BIN" train --device cuda:1 --no-eval >/dev/null 2>"$T/err" || rc=$?
+if grep -q 'built without CUDA' "$T/err"; then
+  want="paramserv: error: cuda: this paramserv was built without CUDA (make CUDA=1)"
+  [ "$rc" = 2 ] && [ "$(cat "$T/err")" = "$want" ] ||
+    fail "$BIN train --device cuda:1: exit $rc, '$(cat "$T/err")', expected 2 and '$want'"
+  echo "ok: $BIN (no CUDA) train --device cuda:1: $want"
+fi
+
+if [ -x "$CUDA_BIN" ]; then
+  check_build "$CUDA_BIN"
+else
+  echo "skip: $CUDA_BIN not built (make cuda-check builds it where nvcc is)"
+fi
+
+# [worker] device: a value that does not parse is a config error naming it
+# (exit 1, as every config error); cuda where there is none is exit 2.
+write_config "$T/gpu.conf" 1 1 "worker.device=gpu"
+rc=0
+"$BIN" worker --config "$T/gpu.conf" --index 0 >"$T/out" 2>"$T/err" || rc=$?
+[ "$rc" = 1 ] || fail "[worker] device = gpu: exit $rc, expected 1 ($(cat "$T/err"))"
+[ "$(wc -l <"$T/err")" = 1 ] || fail "[worker] device = gpu: $(wc -l <"$T/err") lines: $(cat "$T/err")"
+grep -q '\[worker\] device = gpu: expected cpu, cuda or cuda:N' "$T/err" ||
+  fail "[worker] device = gpu: $(cat "$T/err")"
+echo "ok: [worker] device = gpu: $(cat "$T/err")"
+
+for bin in "$BIN" "$CUDA_BIN"; do
+  [ -x "$bin" ] || continue
+  write_config "$T/cuda.conf" 1 1 "worker.device=cuda:0" "worker.give_up_s=1"
+  rc=0
+  timeout 30 "$bin" worker --config "$T/cuda.conf" --index 0 >"$T/out" 2>"$T/err" || rc=$?
+  case "$gpu_builds" in
+    *" $bin "*)
+      # A GPU answered: the worker then looks for shards that this test does
+      # not start, and gives up after give_up_s.
+      [ "$rc" = 1 ] || fail "$bin worker on a GPU without shards: exit $rc, expected 1"
+      echo "ok: $bin worker, [worker] device = cuda:0: a GPU answered (exit 1 without shards)" ;;
+    *)
+      [ "$rc" = 2 ] || fail "$bin worker, [worker] device = cuda:0, no GPU: exit $rc, expected 2 ($(cat "$T/err"))"
+      [ "$(wc -l <"$T/err")" = 1 ] || fail "$bin worker on cuda: $(wc -l <"$T/err") lines: $(cat "$T/err")"
+      grep -Eq '\[worker\] device: cuda(:[0-9]+)?: ' "$T/err" || fail "$bin worker on cuda: $(cat "$T/err")"
+      echo "ok: $bin worker, [worker] device = cuda:0: $(cat "$T/err")" ;;
+  esac
+done
+
+# paramserv worker --device: a device for this worker only (one GPU host
+# among CPU hosts, with the same config).
+write_config "$T/cpu.conf" 1 1
+one_line_exit2 "$BIN worker --device gpu" "--device 'gpu': expected cpu, cuda or cuda:N" \
+  "$BIN" worker --config "$T/cpu.conf" --index 0 --device gpu
+one_line_exit2 "$BIN ps --device cuda" "a shard does not compute gradients" \
+  "$BIN" ps --config "$T/cpu.conf" --index 0 --device cuda
+case "$gpu_builds" in
+  *" $BIN "*) ;;
+  *) one_line_exit2 "$BIN worker --device cuda (no GPU)" '\[worker\] device: cuda(:[0-9]+)?: ' \
+       "$BIN" worker --config "$T/cpu.conf" --index 0 --device cuda ;;
+esac
+
+# paramserv local with a worker that cannot have its device: exit 2 is not
+# restarted (as the units' RestartPreventExitStatus=2); the run stops at
+# once with that worker's line, and nothing is left running.
+if [ -z "${gpu_builds// /}" ]; then
+  printf '[worker]\ndevice = cuda\n' >"$T/local-cuda.conf"
+  rc=0
+  timeout 60 "$BIN" local --config "$T/local-cuda.conf" --dir "$T/local-cuda" --fresh --ps 1 \
+    --workers 1 --last-step 100 >"$T/local-cuda.log" 2>&1 || rc=$?
+  [ "$rc" = 1 ] || fail "paramserv local, device = cuda, no GPU: exit $rc, expected 1 ($(tail -3 "$T/local-cuda.log"))"
+  line=$(grep -m1 'exited with status 2, which a restart would not change' "$T/local-cuda.log") ||
+    fail "paramserv local, device = cuda, no GPU: no stop line: $(cat "$T/local-cuda.log")"
+  grep -q 'restarts: 0' "$T/local-cuda.log" || fail "paramserv local restarted the worker: $(cat "$T/local-cuda.log")"
+  echo "ok: paramserv local, [worker] device = cuda, no GPU: $line"
+fi
+
+# Where a GPU answers: 2 shards, one CPU worker and one GPU worker reach the
+# accuracy of two CPU workers (within 0.01; mixed_run runs either).
+mixed_run() {
+  local name=$1 dev1=$2 bin1=$3 conf="$T/$1.conf"
+  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=4000" "train.threads=1" \
+    "train.log_every=500" "train.schedule=cosine"
+  start_shards "$name-ps" "$conf" 2
+  start "$name-w0" "$BIN" worker --config "$conf" --index 0
+  start "$name-w1" "$bin1" worker --config "$conf" --index 1 --device "$dev1"
+  local v0="PID_${name//[^a-zA-Z0-9]/_}_w0" v1="PID_${name//[^a-zA-Z0-9]/_}_w1"
+  wait_exit "${!v0}" 600 || fail "$name: worker 0 exited $?"
+  wait_exit "${!v1}" 600 || fail "$name: worker 1 exited $?"
+  stop_shards "$name-ps" 2
+  acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/$name-w0.log")
+  [ -n "$acc" ] || fail "$name: worker 0 printed no final accuracy"
+}
+for bin in $gpu_builds; do
+  mixed_run cpu2 cpu "$BIN"
+  cpu_acc=$acc
+  mixed_run mixed cuda "$bin"
+  awk -v a="$acc" -v b="$cpu_acc" 'BEGIN { exit !(a >= b - 0.01) }' ||
+    fail "one CPU + one GPU worker: test accuracy $acc, two CPU workers $cpu_acc (bar: within 0.01)"
+  echo "ok: one CPU + one GPU worker: test accuracy $acc; two CPU workers: $cpu_acc"
+done
+[ -n "${gpu_builds// /}" ] || echo "skip: no GPU (the mixed CPU + GPU cluster needs one)"

@@ -94,6 +94,7 @@ static const char *const schedules[] = {"constant", "step", "cosine", NULL};
 static const char *const strategies[] = {"round-robin", "greedy", NULL};
 /* ENUM choices are stored as their index: these follow the enums' order. */
 static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
+static const char *const algorithms[] = {"gradients", "averaging", "easgd", NULL};
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
 static const char *const redis_failures[] = {"block", "degrade", NULL};
@@ -181,6 +182,11 @@ static const ps_setting settings[] = {
      .help = "steps a worker computes between pulls and pushes (DOWNPOUR's n)"},
     {"train", "adag", BOOL, FIELD(adag), .def = "no",
      .help = "yes: push the gradient accumulated over the window divided by its length"},
+    {"train", "algorithm", ENUM, FIELD(algorithm), .choices = algorithms, .def = "gradients",
+     .help = "gradients: push gradients; averaging: average the workers' replicas every "
+             "window steps (sync); easgd: elastic averaging with a center"},
+    {"train", "easgd_alpha", DOUBLE, FIELD(easgd_alpha), .max = 1, .def = "0",
+     .help = "easgd: moving rate alpha (0: 0.9 / the number of workers)"},
     {"train", "threads", INT, FIELD(threads), .max = 256, .def = "0",
      .help = "worker compute threads (0: all cores)"},
     {"train", "log_every", INT, FIELD(log_every), .min = 1, .max = POW2(31), .def = "100",
@@ -633,6 +639,15 @@ static int check_cross(parse_state *st) {
     return fail(st, st->line_of[find_setting("train", "replicas_to_aggregate")],
                 "[train] replicas_to_aggregate = %lld: expected at most the number of workers (%d)",
                 (long long)c->replicas_to_aggregate, c->nworkers);
+  if (c->algorithm == PS_ALGO_AVERAGING && c->consistency != PS_CONSISTENCY_SYNC)
+    return fail(st, st->line_of[find_setting("train", "algorithm")],
+                "[train] algorithm = averaging with consistency = %s: expected consistency = "
+                "sync (averaging is per round of every live worker)",
+                consistencies[c->consistency]);
+  if (c->algorithm != PS_ALGO_GRADIENTS && c->adag)
+    return fail(st, st->line_of[find_setting("train", "adag")],
+                "[train] adag = yes with algorithm = %s: expected adag with algorithm = "
+                "gradients (it divides a summed gradient)", algorithms[c->algorithm]);
   /* staleness only matters under ssp; a value left from another mode is
    * harmless, so it is not an error. */
   return 0;

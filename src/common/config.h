@@ -21,6 +21,10 @@ typedef struct ps_addr {
 } ps_addr;
 
 typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
+/* What workers push (src/worker/README.md): gradients; or the difference
+ * of their own replica from the shards' center, averaged per round
+ * (model averaging) or moved elastically (EASGD). */
+typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algorithm;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
 typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
@@ -66,6 +70,8 @@ typedef struct ps_config {
   int64_t sync_timeout_ms;        /* sync: wait this long for missing workers */
   int64_t window;                 /* communication window n (DOWNPOUR) */
   int adag;                       /* 1: push the accumulated gradient / n */
+  int algorithm;                  /* ps_algorithm */
+  double easgd_alpha;             /* easgd: the moving rate; 0 = 0.9 / workers */
   int64_t threads;                /* worker compute threads; 0 = all cores */
   int64_t log_every;              /* worker: log every N steps */
 

@@ -25,6 +25,16 @@ ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, i
   so.optim.weight_decay = (float)cfg->weight_decay;
   ps_sched_parse(cfg->schedule, &so.sched);
   so.sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  if (cfg->algorithm != PS_ALGO_GRADIENTS) {
+    /* The shards hold the center, and a push is how far to move it: the
+     * center += what was pushed (sgd at learning rate -1, no decay, no
+     * schedule).  The workers' own optimizer runs on their replicas.
+     * Averaging pushes x_i - center and a round applies the mean; EASGD
+     * pushes alpha (x_i - center), and a sync round applies the sum. */
+    so.optim = ps_optim_default(PS_OPTIM_SGD, -1.0f);
+    so.sched = (ps_sched){.kind = PS_SCHED_CONSTANT};
+    so.sync_sum = cfg->algorithm == PS_ALGO_EASGD;
+  }
   return so;
 }
 
@@ -94,7 +104,7 @@ static void apply(ps_shard *s, const float *g, uint64_t step) {
 
 static void sync_apply(ps_shard *s) {
   float inv = 1.0f / (float)s->accum_count;
-  for (size_t i = 0; i < s->o.nfloats; i++)
+  for (size_t i = 0; i < s->o.nfloats && !s->o.sync_sum; i++)
     s->accum[i] *= inv;
   apply(s, s->accum, s->version);
   memset(s->accum, 0, s->o.nfloats * sizeof(float));

@@ -20,6 +20,7 @@ typedef struct ps_shard_opts {
   ps_sched sched;
   int consistency;          /* ps_consistency */
   int replicas_to_aggregate;  /* sync: gradients per step (>= 1) */
+  int sync_sum;             /* sync: apply the sum of a step's pushes, not their mean */
 } ps_shard_opts;
 
 /* One entry of the shard's journal: a change of the state that a replay

@@ -25,6 +25,7 @@
 #include "paramserv/client.h"
 #include "replica/registry.h"
 #include "worker/control.h"
+#include "worker/elastic.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -64,6 +65,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   uint8_t *y = NULL;
   size_t *idx = NULL;
   ps_registry *registry = NULL;
+  ps_elastic el = {0};
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -95,11 +97,16 @@ int ps_worker_run(const ps_config *cfg, int index) {
    * memory (pinned, on a GPU). */
   params = ps_compute_host_alloc(compute, total * sizeof *params);
   grad = ps_compute_host_alloc(compute, total * sizeof *grad);
-  sum = cfg->window > 1 ? malloc(total * sizeof *sum) : NULL;
+  /* Averaging and EASGD keep a replica of their own; what they push, and
+   * DOWNPOUR's summed gradient, go in `sum`. */
+  int elastic = cfg->algorithm != PS_ALGO_GRADIENTS;
+  int summed = cfg->window > 1 || elastic;
+  sum = summed ? malloc(total * sizeof *sum) : NULL;
   x = ps_compute_host_alloc(compute, (size_t)batch * model->in_size * sizeof *x);
   y = malloc((size_t)batch);
   idx = malloc((size_t)batch * sizeof *idx);
-  if (params == NULL || grad == NULL || (cfg->window > 1 && sum == NULL) ||
+  if (params == NULL || grad == NULL || (summed && sum == NULL) ||
+      (elastic && ps_elastic_init(&el, cfg, total) != 0) ||
       x == NULL || y == NULL || idx == NULL ||
       ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
@@ -137,7 +144,10 @@ int ps_worker_run(const ps_config *cfg, int index) {
   uint64_t local = 0, samples = 0, window_steps = 0;
   double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
-  int rc = ps_client_pull(client, params);
+  /* The replica starts from the center (a restarted worker's too). */
+  int rc = ps_client_pull(client, elastic ? el.center : params);
+  if (rc == 0 && elastic)
+    memcpy(params, el.center, total * sizeof *params);
   if (rc == 0)
     ps_notify_ready("worker %d training from global step %" PRIu64, index,
                     ps_client_global_step(client));
@@ -184,7 +194,13 @@ int ps_worker_run(const ps_config *cfg, int index) {
     loss_sum += loss;
     steps_log++;
     samples_log += n;
-    if (cfg->window > 1) {
+    if (elastic) {
+      ps_elastic_step(&el, params, grad);
+      if (++window_steps < (uint64_t)cfg->window)
+        continue;
+      window_steps = 0;
+      ps_elastic_delta(&el, params, sum);
+    } else if (cfg->window > 1) {
       /* DOWNPOUR: a local step on our copy, the gradient summed for the push. */
       for (size_t i = 0; i < total; i++) {
         sum[i] = window_steps ? sum[i] + grad[i] : grad[i];
@@ -199,12 +215,14 @@ int ps_worker_run(const ps_config *cfg, int index) {
       }
       window_steps = 0;
     }
-    rc = ps_client_push_pull_start(client, cfg->window > 1 ? sum : grad, params);
+    rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
     trained = sampler.pos;
     if (rc == 0) {
       n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
       have_batch = 1;
       rc = ps_client_pull_finish(client);
+      if (rc == 0 && elastic)
+        ps_elastic_pulled(&el, params);
     }
     double now = ps_now_s();
     if (registry != NULL && rc == 0) {
@@ -259,6 +277,7 @@ out:
   free(idx);
   free(y);
   free(sum);
+  ps_elastic_free(&el);
   free(test_x);
   if (compute != NULL) {
     ps_compute_host_free(compute, x);

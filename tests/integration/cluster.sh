@@ -12,20 +12,10 @@ run_mode() {
   local conf="$T/$mode.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.consistency=$mode" "train.last_step=$last" \
     "train.threads=1" "train.log_every=500" "$@"
-  start_shards "$mode-ps" "$conf" 2
   local t0=$SECONDS
-  start "$mode-w0" "$BIN" worker --config "$conf" --index 0
-  local w0=$!
-  start "$mode-w1" "$BIN" worker --config "$conf" --index 1
-  local w1=$!
-  wait_exit "$w0" 300 || fail "$mode: worker 0 exited $?"
-  wait_exit "$w1" 300 || fail "$mode: worker 1 exited $?"
-  local acc
-  acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/$mode-w0.log")
-  [ -n "$acc" ] || fail "$mode: worker 0 printed no final accuracy"
+  train_2x2 "$mode" "$conf" "$BIN"
   awk -v a="$acc" -v b="$bar" 'BEGIN { exit !(a >= b) }' ||
     fail "$mode: test accuracy $acc, expected at least $bar"
-  stop_shards "$mode-ps" 2
   echo "ok: $mode: $last global steps in $((SECONDS - t0)) s, test accuracy $acc (bar $bar); $(grep -h 'done:' "$T/$mode-w0.log" "$T/$mode-w1.log" | sed 's/.*done: //' | tr '\n' ';')"
 }
 

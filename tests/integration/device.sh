@@ -126,15 +126,7 @@ mixed_run() {
   local name=$1 dev1=$2 bin1=$3 conf="$T/$1.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=4000" "train.threads=1" \
     "train.log_every=500" "train.schedule=cosine"
-  start_shards "$name-ps" "$conf" 2
-  start "$name-w0" "$BIN" worker --config "$conf" --index 0
-  start "$name-w1" "$bin1" worker --config "$conf" --index 1 --device "$dev1"
-  local v0="PID_${name//[^a-zA-Z0-9]/_}_w0" v1="PID_${name//[^a-zA-Z0-9]/_}_w1"
-  wait_exit "${!v0}" 600 || fail "$name: worker 0 exited $?"
-  wait_exit "${!v1}" 600 || fail "$name: worker 1 exited $?"
-  stop_shards "$name-ps" 2
-  acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/$name-w0.log")
-  [ -n "$acc" ] || fail "$name: worker 0 printed no final accuracy"
+  train_2x2 "$name" "$conf" "$bin1" --device "$dev1"
 }
 for bin in $gpu_builds; do
   mixed_run cpu2 cpu "$BIN"

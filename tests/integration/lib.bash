@@ -131,6 +131,25 @@ stop_shards() {
   done
 }
 
+# train_2x2 NAME CONF BIN1 [ARGS1...]: shards NAME-ps0/1 and workers NAME-w0
+# ($BIN) and NAME-w1 (BIN1 with ARGS1) of CONF (2 shards, 2 workers) until
+# the workers exit 0 (300 s each), then the shards (exit 0 on SIGTERM).
+# Sets $acc to worker 0's final test accuracy.
+train_2x2() {
+  local name=$1 conf=$2 bin1=$3 v
+  shift 3
+  start_shards "$name-ps" "$conf" 2
+  start "$name-w0" "$BIN" worker --config "$conf" --index 0
+  start "$name-w1" "$bin1" worker --config "$conf" --index 1 "$@"
+  for v in 0 1; do
+    v="PID_${name//[^a-zA-Z0-9]/_}_w$v"
+    wait_exit "${!v}" 300 || fail "$name: ${v##*_} exited $?"
+  done
+  stop_shards "$name-ps" 2
+  acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/$name-w0.log")
+  [ -n "$acc" ] || fail "$name: worker 0 printed no final accuracy"
+}
+
 # wait_exit PID SECONDS: wait for the process to exit; prints its status.
 wait_exit() {
   local pid=$1 secs=$2 i

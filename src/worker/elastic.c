@@ -1,0 +1,68 @@
+/* A worker's own replica for averaging and EASGD (see elastic.h). */
+#include "worker/elastic.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ps_elastic_init(ps_elastic *e, const ps_config *cfg, size_t n) {
+  memset(e, 0, sizeof *e);
+  e->algorithm = cfg->algorithm;
+  e->alpha = cfg->easgd_alpha > 0 ? (float)cfg->easgd_alpha : 0.9f / (float)cfg->nworkers;
+  e->window = (uint64_t)cfg->window;
+  /* A round of averaging is one global step; an EASGD push is one too, and
+   * every worker pushes: a local step stands for workers / window of them. */
+  e->per_round = cfg->algorithm == PS_ALGO_EASGD ? (uint64_t)cfg->nworkers : 1;
+  e->optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
+  ps_optim_parse(cfg->optimizer, &e->optim);
+  e->optim.lr = (float)cfg->lr;
+  e->optim.momentum = (float)cfg->momentum;
+  e->optim.weight_decay = (float)cfg->weight_decay;
+  ps_sched_parse(cfg->schedule, &e->sched);
+  e->sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  e->n = n;
+  e->center = malloc((n ? n : 1) * sizeof(float));
+  if (e->center == NULL)
+    return -ENOMEM;
+  for (int k = 0; k < ps_optim_nslots(e->optim.kind); k++) {
+    e->slots[k] = malloc((n ? n : 1) * sizeof(float));
+    if (e->slots[k] == NULL) {
+      ps_elastic_free(e);
+      return -ENOMEM;
+    }
+    float v = ps_optim_slot_init(&e->optim, k);
+    for (size_t i = 0; i < n; i++)
+      e->slots[k][i] = v;
+  }
+  return 0;
+}
+
+void ps_elastic_free(ps_elastic *e) {
+  free(e->center);
+  for (int k = 0; k < PS_OPTIM_MAX_SLOTS; k++)
+    free(e->slots[k]);
+  memset(e, 0, sizeof *e);
+}
+
+void ps_elastic_step(ps_elastic *e, float *x, const float *g) {
+  e->t++;
+  float lr = ps_sched_lr(&e->sched, e->optim.lr, e->t * e->per_round / e->window);
+  ps_optim_apply(&e->optim, lr, e->t, x, g, e->slots, e->n);
+}
+
+void ps_elastic_delta(ps_elastic *e, float *x, float *delta) {
+  if (e->algorithm == PS_ALGO_AVERAGING) {
+    for (size_t i = 0; i < e->n; i++)
+      delta[i] = x[i] - e->center[i];
+    return;
+  }
+  for (size_t i = 0; i < e->n; i++) {
+    delta[i] = e->alpha * (x[i] - e->center[i]);
+    x[i] -= delta[i];
+  }
+}
+
+void ps_elastic_pulled(ps_elastic *e, float *x) {
+  if (e->algorithm == PS_ALGO_AVERAGING)
+    memcpy(x, e->center, e->n * sizeof(float));
+}

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/parse.h"
+#include "common/settings.h"
 
 #define SECRET_BYTES 32
 #define LINE_MAX_CHARS 198 /* config.c's limit: libinih's line buffer */

@@ -16,6 +16,7 @@
 #include "tmpdir.h"
 
 #include "common/config.h"
+#include "common/settings.h"
 #include "common/parse.h"
 
 /* ------------------------------------------------------------------------ */

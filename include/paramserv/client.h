@@ -101,6 +101,10 @@ uint64_t ps_client_last_step(const ps_client *c);
  * push_async counts once its acks came). */
 uint64_t ps_client_pushes(const ps_client *c);
 
+/* Bytes this client sent to the shards over all its connections (frames,
+ * headers included); *in (when not NULL) the bytes it received. */
+uint64_t ps_client_bytes(const ps_client *c, uint64_t *in);
+
 /* The worker's clock: its pushes over all its incarnations, which ssp
  * compares with the other workers'.  It starts at 0; a restarted worker
  * sets the clock it had saved (e.g. in Redis, with its data position), so

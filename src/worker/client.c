@@ -69,6 +69,7 @@ typedef struct link {
 
 struct ps_client {
   uv_loop_t loop;
+  uint64_t bytes_in_closed, bytes_out_closed;  /* of the connections closed so far */
   float *pull_pending;     /* ps_client_push_pull_start's params, until finished */
   int pull_started;        /* its pull was begun (op_start), not yet finished */
   ps_config cfg;
@@ -367,6 +368,8 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
 static void on_close(ps_conn *conn, int err, const char *why) {
   link *l = ps_conn_data(conn);
   (void)err;
+  l->cl->bytes_in_closed += ps_conn_bytes_in(conn);
+  l->cl->bytes_out_closed += ps_conn_bytes_out(conn);
   if (l->conn == conn)
     link_down(l, why);
 }
@@ -604,6 +607,18 @@ const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }
 uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_step; }
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }
+
+uint64_t ps_client_bytes(const ps_client *c, uint64_t *in) {
+  uint64_t out = c->bytes_out_closed, got = c->bytes_in_closed;
+  for (int i = 0; i < c->nlinks; i++)
+    if (c->links[i].conn != NULL) {
+      out += ps_conn_bytes_out(c->links[i].conn);
+      got += ps_conn_bytes_in(c->links[i].conn);
+    }
+  if (in != NULL)
+    *in = got;
+  return out;
+}
 void ps_client_set_clock(ps_client *c, uint64_t clock) { c->clock_base = clock - c->pushes; }
 uint64_t ps_client_clock(const ps_client *c) { return c->clock_base + c->pushes; }
 void ps_client_set_incarnation(ps_client *c, uint64_t incarnation) { c->incarnation = incarnation; }

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
-for b in bench-ps bench-recovery bench-engine bench-ckpt bench-gpu; do
+for b in bench-ps bench-recovery bench-engine bench-ckpt bench-gpu bench-algorithms; do
   rc=0
   # bench-gpu runs the CUDA build (build/cuda, its default), not $BIN; with
   # no nvcc or no GPU it says `skip: ...` and exits 0, with no targets.

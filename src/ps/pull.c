@@ -90,19 +90,29 @@ void ps_server_pull_reply(client *cl, uint64_t req) {
    * they need no copy.  Only what the socket does not take now is sent
    * from a copy of this version. */
   size_t sent;
-  if (ps_conn_try_send(cl->conn, prefix, plen, s->shard.values, bytes, &sent) != 0 ||
-      sent == plen + bytes)
-    return;
-  reply_buf *b = reply_buf_get(s);
-  if (b == NULL) {
-    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
-                 s->index);
+  int rc = ps_conn_try_send(cl->conn, prefix, plen, s->shard.values, bytes, &sent);
+  if (rc != 0) {
+    if (rc != UV_ECANCELED)
+      ps_conn_close(cl->conn);  /* the socket failed: the worker reconnects */
     return;
   }
+  if (sent == plen + bytes)
+    return;
+  reply_buf *b = reply_buf_get(s);
   size_t head = sent < plen ? sent : plen, body = sent - head;
-  if (ps_conn_send(cl->conn, prefix + head, plen - head, (const uint8_t *)b->data + body,
-                   bytes - body, reply_written, b) != 0)
+  if (b != NULL && ps_conn_send(cl->conn, prefix + head, plen - head,
+                                (const uint8_t *)b->data + body, bytes - body, reply_written,
+                                b) == 0)
+    return;
+  if (b != NULL)
     reply_buf_release(b);
+  /* Part of this frame may be out: no other frame (not even an ERROR) can
+   * follow it on this connection, so it closes and the worker reconnects. */
+  if (sent > 0)
+    ps_conn_close(cl->conn);
+  else
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
+                 s->index);
 }
 
 void ps_server_pull_bufs_free(server *s) {

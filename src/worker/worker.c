@@ -254,12 +254,13 @@ int ps_worker_run(const ps_config *cfg, int index) {
     ps_registry_tick(registry, have_batch ? &trained : &sampler.pos, local, (double)local / secs, 1);
   }
   uint64_t bytes_in, bytes_out = ps_client_bytes(client, &bytes_in);
+  /* Scripts read this line by its words; "stale N" stays last. */
   printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
-         " samples, %.1f s, samples/s %.1f, pushes %" PRIu64 ", duplicates %" PRIu64
-         ", stale %" PRIu64 ", bytes out %" PRIu64 " in %" PRIu64 "\n",
+         " samples, %.1f s, samples/s %.1f, bytes out %" PRIu64 " in %" PRIu64
+         ", pushes %" PRIu64 ", duplicates %" PRIu64 ", stale %" PRIu64 "\n",
          index, local, ps_client_global_step(client), samples, secs,
-         secs > 0 ? (double)samples / secs : 0.0, ps_client_pushes(client),
-         ps_client_duplicates(client), ps_client_stale(client), bytes_out, bytes_in);
+         secs > 0 ? (double)samples / secs : 0.0, bytes_out, bytes_in,
+         ps_client_pushes(client), ps_client_duplicates(client), ps_client_stale(client));
   if (index == 0 && !stop_requested) {
     test_x = malloc(test.n * model->in_size * sizeof *test_x);
     if (test_x == NULL) {

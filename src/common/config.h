@@ -21,7 +21,7 @@ typedef struct ps_addr {
 } ps_addr;
 
 typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
-/* What workers push (src/worker/README.md): gradients; or the difference
+/* What workers push (src/ps/README.md, "Algorithms"): gradients; or the difference
  * of their own replica from the shards' center, averaged per round
  * (model averaging) or moved elastically (EASGD). */
 typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algorithm;

@@ -142,7 +142,7 @@ const ps_setting ps_settings[] = {
      .help = "seed of weight initialization and data shuffling"},
 
     {"train", "optimizer", STRING, FIELD(optimizer), .choices = optimizers, .def = "adam",
-     .help = "optimizer the shards apply: sgd, momentum, nesterov, adagrad or adam"},
+     .help = "sgd, momentum, nesterov, adagrad or adam: the shards apply it (averaging, easgd: each worker)"},
     {"train", "lr", DOUBLE, FIELD(lr), .max = 1000, .parse = parse_positive, .def = "0.001",
      .help = "learning rate"},
     {"train", "momentum", DOUBLE, FIELD(momentum), .max = 1, .def = "0.9",

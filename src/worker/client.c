@@ -444,8 +444,6 @@ static int link_owes(const ps_client *c, const link *l) {
   return !l->done || (c->flushing && l->push_wait);
 }
 
-/* Run the loop until no link owes anything (link_owes), a fatal error, or
- * the deadline. */
 /* Start the operation set on the links: send it where connected. */
 static void op_start(ps_client *c) {
   c->fatal = 0;
@@ -466,7 +464,8 @@ static void op_start(ps_client *c) {
   }
 }
 
-/* Run the loop until every link finished the operation op_start began. */
+/* Run the loop until no link owes anything (link_owes), a fatal error, or
+ * the deadline: the operation op_start began is finished. */
 static int op_finish(ps_client *c) {
   for (;;) {
     int pending = 0;

@@ -9,10 +9,6 @@ int ps_elastic_init(ps_elastic *e, const ps_config *cfg, size_t n) {
   memset(e, 0, sizeof *e);
   e->algorithm = cfg->algorithm;
   e->alpha = cfg->easgd_alpha > 0 ? (float)cfg->easgd_alpha : 0.9f / (float)cfg->nworkers;
-  e->window = (uint64_t)cfg->window;
-  /* A round of averaging is one global step; an EASGD push is one too, and
-   * every worker pushes: a local step stands for workers / window of them. */
-  e->per_round = cfg->algorithm == PS_ALGO_EASGD ? (uint64_t)cfg->nworkers : 1;
   e->optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
   ps_optim_parse(cfg->optimizer, &e->optim);
   e->optim.lr = (float)cfg->lr;
@@ -44,9 +40,9 @@ void ps_elastic_free(ps_elastic *e) {
   memset(e, 0, sizeof *e);
 }
 
-void ps_elastic_step(ps_elastic *e, float *x, const float *g) {
+void ps_elastic_step(ps_elastic *e, float *x, const float *g, uint64_t global_step) {
   e->t++;
-  float lr = ps_sched_lr(&e->sched, e->optim.lr, e->t * e->per_round / e->window);
+  float lr = ps_sched_lr(&e->sched, e->optim.lr, global_step);
   ps_optim_apply(&e->optim, lr, e->t, x, g, e->slots, e->n);
 }
 

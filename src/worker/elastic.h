@@ -15,12 +15,10 @@
 typedef struct ps_elastic {
   int algorithm;     /* PS_ALGO_AVERAGING or PS_ALGO_EASGD */
   float alpha;       /* easgd: the moving rate */
-  uint64_t per_round;  /* global steps a local step stands for, times window */
-  uint64_t window;
   ps_optim optim;
   ps_sched sched;    /* over the global step, as the shards' would be */
   size_t n;          /* floats in the replica */
-  uint64_t t;        /* local updates so far */
+  uint64_t t;        /* local updates so far (adam's bias correction) */
   float *slots[PS_OPTIM_MAX_SLOTS];
   float *center;     /* the center as last pulled */
 } ps_elastic;
@@ -29,8 +27,10 @@ typedef struct ps_elastic {
 int ps_elastic_init(ps_elastic *e, const ps_config *cfg, size_t n);
 void ps_elastic_free(ps_elastic *e);
 
-/* One local step of the optimizer: x moves by gradient g. */
-void ps_elastic_step(ps_elastic *e, float *x, const float *g);
+/* One local step of the optimizer: x moves by gradient g, at the
+ * schedule's rate for `global_step` (the cluster's, as last heard from the
+ * shards: the same for every worker, and where a restarted one goes on). */
+void ps_elastic_step(ps_elastic *e, float *x, const float *g, uint64_t global_step);
 
 /* The push at the end of a window, into `delta`: averaging x - center
  * (a round moves the center to the workers' mean); EASGD alpha (x -

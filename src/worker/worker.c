@@ -195,7 +195,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     steps_log++;
     samples_log += n;
     if (elastic) {
-      ps_elastic_step(&el, params, grad);
+      ps_elastic_step(&el, params, grad, ps_client_global_step(client));
       if (++window_steps < (uint64_t)cfg->window)
         continue;
       window_steps = 0;
@@ -251,7 +251,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   double secs = ps_now_s() - t0;
   if (registry != NULL) {
     ps_registry_set_clock(registry, ps_client_clock(client));
-    ps_registry_tick(registry, have_batch ? &trained : &sampler.pos, local, (double)local / secs, 1);
+    ps_registry_tick(registry, &trained, local, (double)local / secs, 1);
   }
   uint64_t bytes_in, bytes_out = ps_client_bytes(client, &bytes_in);
   /* Scripts read this line by its words; "stale N" stays last. */

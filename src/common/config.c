@@ -375,7 +375,9 @@ static int check_settings(parse_state *st) {
   for (size_t i = 0; i < ps_nsettings; i++) {
     const ps_setting *s = &ps_settings[i];
     describe(s, form, sizeof form);
-    if (s->def == NULL && st->line_of[i] == 0)
+    /* A ring has no shards (src/ring/README.md). */
+    int ring_ps = st->c->mode == PS_MODE_RING && strcmp(s->key, "ps") == 0;
+    if (s->def == NULL && st->line_of[i] == 0 && !ring_ps)
       return fail(st, 0, "[%s] %s is required: expected %s", s->section, s->key, form);
     if (s->type != PS_SETTING_ADDR_LIST || st->line_of[i] == 0)
       continue;
@@ -398,6 +400,15 @@ static int check_settings(parse_state *st) {
 static int check_cross(parse_state *st) {
   const ps_config *c = st->c;
   char a[300];
+  int mode_line = st->line_of[find_setting("cluster", "mode")];
+  if (c->mode == PS_MODE_RING && c->algorithm != PS_ALGO_GRADIENTS)
+    return fail(st, mode_line, "[cluster] mode = ring with algorithm = %s: expected algorithm = "
+                "gradients (the ring sums every member's gradient each step)",
+                choice_name("train", "algorithm", c->algorithm));
+  if (c->mode == PS_MODE_RING && (c->window > 1 || c->adag))
+    return fail(st, mode_line, "[cluster] mode = ring with window = %lld%s: expected window = 1 "
+                "(the ring sums every member's gradient each step)", (long long)c->window,
+                c->adag ? " and adag" : "");
   for (int j = 0; j < c->nps; j++) {
     if (addr_equal(&c->chief, &c->ps[j])) {
       int line = st->line_of[find_setting("cluster", "chief")];

@@ -25,6 +25,9 @@ typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP
  * of their own replica from the shards' center, averaged per round
  * (model averaging) or moved elastically (EASGD). */
 typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algorithm;
+/* How workers combine their gradients: through the shards, or around a
+ * ring of their own (src/ring/README.md). */
+typedef enum { PS_MODE_PS = 0, PS_MODE_RING } ps_mode;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
 typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
@@ -35,7 +38,8 @@ typedef struct ps_config {
   char cluster_id[64];            /* [A-Za-z0-9_.-]{1,63} */
   char secret_file[PS_CONFIG_PATH_MAX];  /* relative paths: to the config's directory */
   ps_addr chief;
-  int nps;
+  int mode;                       /* ps_mode */
+  int nps;                        /* 0 in ring mode when [cluster] ps is not given */
   ps_addr ps[PS_CONFIG_MAX_NODES];
   int nworkers;
   ps_addr workers[PS_CONFIG_MAX_NODES];

@@ -80,6 +80,7 @@ static const char *const schedules[] = {"constant", "step", "cosine", NULL};
 static const char *const strategies[] = {"round-robin", "greedy", NULL};
 /* ENUM choices are stored as their index: these follow the enums' order. */
 static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
+static const char *const modes[] = {"ps", "ring", NULL};
 static const char *const algorithms[] = {"gradients", "averaging", "easgd", NULL};
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
@@ -105,11 +106,13 @@ const ps_setting ps_settings[] = {
      .help = "shared secret: mode 600, 16+ bytes; a relative path is beside this file"},
     {"cluster", "chief", ADDR, FIELD(chief), .def = "127.0.0.1:7070",
      .help = "address the chief listens on"},
+    {"cluster", "mode", ENUM, FIELD(mode), .choices = modes, .def = "ps",
+     .help = "ps: workers push to shards; ring: workers all-reduce around a ring, no shards"},
     {"cluster", "ps", ADDR_LIST, LIST(ps, nps), .min = 1, .max = PS_CONFIG_MAX_NODES,
-     .help = "required: the shards' host:port, in shard order"},
+     .help = "required with mode = ps: the shards' host:port, in shard order"},
     {"cluster", "workers", ADDR_LIST, LIST(workers, nworkers), .min = 1,
      .max = PS_CONFIG_MAX_NODES,
-     .help = "required: the workers' host:port, in index order (the port only names one)"},
+     .help = "required: the workers' host:port, in index order (ring mode listens on them)"},
     {"cluster", "log_level", STRING, FIELD(log_level), .choices = log_levels, .def = "info",
      .help = "lowest level logged: debug, info, warn or error"},
     {"cluster", "peer_timeout_ms", INT, FIELD(peer_timeout_ms), .min = 1000, .max = 3600000,

@@ -310,8 +310,12 @@ int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layo
   ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
   ps_layout_strategy_parse(cfg->layout_strategy, &strategy);
   char desc[128];
-  int rc = ps_layout_build(&model->vars, ps_model_spec_format(&spec, desc, sizeof desc), cfg->nps,
-                           strategy, cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes,
+  /* A ring member holds the whole model as one slice in table order: the
+   * shard image its peers and the chief fetch. */
+  int ring = cfg->mode == PS_MODE_RING;
+  size_t split = ring ? 0 : cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes;
+  int rc = ps_layout_build(&model->vars, ps_model_spec_format(&spec, desc, sizeof desc),
+                           ring ? 1 : cfg->nps, ring ? PS_LAYOUT_ROUND_ROBIN : strategy, split,
                            layout, &inner);
   if (rc != 0) {
     ps_model_close(model);

@@ -360,3 +360,20 @@ void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...) {
     close_with(c, code, c->why);
   }
 }
+
+int ps_net_resolve(uv_loop_t *loop, const ps_addr *a, struct sockaddr_storage *ss) {
+  memset(ss, 0, sizeof *ss);
+  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)ss) == 0 ||
+      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)ss) == 0)
+    return 0;
+  uv_getaddrinfo_t req;
+  char port[8];
+  snprintf(port, sizeof port, "%u", a->port);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+  int rc = uv_getaddrinfo(loop, &req, NULL, a->host, port, &hints);
+  if (rc != 0)
+    return rc;
+  memcpy(ss, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen);
+  uv_freeaddrinfo(req.addrinfo);
+  return 0;
+}

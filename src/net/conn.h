@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/config.h"
 #include "proto/proto.h"
 
 typedef struct ps_conn ps_conn;
@@ -95,6 +96,10 @@ void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...)
 
 /* Close now (pending writes are cancelled: their done gets an error). */
 void ps_conn_close(ps_conn *c);
+
+/* The socket address of `a`: an IP literal, or a host name resolved now
+ * (blocking, on `loop`).  @return 0 or a libuv error. */
+int ps_net_resolve(uv_loop_t *loop, const ps_addr *a, struct sockaddr_storage *ss);
 
 /* Bytes received and sent so far. */
 uint64_t ps_conn_bytes_in(const ps_conn *c);

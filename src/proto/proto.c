@@ -47,6 +47,8 @@ enum {
   LOAD_STATE_AT = 16,       /* the fence, 8 reserved bytes, then the state block */
   LOAD_FIXED = LOAD_STATE_AT + STATE_SIZE + 16,
   STOP_SIZE = 16,
+  RING_JOIN_SIZE = 24,
+  RING_CHUNK_FIXED = 48,
   FLOAT_FIXED_MAX = 80,     /* the largest fixed part of a float-carrying type */
 };
 
@@ -61,10 +63,12 @@ static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_RESUME] = RESUME_SIZE,         [PS_MSG_FETCH] = FETCH_SIZE,
     [PS_MSG_FETCH_REPLY] = FETCH_REPLY_FIXED, [PS_MSG_LOAD] = LOAD_FIXED,
     [PS_MSG_STOP] = STOP_SIZE,
+    [PS_MSG_RING_JOIN] = RING_JOIN_SIZE,   [PS_MSG_RING_CHUNK] = RING_CHUNK_FIXED,
 };
 
 _Static_assert(PULL_REPLY_FIXED % 16 == 0 && PUSH_FIXED % 16 == 0 &&
                    FETCH_REPLY_FIXED % 16 == 0 && LOAD_FIXED % 16 == 0 &&
+                   RING_CHUNK_FIXED % 16 == 0 && RING_CHUNK_FIXED <= FLOAT_FIXED_MAX &&
                    LOAD_FIXED <= FLOAT_FIXED_MAX && PUSH_FIXED <= FLOAT_FIXED_MAX,
                "floats must start 16-byte aligned in the payload");
 _Static_assert(PS_PROTO_HEADER_SIZE + HELLO_FIXED + PS_PROTO_CLUSTER_ID_MAX <=
@@ -76,7 +80,7 @@ _Static_assert(PS_PROTO_HEADER_SIZE + STATS_REPLY_SIZE <= PS_PROTO_PREFIX_MAX,
 
 static int is_float_type(int type) {
   return type == PS_MSG_PULL_REPLY || type == PS_MSG_PUSH || type == PS_MSG_FETCH_REPLY ||
-         type == PS_MSG_LOAD;
+         type == PS_MSG_LOAD || type == PS_MSG_RING_CHUNK;
 }
 
 /* The count and data of a float-carrying message. */
@@ -86,6 +90,7 @@ static uint64_t float_count(const ps_msg *m) {
   case PS_MSG_PULL_REPLY: return m->u.pull_reply.count;
   case PS_MSG_FETCH_REPLY: return m->u.fetch_reply.count;
   case PS_MSG_LOAD: return m->u.load.count;
+  case PS_MSG_RING_CHUNK: return m->u.ring_chunk.count;
   default: return 0;
   }
 }
@@ -96,6 +101,7 @@ static const uint8_t *float_data(const ps_msg *m) {
   case PS_MSG_PULL_REPLY: return m->u.pull_reply.data;
   case PS_MSG_FETCH_REPLY: return m->u.fetch_reply.data;
   case PS_MSG_LOAD: return m->u.load.data;
+  case PS_MSG_RING_CHUNK: return m->u.ring_chunk.data;
   default: return NULL;
   }
 }
@@ -106,6 +112,7 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
   case PS_MSG_PULL_REPLY: m->u.pull_reply.data = data; break;
   case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = data; break;
   case PS_MSG_LOAD: m->u.load.data = data; break;
+  case PS_MSG_RING_CHUNK: m->u.ring_chunk.data = data; break;
   default: break;
   }
 }
@@ -183,7 +190,8 @@ const char *ps_proto_type_name(int type) {
       [PS_MSG_CUT] = "CUT",             [PS_MSG_CUT_REPLY] = "CUT_REPLY",
       [PS_MSG_RESUME] = "RESUME",       [PS_MSG_FETCH] = "FETCH",
       [PS_MSG_FETCH_REPLY] = "FETCH_REPLY", [PS_MSG_LOAD] = "LOAD",
-      [PS_MSG_STOP] = "STOP",
+      [PS_MSG_STOP] = "STOP",           [PS_MSG_RING_JOIN] = "RING_JOIN",
+      [PS_MSG_RING_CHUNK] = "RING_CHUNK",
   };
   if (type < 1 || type > PS_MSG_TYPE_MAX)
     return "unknown";
@@ -278,7 +286,8 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
     /* fall through */
   case PS_MSG_PULL_REPLY:
   case PS_MSG_PUSH:
-  case PS_MSG_FETCH_REPLY: {
+  case PS_MSG_FETCH_REPLY:
+  case PS_MSG_RING_CHUNK: {
     uint64_t count = float_count(msg);
     if (count > (UINT32_MAX - n) / 4 || (count > 0 && float_data(msg) == NULL))
       return -1;
@@ -427,6 +436,20 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     ps_put_le64(p, msg->u.stop.fence);
     ps_put_le64(p + 8, msg->u.stop.step);
     break;
+  case PS_MSG_RING_JOIN:
+    ps_put_le64(p, msg->u.ring_join.epoch);
+    ps_put_le64(p + 8, msg->u.ring_join.step);
+    ps_put_le32(p + 16, msg->u.ring_join.rank);
+    break;
+  case PS_MSG_RING_CHUNK: {
+    const ps_msg_ring_chunk *m = &msg->u.ring_chunk;
+    ps_put_le64(p, m->epoch);
+    ps_put_le64(p + 8, m->step);
+    ps_put_le32(p + 16, m->phase);
+    ps_put_le64(p + 24, m->offset);
+    ps_put_le64(p + 32, m->count);
+    break;
+  }
   case PS_MSG_ERROR: {
     const ps_msg_error *m = &msg->u.error;
     ps_put_le32(p, (uint32_t)m->code);
@@ -635,6 +658,26 @@ static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *
   return 0;
 }
 
+static int decode_ring_chunk(const uint8_t *p, size_t len, ps_msg_ring_chunk *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("RING_CHUNK", len, RING_CHUNK_FIXED, eb)) != 0 ||
+      (rc = check_pad("RING_CHUNK", p, 20, 4, eb)) != 0 ||
+      (rc = check_pad("RING_CHUNK", p, 40, 8, eb)) != 0)
+    return rc;
+  m->epoch = ps_get_le64(p);
+  m->step = ps_get_le64(p + 8);
+  m->phase = ps_get_le32(p + 16);
+  m->offset = ps_get_le64(p + 24);
+  m->count = ps_get_le64(p + 32);
+  if ((rc = check_count("RING_CHUNK", len, RING_CHUNK_FIXED, m->count, eb)) != 0)
+    return rc;
+  if (m->offset > UINT64_MAX - m->count)
+    return ps_err_set(eb, PS_EFORMAT, "RING_CHUNK: floats %" PRIu64 "..+%" PRIu64 " overflow",
+                      m->offset, m->count);
+  m->data = p + RING_CHUNK_FIXED;
+  return 0;
+}
+
 /* The state block at payload offset `at` (8 in CUT_REPLY, 0 in LOAD); errors
  * name payload offsets, as every other message's do. */
 static int get_state(const char *name, const uint8_t *payload, size_t at, ps_state_info *st,
@@ -795,6 +838,13 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
       return rc;
     out->u.stop.step = ps_get_le64(p + 8);
     break;
+  case PS_MSG_RING_JOIN:
+    if ((rc = check_pad(name, p, 20, 4, eb)) != 0)
+      return rc;
+    out->u.ring_join.epoch = ps_get_le64(p);
+    out->u.ring_join.step = ps_get_le64(p + 8);
+    out->u.ring_join.rank = ps_get_le32(p + 16);
+    break;
   default: /* STATS: nothing to read */
     break;
   }
@@ -833,6 +883,9 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
     break;
   case PS_MSG_LOAD:
     rc = decode_load(payload, len, &out->u.load, eb);
+    break;
+  case PS_MSG_RING_CHUNK:
+    rc = decode_ring_chunk(payload, len, &out->u.ring_chunk, eb);
     break;
   default:
     rc = check_exact(name, len, fixed_size[type], eb);

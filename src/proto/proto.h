@@ -42,7 +42,10 @@ typedef enum ps_msg_type {
   PS_MSG_FETCH_REPLY = 17,
   PS_MSG_LOAD = 18,       /* chief -> shard: a piece of a state to start from; PONG */
   PS_MSG_STOP = 19,       /* chief -> shard -> workers: the run is over */
-  PS_MSG_TYPE_MAX = 19
+  /* Ring mode ([cluster] mode = ring: PROTOCOL.md, "The ring"). */
+  PS_MSG_RING_JOIN = 20,  /* member -> its successor, after HELLO: the view it dials for */
+  PS_MSG_RING_CHUNK = 21, /* member -> its successor: a piece of an all-reduce */
+  PS_MSG_TYPE_MAX = 21
 } ps_msg_type;
 
 typedef enum ps_role { PS_ROLE_WORKER = 1, PS_ROLE_CHIEF = 2, PS_ROLE_PS = 3, PS_ROLE_TOOL = 4 } ps_role;
@@ -176,6 +179,25 @@ typedef struct ps_msg_stop {
   uint64_t step;          /* the global step the run ended at */
 } ps_msg_stop;
 
+/* The view (epoch) and the step a ring member dials its successor for. */
+typedef struct ps_msg_ring_join {
+  uint64_t epoch;
+  uint64_t step;
+  uint32_t rank;          /* the sender's worker index */
+} ps_msg_ring_join;
+
+/* Floats [offset, offset + count) of the all-reduce of `step` in view
+ * `epoch`, at hop `phase` (0 .. 2 * (members - 1) - 1: scatter-reduce
+ * hops first, then all-gather hops). */
+typedef struct ps_msg_ring_chunk {
+  uint64_t epoch;
+  uint64_t step;
+  uint32_t phase;
+  uint64_t offset;
+  uint64_t count;
+  const uint8_t *data;
+} ps_msg_ring_chunk;
+
 typedef struct ps_msg_error {
   int32_t code;           /* a PS_E* or -errno value */
   uint32_t flags;         /* PS_ERROR_* */
@@ -206,6 +228,8 @@ typedef struct ps_msg {
     ps_msg_fetch_reply fetch_reply;
     ps_msg_load load;
     ps_msg_stop stop;
+    ps_msg_ring_join ring_join;
+    ps_msg_ring_chunk ring_chunk;
   } u;
 } ps_msg;
 
@@ -214,7 +238,7 @@ typedef struct ps_msg {
  * version (PS_EVERSION, naming both), an unknown type (PS_EFORMAT), nonzero
  * header flags (PS_EFORMAT: none are defined in version 3), and a payload
  * longer than `max_payload` for float-carrying types (PULL_REPLY, PUSH,
- * FETCH_REPLY, LOAD) or
+ * FETCH_REPLY, LOAD, RING_CHUNK) or
  * than PS_PROTO_SMALL_PAYLOAD_MAX for the others (PS_EFORMAT); each with a
  * one-line message in eb.  *h is filled in even when the header is refused,
  * so that an ERROR reply can echo its request_id. */
@@ -223,14 +247,15 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
 
 /* Decode the payload of a frame whose header `h` was accepted; `len` must
  * equal h->length.  Checks the exact length of every fixed part, that
- * counts match the bytes present (PULL_REPLY, PUSH, FETCH_REPLY, LOAD), that
+ * counts match the bytes present (PULL_REPLY, PUSH, FETCH_REPLY, LOAD,
+ * RING_CHUNK), that
  * padding and reserved fields are zero, that roles, PUSH_ACK status, ERROR
  * code and flags, STATS_REPLY flags and a state block's nslots (0..2) and
  * has_accum (0..1) hold defined values, that the fence token of CUT, RESUME,
  * FETCH, LOAD and STOP is not 0, that a LOAD piece lies within its
  * image (offset + count <= image_floats), and that strings fit and hold only
  * allowed bytes (cluster id [A-Za-z0-9_.-], 1..63; ERROR message printable
- * ASCII).  For PULL_REPLY, PUSH, FETCH_REPLY and LOAD, out->u.*.data points
+ * ASCII).  For PULL_REPLY, PUSH, FETCH_REPLY, LOAD and RING_CHUNK, out->u.*.data points
  * into `payload`, valid as long as payload is; nothing else points into it.
  * @return 0 or PS_EFORMAT with a message naming the type and what was
  * wrong; on error *out is zeroed. */
@@ -238,7 +263,7 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
                     ps_errbuf *eb);
 
 /* Encode a whole frame (header + payload) of any type into out, which has
- * `cap` bytes.  For PULL_REPLY, PUSH, FETCH_REPLY and LOAD the floats are
+ * `cap` bytes.  For PULL_REPLY, PUSH, FETCH_REPLY, LOAD and RING_CHUNK the floats are
  * copied from msg->u.*.data.  An ERROR message is cut at PS_PROTO_ERROR_MSG_MAX bytes
  * and any byte outside printable ASCII is sent as '?', so that any error
  * text can be sent.  @return the frame's length, or 0 if it does not fit or
@@ -250,11 +275,11 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
  * length overflows 32 bits, NULL data with a nonzero count). */
 size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap);
 
-/* Encode only the header and fixed part of a PULL_REPLY, PUSH, FETCH_REPLY
- * or LOAD frame into out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of
+/* Encode only the header and fixed part of a PULL_REPLY, PUSH, FETCH_REPLY,
+ * LOAD or RING_CHUNK frame into out (PS_PROTO_PREFIX_MAX bytes); the count * 4 bytes of
  * floats must follow it on the wire (so that large slices are sent without
  * a copy).  msg->u.*.data is not read.  @return the prefix length (56 for
- * PULL_REPLY and FETCH_REPLY, 72 for PUSH, 104 for LOAD), or 0 for any other
+ * PULL_REPLY and FETCH_REPLY, 72 for PUSH and RING_CHUNK, 104 for LOAD), or 0 for any other
  * type, a count whose frame length overflows 32 bits, or a LOAD that
  * ps_proto_encode would refuse. */
 size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);

@@ -513,21 +513,9 @@ int ps_server_start_replica(server *s) {
 
 static int listen_on(server *s, const ps_addr *a) {
   struct sockaddr_storage ss;
-  int rc = uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss);
+  int rc = ps_net_resolve(&s->loop, a, &ss);
   if (rc != 0)
-    rc = uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss);
-  if (rc != 0) {
-    /* A host name: resolve it once, now. */
-    uv_getaddrinfo_t req;
-    char port[8];
-    snprintf(port, sizeof port, "%u", a->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    rc = uv_getaddrinfo(&s->loop, &req, NULL, a->host, port, &hints);
-    if (rc != 0)
-      return rc;
-    memcpy(&ss, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen);
-    uv_freeaddrinfo(req.addrinfo);
-  }
+    return rc;
   rc = uv_tcp_init(&s->loop, &s->listener);
   if (rc != 0)
     return rc;

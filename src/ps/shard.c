@@ -307,4 +307,5 @@ void ps_shard_free(ps_shard *s) {
 const ps_shard_opts *ps_shard_options(const ps_shard *s) { return &s->o; }
 uint64_t ps_shard_version(const ps_shard *s) { return s->version; }
 uint64_t ps_shard_global_step(const ps_shard *s) { return s->global_step; }
+const float *ps_shard_values(const ps_shard *s) { return s->values; }
 uint64_t ps_shard_journal(const ps_shard *s) { return s->journal; }

@@ -63,6 +63,8 @@ const ps_shard_opts *ps_shard_options(const ps_shard *s);
 uint64_t ps_shard_version(const ps_shard *s);
 uint64_t ps_shard_global_step(const ps_shard *s);
 uint64_t ps_shard_journal(const ps_shard *s);
+/* The slice's values (nfloats), read-only: a ring member computes on them. */
+const float *ps_shard_values(const ps_shard *s);
 
 /* The result of a push. */
 typedef enum ps_push_result {

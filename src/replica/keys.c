@@ -52,6 +52,14 @@ void ps_key_done(char out[PS_KEY_MAX], const char *cluster) {
   ps_cluster_key(out, cluster, "done");
 }
 
+void ps_key_ring_view(char out[PS_KEY_MAX], const char *cluster) {
+  ps_cluster_key(out, cluster, "ring:view");
+}
+
+void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epoch) {
+  ps_cluster_key(out, cluster, "ring:at:%" PRIu64, epoch);
+}
+
 static struct timeval tv_of(int64_t ms) {
   return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
 }

@@ -55,6 +55,9 @@ void ps_key_epoch(char out[PS_KEY_MAX], const char *cluster, const char *role, i
 void ps_key_worker_pos(char out[PS_KEY_MAX], const char *cluster, int worker);
 void ps_key_chief_lease(char out[PS_KEY_MAX], const char *cluster);
 void ps_key_done(char out[PS_KEY_MAX], const char *cluster);
+/* Ring mode (src/ring/README.md): the current view; each view's reports. */
+void ps_key_ring_view(char out[PS_KEY_MAX], const char *cluster);
+void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epoch);
 
 /* Where the Redis primary is: [redis] address, or with [redis] sentinels
  * the primary the first Sentinel that answers names for master_name (each

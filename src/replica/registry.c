@@ -181,6 +181,7 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
 }
 
 void *ps_registry_redis(ps_registry *r, int wait) { return ctx(r, wait); }
+const ps_config *ps_registry_config(const ps_registry *r) { return r->cfg; }
 
 void ps_registry_lost(ps_registry *r, const char *why) { drop(r, why); }
 

@@ -52,6 +52,7 @@ void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, dou
  * NULL while Redis is away.  After a NULL reply of a command on it, call
  * ps_registry_lost. */
 void *ps_registry_redis(ps_registry *r, int wait);
+const ps_config *ps_registry_config(const ps_registry *r);
 void ps_registry_lost(ps_registry *r, const char *why);
 
 /* Worker j's saved data position (1), none (0), or Redis away (-1). */

@@ -400,21 +400,12 @@ static void link_connect(link *l) {
     return;
   const ps_addr *a = &c->cfg.ps[l->index];
   struct sockaddr_storage ss;
-  if (uv_ip4_addr(a->host, a->port, (struct sockaddr_in *)&ss) != 0 &&
-      uv_ip6_addr(a->host, a->port, (struct sockaddr_in6 *)&ss) != 0) {
-    uv_getaddrinfo_t gai;
-    char port[8];
-    snprintf(port, sizeof port, "%u", a->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    int rc = uv_getaddrinfo(&c->loop, &gai, NULL, a->host, port, &hints);
-    if (rc != 0) {
-      char why[300];
-      snprintf(why, sizeof why, "cannot resolve %s: %s", a->host, uv_strerror(rc));
-      link_down(l, why);
-      return;
-    }
-    memcpy(&ss, gai.addrinfo->ai_addr, gai.addrinfo->ai_addrlen);
-    uv_freeaddrinfo(gai.addrinfo);
+  int rc = ps_net_resolve(&c->loop, a, &ss);
+  if (rc != 0) {
+    char why[300];
+    snprintf(why, sizeof why, "cannot resolve %s: %s", a->host, uv_strerror(rc));
+    link_down(l, why);
+    return;
   }
   l->conn = ps_conn_new(&c->loop, &link_cbs, l);
   if (l->conn == NULL) {
@@ -423,7 +414,7 @@ static void link_connect(link *l) {
   }
   l->state = L_CONNECTING;
   l->connect_req.data = l;
-  int rc = uv_tcp_connect(&l->connect_req, ps_conn_tcp(l->conn), (struct sockaddr *)&ss,
+  rc = uv_tcp_connect(&l->connect_req, ps_conn_tcp(l->conn), (struct sockaddr *)&ss,
                           on_connected);
   if (rc != 0) {
     snprintf(l->last_error, sizeof l->last_error, "connect: %s", uv_strerror(rc));

@@ -24,6 +24,7 @@
 #include "nn/compute.h"
 #include "paramserv/client.h"
 #include "replica/registry.h"
+#include "ring/member.h"
 #include "worker/control.h"
 #include "worker/elastic.h"
 
@@ -46,6 +47,8 @@ static size_t next_batch(ps_sampler *sampler, const ps_dataset *train, size_t *i
 }
 
 int ps_worker_run(const ps_config *cfg, int index) {
+  if (cfg->mode == PS_MODE_RING)
+    return ps_ring_member_run(cfg, index);
   char tag[32];
   snprintf(tag, sizeof tag, "worker.%d", index);
   int level = ps_log_level_parse(cfg->log_level);

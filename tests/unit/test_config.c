@@ -89,6 +89,19 @@ static void test_table(void **state) {
   }
 }
 
+/* A ring has no shards: [cluster] ps may be left out. */
+static void test_ring_without_ps(void **state) {
+  (void)state;
+  ps_errbuf eb = {0};
+  int rc = ps_config_parse("cluster.conf", "[cluster]\nmode = ring\nworkers = 127.0.0.1:7101, "
+                           "127.0.0.1:7102\n", &cfg, &eb);
+  if (rc != 0)
+    fail_msg("%s", eb.msg);
+  assert_int_equal(cfg.mode, PS_MODE_RING);
+  assert_int_equal(cfg.nps, 0);
+  assert_int_equal(cfg.nworkers, 2);
+}
+
 static void test_defaults(void **state) {
   (void)state;
   ps_config *c = &cfg;
@@ -369,6 +382,11 @@ static const bad_case bad_cases[] = {
      "expected host:port, host:port, ..."},
     {C "ps = 127.0.0.1:7001\n", "cluster.conf: [cluster] workers is required", "[cluster] workers",
      "expected host:port, host:port, ..."},
+    /* ring mode: no shards, and only every-step gradients */
+    {C "mode = ring\nworkers = 127.0.0.1:7101\n[train]\nalgorithm = easgd\n", "cluster.conf:2:",
+     "[cluster] mode = ring with algorithm = easgd", "expected algorithm = gradients"},
+    {C "mode = ring\nworkers = 127.0.0.1:7101\n[train]\nwindow = 4\n", "cluster.conf:2:",
+     "[cluster] mode = ring with window = 4", "expected window = 1"},
     {"", "cluster.conf: no settings", "cluster.conf", "expected at least [cluster] ps and workers"},
     {"# only a comment\n\n[cluster]\n", "cluster.conf: no settings", "cluster.conf", "expected"},
     {C "ps =\nworkers = a:1\n", "cluster.conf:2:", "[cluster] ps has 0 addresses",
@@ -628,6 +646,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_table),
       cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_ring_without_ps),
       cmocka_unit_test_setup_teardown(test_full_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_load_errors, setup, teardown),

@@ -143,6 +143,19 @@ static void sample(int type, ps_msg *m) {
     m->u.stop.fence = FENCE;
     m->u.stop.step = 0xf1f2f3f4f5f6f7f8u;
     break;
+  case PS_MSG_RING_JOIN:
+    m->u.ring_join.epoch = 0xa1a2a3a4a5a6a7a8u;
+    m->u.ring_join.step = 0xb1b2b3b4b5b6b7b8u;
+    m->u.ring_join.rank = 0xc1c2c3c4u;
+    break;
+  case PS_MSG_RING_CHUNK:
+    m->u.ring_chunk.epoch = 0xa1a2a3a4a5a6a7a8u;
+    m->u.ring_chunk.step = 0xb1b2b3b4b5b6b7b8u;
+    m->u.ring_chunk.phase = 0xc1c2c3c4u;
+    m->u.ring_chunk.offset = 0x0102030405060708u;
+    m->u.ring_chunk.count = 5;
+    m->u.ring_chunk.data = (const uint8_t *)floats;
+    break;
   default: /* STATS */
     break;
   }
@@ -155,6 +168,7 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
   case PS_MSG_PUSH: m->u.push.data = data; break;
   case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = data; break;
   case PS_MSG_LOAD: m->u.load.data = data; break;
+  case PS_MSG_RING_CHUNK: m->u.ring_chunk.data = data; break;
   default: fail_msg("%s carries no floats", ps_proto_type_name(m->type));
   }
 }
@@ -196,6 +210,19 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     assert_true(a->u.welcome.version == b->u.welcome.version);
     assert_true(a->u.welcome.global_step == b->u.welcome.global_step);
     assert_int_equal(a->u.welcome.max_payload, b->u.welcome.max_payload);
+    break;
+  case PS_MSG_RING_JOIN:
+    assert_true(a->u.ring_join.epoch == b->u.ring_join.epoch);
+    assert_true(a->u.ring_join.step == b->u.ring_join.step);
+    assert_int_equal(a->u.ring_join.rank, b->u.ring_join.rank);
+    break;
+  case PS_MSG_RING_CHUNK:
+    assert_true(a->u.ring_chunk.epoch == b->u.ring_chunk.epoch);
+    assert_true(a->u.ring_chunk.step == b->u.ring_chunk.step);
+    assert_int_equal(a->u.ring_chunk.phase, b->u.ring_chunk.phase);
+    assert_true(a->u.ring_chunk.offset == b->u.ring_chunk.offset);
+    assert_true(a->u.ring_chunk.count == b->u.ring_chunk.count);
+    assert_memory_equal(a->u.ring_chunk.data, b->u.ring_chunk.data, 4 * a->u.ring_chunk.count);
     break;
   case PS_MSG_PULL:
     assert_int_equal(a->u.pull.worker, b->u.pull.worker);
@@ -332,7 +359,8 @@ static void test_roundtrip_every_type(void **state) {
     /* The exact sizes of PROTOCOL.md. */
     static const size_t want[PS_MSG_TYPE_MAX + 1] = {
         0,       48,      58 + 10, 56, 16,      32 + 20, 48 + 20, 32, 0, 88, 16 + 48, 8, 8,
-        /* CUT */ 24, 56, 16,      32, 32 + 20, 80 + 20, 16};
+        /* CUT */ 24, 56, 16,      32, 32 + 20, 80 + 20, 16,
+        /* RING_JOIN */ 24, 48 + 20};
     assert_int_equal(h.length, want[type]);
   }
 }
@@ -692,8 +720,8 @@ static void test_unknown_type(void **state) {
   (void)state;
   ps_msg m;
   encode_sample(PS_MSG_STATS, &m);
-  ps_put_le16(frame + 6, 20);
-  expect_reject(0, PS_EFORMAT, "unknown message type 20, expected 1..19");
+  ps_put_le16(frame + 6, 22);
+  expect_reject(0, PS_EFORMAT, "unknown message type 22, expected 1..21");
   ps_put_le16(frame + 6, 0xffff);
   expect_reject(0, PS_EFORMAT, "unknown message type 65535");
   ps_put_le16(frame + 6, 0);
@@ -1170,10 +1198,12 @@ static void test_names(void **state) {
   assert_string_equal(ps_proto_type_name(17), "FETCH_REPLY");
   assert_string_equal(ps_proto_type_name(18), "LOAD");
   assert_string_equal(ps_proto_type_name(19), "STOP");
-  assert_int_equal(PS_MSG_TYPE_MAX, 19);
+  assert_string_equal(ps_proto_type_name(20), "RING_JOIN");
+  assert_string_equal(ps_proto_type_name(21), "RING_CHUNK");
+  assert_int_equal(PS_MSG_TYPE_MAX, 21);
   assert_int_equal(PS_PROTO_VERSION, 3);
   assert_string_equal(ps_proto_type_name(0), "unknown");
-  assert_string_equal(ps_proto_type_name(20), "unknown");
+  assert_string_equal(ps_proto_type_name(22), "unknown");
   assert_string_equal(ps_proto_type_name(-1), "unknown");
   assert_string_equal(ps_role_name(PS_ROLE_WORKER), "worker");
   assert_string_equal(ps_role_name(PS_ROLE_CHIEF), "chief");

@@ -1,0 +1,393 @@
+/* A worker in ring mode (see member.h; README.md in this directory).
+ *
+ * The replica is a one-shard state (ps/shard.h) holding the whole model:
+ * the all-reduced gradient, divided by the view's size, is applied to it as
+ * a shard applies a push, by the same optimizer code, so its bytes, its
+ * version (= the global step) and its image are what a shard's would be,
+ * and the chief checkpoints it as a one-shard cluster. */
+#include "ring/member.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/notify.h"
+#include "common/timeutil.h"
+#include "data/idx.h"
+#include "data/sampler.h"
+#include "layout/layout.h"
+#include "nn/compute.h"
+#include "nn/model.h"
+#include "replica/registry.h"
+#include "ring/ring.h"
+#include "ring/view.h"
+
+/* How often a member looks for a newer view between steps (a worker that
+ * joins, or one that came back). */
+#define VIEW_POLL_MS 200
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+  (void)sig;
+  stop_requested = 1;
+}
+
+typedef struct member {
+  const ps_config *cfg;
+  int rank;
+  ps_registry *reg;
+  ps_ring *ring;
+  ps_shard *state;
+  ps_data_pos *trained;
+  uint64_t epoch;        /* the view this member is in; 0: none yet */
+  uint64_t views;        /* views entered */
+  uint64_t fetched;      /* states fetched from a peer */
+} member;
+
+/* Heartbeat and data position, and answer peers, while waiting. */
+static void wait_a_little(member *m, int ms) {
+  ps_registry_tick(m->reg, m->trained, ps_shard_version(m->state), 0, 0);
+  ps_ring_serve(m->ring, ms);
+}
+
+/* This member's proposal for the view after `expected`: every worker with
+ * a heartbeat, itself, not `suspect`. */
+static int propose(member *m, uint64_t expected, int suspect, ps_view *v) {
+  int live[PS_CONFIG_MAX_NODES] = {0}, members[PS_CONFIG_MAX_NODES], n = 0;
+  if (ps_view_live(m->reg, live) < 0)
+    return -1;
+  live[m->rank] = 1;
+  for (int j = 0; j < m->cfg->nworkers; j++)
+    if (live[j] && j != suspect)
+      members[n++] = j;
+  return ps_view_propose(m->reg, expected, members, n, v);
+}
+
+/* Enter a view that holds this member, with the state of its member that
+ * is furthest on, after every member reported (README.md, "Views").
+ * @return 0, or -EINTR. */
+static int change_view(member *m, int suspect, const char *why) {
+  char buf[400];
+  ps_log(PS_LOG_INFO, "ring: leaving view %" PRIu64 ": %s", m->epoch, why);
+  for (;;) {
+    if (stop_requested)
+      return -EINTR;
+    ps_view v;
+    int rc = ps_view_get(m->reg, &v);
+    if (rc < 0) {
+      wait_a_little(m, 100);
+      continue;
+    }
+    if (rc == 0 || v.epoch <= m->epoch) {
+      /* Nobody has moved on from this member's view: propose the next. */
+      if (propose(m, rc == 0 ? 0 : v.epoch, suspect, &v) < 0) {
+        wait_a_little(m, 100);
+        continue;
+      }
+    }
+    if (!ps_view_has(&v, m->rank)) {
+      /* Left out (thought dead, or new): ask to be let in, blaming nobody. */
+      suspect = -1;
+      if (propose(m, v.epoch, -1, &v) < 0)
+        wait_a_little(m, 100);
+      continue;
+    }
+    uint64_t mine = ps_shard_version(m->state);
+    if (ps_view_report(m->reg, v.epoch, m->rank, mine) != 0) {
+      wait_a_little(m, 100);
+      continue;
+    }
+    /* Out of the old view at once: closing its links tells the members
+     * still in it (waiting for this one's pieces) to look for this view. */
+    m->epoch = v.epoch;
+    ps_ring_set_view(m->ring, v.epoch, v.members, v.n);
+    /* Wait for every member's report; one that does not report in time is
+     * left out of the next proposal. */
+    uint64_t steps[PS_CONFIG_MAX_NODES];
+    uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
+    int all = 0, moved = 0;
+    while (!stop_requested) {
+      ps_view cur;
+      if (ps_view_get(m->reg, &cur) == 1 && cur.epoch > v.epoch) {
+        moved = 1;
+        break;
+      }
+      if (ps_view_reports(m->reg, &v, steps) == 0) {
+        all = 1;
+        for (int i = 0; i < v.n; i++)
+          all &= steps[i] != UINT64_MAX;
+        if (all)
+          break;
+        if (ps_now_ns() > deadline) {
+          int members[PS_CONFIG_MAX_NODES], n = 0;
+          for (int i = 0; i < v.n; i++)
+            if (steps[i] != UINT64_MAX)
+              members[n++] = v.members[i];
+          ps_log(PS_LOG_WARN, "ring: view %s: %d of %d members reported in %" PRId64
+                 " ms; proposing the others", ps_view_format(&v, buf, sizeof buf), n, v.n,
+                 m->cfg->peer_timeout_ms);
+          (void)ps_view_propose(m->reg, v.epoch, members, n, &cur);
+          moved = 1;
+          break;
+        }
+      }
+      wait_a_little(m, 5);
+    }
+    if (stop_requested)
+      return -EINTR;
+    if (moved)
+      continue;
+    /* The state to go on from: the member furthest on (lowest rank among
+     * equals).  Members at the same step hold the same bytes. */
+    int src = 0;
+    for (int i = 1; i < v.n; i++)
+      if (steps[i] > steps[src])
+        src = i;
+    if (steps[src] > mine) {
+      ps_errbuf eb = {0};
+      rc = ps_ring_fetch_state(m->ring, v.members[src], &eb);
+      if (rc == -EINTR)
+        return rc;
+      if (rc != 0) {
+        suspect = v.members[src];
+        ps_log(PS_LOG_WARN, "ring: state from member %d: %s", suspect, eb.msg);
+        continue;
+      }
+      m->fetched++;
+      ps_log(PS_LOG_INFO, "ring: fetched member %d's state at step %" PRIu64, v.members[src],
+             ps_shard_version(m->state));
+    }
+    m->views++;
+    ps_log(PS_LOG_INFO, "ring: in view %s at step %" PRIu64, ps_view_format(&v, buf, sizeof buf),
+           ps_shard_version(m->state));
+    return 0;
+  }
+}
+
+/* The next batch of this worker's part (as worker.c's). */
+static size_t next_batch(ps_sampler *sampler, const ps_dataset *train, size_t *idx, size_t batch,
+                         float *x, uint8_t *y) {
+  size_t n = ps_sampler_next(sampler, idx, batch);
+  ps_dataset_images_f32(train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
+  for (size_t i = 0; i < n; i++)
+    y[i] = train->labels[idx[i]];
+  return n;
+}
+
+int ps_ring_member_run(const ps_config *cfg, int index) {
+  char tag[32];
+  snprintf(tag, sizeof tag, "worker.%d", index);
+  int level = ps_log_level_parse(cfg->log_level);
+  ps_log_init(tag, level < 0 ? PS_LOG_INFO : level);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+
+  int status = 1;
+  ps_errbuf eb = {0};
+  ps_model model = {0};
+  ps_layout layout = {0};
+  ps_dataset train = {0}, test = {0};
+  ps_sampler sampler = {0};
+  ps_compute *compute = NULL;
+  ps_shard *state = NULL;
+  ps_ring *ring = NULL;
+  ps_registry *reg = NULL;
+  float *params = NULL, *grad = NULL, *work = NULL, *x = NULL, *test_x = NULL, *init = NULL;
+  uint8_t *y = NULL;
+  size_t *idx = NULL;
+  if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    return 1;
+  }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
+  int batch = (int)cfg->batch;
+  compute = ps_compute_new_on(&model, (int)cfg->device, threads, batch, &eb);
+  if (compute == NULL) {
+    ps_log(PS_LOG_ERROR, "[worker] device: %s", eb.msg);
+    if (eb.code == -ENODEV)
+      status = 2;
+    goto out;
+  }
+  if (ps_dataset_load(cfg->data_dir, "train", &train, &eb) != 0 ||
+      (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &test, &eb) != 0)) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  size_t total = model.vars.total;
+  ps_shard_opts o = ps_shard_opts_for(cfg, &layout, 0);
+  o.consistency = PS_CONSISTENCY_ASYNC; /* each step's mean is applied as it comes */
+  o.sync_sum = 0;
+  init = malloc((total ? total : 1) * sizeof *init);
+  params = ps_compute_host_alloc(compute, total * sizeof *params);
+  grad = ps_compute_host_alloc(compute, total * sizeof *grad);
+  work = malloc((total ? total : 1) * sizeof *work);
+  x = ps_compute_host_alloc(compute, (size_t)batch * model.in_size * sizeof *x);
+  y = malloc((size_t)batch);
+  idx = malloc((size_t)batch * sizeof *idx);
+  if (init != NULL)
+    ps_layout_init_slice(&layout, &model.vars, 0, (uint64_t)cfg->seed, init);
+  state = init ? ps_shard_new(&o, init) : NULL;
+  if (state == NULL || params == NULL || grad == NULL || work == NULL || x == NULL || y == NULL ||
+      idx == NULL ||
+      ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
+    ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
+    goto out;
+  }
+  reg = ps_registry_new(cfg, "worker", index);
+  uint64_t incarnation = 0;
+  if (reg == NULL ||
+      ps_registry_new_epoch(reg, (volatile int *)&stop_requested, &incarnation, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", reg ? eb.msg : "out of memory");
+    goto out;
+  }
+  if (ps_registry_run_ended(reg)) {
+    status = 0;
+    goto out;
+  }
+  ring = ps_ring_new(cfg, index, incarnation, layout.hash, state, &eb);
+  if (ring == NULL) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  ps_ring_set_stop_flag(ring, &stop_requested);
+  ps_data_pos pos;
+  uint64_t clock;
+  if (ps_registry_load_pos(reg, &pos, &clock) && ps_sampler_seek(&sampler, pos) == 0)
+    ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
+           " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, incarnation);
+  ps_data_pos trained = sampler.pos;
+  member m = {.cfg = cfg, .rank = index, .reg = reg, .ring = ring, .state = state,
+              .trained = &trained};
+  uint64_t last = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  ps_log(PS_LOG_INFO, "ring member %d of %d: %zu samples a epoch, batch %d, %d threads, step "
+         "limit %" PRIu64 "; %s", index, cfg->nworkers, ps_sampler_part_size(&sampler), batch,
+         ps_compute_threads(compute), last, ps_compute_describe(compute));
+  int rc = change_view(&m, -1, "starting");
+  if (rc == 0)
+    ps_notify_ready("ring member %d training from step %" PRIu64, index, ps_shard_version(state));
+
+  uint64_t local = 0, samples = 0, redone = 0, broken = 0;
+  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0, next_poll = t0;
+  uint64_t samples_log = 0, steps_log = 0;
+  int have_grad = 0;
+  uint64_t grad_step = 0;
+  size_t n = 0;
+  while (rc == 0 && !stop_requested && (last == 0 || ps_shard_version(state) < last)) {
+    uint64_t step = ps_shard_version(state);
+    if (!have_grad || grad_step != step) {
+      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+      ps_layout_scatter(&layout, &model.vars, 0, ps_shard_values(state), params);
+      uint64_t first = ((uint64_t)index << 48) + samples;
+      double loss = ps_compute_grad(compute, params, x, y, (int)n, (uint64_t)cfg->seed, first,
+                                    grad, NULL);
+      local++;
+      samples += n;
+      loss_sum += loss;
+      steps_log++;
+      samples_log += n;
+      have_grad = 1;
+      grad_step = step;
+      ps_notify_watchdog();
+    } else {
+      redone++;
+    }
+    ps_layout_gather(&layout, &model.vars, 0, grad, work);
+    rc = ps_ring_allreduce(ring, work, total, step);
+    if (rc == -EPIPE) {
+      broken++;
+      char why[600];
+      snprintf(why, sizeof why, "%s", ps_ring_error(ring));
+      rc = change_view(&m, ps_ring_suspect(ring), why);
+      continue;
+    }
+    if (rc != 0)
+      break;
+    float inv = 1.0f / (float)ps_ring_size(ring);
+    for (size_t i = 0; i < total; i++)
+      work[i] *= inv;
+    ps_shard_push(state, 0, 1, step + 1, step, work, NULL);
+    have_grad = 0;
+    trained = sampler.pos;
+    double now = ps_now_s();
+    ps_registry_tick(reg, &trained, ps_shard_version(state), (double)local / (now - t0), 0);
+    if (now >= next_poll) {
+      next_poll = now + VIEW_POLL_MS / 1000.0;
+      ps_view v;
+      if (ps_view_get(reg, &v) == 1 && v.epoch > m.epoch)
+        rc = change_view(&m, -1, "a newer view");
+    }
+    if (steps_log >= (uint64_t)cfg->log_every) {
+      ps_log(PS_LOG_INFO, "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %"
+             PRIu64 " members %d", local, ps_shard_version(state), loss_sum / (double)steps_log,
+             (double)samples_log / (now - tlog), sampler.pos.epoch, ps_ring_size(ring));
+      tlog = now;
+      loss_sum = 0.0;
+      steps_log = samples_log = 0;
+    }
+  }
+  uint64_t gstep = ps_shard_version(state);
+  if (rc == PS_ESTOPPED)
+    ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64,
+           ps_ring_stop_step(ring));
+  else if (rc == -EINTR || stop_requested)
+    ps_log(PS_LOG_INFO, "stopped at global step %" PRIu64, gstep);
+  else if (rc != 0)
+    goto out;
+  if (last > 0 && gstep >= last)
+    ps_registry_set_done(reg, gstep, 0);
+  double secs = ps_now_s() - t0;
+  ps_registry_tick(reg, &trained, gstep, (double)local / secs, 1);
+  uint64_t bytes_in, bytes_out = ps_ring_bytes(ring, &bytes_in);
+  /* Scripts read this line by its words, as a ps-mode worker's. */
+  printf("worker %d done: %" PRIu64 " local steps, global step %" PRIu64 ", %" PRIu64
+         " samples, %.1f s, samples/s %.1f, bytes out %" PRIu64 " in %" PRIu64 ", views %" PRIu64
+         ", fetched %" PRIu64 ", broken %" PRIu64 ", redone %" PRIu64 "\n",
+         index, local, gstep, samples, secs, secs > 0 ? (double)samples / secs : 0.0, bytes_out,
+         bytes_in, m.views, m.fetched, broken, redone);
+  if (index == 0 && !stop_requested) {
+    test_x = malloc(test.n * model.in_size * sizeof *test_x);
+    if (test_x == NULL) {
+      ps_log(PS_LOG_ERROR, "out of memory for the test set");
+      goto out;
+    }
+    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
+    size_t right = 0;
+    ps_layout_scatter(&layout, &model.vars, 0, ps_shard_values(state), params);
+    ps_compute_eval(compute, params, test_x, test.labels, test.n, &right);
+    printf("final test_acc %.4f global_step %" PRIu64 "\n", (double)right / (double)test.n, gstep);
+  }
+  fflush(stdout);
+  status = 0;
+out:
+  ps_ring_free(ring);
+  ps_shard_free(state);
+  free(init);
+  free(work);
+  free(idx);
+  free(y);
+  free(test_x);
+  if (compute != NULL) {
+    ps_compute_host_free(compute, x);
+    ps_compute_host_free(compute, grad);
+    ps_compute_host_free(compute, params);
+  }
+  ps_compute_free(compute);
+  ps_sampler_close(&sampler);
+  ps_dataset_close(&test);
+  ps_dataset_close(&train);
+  ps_registry_free(reg);
+  ps_layout_close(&layout);
+  ps_model_close(&model);
+  return status;
+}

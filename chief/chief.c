@@ -35,6 +35,7 @@
 #include "recovery/plan.h"
 #include "replica/keys.h"
 #include "replica/registry.h"
+#include "ring/view.h"
 #include "worker/control.h"
 
 #define TICK_MS 100
@@ -79,6 +80,10 @@ struct chief {
   uint64_t cut_id;
   ps_bg writer;
   ps_eval *eval;              /* NULL: evaluations off */
+  /* Ring mode: the member read as the one shard, and when it was chosen. */
+  ps_config *ring_cfg;
+  int ring_target;
+  uint64_t ring_target_ns;
   int status;
   int stopping;
 };
@@ -242,6 +247,31 @@ static int poll_stats(chief *ch) {
   if (ch->stats_ok[0])
     ch->gstep = ch->stats[0].global_step;
   return rc;
+}
+
+/* Ring mode: the member that stopped answering is replaced by the next
+ * one of the current view, at most once a second. */
+static void ring_retarget(chief *ch) {
+  uint64_t now = ps_now_ns();
+  if (ch->ring_cfg == NULL || ch->stats_ok[0] || now - ch->ring_target_ns < 1000000000ULL)
+    return;
+  ps_view v;
+  if (ps_view_get(ch->reg, &v) != 1)
+    return;
+  int pick = v.members[0];
+  for (int i = 0; i < v.n; i++)
+    if (v.members[i] > ch->ring_target) {
+      pick = v.members[i];
+      break;
+    }
+  ch->ring_target_ns = now;
+  if (pick == ch->ring_target)
+    return;
+  ps_log(PS_LOG_INFO, "ring: member %d does not answer; reading member %d (view %" PRIu64 ")",
+         ch->ring_target, pick, v.epoch);
+  ch->ring_target = pick;
+  ch->ring_cfg->ps[0] = ch->ring_cfg->workers[pick];
+  ps_client_retarget(ch->client, 0, &ch->ring_cfg->workers[pick]);
 }
 
 /* Workers: their heartbeats in Redis, once a second. */
@@ -535,6 +565,19 @@ int ps_chief_run(const ps_config *cfg) {
   chief *ch = calloc(1, sizeof *ch);
   if (ch == NULL)
     return PS_CHIEF_FAILED;
+  if (cfg->mode == PS_MODE_RING) {
+    /* A ring is read as a one-shard cluster whose shard is a member
+     * (src/ring/README.md, "The chief"), as the client does. */
+    ch->ring_cfg = malloc(sizeof *ch->ring_cfg);
+    if (ch->ring_cfg == NULL) {
+      free(ch);
+      return PS_CHIEF_FAILED;
+    }
+    *ch->ring_cfg = *cfg;
+    ch->ring_cfg->nps = 1;
+    ch->ring_cfg->ps[0] = cfg->workers[0];
+    cfg = ch->ring_cfg;
+  }
   ch->cfg = cfg;
   ch->status = PS_CHIEF_FAILED;
   ch->wrote_step = UINT64_MAX;
@@ -627,6 +670,7 @@ int ps_chief_run(const ps_config *cfg) {
   int said = 0;
   uint64_t t0 = ps_now_ns();
   while (!stop_signal && !ch->stopping && poll_stats(ch) != 0) {
+    ring_retarget(ch);
     if (!said || ps_now_ns() - t0 > 10000000000ULL) {
       ps_log(PS_LOG_INFO, "waiting for every shard to answer: %s", ps_client_error(ch->client));
       said = 1;
@@ -668,7 +712,9 @@ int ps_chief_run(const ps_config *cfg) {
 
   while (!stop_signal && !ch->stopping) {
     uint64_t tick0 = ps_now_ns();
-    if (poll_stats(ch) == 0) {
+    if (poll_stats(ch) != 0)
+      ring_retarget(ch);
+    else {
       int missing_now = 0;
       for (int i = 0; i < cfg->nps; i++)
         missing_now += !(ch->stats[i].flags & PS_STATS_INITIALIZED);
@@ -723,6 +769,7 @@ out:
   ps_registry_free(ch->writer_reg);
   ps_client_free(ch->client);
   int status = ch->status;
+  free(ch->ring_cfg);
   free(ch);
   return status;
 }

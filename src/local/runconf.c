@@ -230,6 +230,8 @@ int ps_runconf_make(const ps_runconf_opts *o, ps_config *c, ps_errbuf *eb) {
   int rc = load_user(o, c, &s, eb);
   if (rc != 0)
     return rc;
+  if (c->mode == PS_MODE_RING)
+    c->nps = 0; /* no shards: the workers all-reduce (src/ring/README.md) */
 
   uint16_t ports[2 * PS_CONFIG_MAX_NODES + 2];
   if ((rc = ps_runconf_free_ports(c->nps + c->nworkers + 2, ports)) != 0)
@@ -336,6 +338,8 @@ static void format_value(const ps_setting *s, const ps_config *c, char *buf, siz
 static void print_list(const ps_setting *s, const ps_config *c, FILE *f) {
   const ps_addr *list = (const ps_addr *)((const char *)c + s->offset);
   int count = *(const int *)((const char *)c + s->count_offset);
+  if (count == 0 && s->def == NULL)
+    return; /* a required list left out: [cluster] ps in ring mode */
   size_t col = (size_t)fprintf(f, "%s =", s->key);
   for (int i = 0; i < count; i++) {
     char a[300];

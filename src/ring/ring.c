@@ -595,10 +595,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       serve_fetch(l, h->request_id, &m.u.fetch);
     break;
   case PS_MSG_RESUME: {
+    /* Nothing is held; the copy stays for the FETCHes that follow (the
+     * chief resumes before it fetches), until the next CUT or the close. */
     if (!fence_ok(l, m.u.resume.fence))
       break;
-    free(l->img);
-    l->img = NULL;
     ps_msg p = {.type = PS_MSG_PONG};
     p.u.ping.token = m.u.resume.cut_id;
     ps_conn_send_msg(conn, &p, h->request_id);

@@ -639,6 +639,13 @@ int ps_client_request(ps_client *c, const ps_msg *reqs, ps_client_reply_fn fn, v
   c->reply_fn = NULL;
   return rc;
 }
+void ps_client_retarget(ps_client *c, int shard, const ps_addr *a) {
+  link *l = &c->links[shard];
+  c->cfg.ps[shard] = *a;
+  if (l->conn != NULL)
+    ps_conn_close(l->conn); /* it reconnects to the new address */
+}
+
 uint64_t ps_client_duplicates(const ps_client *c) { return c->duplicates; }
 uint64_t ps_client_stale(const ps_client *c) { return c->stale; }
 const char *ps_client_error(const ps_client *c) { return c->error; }
@@ -691,6 +698,12 @@ ps_client *ps_client_new_as(const char *config_path, int role, int worker_index,
     goto fail;
   }
   c->index = worker_index;
+  if (c->cfg.mode == PS_MODE_RING && role != PS_ROLE_WORKER) {
+    /* A ring's one "shard" is a member (src/ring/README.md, "The chief"):
+     * the first until ps_client_retarget names another. */
+    c->cfg.nps = 1;
+    c->cfg.ps[0] = c->cfg.workers[0];
+  }
   int n = ps_config_read_secret(&c->cfg, c->secret, sizeof c->secret, eb);
   if (n < 0)
     goto fail;

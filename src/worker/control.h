@@ -44,6 +44,10 @@ int ps_client_request(ps_client *c, const ps_msg *reqs, ps_client_reply_fn fn, v
  * calls means some shard was reconnected (perhaps a new incarnation). */
 uint64_t ps_client_connects(const ps_client *c);
 
+/* Point shard `shard`'s link at another address (a ring's chief, when the
+ * member it reads stops answering); the link reconnects there. */
+void ps_client_retarget(ps_client *c, int shard, const ps_addr *a);
+
 const ps_layout *ps_client_layout(const ps_client *c);
 const ps_model *ps_client_model(const ps_client *c);
 const ps_config *ps_client_config(const ps_client *c);

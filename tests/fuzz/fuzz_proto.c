@@ -18,13 +18,14 @@ static void check_error(int rc, const ps_errbuf *eb) {
 }
 
 /* The floats of a float-carrying message (PULL_REPLY, PUSH, FETCH_REPLY,
- * LOAD), or NULL. */
+ * LOAD, RING_CHUNK), or NULL. */
 static const uint8_t *floats_of(const ps_msg *m, uint64_t *count) {
   switch (m->type) {
   case PS_MSG_PUSH: *count = m->u.push.count; return m->u.push.data;
   case PS_MSG_PULL_REPLY: *count = m->u.pull_reply.count; return m->u.pull_reply.data;
   case PS_MSG_FETCH_REPLY: *count = m->u.fetch_reply.count; return m->u.fetch_reply.data;
   case PS_MSG_LOAD: *count = m->u.load.count; return m->u.load.data;
+  case PS_MSG_RING_CHUNK: *count = m->u.ring_chunk.count; return m->u.ring_chunk.data;
   default: *count = 0; return NULL;
   }
 }
@@ -35,6 +36,7 @@ static void clear_floats(ps_msg *m) {
   case PS_MSG_PULL_REPLY: m->u.pull_reply.data = NULL; break;
   case PS_MSG_FETCH_REPLY: m->u.fetch_reply.data = NULL; break;
   case PS_MSG_LOAD: m->u.load.data = NULL; break;
+  case PS_MSG_RING_CHUNK: m->u.ring_chunk.data = NULL; break;
   default: break;
   }
 }

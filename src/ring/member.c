@@ -51,6 +51,11 @@ typedef struct member {
   uint64_t fetched;      /* states fetched from a peer */
 } member;
 
+static void heartbeat(void *arg) {
+  member *m = arg;
+  ps_registry_tick(m->reg, m->trained, ps_shard_version(m->state), 0, 0);
+}
+
 /* Heartbeat and data position, and answer peers, while waiting. */
 static void wait_a_little(member *m, int ms) {
   ps_registry_tick(m->reg, m->trained, ps_shard_version(m->state), 0, 0);
@@ -269,6 +274,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   ps_data_pos trained = sampler.pos;
   member m = {.cfg = cfg, .rank = index, .reg = reg, .ring = ring, .state = state,
               .trained = &trained};
+  ps_ring_set_idle(ring, heartbeat, &m);
   uint64_t last = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
   ps_log(PS_LOG_INFO, "ring member %d of %d: %zu samples a epoch, batch %d, %d threads, step "
          "limit %" PRIu64 "; %s", index, cfg->nworkers, ps_sampler_part_size(&sampler), batch,

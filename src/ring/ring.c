@@ -101,6 +101,9 @@ struct ps_ring {
   uint64_t fetch_off;
   char why[512];
   uint64_t bytes_in_closed, bytes_out_closed;
+  void (*idle)(void *arg);  /* while a call waits: the member's heartbeat */
+  void *idle_arg;
+  uint64_t idle_ns;
 };
 
 static void fail(ps_ring *r, int suspect, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -381,6 +384,32 @@ static void serve_fetch(link *l, uint64_t req, const ps_msg_fetch *m) {
   ps_conn_send(l->conn, prefix, plen, l->img + m->offset, m->count * sizeof(float), NULL, NULL);
 }
 
+static void free_copy(void *arg, int status) {
+  (void)status;
+  free(arg);
+}
+
+/* The chief's evaluation reads the weights with a PULL: a copy of the
+ * replica's values, written whenever the socket takes it. */
+static void serve_pull(link *l, uint64_t req) {
+  ps_ring *r = l->r;
+  size_t n = ps_shard_options(r->state)->nfloats;
+  float *copy = malloc((n ? n : 1) * sizeof *copy);
+  if (copy == NULL) {
+    refuse(l, -ENOMEM, "out of memory for a copy of %zu floats", n);
+    return;
+  }
+  memcpy(copy, ps_shard_values(r->state), n * sizeof *copy);
+  ps_msg rep = {.type = PS_MSG_PULL_REPLY};
+  rep.u.pull_reply = (ps_msg_pull_reply){.version = ps_shard_version(r->state),
+                                         .global_step = ps_shard_global_step(r->state),
+                                         .count = n};
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
+  if (ps_conn_send(l->conn, prefix, plen, copy, n * sizeof *copy, free_copy, copy) != 0)
+    free(copy);
+}
+
 static int fence_ok(link *l, uint64_t fence) {
   ps_ring *r = l->r;
   if (l->role != PS_ROLE_CHIEF)
@@ -604,6 +633,14 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     ps_conn_send_msg(conn, &p, h->request_id);
     break;
   }
+  case PS_MSG_PULL:
+    if (l->role == PS_ROLE_WORKER) {
+      refuse(l, PS_EFORMAT, "PULL from worker %d: ring members do not pull from each other",
+             l->rank);
+      return;
+    }
+    serve_pull(l, h->request_id);
+    break;
   case PS_MSG_PING: {
     ps_msg p = {.type = PS_MSG_PONG};
     p.u.ping.token = m.u.ping.token;
@@ -661,6 +698,11 @@ static void on_connection(uv_stream_t *listener, int status) {
 
 static void on_tick(uv_timer_t *t) {
   ps_ring *r = t->data;
+  uint64_t now = ps_now_ns();
+  if (r->idle != NULL && now - r->idle_ns > 100000000ULL) {
+    r->idle_ns = now;
+    r->idle(r->idle_arg);
+  }
   uint64_t quiet = ps_now_ns() - r->progress_ns;
   if ((r->active || r->fetching == 1) && quiet > (uint64_t)r->cfg->peer_timeout_ms * 1000000ULL)
     fail(r, -1, "no progress for %" PRId64 " ms (%s)", r->cfg->peer_timeout_ms,
@@ -735,6 +777,11 @@ void ps_ring_free(ps_ring *r) {
 
 void ps_ring_set_stop_flag(ps_ring *r, volatile sig_atomic_t *flag) { r->stop = flag; }
 
+void ps_ring_set_idle(ps_ring *r, void (*fn)(void *arg), void *arg) {
+  r->idle = fn;
+  r->idle_arg = arg;
+}
+
 void ps_ring_set_view(ps_ring *r, uint64_t epoch, const int *members, int n) {
   r->epoch = epoch;
   r->n = n;
@@ -790,8 +837,11 @@ int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step) {
   r->active = 1;
   r->broken = 0;
   r->suspect = -1;
-  if (r->pred_lost) {
-    fail(r, pred_rank(r), "member %d (predecessor) closed between two steps", pred_rank(r));
+  if (r->pred_lost || r->newer > r->epoch) {
+    if (r->pred_lost)
+      fail(r, pred_rank(r), "member %d (predecessor) closed between two steps", pred_rank(r));
+    else
+      fail(r, -1, "a member dialed for view %" PRIu64 " between two steps", r->newer);
     r->active = 0;
     return -EPIPE;
   }

@@ -34,6 +34,11 @@ void ps_ring_free(ps_ring *r);
 /* Calls return -EINTR soon after *flag becomes nonzero. */
 void ps_ring_set_stop_flag(ps_ring *r, volatile sig_atomic_t *flag);
 
+/* Call fn(arg) about every 100 ms while a call waits (the member's
+ * heartbeat: a wait for a silent peer must not look like this member's
+ * death). */
+void ps_ring_set_idle(ps_ring *r, void (*fn)(void *arg), void *arg);
+
 /* Enter view `epoch` of `n` members (ranks, ascending, this one among
  * them): the successor link and every link of an older view are closed,
  * pieces queued for older views dropped. */

@@ -75,6 +75,19 @@ static int propose(member *m, uint64_t expected, int suspect, ps_view *v) {
   return ps_view_propose(m->reg, expected, members, n, v);
 }
 
+/* A new cluster (no view yet): give the other workers up to
+ * [cluster] peer_timeout_ms to start, so that the first view holds them
+ * all rather than the first to start training alone. */
+static void wait_for_everyone(member *m) {
+  uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
+  int live[PS_CONFIG_MAX_NODES];
+  while (!stop_requested && ps_now_ns() < deadline) {
+    wait_a_little(m, 20);
+    if (ps_view_live(m->reg, live) >= m->cfg->nworkers)
+      return;
+  }
+}
+
 /* Enter a view that holds this member, with the state of its member that
  * is furthest on, after every member reported (README.md, "Views").
  * @return 0, or -EINTR. */
@@ -90,6 +103,8 @@ static int change_view(member *m, int suspect, const char *why) {
       wait_a_little(m, 100);
       continue;
     }
+    if (rc == 0 && m->epoch == 0)
+      wait_for_everyone(m);
     if (rc == 0 || v.epoch <= m->epoch) {
       /* Nobody has moved on from this member's view: propose the next. */
       if (propose(m, rc == 0 ? 0 : v.epoch, suspect, &v) < 0) {

@@ -62,17 +62,23 @@ static void wait_a_little(member *m, int ms) {
   ps_ring_serve(m->ring, ms);
 }
 
-/* This member's proposal for the view after `expected`: every worker with
- * a heartbeat, itself, not `suspect`. */
-static int propose(member *m, uint64_t expected, int suspect, ps_view *v) {
+/* This member's proposal for the view after `cur` (NULL: none yet): its
+ * members, every worker whose heartbeat is in Redis, and this one, less
+ * `suspect`.  A member leaves a view only on evidence (its link failed:
+ * `suspect`; or it did not report in time), never because its heartbeat
+ * is missing: Redis refusing writes for a while must not split the ring
+ * into members that train apart. */
+static int propose(member *m, const ps_view *cur, int suspect, ps_view *v) {
   int live[PS_CONFIG_MAX_NODES] = {0}, members[PS_CONFIG_MAX_NODES], n = 0;
   if (ps_view_live(m->reg, live) < 0)
     return -1;
+  for (int i = 0; cur != NULL && i < cur->n; i++)
+    live[cur->members[i]] = 1;
   live[m->rank] = 1;
   for (int j = 0; j < m->cfg->nworkers; j++)
     if (live[j] && j != suspect)
       members[n++] = j;
-  return ps_view_propose(m->reg, expected, members, n, v);
+  return ps_view_propose(m->reg, cur != NULL ? cur->epoch : 0, members, n, v);
 }
 
 /* A new cluster (no view yet): give the other workers up to
@@ -107,7 +113,7 @@ static int change_view(member *m, int suspect, const char *why) {
       wait_for_everyone(m);
     if (rc == 0 || v.epoch <= m->epoch) {
       /* Nobody has moved on from this member's view: propose the next. */
-      if (propose(m, rc == 0 ? 0 : v.epoch, suspect, &v) < 0) {
+      if (propose(m, rc == 0 ? NULL : &v, suspect, &v) < 0) {
         wait_a_little(m, 100);
         continue;
       }
@@ -115,7 +121,7 @@ static int change_view(member *m, int suspect, const char *why) {
     if (!ps_view_has(&v, m->rank)) {
       /* Left out (thought dead, or new): ask to be let in, blaming nobody. */
       suspect = -1;
-      if (propose(m, v.epoch, -1, &v) < 0)
+      if (propose(m, &v, -1, &v) < 0)
         wait_a_little(m, 100);
       continue;
     }
@@ -189,6 +195,30 @@ static int change_view(member *m, int suspect, const char *why) {
            ps_shard_version(m->state));
     return 0;
   }
+}
+
+/* At the step limit with a chief: stay, as a shard does, until the chief
+ * ended the run (its STOP, or the end it writes in Redis), answering its
+ * last evaluation and checkpoint, and following views so that a member
+ * restarted now gets the final state instead of starting alone.
+ * @return 0, PS_ESTOPPED or -EINTR. */
+static int wait_for_the_end(member *m) {
+  double next_poll = 0;
+  while (!stop_requested && ps_ring_stop_step(m->ring) == 0) {
+    wait_a_little(m, 50);
+    double now = ps_now_s();
+    if (now < next_poll)
+      continue;
+    next_poll = now + VIEW_POLL_MS / 1000.0;
+    uint64_t step;
+    int nonfinite;
+    if (ps_registry_get_done(m->reg, &step, &nonfinite) == 1)
+      return 0;
+    ps_view v;
+    if (ps_view_get(m->reg, &v) == 1 && v.epoch > m->epoch && change_view(m, -1, "a newer view") != 0)
+      return -EINTR;
+  }
+  return stop_requested ? -EINTR : PS_ESTOPPED;
 }
 
 /* The next batch of this worker's part (as worker.c's). */
@@ -357,6 +387,8 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
+  if (rc == 0 && !stop_requested && !cfg->ps_self_init)
+    rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
   if (rc == PS_ESTOPPED)
     ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64,
@@ -365,8 +397,8 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO, "stopped at global step %" PRIu64, gstep);
   else if (rc != 0)
     goto out;
-  if (last > 0 && gstep >= last)
-    ps_registry_set_done(reg, gstep, 0);
+  if (last > 0 && gstep >= last && rc == 0 && cfg->ps_self_init)
+    ps_registry_set_done(reg, gstep, 0); /* no chief to end the run */
   double secs = ps_now_s() - t0;
   ps_registry_tick(reg, &trained, gstep, (double)local / secs, 1);
   uint64_t bytes_in, bytes_out = ps_ring_bytes(ring, &bytes_in);

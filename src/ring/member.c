@@ -46,19 +46,23 @@ typedef struct member {
   ps_ring *ring;
   ps_shard *state;
   ps_data_pos *trained;
+  ps_sampler *sampler;
+  int holds;             /* the replica holds a state: seeded, fetched or loaded */
   uint64_t epoch;        /* the view this member is in; 0: none yet */
   uint64_t views;        /* views entered */
   uint64_t fetched;      /* states fetched from a peer */
 } member;
 
+/* The heartbeat; the data position only once the replica holds a state
+ * (before, the chief may be writing a checkpoint's positions to restore). */
 static void heartbeat(void *arg) {
   member *m = arg;
-  ps_registry_tick(m->reg, m->trained, ps_shard_version(m->state), 0, 0);
+  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), 0, 0);
 }
 
 /* Heartbeat and data position, and answer peers, while waiting. */
 static void wait_a_little(member *m, int ms) {
-  ps_registry_tick(m->reg, m->trained, ps_shard_version(m->state), 0, 0);
+  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), 0, 0);
   ps_ring_serve(m->ring, ms);
 }
 
@@ -94,6 +98,44 @@ static void wait_for_everyone(member *m) {
   }
 }
 
+/* The replica holds a state now (fetched or loaded), for the first time
+ * in this process: the data position goes on from Redis, where the chief
+ * wrote a checkpoint's when it restored one. */
+static void became_holder(member *m) {
+  m->holds = 1;
+  ps_ring_set_holds(m->ring, 1, 0);
+  ps_data_pos pos;
+  uint64_t clock;
+  if (ps_registry_load_pos(m->reg, &pos, &clock) && ps_sampler_seek(m->sampler, pos) == 0) {
+    *m->trained = pos;
+    ps_log(PS_LOG_INFO, "data position epoch %" PRIu64 " offset %" PRIu64 " from Redis",
+           pos.epoch, pos.offset);
+  }
+}
+
+/* No member of view v holds a state: wait for the chief to load this
+ * member (then propose the next view, so that every member reports again
+ * and the others fetch it) or for a newer view.  @return 0 or -EINTR. */
+static int wait_for_a_state(member *m, const ps_view *v) {
+  ps_log(PS_LOG_INFO, "ring: no member of view %" PRIu64 " holds a state: waiting for the "
+         "chief to load one", v->epoch);
+  ps_ring_set_holds(m->ring, 0, 1);
+  while (!stop_requested) {
+    wait_a_little(m, 50);
+    ps_view cur;
+    if (ps_ring_take_loaded(m->ring)) {
+      became_holder(m);
+      (void)propose(m, v, -1, &cur);
+      return 0;
+    }
+    if (ps_view_get(m->reg, &cur) == 1 && cur.epoch > v->epoch) {
+      ps_ring_set_holds(m->ring, 0, 0);
+      return 0;
+    }
+  }
+  return -EINTR;
+}
+
 /* Enter a view that holds this member, with the state of its member that
  * is furthest on, after every member reported (README.md, "Views").
  * @return 0, or -EINTR. */
@@ -126,7 +168,7 @@ static int change_view(member *m, int suspect, const char *why) {
       continue;
     }
     uint64_t mine = ps_shard_version(m->state);
-    if (ps_view_report(m->reg, v.epoch, m->rank, mine) != 0) {
+    if (ps_view_report(m->reg, v.epoch, m->rank, mine, m->holds) != 0) {
       wait_a_little(m, 100);
       continue;
     }
@@ -137,6 +179,7 @@ static int change_view(member *m, int suspect, const char *why) {
     /* Wait for every member's report; one that does not report in time is
      * left out of the next proposal. */
     uint64_t steps[PS_CONFIG_MAX_NODES];
+    int holds[PS_CONFIG_MAX_NODES];
     uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
     int all = 0, moved = 0;
     while (!stop_requested) {
@@ -145,7 +188,7 @@ static int change_view(member *m, int suspect, const char *why) {
         moved = 1;
         break;
       }
-      if (ps_view_reports(m->reg, &v, steps) == 0) {
+      if (ps_view_reports(m->reg, &v, steps, holds) == 0) {
         all = 1;
         for (int i = 0; i < v.n; i++)
           all &= steps[i] != UINT64_MAX;
@@ -171,12 +214,21 @@ static int change_view(member *m, int suspect, const char *why) {
     if (moved)
       continue;
     /* The state to go on from: the member furthest on (lowest rank among
-     * equals).  Members at the same step hold the same bytes. */
-    int src = 0;
-    for (int i = 1; i < v.n; i++)
-      if (steps[i] > steps[src])
+     * equals) of those that hold one.  Members at the same step hold the
+     * same bytes. */
+    int src = -1;
+    for (int i = 0; i < v.n; i++)
+      if (holds[i] && (src < 0 || steps[i] > steps[src]))
         src = i;
-    if (steps[src] > mine) {
+    if (src < 0) {
+      /* None does: a new cluster with a chief, or every member restarted.
+       * The chief loads one (its checkpoint or the seeded state), which
+       * then proposes the next view. */
+      if (wait_for_a_state(m, &v) != 0)
+        return -EINTR;
+      continue;
+    }
+    if (!m->holds || steps[src] > mine) {
       ps_errbuf eb = {0};
       rc = ps_ring_fetch_state(m->ring, v.members[src], &eb);
       if (rc == -EINTR)
@@ -189,6 +241,8 @@ static int change_view(member *m, int suspect, const char *why) {
       m->fetched++;
       ps_log(PS_LOG_INFO, "ring: fetched member %d's state at step %" PRIu64, v.members[src],
              ps_shard_version(m->state));
+      if (!m->holds)
+        became_holder(m);
     }
     m->views++;
     ps_log(PS_LOG_INFO, "ring: in view %s at step %" PRIu64, ps_view_format(&v, buf, sizeof buf),
@@ -317,8 +371,11 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
            " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, incarnation);
   ps_data_pos trained = sampler.pos;
+  /* Without a chief the seeded state is the start; with one, a member
+   * holds a state once it fetched one or the chief loaded it. */
   member m = {.cfg = cfg, .rank = index, .reg = reg, .ring = ring, .state = state,
-              .trained = &trained};
+              .trained = &trained, .sampler = &sampler, .holds = cfg->ps_self_init};
+  ps_ring_set_holds(ring, m.holds, 0);
   ps_ring_set_idle(ring, heartbeat, &m);
   uint64_t last = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
   ps_log(PS_LOG_INFO, "ring member %d of %d: %zu samples a epoch, batch %d, %d threads, step "

@@ -101,6 +101,10 @@ struct ps_ring {
   uint64_t fetch_off;
   char why[512];
   uint64_t bytes_in_closed, bytes_out_closed;
+  int holds;             /* the replica holds a state (seeded, fetched, loaded) */
+  int waiting;           /* no member of the view holds one: STATS says so */
+  int loaded;            /* a LOAD completed since ps_ring_take_loaded */
+  uint64_t load_next;    /* the next LOAD piece's offset */
   void (*idle)(void *arg);  /* while a call waits: the member's heartbeat */
   void *idle_arg;
   uint64_t idle_ns;
@@ -410,6 +414,52 @@ static void serve_pull(link *l, uint64_t req) {
     free(copy);
 }
 
+static int fence_ok(link *l, uint64_t fence);
+
+/* The chief starts a ring none of whose members holds a state (a new
+ * cluster, or every member restarted) from its checkpoint, or the seeded
+ * initialization, as it starts a shard: LOAD pieces in order, each
+ * answered by a PONG. */
+static void serve_load(link *l, uint64_t req, const ps_msg_load *m) {
+  ps_ring *r = l->r;
+  char why[256];
+  if (l->role != PS_ROLE_CHIEF) {
+    refuse(l, PS_EFORMAT, "LOAD from %s %d: only the chief loads a state", ps_role_name(l->role),
+           l->rank);
+    return;
+  }
+  if (!fence_ok(l, m->fence))
+    return;
+  if (r->holds) {
+    refuse(l, PS_EFORMAT, "LOAD of member %d, which already holds a state at step %" PRIu64,
+           r->rank, ps_shard_version(r->state));
+    return;
+  }
+  if (ps_shard_state_check(r->state, &m->state, why, sizeof why) != 0) {
+    refuse(l, PS_ELAYOUT, "LOAD: %s", why);
+    return;
+  }
+  if (m->offset == 0)
+    r->load_next = 0;
+  if (m->offset != r->load_next || m->count > ps_shard_options(r->state)->nfloats) {
+    refuse(l, PS_EFORMAT, "LOAD piece at float %" PRIu64 " of %" PRIu64 " floats, expected the "
+           "piece at %" PRIu64, m->offset, m->count, r->load_next);
+    return;
+  }
+  ps_shard_state_load_piece(r->state, &m->state, m->offset, m->data, m->count);
+  r->load_next = m->offset + m->count;
+  if (r->load_next == m->state.image_floats) {
+    ps_shard_state_load_end(r->state, &m->state);
+    r->load_next = 0;
+    r->holds = r->loaded = 1;
+    r->waiting = 0;
+    ps_log(PS_LOG_INFO, "ring: loaded by the chief: step %" PRIu64, ps_shard_version(r->state));
+  }
+  ps_msg p = {.type = PS_MSG_PONG};
+  p.u.ping.token = m->offset + m->count;
+  ps_conn_send_msg(l->conn, &p, req);
+}
+
 static int fence_ok(link *l, uint64_t fence) {
   ps_ring *r = l->r;
   if (l->role != PS_ROLE_CHIEF)
@@ -587,8 +637,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       return;
     }
     on_hello(l, &m.u.hello);
-    if (l->state == L_READY && l->role == PS_ROLE_WORKER)
-      ps_conn_set_max_payload(conn, ps_proto_max_payload(PIECE_FLOATS));
+    /* Members send pieces; the chief LOADs pieces of at most a slice. */
+    if (l->state == L_READY)
+      ps_conn_set_max_payload(conn, ps_proto_max_payload(
+          l->role == PS_ROLE_WORKER ? PIECE_FLOATS : ps_shard_options(r->state)->nfloats));
     return;
   }
   switch (m.type) {
@@ -647,12 +699,15 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     ps_conn_send_msg(conn, &p, h->request_id);
     break;
   }
+  case PS_MSG_LOAD:
+    serve_load(l, h->request_id, &m.u.load);
+    break;
   case PS_MSG_STATS: {
     ps_msg p = {.type = PS_MSG_STATS_REPLY};
     p.u.stats_reply.version = ps_shard_version(r->state);
     p.u.stats_reply.global_step = ps_shard_global_step(r->state);
     p.u.stats_reply.incarnation = r->incarnation;
-    p.u.stats_reply.flags = PS_STATS_INITIALIZED;
+    p.u.stats_reply.flags = r->waiting ? 0 : PS_STATS_INITIALIZED;
     ps_conn_send_msg(conn, &p, h->request_id);
     break;
   }
@@ -915,6 +970,17 @@ int ps_ring_fetch_state(ps_ring *r, int rank, ps_errbuf *eb) {
   free(r->fetch_img);
   r->fetch_img = NULL;
   return 0;
+}
+
+void ps_ring_set_holds(ps_ring *r, int holds, int waiting) {
+  r->holds = holds;
+  r->waiting = waiting;
+}
+
+int ps_ring_take_loaded(ps_ring *r) {
+  int l = r->loaded;
+  r->loaded = 0;
+  return l;
 }
 
 int ps_ring_suspect(const ps_ring *r) { return r->suspect; }

@@ -60,6 +60,14 @@ void ps_ring_serve(ps_ring *r, int ms);
  * message in eb (the member closed, went silent, or refused). */
 int ps_ring_fetch_state(ps_ring *r, int rank, ps_errbuf *eb);
 
+/* Does the replica hold a state (seeded by itself, fetched, or loaded),
+ * and is this member waiting because no member of its view holds one?
+ * STATS reports INITIALIZED unless waiting; a LOAD (the chief's restore)
+ * is taken only while it holds none. */
+void ps_ring_set_holds(ps_ring *r, int holds, int waiting);
+/* 1 once after a LOAD completed (the replica then holds the chief's state). */
+int ps_ring_take_loaded(ps_ring *r);
+
 /* The rank whose link failed in the last broken call, or -1 (a silence or
  * a newer view: nobody to blame). */
 int ps_ring_suspect(const ps_ring *r);

@@ -136,10 +136,10 @@ int ps_view_live(ps_registry *reg, int *live) {
   return rc < 0 ? -1 : count;
 }
 
-int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step) {
+int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step, int holds) {
   char key[PS_KEY_MAX];
   ps_key_ring_reports(key, ps_registry_config(reg)->cluster_id, epoch);
-  redisReply *rep = command(reg, "HSET %s %d %" PRIu64, key, rank, step);
+  redisReply *rep = command(reg, "HSET %s %d %" PRIu64 ":%d", key, rank, step, holds ? 1 : 0);
   if (rep == NULL)
     return -1;
   freeReplyObject(rep);
@@ -150,7 +150,7 @@ int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step) {
   return 0;
 }
 
-int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps) {
+int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps, int *holds) {
   char key[PS_KEY_MAX];
   ps_key_ring_reports(key, ps_registry_config(reg)->cluster_id, v->epoch);
   for (int i = 0; i < v->n; i++)
@@ -161,9 +161,13 @@ int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps) {
   if (rep->type == REDIS_REPLY_ARRAY)
     for (size_t k = 0; k + 1 < rep->elements; k += 2) {
       int rank = atoi(rep->element[k]->str);
+      char *end;
+      uint64_t step = strtoull(rep->element[k + 1]->str, &end, 10);
       for (int i = 0; i < v->n; i++)
-        if (v->members[i] == rank)
-          steps[i] = strtoull(rep->element[k + 1]->str, NULL, 10);
+        if (v->members[i] == rank) {
+          steps[i] = step;
+          holds[i] = strcmp(end, ":0") != 0;
+        }
     }
   freeReplyObject(rep);
   return 0;

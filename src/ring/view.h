@@ -29,10 +29,12 @@ int ps_view_propose(ps_registry *reg, uint64_t expected, const int *members, int
  * count, or -1. */
 int ps_view_live(ps_registry *reg, int *live);
 
-/* Report this member's step in view `epoch`; read every member's (steps[i]
- * for v->members[i], UINT64_MAX when not reported).  @return 0 or -1. */
-int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step);
-int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps);
+/* Report this member's step in view `epoch`, and whether its replica
+ * holds a state (not one waiting for the chief's); read every member's
+ * (steps[i], holds[i] for v->members[i]; steps[i] UINT64_MAX when not
+ * reported).  @return 0 or -1. */
+int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step, int holds);
+int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps, int *holds);
 
 /* Does the view hold `rank`? */
 int ps_view_has(const ps_view *v, int rank);

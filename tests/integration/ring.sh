@@ -102,3 +102,34 @@ set -e
   [[ $out == *"[cluster] mode = ring with algorithm = averaging: expected algorithm = gradients"* ]] ||
   fail "ring with averaging: exit $rc, '$out'"
 echo "ok: refused: $out"
+
+# Restore: a ring run by `paramserv local` (with its chief) to step 700,
+# then again to 1200 in the same directory: no member holds a state, the
+# chief loads its latest checkpoint into one, the others fetch it, and each
+# goes on from the data position that checkpoint saved.
+cat >"$T/restore.conf" <<'CONF'
+[cluster]
+mode = ring
+[train]
+threads = 1
+[checkpoint]
+every_steps = 300
+CONF
+"$BIN" local --config "$T/restore.conf" --workers 3 --dir "$T/restore" --last-step 700 \
+  >"$T/restore-1.out" 2>&1 || fail "restore: the first run exited $?: $(tail -3 "$T/restore-1.out")"
+ck=$(ls "$T/restore/checkpoints" | grep '^ckpt-' | tail -n 1)
+[ "$ck" = ckpt-000000700 ] || fail "restore: the first run's latest checkpoint is $ck, expected ckpt-000000700"
+"$BIN" local --config "$T/restore.conf" --workers 3 --dir "$T/restore" --last-step 1200 \
+  >"$T/restore-2.out" 2>&1 || fail "restore: the second run exited $?: $(tail -3 "$T/restore-2.out")"
+grep -q "loaded from $ck: version 700" "$T/restore/logs/chief.log" ||
+  fail "restore: the chief did not load $ck"
+for i in 0 1 2; do
+  want=$("$BIN" ckpt show "$T/restore/checkpoints/$ck" | sed -n "s/^  worker $i: epoch \([0-9]*\), offset \([0-9]*\)$/epoch \1 offset \2/p")
+  [ -n "$want" ] || fail "restore: $ck has no data position for worker $i"
+  grep -q "ring: loaded by the chief: step 700\|fetched member [0-9]'s state at step 700" \
+    "$T/restore/logs/worker-$i.log" || fail "restore: worker $i did not start from step 700"
+  grep -q "data position $want from Redis" "$T/restore/logs/worker-$i.log" ||
+    fail "restore: worker $i did not go on from $ck's data position ($want)"
+done
+grep -q "done after .*step 1200/1200" "$T/restore-2.out" || fail "restore: the second run did not end at 1200"
+echo "ok: restore: the second run started from $ck (step 700) and its data positions; $(grep -o 'test accuracy [0-9.]*' "$T/restore-2.out")"

@@ -272,7 +272,10 @@ static int wait_for_the_end(member *m) {
     if (ps_view_get(m->reg, &v) == 1 && v.epoch > m->epoch && change_view(m, -1, "a newer view") != 0)
       return -EINTR;
   }
-  return stop_requested ? -EINTR : PS_ESTOPPED;
+  if (stop_requested)
+    return -EINTR;
+  ps_ring_serve(m->ring, 20); /* the STOP's PONG goes out */
+  return PS_ESTOPPED;
 }
 
 /* The next batch of this worker's part (as worker.c's). */

@@ -717,8 +717,16 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
              l->rank);
       return;
     }
-    if (fence_ok(l, m.u.stop.fence) && r->stop_step == 0)
+    if (!fence_ok(l, m.u.stop.fence))
+      break;
+    if (r->stop_step == 0)
       r->stop_step = m.u.stop.step ? m.u.stop.step : 1;
+    {
+      /* Answered as a shard answers it, so that the chief's call ends. */
+      ps_msg p = {.type = PS_MSG_PONG};
+      p.u.ping.token = m.u.stop.step;
+      ps_conn_send_msg(conn, &p, h->request_id);
+    }
     break;
   default:
     refuse(l, PS_EFORMAT, "%s is not a request a ring member answers", ps_proto_type_name(m.type));

@@ -44,6 +44,8 @@ typedef struct row {
 /* ------------------------------------------------------------------ Redis */
 
 static redisContext *rc_ctx;
+/* Ring mode: the current view as Redis holds it, "<epoch> <members>" ("" none). */
+static char ring_view[300];
 static char rc_addr[300];
 
 /* A command's reply.  No reply (Redis gone) or an error reply (NOAUTH,
@@ -270,6 +272,8 @@ static void print_table(const ps_config *cfg, const row *rows, int n, const row 
   if (cfg->nsentinels > 0)
     printf("redis: primary %s, named by the Sentinels of '%s' (%d configured)\n", rc_addr,
            cfg->redis_master_name, cfg->nsentinels);
+  if (cfg->mode == PS_MODE_RING)
+    printf("ring view: %s\n", ring_view[0] ? ring_view : "none yet");
   if (l->state == UP)
     printf("chief lease: token %" PRIu64 ", host %s, pid %lld, %s left\n", l->incarnation,
            l->host[0] ? l->host : "?", l->pid, age_text(l->ttl_ms / 1e3, t, sizeof t));
@@ -332,6 +336,8 @@ static int print_json(const ps_config *cfg, const row *rows, int n, const row *l
                         "redis", rc_addr, "time", now, "heartbeat_ttl_ms",
                         (json_int_t)(3 * cfg->heartbeat_ms), "nodes", nodes, "chief_lease", lj,
                         "checkpoint", cj);
+  if (j != NULL && cfg->mode == PS_MODE_RING)
+    json_object_set_new(j, "ring_view", ring_view[0] ? json_string(ring_view) : json_null());
   int rc = j != NULL ? json_dumpf(j, stdout, JSON_INDENT(2)) : -1;
   printf("\n");
   json_decref(j);
@@ -411,6 +417,14 @@ int ps_cmd_status(int argc, char **argv) {
   }
   row l;
   read_lease(&cfg, &l);
+  if (cfg.mode == PS_MODE_RING) {
+    char key[PS_KEY_MAX];
+    ps_key_ring_view(key, cfg.cluster_id);
+    redisReply *r = q(key, "GET %s", key);
+    if (r->type == REDIS_REPLY_STRING)
+      snprintf(ring_view, sizeof ring_view, "%s", r->str);
+    freeReplyObject(r);
+  }
   redisFree(rc_ctx);
   ckpt_info ci;
   read_ckpt(cfg.checkpoint_dir, &ci);

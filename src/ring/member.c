@@ -48,6 +48,7 @@ typedef struct member {
   ps_data_pos *trained;
   ps_sampler *sampler;
   int holds;             /* the replica holds a state: seeded, fetched or loaded */
+  double rate;           /* steps/s, for the heartbeat */
   uint64_t epoch;        /* the view this member is in; 0: none yet */
   uint64_t views;        /* views entered */
   uint64_t fetched;      /* states fetched from a peer */
@@ -57,12 +58,12 @@ typedef struct member {
  * (before, the chief may be writing a checkpoint's positions to restore). */
 static void heartbeat(void *arg) {
   member *m = arg;
-  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), 0, 0);
+  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), m->rate, 0);
 }
 
 /* Heartbeat and data position, and answer peers, while waiting. */
 static void wait_a_little(member *m, int ms) {
-  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), 0, 0);
+  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), m->rate, 0);
   ps_ring_serve(m->ring, ms);
 }
 
@@ -431,7 +432,8 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     have_grad = 0;
     trained = sampler.pos;
     double now = ps_now_s();
-    ps_registry_tick(reg, &trained, ps_shard_version(state), (double)local / (now - t0), 0);
+    m.rate = (double)local / (now - t0);
+    ps_registry_tick(reg, &trained, ps_shard_version(state), m.rate, 0);
     if (now >= next_poll) {
       next_poll = now + VIEW_POLL_MS / 1000.0;
       ps_view v;

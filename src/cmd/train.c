@@ -280,10 +280,7 @@ int ps_cmd_train(int argc, char **argv) {
         stopped = 1;
         break;
       }
-      size_t n = ps_sampler_next(&sampler, index, (size_t)o.batch);
-      ps_dataset_images_f32(&train, index, n, PS_DATA_MEAN, PS_DATA_STD, x);
-      for (size_t i = 0; i < n; i++)
-        y[i] = train.labels[index[i]];
+      size_t n = ps_dataset_batch(&train, &sampler, index, (size_t)o.batch, x, y);
       double loss = ps_compute_grad(compute, params, x, y, (int)n, o.seed, samples, grad,
                                     &correct);
       if (!(loss == loss) || loss > 1e30) {

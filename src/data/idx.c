@@ -384,3 +384,12 @@ void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t cou
     bytes_to_f32(ds->images + i * px, out + k * px, px, a, c);
   }
 }
+
+size_t ps_dataset_batch(const ps_dataset *ds, ps_sampler *s, size_t *idx, size_t batch, float *x,
+                        uint8_t *y) {
+  size_t n = ps_sampler_next(s, idx, batch);
+  ps_dataset_images_f32(ds, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
+  for (size_t i = 0; i < n; i++)
+    y[i] = ds->labels[idx[i]];
+  return n;
+}

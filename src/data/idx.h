@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/sampler.h"
 #include "paramserv/error.h"
 
 /* The Debian data set (package dataset-fashion-mnist). */
@@ -69,5 +70,11 @@ void ps_dataset_close(ps_dataset *ds);
  * relative of the two-step formula. */
 void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t count,
                            float mean, float std, float *out);
+
+/* The sampler's next batch of at most `batch` samples: their indices into
+ * idx, their images normalized (PS_DATA_MEAN, PS_DATA_STD) into x, their
+ * labels into y.  @return the samples in it (fewer at an epoch's end). */
+size_t ps_dataset_batch(const ps_dataset *ds, ps_sampler *s, size_t *idx, size_t batch, float *x,
+                        uint8_t *y);
 
 #endif

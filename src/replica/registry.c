@@ -130,18 +130,31 @@ static redisContext *ctx(ps_registry *r, int wait) {
 }
 
 /* Run a command; NULL (and the connection dropped) when Redis is away. */
-static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
+static redisReply *vcmd(ps_registry *r, int wait, const char *fmt, va_list ap) {
   redisContext *c = ctx(r, wait);
   if (c == NULL)
     return NULL;
-  va_list ap;
-  va_start(ap, fmt);
   redisReply *rep = redisvCommand(c, fmt, ap);
-  va_end(ap);
   if (rep == NULL)
     drop(r, c->errstr);
   else if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0)
     drop(r, "it is a replica now (READONLY): a failover");  /* the next call finds the primary */
+  return rep;
+}
+
+static redisReply *cmd(ps_registry *r, int wait, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *rep = vcmd(r, wait, fmt, ap);
+  va_end(ap);
+  return rep;
+}
+
+void *ps_registry_command(ps_registry *r, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *rep = vcmd(r, 0, fmt, ap);
+  va_end(ap);
   return rep;
 }
 

@@ -53,6 +53,12 @@ void ps_registry_tick(ps_registry *r, const ps_data_pos *pos, uint64_t step, dou
  * ps_registry_lost. */
 void *ps_registry_redis(ps_registry *r, int wait);
 const ps_config *ps_registry_config(const ps_registry *r);
+
+/* A command on that connection (an opaque hiredis redisReply *, error
+ * replies included; free it with freeReplyObject), or NULL when Redis is
+ * away, not tried again for a second after a failed connect. */
+void *ps_registry_command(ps_registry *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void ps_registry_lost(ps_registry *r, const char *why);
 
 /* Worker j's saved data position (1), none (0), or Redis away (-1). */

@@ -279,16 +279,6 @@ static int wait_for_the_end(member *m) {
   return PS_ESTOPPED;
 }
 
-/* The next batch of this worker's part (as worker.c's). */
-static size_t next_batch(ps_sampler *sampler, const ps_dataset *train, size_t *idx, size_t batch,
-                         float *x, uint8_t *y) {
-  size_t n = ps_sampler_next(sampler, idx, batch);
-  ps_dataset_images_f32(train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
-  for (size_t i = 0; i < n; i++)
-    y[i] = train->labels[idx[i]];
-  return n;
-}
-
 int ps_ring_member_run(const ps_config *cfg, int index) {
   char tag[32];
   snprintf(tag, sizeof tag, "worker.%d", index);
@@ -398,7 +388,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   while (rc == 0 && !stop_requested && (last == 0 || ps_shard_version(state) < last)) {
     uint64_t step = ps_shard_version(state);
     if (!have_grad || grad_step != step) {
-      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+      n = ps_dataset_batch(&train, &sampler, idx, (size_t)batch, x, y);
       ps_layout_scatter(&layout, &model.vars, 0, ps_shard_values(state), params);
       uint64_t first = ((uint64_t)index << 48) + samples;
       double loss = ps_compute_grad(compute, params, x, y, (int)n, (uint64_t)cfg->seed, first,

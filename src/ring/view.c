@@ -3,7 +3,6 @@
 
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,21 +29,11 @@ static const char PROPOSE_SCRIPT[] =
 /* Views of this long ago are reported no more: their reports expire. */
 #define REPORT_TTL_MS 600000
 
-static redisReply *command(ps_registry *reg, const char *fmt, ...) {
-  redisContext *c = ps_registry_redis(reg, 0);
-  if (c == NULL)
-    return NULL;
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *rep = redisvCommand(c, fmt, ap);
-  va_end(ap);
-  if (rep == NULL) {
-    ps_registry_lost(reg, c->errstr);
-    return NULL;
-  }
-  if (rep->type == REDIS_REPLY_ERROR) {
-    if (strncmp(rep->str, "READONLY", 8) == 0)
-      ps_registry_lost(reg, "it is a replica now (READONLY): a failover");
+/* A command's reply, NULL when Redis is away or answers with an error. */
+#define command(reg, ...) reply_ok(ps_registry_command((reg), __VA_ARGS__))
+
+static redisReply *reply_ok(redisReply *rep) {
+  if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
     freeReplyObject(rep);
     return NULL;
   }

@@ -35,17 +35,6 @@ static void on_stop_signal(int sig) {
   stop_requested = 1;
 }
 
-/* The next batch of this worker's part: its images normalized into x, its
- * labels into y.  @return the samples in it. */
-static size_t next_batch(ps_sampler *sampler, const ps_dataset *train, size_t *idx, size_t batch,
-                         float *x, uint8_t *y) {
-  size_t n = ps_sampler_next(sampler, idx, batch);
-  ps_dataset_images_f32(train, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
-  for (size_t i = 0; i < n; i++)
-    y[i] = train->labels[idx[i]];
-  return n;
-}
-
 int ps_worker_run(const ps_config *cfg, int index) {
   if (cfg->mode == PS_MODE_RING)
     return ps_ring_member_run(cfg, index);
@@ -183,7 +172,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   ps_data_pos trained = sampler.pos;
   while (rc == 0 && !stop_requested && (last == 0 || ps_client_global_step(client) < last)) {
     if (!have_batch)
-      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+      n = ps_dataset_batch(&train, &sampler, idx, (size_t)batch, x, y);
     have_batch = 0;
     /* Dropout masks are keyed by the sample's place in this worker's
      * stream, unique per (worker, sample). */
@@ -221,7 +210,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
     trained = sampler.pos;
     if (rc == 0) {
-      n = next_batch(&sampler, &train, idx, (size_t)batch, x, y);
+      n = ps_dataset_batch(&train, &sampler, idx, (size_t)batch, x, y);
       have_batch = 1;
       rc = ps_client_pull_finish(client);
       if (rc == 0 && elastic)

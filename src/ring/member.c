@@ -27,17 +27,14 @@
 #include "replica/registry.h"
 #include "ring/ring.h"
 #include "ring/view.h"
+#include "worker/trainer.h"
 
 /* How often a member looks for a newer view between steps (a worker that
  * joins, or one that came back). */
 #define VIEW_POLL_MS 200
 
-static volatile sig_atomic_t stop_requested;
-
-static void on_stop_signal(int sig) {
-  (void)sig;
-  stop_requested = 1;
-}
+/* Set by SIGTERM and SIGINT (ps_trainer_start_process). */
+static volatile sig_atomic_t *stop;
 
 typedef struct member {
   const ps_config *cfg;
@@ -92,7 +89,7 @@ static int propose(member *m, const ps_view *cur, int suspect, ps_view *v) {
 static void wait_for_everyone(member *m) {
   uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
   int live[PS_CONFIG_MAX_NODES];
-  while (!stop_requested && ps_now_ns() < deadline) {
+  while (!*stop && ps_now_ns() < deadline) {
     wait_a_little(m, 20);
     if (ps_view_live(m->reg, live) >= m->cfg->nworkers)
       return;
@@ -121,7 +118,7 @@ static int wait_for_a_state(member *m, const ps_view *v) {
   ps_log(PS_LOG_INFO, "ring: no member of view %" PRIu64 " holds a state: waiting for the "
          "chief to load one", v->epoch);
   ps_ring_set_holds(m->ring, 0, 1);
-  while (!stop_requested) {
+  while (!*stop) {
     wait_a_little(m, 50);
     ps_view cur;
     if (ps_ring_take_loaded(m->ring)) {
@@ -144,7 +141,7 @@ static int change_view(member *m, int suspect, const char *why) {
   char buf[400];
   ps_log(PS_LOG_INFO, "ring: leaving view %" PRIu64 ": %s", m->epoch, why);
   for (;;) {
-    if (stop_requested)
+    if (*stop)
       return -EINTR;
     ps_view v;
     int rc = ps_view_get(m->reg, &v);
@@ -183,7 +180,7 @@ static int change_view(member *m, int suspect, const char *why) {
     int holds[PS_CONFIG_MAX_NODES];
     uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
     int all = 0, moved = 0;
-    while (!stop_requested) {
+    while (!*stop) {
       ps_view cur;
       if (ps_view_get(m->reg, &cur) == 1 && cur.epoch > v.epoch) {
         moved = 1;
@@ -210,7 +207,7 @@ static int change_view(member *m, int suspect, const char *why) {
       }
       wait_a_little(m, 5);
     }
-    if (stop_requested)
+    if (*stop)
       return -EINTR;
     if (moved)
       continue;
@@ -259,7 +256,7 @@ static int change_view(member *m, int suspect, const char *why) {
  * @return 0, PS_ESTOPPED or -EINTR. */
 static int wait_for_the_end(member *m) {
   double next_poll = 0;
-  while (!stop_requested && ps_ring_stop_step(m->ring) == 0) {
+  while (!*stop && ps_ring_stop_step(m->ring) == 0) {
     wait_a_little(m, 50);
     double now = ps_now_s();
     if (now < next_poll)
@@ -273,79 +270,48 @@ static int wait_for_the_end(member *m) {
     if (ps_view_get(m->reg, &v) == 1 && v.epoch > m->epoch && change_view(m, -1, "a newer view") != 0)
       return -EINTR;
   }
-  if (stop_requested)
+  if (*stop)
     return -EINTR;
   ps_ring_serve(m->ring, 20); /* the STOP's PONG goes out */
   return PS_ESTOPPED;
 }
 
 int ps_ring_member_run(const ps_config *cfg, int index) {
-  char tag[32];
-  snprintf(tag, sizeof tag, "worker.%d", index);
-  int level = ps_log_level_parse(cfg->log_level);
-  ps_log_init(tag, level < 0 ? PS_LOG_INFO : level);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
-
+  stop = ps_trainer_start_process(cfg, index);
   int status = 1;
   ps_errbuf eb = {0};
   ps_model model = {0};
   ps_layout layout = {0};
-  ps_dataset train = {0}, test = {0};
-  ps_sampler sampler = {0};
-  ps_compute *compute = NULL;
+  ps_trainer t = {0};
   ps_shard *state = NULL;
   ps_ring *ring = NULL;
   ps_registry *reg = NULL;
-  float *params = NULL, *grad = NULL, *work = NULL, *x = NULL, *test_x = NULL, *init = NULL;
-  uint8_t *y = NULL;
-  size_t *idx = NULL;
+  float *work = NULL, *init = NULL;
   if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
-  int batch = (int)cfg->batch;
-  compute = ps_compute_new_on(&model, (int)cfg->device, threads, batch, &eb);
-  if (compute == NULL) {
-    ps_log(PS_LOG_ERROR, "[worker] device: %s", eb.msg);
-    if (eb.code == -ENODEV)
-      status = 2;
+  if ((status = ps_trainer_open(&t, cfg, &model, index)) != 0)
     goto out;
-  }
-  if (ps_dataset_load(cfg->data_dir, "train", &train, &eb) != 0 ||
-      (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &test, &eb) != 0)) {
-    ps_log(PS_LOG_ERROR, "%s", eb.msg);
-    goto out;
-  }
+  status = 1;
+  float *params = t.params, *grad = t.grad;
   size_t total = model.vars.total;
   ps_shard_opts o = ps_shard_opts_for(cfg, &layout, 0);
   o.consistency = PS_CONSISTENCY_ASYNC; /* each step's mean is applied as it comes */
   o.sync_sum = 0;
   init = malloc((total ? total : 1) * sizeof *init);
-  params = ps_compute_host_alloc(compute, total * sizeof *params);
-  grad = ps_compute_host_alloc(compute, total * sizeof *grad);
   work = malloc((total ? total : 1) * sizeof *work);
-  x = ps_compute_host_alloc(compute, (size_t)batch * model.in_size * sizeof *x);
-  y = malloc((size_t)batch);
-  idx = malloc((size_t)batch * sizeof *idx);
   if (init != NULL)
     ps_layout_init_slice(&layout, &model.vars, 0, (uint64_t)cfg->seed, init);
   state = init ? ps_shard_new(&o, init) : NULL;
-  if (state == NULL || params == NULL || grad == NULL || work == NULL || x == NULL || y == NULL ||
-      idx == NULL ||
-      ps_sampler_init(&sampler, train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
-    ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", batch, total);
+  if (state == NULL || work == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory (%zu parameters)", total);
     goto out;
   }
   reg = ps_registry_new(cfg, "worker", index);
   uint64_t incarnation = 0;
   if (reg == NULL ||
-      ps_registry_new_epoch(reg, (volatile int *)&stop_requested, &incarnation, &eb) != 0) {
+      ps_registry_new_epoch(reg, (volatile int *)stop, &incarnation, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", reg ? eb.msg : "out of memory");
     goto out;
   }
@@ -358,23 +324,23 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }
-  ps_ring_set_stop_flag(ring, &stop_requested);
+  ps_ring_set_stop_flag(ring, stop);
   ps_data_pos pos;
   uint64_t clock;
-  if (ps_registry_load_pos(reg, &pos, &clock) && ps_sampler_seek(&sampler, pos) == 0)
+  if (ps_registry_load_pos(reg, &pos, &clock) && ps_sampler_seek(&t.sampler, pos) == 0)
     ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
            " from Redis (incarnation %" PRIu64 ")", pos.epoch, pos.offset, incarnation);
-  ps_data_pos trained = sampler.pos;
+  ps_data_pos trained = t.sampler.pos;
   /* Without a chief the seeded state is the start; with one, a member
    * holds a state once it fetched one or the chief loaded it. */
   member m = {.cfg = cfg, .rank = index, .reg = reg, .ring = ring, .state = state,
-              .trained = &trained, .sampler = &sampler, .holds = cfg->ps_self_init};
+              .trained = &trained, .sampler = &t.sampler, .holds = cfg->ps_self_init};
   ps_ring_set_holds(ring, m.holds, 0);
   ps_ring_set_idle(ring, heartbeat, &m);
   uint64_t last = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
   ps_log(PS_LOG_INFO, "ring member %d of %d: %zu samples a epoch, batch %d, %d threads, step "
-         "limit %" PRIu64 "; %s", index, cfg->nworkers, ps_sampler_part_size(&sampler), batch,
-         ps_compute_threads(compute), last, ps_compute_describe(compute));
+         "limit %" PRIu64 "; %s", index, cfg->nworkers, ps_sampler_part_size(&t.sampler), t.batch,
+         ps_compute_threads(t.compute), last, ps_compute_describe(t.compute));
   int rc = change_view(&m, -1, "starting");
   if (rc == 0)
     ps_notify_ready("ring member %d training from step %" PRIu64, index, ps_shard_version(state));
@@ -385,13 +351,13 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   int have_grad = 0;
   uint64_t grad_step = 0;
   size_t n = 0;
-  while (rc == 0 && !stop_requested && (last == 0 || ps_shard_version(state) < last)) {
+  while (rc == 0 && !*stop && (last == 0 || ps_shard_version(state) < last)) {
     uint64_t step = ps_shard_version(state);
     if (!have_grad || grad_step != step) {
-      n = ps_dataset_batch(&train, &sampler, idx, (size_t)batch, x, y);
+      n = ps_trainer_batch(&t);
       ps_layout_scatter(&layout, &model.vars, 0, ps_shard_values(state), params);
       uint64_t first = ((uint64_t)index << 48) + samples;
-      double loss = ps_compute_grad(compute, params, x, y, (int)n, (uint64_t)cfg->seed, first,
+      double loss = ps_compute_grad(t.compute, params, t.x, t.y, (int)n, (uint64_t)cfg->seed, first,
                                     grad, NULL);
       local++;
       samples += n;
@@ -420,7 +386,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       work[i] *= inv;
     ps_shard_push(state, 0, 1, step + 1, step, work, NULL);
     have_grad = 0;
-    trained = sampler.pos;
+    trained = t.sampler.pos;
     double now = ps_now_s();
     m.rate = (double)local / (now - t0);
     ps_registry_tick(reg, &trained, ps_shard_version(state), m.rate, 0);
@@ -433,19 +399,19 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     if (steps_log >= (uint64_t)cfg->log_every) {
       ps_log(PS_LOG_INFO, "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %"
              PRIu64 " members %d", local, ps_shard_version(state), loss_sum / (double)steps_log,
-             (double)samples_log / (now - tlog), sampler.pos.epoch, ps_ring_size(ring));
+             (double)samples_log / (now - tlog), t.sampler.pos.epoch, ps_ring_size(ring));
       tlog = now;
       loss_sum = 0.0;
       steps_log = samples_log = 0;
     }
   }
-  if (rc == 0 && !stop_requested && !cfg->ps_self_init)
+  if (rc == 0 && !*stop && !cfg->ps_self_init)
     rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
   if (rc == PS_ESTOPPED)
     ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64,
            ps_ring_stop_step(ring));
-  else if (rc == -EINTR || stop_requested)
+  else if (rc == -EINTR || *stop)
     ps_log(PS_LOG_INFO, "stopped at global step %" PRIu64, gstep);
   else if (rc != 0)
     goto out;
@@ -460,17 +426,10 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
          ", fetched %" PRIu64 ", broken %" PRIu64 ", redone %" PRIu64 "\n",
          index, local, gstep, samples, secs, secs > 0 ? (double)samples / secs : 0.0, bytes_out,
          bytes_in, m.views, m.fetched, broken, redone);
-  if (index == 0 && !stop_requested) {
-    test_x = malloc(test.n * model.in_size * sizeof *test_x);
-    if (test_x == NULL) {
-      ps_log(PS_LOG_ERROR, "out of memory for the test set");
-      goto out;
-    }
-    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
-    size_t right = 0;
+  if (index == 0 && !*stop) {
     ps_layout_scatter(&layout, &model.vars, 0, ps_shard_values(state), params);
-    ps_compute_eval(compute, params, test_x, test.labels, test.n, &right);
-    printf("final test_acc %.4f global_step %" PRIu64 "\n", (double)right / (double)test.n, gstep);
+    if (ps_trainer_final_test(&t, params, gstep) != 0)
+      goto out;
   }
   fflush(stdout);
   status = 0;
@@ -479,18 +438,7 @@ out:
   ps_shard_free(state);
   free(init);
   free(work);
-  free(idx);
-  free(y);
-  free(test_x);
-  if (compute != NULL) {
-    ps_compute_host_free(compute, x);
-    ps_compute_host_free(compute, grad);
-    ps_compute_host_free(compute, params);
-  }
-  ps_compute_free(compute);
-  ps_sampler_close(&sampler);
-  ps_dataset_close(&test);
-  ps_dataset_close(&train);
+  ps_trainer_close(&t);
   ps_registry_free(reg);
   ps_layout_close(&layout);
   ps_model_close(&model);

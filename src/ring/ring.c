@@ -8,7 +8,7 @@
  * ring one behind the other, and each member sends and receives 2(P - 1)/P
  * of the vector whatever P is.  Every region is summed once, in ring
  * order, and then copied: all members end with the same bytes. */
-#include "ring/ring.h"
+#include "ring/ring_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -24,96 +24,8 @@
 #include "net/conn.h"
 #include "proto/proto.h"
 
-#define PIECE_FLOATS (64u * 1024u)
-#define FETCH_FLOATS (1024u * 1024u)
-#define TICK_MS 20
-#define MAX_HOPS (2 * PS_CONFIG_MAX_NODES)
-
-/* A piece that came before its step (its sender was a step ahead, or in
- * the next view already): kept until then. */
-typedef struct early {
-  struct early *next;
-  uint64_t epoch, step, off, count;
-  uint32_t phase;
-  int from;
-  float data[];
-} early;
-
-enum { K_ACCEPTED = 0, K_SUCC, K_FETCH };
-enum { L_DIALING = 0, L_HANDSHAKE, L_WELCOME, L_READY };
-
-typedef struct link {
-  ps_ring *r;
-  ps_conn *conn;
-  struct link *next, *prev;
-  int kind, state;
-  int rank;              /* the other member's, -1 for the chief or a tool */
-  int role;
-  int joined;            /* accepted: a RING_JOIN came, `epoch` is its view */
-  uint64_t epoch;
-  int writes;            /* pieces queued on it, not yet written */
-  uint8_t nonce[PS_PROTO_NONCE_SIZE];
-  uv_connect_t creq;
-  float *img;            /* serving a CUT: the copy, its fields, its id */
-  ps_state_info info;
-  uint64_t cut_id;
-} link;
-
-typedef struct send_item {
-  uint32_t phase;
-  uint64_t off, count;
-} send_item;
-
-struct ps_ring {
-  const ps_config *cfg;
-  int rank;
-  uint64_t incarnation, layout_hash;
-  uint8_t secret[4096];
-  size_t secret_len;
-  ps_shard *state;
-  uv_loop_t loop;
-  uv_tcp_t listener;
-  uv_timer_t tick;
-  volatile sig_atomic_t *stop;
-  link *links;
-  uint64_t fence;        /* the highest chief token seen */
-  uint64_t stop_step;
-  /* The view. */
-  uint64_t epoch, newer;
-  int members[PS_CONFIG_MAX_NODES];
-  int n, pos;
-  link *succ;
-  /* The all-reduce in progress. */
-  int active, broken, suspect;
-  int pred_lost;         /* the predecessor's link closed between two steps */
-  float *buf;
-  size_t nfl;
-  uint64_t step, recv_left, recv[MAX_HOPS];
-  uint64_t progress_ns;
-  send_item *sendq;
-  size_t nsendq, capsendq;
-  early *early;
-  /* The state fetch in progress. */
-  link *fetch;
-  int fetching;          /* 1 running, 0 done, -1 failed */
-  ps_state_info fetch_info;
-  float *fetch_img;
-  uint64_t fetch_off;
-  char why[512];
-  uint64_t bytes_in_closed, bytes_out_closed;
-  int holds;             /* the replica holds a state (seeded, fetched, loaded) */
-  int waiting;           /* no member of the view holds one: STATS says so */
-  int loaded;            /* a LOAD completed since ps_ring_take_loaded */
-  uint64_t load_next;    /* the next LOAD piece's offset */
-  void (*idle)(void *arg);  /* while a call waits: the member's heartbeat */
-  void *idle_arg;
-  uint64_t idle_ns;
-};
-
-static void fail(ps_ring *r, int suspect, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 /* The all-reduce (or the fetch) cannot finish in this view. */
-static void fail(ps_ring *r, int suspect, const char *fmt, ...) {
+void ring_fail(ps_ring *r, int suspect, const char *fmt, ...) {
   if (!r->active && r->fetching != 1)
     return;
   if (r->active && r->broken)
@@ -160,7 +72,7 @@ static link *link_new(ps_ring *r, int kind, int rank) {
 static void on_connected(uv_connect_t *req, int status) {
   link *l = req->data;
   if (status != 0) {
-    fail(l->r, l->rank, "cannot connect to member %d: %s", l->rank, uv_strerror(status));
+    ring_fail(l->r, l->rank, "cannot connect to member %d: %s", l->rank, uv_strerror(status));
     ps_conn_close(l->conn);
     return;
   }
@@ -170,23 +82,23 @@ static void on_connected(uv_connect_t *req, int status) {
     ps_conn_close(l->conn);
 }
 
-static link *dial(ps_ring *r, int kind, int rank) {
+link *ring_dial(ps_ring *r, int kind, int rank) {
   struct sockaddr_storage ss;
   int rc = ps_net_resolve(&r->loop, &r->cfg->workers[rank], &ss);
   if (rc != 0) {
-    fail(r, rank, "cannot resolve member %d's host %s: %s", rank, r->cfg->workers[rank].host,
-         uv_strerror(rc));
+    ring_fail(r, rank, "cannot resolve member %d's host %s: %s", rank, r->cfg->workers[rank].host,
+              uv_strerror(rc));
     return NULL;
   }
   link *l = link_new(r, kind, rank);
   if (l == NULL) {
-    fail(r, -1, "out of memory");
+    ring_fail(r, -1, "out of memory");
     return NULL;
   }
   l->creq.data = l;
   rc = uv_tcp_connect(&l->creq, ps_conn_tcp(l->conn), (struct sockaddr *)&ss, on_connected);
   if (rc != 0) {
-    fail(r, rank, "cannot connect to member %d: %s", rank, uv_strerror(rc));
+    ring_fail(r, rank, "cannot connect to member %d: %s", rank, uv_strerror(rc));
     ps_conn_close(l->conn);
     return NULL;
   }
@@ -201,16 +113,16 @@ static void on_close(ps_conn *conn, int err, const char *why) {
   if (l == r->succ) {
     r->succ = NULL;
     if (r->active && r->recv_left > 0)
-      fail(r, l->rank, "member %d (successor) closed: %s", l->rank, err ? why : "closed");
+      ring_fail(r, l->rank, "member %d (successor) closed: %s", l->rank, err ? why : "closed");
   }
   if (l == r->fetch) {
     r->fetch = NULL;
-    fail(r, l->rank, "member %d closed the state fetch: %s", l->rank, err ? why : "closed");
+    ring_fail(r, l->rank, "member %d closed the state fetch: %s", l->rank, err ? why : "closed");
   }
   if (l->kind == K_ACCEPTED && l->joined && l->epoch == r->epoch && r->n > 1 &&
       l->rank == pred_rank(r)) {
     if (r->active)
-      fail(r, l->rank, "member %d (predecessor) closed: %s", l->rank, err ? why : "closed");
+      ring_fail(r, l->rank, "member %d (predecessor) closed: %s", l->rank, err ? why : "closed");
     else
       r->pred_lost = 1; /* the next all-reduce cannot get its pieces */
   }
@@ -224,8 +136,7 @@ static void on_close(ps_conn *conn, int err, const char *why) {
   free(l);
 }
 
-static void refuse(link *l, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void refuse(link *l, int code, const char *fmt, ...) {
+void ring_refuse(link *l, int code, const char *fmt, ...) {
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -262,7 +173,7 @@ static void send_piece(ps_ring *r, uint32_t phase, uint64_t off, uint64_t count)
       size_t cap = r->capsendq ? 2 * r->capsendq : 64;
       send_item *q = realloc(r->sendq, cap * sizeof *q);
       if (q == NULL) {
-        fail(r, -1, "out of memory");
+        ring_fail(r, -1, "out of memory");
         return;
       }
       r->sendq = q;
@@ -272,13 +183,13 @@ static void send_piece(ps_ring *r, uint32_t phase, uint64_t off, uint64_t count)
     return;
   }
   ps_msg m = {.type = PS_MSG_RING_CHUNK};
-  m.u.ring_chunk = (ps_msg_ring_chunk){.epoch = r->epoch, .step = r->step, .phase = phase,
-                                       .offset = off, .count = count};
+  m.u.ring_chunk = (ps_msg_ring_chunk){
+      .epoch = r->epoch, .step = r->step, .phase = phase, .offset = off, .count = count};
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
   size_t plen = ps_proto_encode_prefix(&m, 0, prefix);
   link *l = r->succ;
   if (ps_conn_send(l->conn, prefix, plen, r->buf + off, count * sizeof(float), on_sent, l) != 0) {
-    fail(r, l->rank, "member %d: cannot send", l->rank);
+    ring_fail(r, l->rank, "member %d: cannot send", l->rank);
     return;
   }
   l->writes++;
@@ -291,11 +202,12 @@ static void apply(ps_ring *r, uint32_t phase, uint64_t off, uint64_t count, cons
   if (phase < hops)
     region(r, hop_region(r, phase), &lo, &hi);
   uint64_t want = hi - off < PIECE_FLOATS ? hi - off : PIECE_FLOATS;
-  if (phase >= hops || off < lo || off >= hi || (off - lo) % PIECE_FLOATS != 0 ||
-      count != want || r->recv[phase] + count > hi - lo) {
-    fail(r, pred_rank(r), "member %d sent floats %" PRIu64 "..+%" PRIu64 " at hop %" PRIu32
-         ": expected a piece of floats %" PRIu64 "..%" PRIu64 " at hop < %" PRIu32,
-         pred_rank(r), off, count, phase, lo, hi, hops);
+  if (phase >= hops || off < lo || off >= hi || (off - lo) % PIECE_FLOATS != 0 || count != want ||
+      r->recv[phase] + count > hi - lo) {
+    ring_fail(r, pred_rank(r),
+              "member %d sent floats %" PRIu64 "..+%" PRIu64 " at hop %" PRIu32
+              ": expected a piece of floats %" PRIu64 "..%" PRIu64 " at hop < %" PRIu32,
+              pred_rank(r), off, count, phase, lo, hi, hops);
     return;
   }
   float *dst = r->buf + off;
@@ -318,11 +230,15 @@ static void apply(ps_ring *r, uint32_t phase, uint64_t off, uint64_t count, cons
 static void keep_early(ps_ring *r, link *l, const ps_msg_ring_chunk *m) {
   early *e = malloc(sizeof *e + m->count * sizeof(float));
   if (e == NULL) {
-    fail(r, -1, "out of memory");
+    ring_fail(r, -1, "out of memory");
     return;
   }
-  *e = (early){.epoch = m->epoch, .step = m->step, .off = m->offset, .count = m->count,
-               .phase = m->phase, .from = l->rank};
+  *e = (early){.epoch = m->epoch,
+               .step = m->step,
+               .off = m->offset,
+               .count = m->count,
+               .phase = m->phase,
+               .from = l->rank};
   memcpy(e->data, m->data, m->count * sizeof(float));
   early **p = &r->early;
   while (*p)
@@ -333,16 +249,17 @@ static void keep_early(ps_ring *r, link *l, const ps_msg_ring_chunk *m) {
 static void on_chunk(link *l, const ps_msg_ring_chunk *m) {
   ps_ring *r = l->r;
   if (l->role != PS_ROLE_WORKER || !l->joined || m->epoch != l->epoch) {
-    refuse(l, PS_EFORMAT, "RING_CHUNK of view %" PRIu64 " on a link %s", m->epoch,
-           l->joined ? "joined for another view" : "that sent no RING_JOIN");
+    ring_refuse(l, PS_EFORMAT, "RING_CHUNK of view %" PRIu64 " on a link %s", m->epoch,
+                l->joined ? "joined for another view" : "that sent no RING_JOIN");
     return;
   }
   if (m->epoch < r->epoch)
     return; /* an older view's: set_view closes such links */
   if (m->epoch == r->epoch && r->active && m->step == r->step) {
     if (l->rank != pred_rank(r)) {
-      refuse(l, PS_EFORMAT, "RING_CHUNK from member %d, whose successor is not %d in view %" PRIu64,
-             l->rank, r->rank, r->epoch);
+      ring_refuse(l, PS_EFORMAT,
+                  "RING_CHUNK from member %d, whose successor is not %d in view %" PRIu64, l->rank,
+                  r->rank, r->epoch);
       return;
     }
     apply(r, m->phase, m->offset, m->count, m->data);
@@ -353,150 +270,33 @@ static void on_chunk(link *l, const ps_msg_ring_chunk *m) {
   keep_early(r, l, m);
 }
 
-/* ---------------------------------------------------- serving state */
-
-static void serve_cut(link *l, uint64_t req, const ps_msg_cut *m) {
-  ps_ring *r = l->r;
-  free(l->img);
-  l->info = ps_shard_state_info(r->state);
-  l->img = malloc((l->info.image_floats ? l->info.image_floats : 1) * sizeof(float));
-  if (l->img == NULL) {
-    refuse(l, -ENOMEM, "out of memory for a copy of %" PRIu64 " floats", l->info.image_floats);
-    return;
-  }
-  ps_shard_state_write(r->state, l->img);
-  l->cut_id = m->cut_id;
-  ps_msg rep = {.type = PS_MSG_CUT_REPLY};
-  rep.u.cut_reply.cut_id = m->cut_id;
-  rep.u.cut_reply.state = l->info;
-  ps_conn_send_msg(l->conn, &rep, req);
-}
-
-static void serve_fetch(link *l, uint64_t req, const ps_msg_fetch *m) {
-  if (l->img == NULL || m->cut_id != l->cut_id || m->offset > l->info.image_floats ||
-      m->count > l->info.image_floats - m->offset || m->count > (UINT32_MAX - 64) / 4) {
-    refuse(l, PS_EFORMAT, "FETCH of cut %" PRIu64 " floats %" PRIu64 "..+%" PRIu64
-           ": expected a piece of the cut %" PRIu64 " of %" PRIu64 " floats", m->cut_id,
-           m->offset, m->count, l->cut_id, l->info.image_floats);
-    return;
-  }
-  ps_msg rep = {.type = PS_MSG_FETCH_REPLY};
-  rep.u.fetch_reply = (ps_msg_fetch_reply){.cut_id = m->cut_id, .offset = m->offset,
-                                           .count = m->count};
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
-  ps_conn_send(l->conn, prefix, plen, l->img + m->offset, m->count * sizeof(float), NULL, NULL);
-}
-
-static void free_copy(void *arg, int status) {
-  (void)status;
-  free(arg);
-}
-
-/* The chief's evaluation reads the weights with a PULL: a copy of the
- * replica's values, written whenever the socket takes it. */
-static void serve_pull(link *l, uint64_t req) {
-  ps_ring *r = l->r;
-  size_t n = ps_shard_options(r->state)->nfloats;
-  float *copy = malloc((n ? n : 1) * sizeof *copy);
-  if (copy == NULL) {
-    refuse(l, -ENOMEM, "out of memory for a copy of %zu floats", n);
-    return;
-  }
-  memcpy(copy, ps_shard_values(r->state), n * sizeof *copy);
-  ps_msg rep = {.type = PS_MSG_PULL_REPLY};
-  rep.u.pull_reply = (ps_msg_pull_reply){.version = ps_shard_version(r->state),
-                                         .global_step = ps_shard_global_step(r->state),
-                                         .count = n};
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
-  if (ps_conn_send(l->conn, prefix, plen, copy, n * sizeof *copy, free_copy, copy) != 0)
-    free(copy);
-}
-
-static int fence_ok(link *l, uint64_t fence);
-
-/* The chief starts a ring none of whose members holds a state (a new
- * cluster, or every member restarted) from its checkpoint, or the seeded
- * initialization, as it starts a shard: LOAD pieces in order, each
- * answered by a PONG. */
-static void serve_load(link *l, uint64_t req, const ps_msg_load *m) {
-  ps_ring *r = l->r;
-  char why[256];
-  if (l->role != PS_ROLE_CHIEF) {
-    refuse(l, PS_EFORMAT, "LOAD from %s %d: only the chief loads a state", ps_role_name(l->role),
-           l->rank);
-    return;
-  }
-  if (!fence_ok(l, m->fence))
-    return;
-  if (r->holds) {
-    refuse(l, PS_EFORMAT, "LOAD of member %d, which already holds a state at step %" PRIu64,
-           r->rank, ps_shard_version(r->state));
-    return;
-  }
-  if (ps_shard_state_check(r->state, &m->state, why, sizeof why) != 0) {
-    refuse(l, PS_ELAYOUT, "LOAD: %s", why);
-    return;
-  }
-  if (m->offset == 0)
-    r->load_next = 0;
-  if (m->offset != r->load_next || m->count > ps_shard_options(r->state)->nfloats) {
-    refuse(l, PS_EFORMAT, "LOAD piece at float %" PRIu64 " of %" PRIu64 " floats, expected the "
-           "piece at %" PRIu64, m->offset, m->count, r->load_next);
-    return;
-  }
-  ps_shard_state_load_piece(r->state, &m->state, m->offset, m->data, m->count);
-  r->load_next = m->offset + m->count;
-  if (r->load_next == m->state.image_floats) {
-    ps_shard_state_load_end(r->state, &m->state);
-    r->load_next = 0;
-    r->holds = r->loaded = 1;
-    r->waiting = 0;
-    ps_log(PS_LOG_INFO, "ring: loaded by the chief: step %" PRIu64, ps_shard_version(r->state));
-  }
-  ps_msg p = {.type = PS_MSG_PONG};
-  p.u.ping.token = m->offset + m->count;
-  ps_conn_send_msg(l->conn, &p, req);
-}
-
-static int fence_ok(link *l, uint64_t fence) {
-  ps_ring *r = l->r;
-  if (l->role != PS_ROLE_CHIEF)
-    return 1;
-  if (fence < r->fence) {
-    refuse(l, -ESTALE, "fencing token %" PRIu64 ", this member has seen %" PRIu64, fence, r->fence);
-    return 0;
-  }
-  r->fence = fence;
-  return 1;
-}
-
 /* -------------------------------------------------------- handshake */
 
 static void on_hello(link *l, const ps_msg_hello *h) {
   ps_ring *r = l->r;
   if (strcmp(h->cluster_id, r->cfg->cluster_id) != 0) {
-    refuse(l, PS_ECONFIG, "cluster id '%s', this member belongs to cluster '%s'", h->cluster_id,
-           r->cfg->cluster_id);
+    ring_refuse(l, PS_ECONFIG, "cluster id '%s', this member belongs to cluster '%s'",
+                h->cluster_id, r->cfg->cluster_id);
     return;
   }
   if (!ps_proto_auth_check(r->secret, r->secret_len, l->nonce, h)) {
-    refuse(l, -EACCES, "authentication failed: the HELLO's proof does not match the cluster secret");
+    ring_refuse(l, -EACCES,
+                "authentication failed: the HELLO's proof does not match the cluster secret");
     return;
   }
   if (h->layout_hash != r->layout_hash) {
-    refuse(l, PS_ELAYOUT, "layout hash %016" PRIx64 ", this member's is %016" PRIx64
-           " (another model)", h->layout_hash, r->layout_hash);
+    ring_refuse(l, PS_ELAYOUT,
+                "layout hash %016" PRIx64 ", this member's is %016" PRIx64 " (another model)",
+                h->layout_hash, r->layout_hash);
     return;
   }
   if (h->role == PS_ROLE_WORKER && h->index >= (uint32_t)r->cfg->nworkers) {
-    refuse(l, PS_ECONFIG, "worker index %u, the cluster has workers 0..%d", h->index,
-           r->cfg->nworkers - 1);
+    ring_refuse(l, PS_ECONFIG, "worker index %u, the cluster has workers 0..%d", h->index,
+                r->cfg->nworkers - 1);
     return;
   }
   if (h->role == PS_ROLE_PS) {
-    refuse(l, PS_EFORMAT, "role ps may not connect to a ring member");
+    ring_refuse(l, PS_EFORMAT, "role ps may not connect to a ring member");
     return;
   }
   l->role = h->role;
@@ -526,41 +326,25 @@ static void send_hello(link *l, const uint8_t nonce[PS_PROTO_NONCE_SIZE]) {
   ps_conn_send_msg(l->conn, &m, 0);
   if (l->kind == K_SUCC) {
     ps_msg j = {.type = PS_MSG_RING_JOIN};
-    j.u.ring_join = (ps_msg_ring_join){.epoch = r->epoch, .step = r->step, .rank = (uint32_t)r->rank};
+    j.u.ring_join =
+        (ps_msg_ring_join){.epoch = r->epoch, .step = r->step, .rank = (uint32_t)r->rank};
     ps_conn_send_msg(l->conn, &j, 0);
   }
   l->epoch = r->epoch;
   l->state = L_WELCOME;
 }
 
-static void fetch_next(link *l) {
-  ps_ring *r = l->r;
-  if (r->fetch_off == r->fetch_info.image_floats) {
-    ps_msg m = {.type = PS_MSG_RESUME};
-    m.u.resume = (ps_msg_resume){.fence = r->epoch ? r->epoch : 1, .cut_id = r->epoch};
-    ps_conn_send_msg(l->conn, &m, 0);
-    r->fetching = 0;
-    return;
-  }
-  uint64_t left = r->fetch_info.image_floats - r->fetch_off;
-  ps_msg m = {.type = PS_MSG_FETCH};
-  m.u.fetch = (ps_msg_fetch){.fence = r->epoch ? r->epoch : 1, .cut_id = r->epoch,
-                             .offset = r->fetch_off,
-                             .count = left < FETCH_FLOATS ? left : FETCH_FLOATS};
-  ps_conn_send_msg(l->conn, &m, 0);
-}
-
 /* A dialed link's frames: the handshake, then the fetch's replies. */
 static void on_dialed_frame(link *l, const ps_msg *m) {
   ps_ring *r = l->r;
-  char why[300];
   if (l->state == L_HANDSHAKE && m->type == PS_MSG_CHALLENGE) {
     send_hello(l, m->u.challenge.nonce);
     return;
   }
   if (l->state == L_WELCOME && m->type == PS_MSG_WELCOME) {
     if (m->u.welcome.index != (uint32_t)l->rank) {
-      fail(r, l->rank, "member %d's address answered as member %u", l->rank, m->u.welcome.index);
+      ring_fail(r, l->rank, "member %d's address answered as member %u", l->rank,
+                m->u.welcome.index);
       ps_conn_close(l->conn);
       return;
     }
@@ -570,41 +354,13 @@ static void on_dialed_frame(link *l, const ps_msg *m) {
         send_piece(r, r->sendq[i].phase, r->sendq[i].off, r->sendq[i].count);
       r->nsendq = 0;
     } else {
-      ps_msg c = {.type = PS_MSG_CUT};
-      c.u.cut = (ps_msg_cut){.fence = r->epoch ? r->epoch : 1, .cut_id = r->epoch};
-      ps_conn_send_msg(l->conn, &c, 0);
+      ring_fetch_begin(l);
     }
     return;
   }
-  if (l->kind == K_FETCH && l->state == L_READY && r->fetching == 1) {
-    if (m->type == PS_MSG_CUT_REPLY && r->fetch_img == NULL) {
-      r->fetch_info = m->u.cut_reply.state;
-      if (ps_shard_state_check(r->state, &r->fetch_info, why, sizeof why) != 0) {
-        fail(r, l->rank, "member %d's state: %s", l->rank, why);
-        return;
-      }
-      r->fetch_img = malloc((r->fetch_info.image_floats ? r->fetch_info.image_floats : 1) *
-                            sizeof(float));
-      if (r->fetch_img == NULL) {
-        fail(r, -1, "out of memory for a state of %" PRIu64 " floats", r->fetch_info.image_floats);
-        return;
-      }
-      r->fetch_off = 0;
-      fetch_next(l);
-      return;
-    }
-    if (m->type == PS_MSG_FETCH_REPLY && r->fetch_img != NULL &&
-        m->u.fetch_reply.offset == r->fetch_off &&
-        m->u.fetch_reply.count <= r->fetch_info.image_floats - r->fetch_off &&
-        m->u.fetch_reply.count > 0) {
-      memcpy(r->fetch_img + r->fetch_off, m->u.fetch_reply.data, m->u.fetch_reply.count * 4);
-      r->fetch_off += m->u.fetch_reply.count;
-      r->progress_ns = ps_now_ns();
-      fetch_next(l);
-      return;
-    }
-  }
-  fail(r, l->rank, "member %d sent %s, unexpected here", l->rank, ps_proto_type_name(m->type));
+  if (l->kind == K_FETCH && l->state == L_READY && r->fetching == 1 && ring_fetch_reply(l, m))
+    return;
+  ring_fail(r, l->rank, "member %d sent %s, unexpected here", l->rank, ps_proto_type_name(m->type));
   ps_conn_close(l->conn);
 }
 
@@ -615,15 +371,15 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   ps_errbuf eb = {0};
   if (ps_proto_decode(h, payload, h->length, &m, &eb) != 0) {
     if (l->kind == K_ACCEPTED) {
-      refuse(l, PS_EFORMAT, "%s", eb.msg);
+      ring_refuse(l, PS_EFORMAT, "%s", eb.msg);
     } else {
-      fail(r, l->rank, "member %d: %s", l->rank, eb.msg);
+      ring_fail(r, l->rank, "member %d: %s", l->rank, eb.msg);
       ps_conn_close(conn);
     }
     return;
   }
   if (m.type == PS_MSG_ERROR) {
-    fail(r, -1, "member %d refused: %s", l->rank, m.u.error.message);
+    ring_fail(r, -1, "member %d refused: %s", l->rank, m.u.error.message);
     ps_conn_close(conn);
     return;
   }
@@ -633,104 +389,107 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   }
   if (l->state != L_READY) {
     if (m.type != PS_MSG_HELLO) {
-      refuse(l, PS_EFORMAT, "%s before HELLO", ps_proto_type_name(m.type));
+      ring_refuse(l, PS_EFORMAT, "%s before HELLO", ps_proto_type_name(m.type));
       return;
     }
     on_hello(l, &m.u.hello);
     /* Members send pieces; the chief LOADs pieces of at most a slice. */
     if (l->state == L_READY)
-      ps_conn_set_max_payload(conn, ps_proto_max_payload(
-          l->role == PS_ROLE_WORKER ? PIECE_FLOATS : ps_shard_options(r->state)->nfloats));
+      ps_conn_set_max_payload(
+          conn,
+          ps_proto_max_payload(l->role == PS_ROLE_WORKER ? PIECE_FLOATS
+                                                         : ps_shard_options(r->state)->nfloats));
     return;
   }
   switch (m.type) {
-  case PS_MSG_RING_JOIN:
-    if (l->role != PS_ROLE_WORKER || m.u.ring_join.rank != (uint32_t)l->rank) {
-      refuse(l, PS_EFORMAT, "RING_JOIN for member %u on member %d's link", m.u.ring_join.rank,
-             l->rank);
-      return;
-    }
-    if (m.u.ring_join.epoch < r->epoch) {
-      refuse(l, -ESTALE, "view %" PRIu64 " is over: member %d is in view %" PRIu64,
-             m.u.ring_join.epoch, r->rank, r->epoch);
-      return;
-    }
-    l->joined = 1;
-    l->epoch = m.u.ring_join.epoch;
-    if (l->epoch > r->epoch) {
-      if (l->epoch > r->newer)
-        r->newer = l->epoch;
-      fail(r, -1, "member %d dials for view %" PRIu64 ", this member is in view %" PRIu64, l->rank,
-           l->epoch, r->epoch);
-    }
-    break;
-  case PS_MSG_RING_CHUNK:
-    on_chunk(l, &m.u.ring_chunk);
-    break;
-  case PS_MSG_CUT:
-    if (fence_ok(l, m.u.cut.fence))
-      serve_cut(l, h->request_id, &m.u.cut);
-    break;
-  case PS_MSG_FETCH:
-    if (fence_ok(l, m.u.fetch.fence))
-      serve_fetch(l, h->request_id, &m.u.fetch);
-    break;
-  case PS_MSG_RESUME: {
-    /* Nothing is held; the copy stays for the FETCHes that follow (the
-     * chief resumes before it fetches), until the next CUT or the close. */
-    if (!fence_ok(l, m.u.resume.fence))
+    case PS_MSG_RING_JOIN:
+      if (l->role != PS_ROLE_WORKER || m.u.ring_join.rank != (uint32_t)l->rank) {
+        ring_refuse(l, PS_EFORMAT, "RING_JOIN for member %u on member %d's link",
+                    m.u.ring_join.rank, l->rank);
+        return;
+      }
+      if (m.u.ring_join.epoch < r->epoch) {
+        ring_refuse(l, -ESTALE, "view %" PRIu64 " is over: member %d is in view %" PRIu64,
+                    m.u.ring_join.epoch, r->rank, r->epoch);
+        return;
+      }
+      l->joined = 1;
+      l->epoch = m.u.ring_join.epoch;
+      if (l->epoch > r->epoch) {
+        if (l->epoch > r->newer)
+          r->newer = l->epoch;
+        ring_fail(r, -1, "member %d dials for view %" PRIu64 ", this member is in view %" PRIu64,
+                  l->rank, l->epoch, r->epoch);
+      }
       break;
-    ps_msg p = {.type = PS_MSG_PONG};
-    p.u.ping.token = m.u.resume.cut_id;
-    ps_conn_send_msg(conn, &p, h->request_id);
-    break;
-  }
-  case PS_MSG_PULL:
-    if (l->role == PS_ROLE_WORKER) {
-      refuse(l, PS_EFORMAT, "PULL from worker %d: ring members do not pull from each other",
-             l->rank);
-      return;
-    }
-    serve_pull(l, h->request_id);
-    break;
-  case PS_MSG_PING: {
-    ps_msg p = {.type = PS_MSG_PONG};
-    p.u.ping.token = m.u.ping.token;
-    ps_conn_send_msg(conn, &p, h->request_id);
-    break;
-  }
-  case PS_MSG_LOAD:
-    serve_load(l, h->request_id, &m.u.load);
-    break;
-  case PS_MSG_STATS: {
-    ps_msg p = {.type = PS_MSG_STATS_REPLY};
-    p.u.stats_reply.version = ps_shard_version(r->state);
-    p.u.stats_reply.global_step = ps_shard_global_step(r->state);
-    p.u.stats_reply.incarnation = r->incarnation;
-    p.u.stats_reply.flags = r->waiting ? 0 : PS_STATS_INITIALIZED;
-    ps_conn_send_msg(conn, &p, h->request_id);
-    break;
-  }
-  case PS_MSG_STOP:
-    if (l->role != PS_ROLE_CHIEF) {
-      refuse(l, PS_EFORMAT, "STOP from %s %d: only the chief ends a run", ps_role_name(l->role),
-             l->rank);
-      return;
-    }
-    if (!fence_ok(l, m.u.stop.fence))
+    case PS_MSG_RING_CHUNK:
+      on_chunk(l, &m.u.ring_chunk);
       break;
-    if (r->stop_step == 0)
-      r->stop_step = m.u.stop.step ? m.u.stop.step : 1;
-    {
-      /* Answered as a shard answers it, so that the chief's call ends. */
+    case PS_MSG_CUT:
+      if (ring_fence_ok(l, m.u.cut.fence))
+        ring_serve_cut(l, h->request_id, &m.u.cut);
+      break;
+    case PS_MSG_FETCH:
+      if (ring_fence_ok(l, m.u.fetch.fence))
+        ring_serve_fetch(l, h->request_id, &m.u.fetch);
+      break;
+    case PS_MSG_RESUME: {
+      /* Nothing is held; the copy stays for the FETCHes that follow (the
+       * chief resumes before it fetches), until the next CUT or the close. */
+      if (!ring_fence_ok(l, m.u.resume.fence))
+        break;
       ps_msg p = {.type = PS_MSG_PONG};
-      p.u.ping.token = m.u.stop.step;
+      p.u.ping.token = m.u.resume.cut_id;
       ps_conn_send_msg(conn, &p, h->request_id);
+      break;
     }
-    break;
-  default:
-    refuse(l, PS_EFORMAT, "%s is not a request a ring member answers", ps_proto_type_name(m.type));
-    break;
+    case PS_MSG_PULL:
+      if (l->role == PS_ROLE_WORKER) {
+        ring_refuse(l, PS_EFORMAT, "PULL from worker %d: ring members do not pull from each other",
+                    l->rank);
+        return;
+      }
+      ring_serve_pull(l, h->request_id);
+      break;
+    case PS_MSG_PING: {
+      ps_msg p = {.type = PS_MSG_PONG};
+      p.u.ping.token = m.u.ping.token;
+      ps_conn_send_msg(conn, &p, h->request_id);
+      break;
+    }
+    case PS_MSG_LOAD:
+      ring_serve_load(l, h->request_id, &m.u.load);
+      break;
+    case PS_MSG_STATS: {
+      ps_msg p = {.type = PS_MSG_STATS_REPLY};
+      p.u.stats_reply.version = ps_shard_version(r->state);
+      p.u.stats_reply.global_step = ps_shard_global_step(r->state);
+      p.u.stats_reply.incarnation = r->incarnation;
+      p.u.stats_reply.flags = r->waiting ? 0 : PS_STATS_INITIALIZED;
+      ps_conn_send_msg(conn, &p, h->request_id);
+      break;
+    }
+    case PS_MSG_STOP:
+      if (l->role != PS_ROLE_CHIEF) {
+        ring_refuse(l, PS_EFORMAT, "STOP from %s %d: only the chief ends a run",
+                    ps_role_name(l->role), l->rank);
+        return;
+      }
+      if (!ring_fence_ok(l, m.u.stop.fence))
+        break;
+      if (r->stop_step == 0)
+        r->stop_step = m.u.stop.step ? m.u.stop.step : 1;
+      {
+        /* Answered as a shard answers it, so that the chief's call ends. */
+        ps_msg p = {.type = PS_MSG_PONG};
+        p.u.ping.token = m.u.stop.step;
+        ps_conn_send_msg(conn, &p, h->request_id);
+      }
+      break;
+    default:
+      ring_refuse(l, PS_EFORMAT, "%s is not a request a ring member answers",
+                  ps_proto_type_name(m.type));
+      break;
   }
 }
 
@@ -768,8 +527,8 @@ static void on_tick(uv_timer_t *t) {
   }
   uint64_t quiet = ps_now_ns() - r->progress_ns;
   if ((r->active || r->fetching == 1) && quiet > (uint64_t)r->cfg->peer_timeout_ms * 1000000ULL)
-    fail(r, -1, "no progress for %" PRId64 " ms (%s)", r->cfg->peer_timeout_ms,
-         r->active ? "all-reduce" : "state fetch");
+    ring_fail(r, -1, "no progress for %" PRId64 " ms (%s)", r->cfg->peer_timeout_ms,
+              r->active ? "all-reduce" : "state fetch");
 }
 
 ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint64_t layout_hash,
@@ -809,8 +568,9 @@ ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint6
   if (rc == 0)
     rc = uv_listen((uv_stream_t *)&r->listener, 128, on_connection);
   if (rc != 0) {
-    ps_err_set(eb, PS_ECONFIG, "%s: [cluster] workers entry %d: cannot listen on %s: %s (ring "
-               "members listen on their address)", cfg->path, rank, a, uv_strerror(rc));
+    ps_err_set(eb, PS_ECONFIG,
+               "%s: [cluster] workers entry %d: cannot listen on %s: %s (ring members listen "
+               "on their address)", cfg->path, rank, a, uv_strerror(rc));
     ps_ring_free(r);
     return NULL;
   }
@@ -873,7 +633,7 @@ void ps_ring_set_view(ps_ring *r, uint64_t epoch, const int *members, int n) {
   }
 }
 
-static int run_until(ps_ring *r, int (*done)(const ps_ring *)) {
+int ring_run_until(ps_ring *r, int (*done)(const ps_ring *)) {
   while (!done(r)) {
     if (r->stop && *r->stop)
       return -EINTR;
@@ -902,9 +662,9 @@ int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step) {
   r->suspect = -1;
   if (r->pred_lost || r->newer > r->epoch) {
     if (r->pred_lost)
-      fail(r, pred_rank(r), "member %d (predecessor) closed between two steps", pred_rank(r));
+      ring_fail(r, pred_rank(r), "member %d (predecessor) closed between two steps", pred_rank(r));
     else
-      fail(r, -1, "a member dialed for view %" PRIu64 " between two steps", r->newer);
+      ring_fail(r, -1, "a member dialed for view %" PRIu64 " between two steps", r->newer);
     r->active = 0;
     return -EPIPE;
   }
@@ -918,7 +678,7 @@ int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step) {
     r->recv_left += hi - lo;
   }
   if (r->succ == NULL)
-    r->succ = dial(r, K_SUCC, succ_rank(r));
+    r->succ = ring_dial(r, K_SUCC, succ_rank(r));
   uint64_t lo, hi;
   region(r, r->pos, &lo, &hi);
   for (uint64_t off = lo; off < hi && !r->broken; off += PIECE_FLOATS)
@@ -936,7 +696,7 @@ int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step) {
     *p = e->next;
     free(e);
   }
-  int rc = run_until(r, reduce_done);
+  int rc = ring_run_until(r, reduce_done);
   r->active = 0;
   if (rc != 0)
     return rc;
@@ -949,46 +709,6 @@ void ps_ring_serve(ps_ring *r, int ms) {
   uint64_t until = ps_now_ns() + (uint64_t)ms * 1000000ULL;
   while (ps_now_ns() < until && !(r->stop && *r->stop))
     uv_run(&r->loop, UV_RUN_ONCE);
-}
-
-static int fetch_done(const ps_ring *r) { return r->fetching != 1; }
-
-int ps_ring_fetch_state(ps_ring *r, int rank, ps_errbuf *eb) {
-  r->fetching = 1;
-  r->fetch_off = 0;
-  free(r->fetch_img);
-  r->fetch_img = NULL;
-  r->progress_ns = ps_now_ns();
-  r->fetch = dial(r, K_FETCH, rank);
-  int rc = run_until(r, fetch_done);
-  if (r->fetch != NULL) {
-    link *l = r->fetch;
-    r->fetch = NULL; /* so that its closing breaks nothing later */
-    ps_conn_close(l->conn);
-  }
-  if (rc != 0) {
-    r->fetching = 0;
-    return rc;
-  }
-  if (r->fetching != 0 || r->fetch_img == NULL) {
-    r->fetching = 0;
-    return ps_err_set(eb, -EPIPE, "%s", r->why);
-  }
-  ps_shard_state_load(r->state, &r->fetch_info, r->fetch_img);
-  free(r->fetch_img);
-  r->fetch_img = NULL;
-  return 0;
-}
-
-void ps_ring_set_holds(ps_ring *r, int holds, int waiting) {
-  r->holds = holds;
-  r->waiting = waiting;
-}
-
-int ps_ring_take_loaded(ps_ring *r) {
-  int l = r->loaded;
-  r->loaded = 0;
-  return l;
 }
 
 int ps_ring_suspect(const ps_ring *r) { return r->suspect; }

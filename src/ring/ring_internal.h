@@ -1,0 +1,121 @@
+/* The ring's shared state, for its two files only: ring.c (links, the
+ * all-reduce, the API) and ring_state.c (serving the replica's state to
+ * peers and the chief, and fetching a peer's). */
+#ifndef PS_RING_RING_INTERNAL_H
+#define PS_RING_RING_INTERNAL_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "net/conn.h"
+#include "proto/proto.h"
+#include "ring/ring.h"
+
+#define PIECE_FLOATS (64u * 1024u)
+#define FETCH_FLOATS (1024u * 1024u)
+#define TICK_MS 20
+#define MAX_HOPS (2 * PS_CONFIG_MAX_NODES)
+
+/* A piece that came before its step (its sender was a step ahead, or in
+ * the next view already): kept until then. */
+typedef struct early {
+  struct early *next;
+  uint64_t epoch, step, off, count;
+  uint32_t phase;
+  int from;
+  float data[];
+} early;
+
+enum { K_ACCEPTED = 0, K_SUCC, K_FETCH };
+enum { L_DIALING = 0, L_HANDSHAKE, L_WELCOME, L_READY };
+
+typedef struct link {
+  ps_ring *r;
+  ps_conn *conn;
+  struct link *next, *prev;
+  int kind, state;
+  int rank; /* the other member's, -1 for the chief or a tool */
+  int role;
+  int joined; /* accepted: a RING_JOIN came, `epoch` is its view */
+  uint64_t epoch;
+  int writes; /* pieces queued on it, not yet written */
+  uint8_t nonce[PS_PROTO_NONCE_SIZE];
+  uv_connect_t creq;
+  float *img; /* serving a CUT: the copy, its fields, its id */
+  ps_state_info info;
+  uint64_t cut_id;
+} link;
+
+typedef struct send_item {
+  uint32_t phase;
+  uint64_t off, count;
+} send_item;
+
+struct ps_ring {
+  const ps_config *cfg;
+  int rank;
+  uint64_t incarnation, layout_hash;
+  uint8_t secret[4096];
+  size_t secret_len;
+  ps_shard *state;
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_timer_t tick;
+  volatile sig_atomic_t *stop;
+  link *links;
+  uint64_t fence; /* the highest chief token seen */
+  uint64_t stop_step;
+  /* The view. */
+  uint64_t epoch, newer;
+  int members[PS_CONFIG_MAX_NODES];
+  int n, pos;
+  link *succ;
+  /* The all-reduce in progress. */
+  int active, broken, suspect;
+  int pred_lost; /* the predecessor's link closed between two steps */
+  float *buf;
+  size_t nfl;
+  uint64_t step, recv_left, recv[MAX_HOPS];
+  uint64_t progress_ns;
+  send_item *sendq;
+  size_t nsendq, capsendq;
+  early *early;
+  /* The state fetch in progress. */
+  link *fetch;
+  int fetching; /* 1 running, 0 done, -1 failed */
+  ps_state_info fetch_info;
+  float *fetch_img;
+  uint64_t fetch_off;
+  char why[512];
+  uint64_t bytes_in_closed, bytes_out_closed;
+  int holds;               /* the replica holds a state (seeded, fetched, loaded) */
+  int waiting;             /* no member of the view holds one: STATS says so */
+  int loaded;              /* a LOAD completed since ps_ring_take_loaded */
+  uint64_t load_next;      /* the next LOAD piece's offset */
+  void (*idle)(void *arg); /* while a call waits: the member's heartbeat */
+  void *idle_arg;
+  uint64_t idle_ns;
+};
+
+/* The all-reduce (or the fetch) cannot finish in this view: its reason,
+ * and the member to blame (-1: nobody). */
+void ring_fail(ps_ring *r, int suspect, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Refuse a peer's request with an ERROR and close the link. */
+void ring_refuse(link *l, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A link of `kind` to member `rank`, connecting; NULL (ring_fail said why). */
+link *ring_dial(ps_ring *r, int kind, int rank);
+/* Run the loop until done(r), or -EINTR at the stop flag.  @return 0 or -EINTR. */
+int ring_run_until(ps_ring *r, int (*done)(const ps_ring *));
+
+/* ring_state.c: requests a member answers from its replica. */
+int ring_fence_ok(link *l, uint64_t fence);
+void ring_serve_cut(link *l, uint64_t req, const ps_msg_cut *m);
+void ring_serve_fetch(link *l, uint64_t req, const ps_msg_fetch *m);
+void ring_serve_pull(link *l, uint64_t req);
+void ring_serve_load(link *l, uint64_t req, const ps_msg_load *m);
+/* The fetch link is ready: ask for a copy (CUT). */
+void ring_fetch_begin(link *l);
+/* A reply on the fetch link.  @return 1 when it was one the fetch expects. */
+int ring_fetch_reply(link *l, const ps_msg *m);
+
+#endif

@@ -228,6 +228,13 @@ static void apply(ps_ring *r, uint32_t phase, uint64_t off, uint64_t count, cons
 }
 
 static void keep_early(ps_ring *r, link *l, const ps_msg_ring_chunk *m) {
+  uint64_t cap = EARLY_MAX_MODELS * (uint64_t)ps_shard_options(r->state)->nfloats;
+  if (m->count > cap - r->early_floats || m->count > cap) {
+    ring_refuse(l, PS_EFORMAT, "RING_CHUNK of view %" PRIu64 " step %" PRIu64 " ahead of this "
+                "member's (view %" PRIu64 " step %" PRIu64 ") past %d models' worth of pieces",
+                m->epoch, m->step, r->epoch, r->step, EARLY_MAX_MODELS);
+    return;
+  }
   early *e = malloc(sizeof *e + m->count * sizeof(float));
   if (e == NULL) {
     ring_fail(r, -1, "out of memory");
@@ -240,6 +247,7 @@ static void keep_early(ps_ring *r, link *l, const ps_msg_ring_chunk *m) {
                .phase = m->phase,
                .from = l->rank};
   memcpy(e->data, m->data, m->count * sizeof(float));
+  r->early_floats += m->count;
   early **p = &r->early;
   while (*p)
     p = &(*p)->next;
@@ -626,6 +634,7 @@ void ps_ring_set_view(ps_ring *r, uint64_t epoch, const int *members, int n) {
     early *e = *p;
     if (e->epoch < epoch) {
       *p = e->next;
+      r->early_floats -= e->count;
       free(e);
     } else {
       p = &e->next;
@@ -694,6 +703,7 @@ int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step) {
       continue;
     }
     *p = e->next;
+    r->early_floats -= e->count;
     free(e);
   }
   int rc = ring_run_until(r, reduce_done);

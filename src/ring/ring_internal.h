@@ -15,6 +15,10 @@
 #define FETCH_FLOATS (1024u * 1024u)
 #define TICK_MS 20
 #define MAX_HOPS (2 * PS_CONFIG_MAX_NODES)
+/* Pieces that come early are at most a step's worth of the vector (one
+ * behind from each hop); more than this many models' worth is a broken
+ * peer. */
+#define EARLY_MAX_MODELS 4
 
 /* A piece that came before its step (its sender was a step ahead, or in
  * the next view already): kept until then. */
@@ -80,6 +84,7 @@ struct ps_ring {
   send_item *sendq;
   size_t nsendq, capsendq;
   early *early;
+  uint64_t early_floats; /* held in `early`: at most EARLY_MAX_MODELS models */
   /* The state fetch in progress. */
   link *fetch;
   int fetching; /* 1 running, 0 done, -1 failed */

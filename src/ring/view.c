@@ -1,6 +1,7 @@
 /* The ring's membership in Redis (see view.h). */
 #include "ring/view.h"
 
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -44,24 +45,36 @@ static int cmp_int(const void *a, const void *b) {
   return *(const int *)a - *(const int *)b;
 }
 
-/* "E m,m,m".  @return 0 or -1 (not a view). */
-static int parse_view(const char *s, ps_view *v) {
+static int parse(const char *s, int nworkers, ps_view *v) {
   char *end;
   memset(v, 0, sizeof *v);
+  if (*s < '0' || *s > '9') /* strtoull would skip spaces and take a sign */
+    return -1;
+  errno = 0;
   v->epoch = strtoull(s, &end, 10);
-  if (end == s || *end != ' ' || v->epoch == 0)
+  if (*end != ' ' || v->epoch == 0 || errno == ERANGE)
     return -1;
   s = end + 1;
-  while (*s && v->n < PS_CONFIG_MAX_NODES) {
+  while (*s) {
+    if (*s < '0' || *s > '9')
+      return -1;
     long m = strtol(s, &end, 10);
-    if (end == s || m < 0 || m >= PS_CONFIG_MAX_NODES)
+    if (end == s || m < 0 || m >= nworkers || v->n >= PS_CONFIG_MAX_NODES ||
+        (v->n > 0 && m <= v->members[v->n - 1]) || (*end != ',' && *end != '\0'))
       return -1;
     v->members[v->n++] = (int)m;
+    if (*end == ',' && end[1] == '\0')
+      return -1; /* a trailing comma */
     s = *end == ',' ? end + 1 : end;
-    if (*end != ',' && *end != '\0')
-      return -1;
   }
   return v->n > 0 ? 0 : -1;
+}
+
+int ps_view_parse(const char *text, int nworkers, ps_view *v) {
+  if (parse(text, nworkers, v) == 0)
+    return 0;
+  memset(v, 0, sizeof *v);
+  return -1;
 }
 
 int ps_view_get(ps_registry *reg, ps_view *v) {
@@ -70,7 +83,7 @@ int ps_view_get(ps_registry *reg, ps_view *v) {
   redisReply *rep = command(reg, "GET %s", key);
   if (rep == NULL)
     return -1;
-  int rc = rep->type == REDIS_REPLY_STRING && parse_view(rep->str, v) == 0 ? 1 : 0;
+  int rc = rep->type == REDIS_REPLY_STRING && ps_view_parse(rep->str, ps_registry_config(reg)->nworkers, v) == 0 ? 1 : 0;
   if (rc == 0)
     memset(v, 0, sizeof *v);
   freeReplyObject(rep);
@@ -93,7 +106,7 @@ int ps_view_propose(ps_registry *reg, uint64_t expected, const int *members, int
   int rc = -1;
   if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
       rep->element[0]->type == REDIS_REPLY_INTEGER && rep->element[1]->type == REDIS_REPLY_STRING &&
-      parse_view(rep->element[1]->str, v) == 0)
+      ps_view_parse(rep->element[1]->str, ps_registry_config(reg)->nworkers, v) == 0)
     rc = rep->element[0]->integer == 1;
   freeReplyObject(rep);
   return rc;

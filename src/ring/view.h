@@ -36,6 +36,12 @@ int ps_view_live(ps_registry *reg, int *live);
 int ps_view_report(ps_registry *reg, uint64_t epoch, int rank, uint64_t step, int holds);
 int ps_view_reports(ps_registry *reg, const ps_view *v, uint64_t *steps, int *holds);
 
+/* A view as Redis holds it, "E m,m,m": an epoch of at least 1 and worker
+ * indices below `nworkers`, ascending.  Anything else (a key edited by
+ * hand, another version's format) is not a view: -1, *v zeroed.
+ * @return 0 or -1. */
+int ps_view_parse(const char *text, int nworkers, ps_view *v);
+
 /* Does the view hold `rank`? */
 int ps_view_has(const ps_view *v, int rank);
 

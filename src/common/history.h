@@ -3,6 +3,7 @@
  * write(2) each so that a line is whole even when the process is killed
  * right after.  Line formats are in scripts/check-history, which reads them:
  *   worker-<j>.history: ack <shard> <shard epoch> <worker incarnation> <seq> <version> <status>
+ *                       step <view epoch> <global step> <members>  (ring mode)
  *   ps-<i>.history:     start <epoch> <version> <journal> <source>
  *                       chief <fence token> <CUT|LOAD|STOP> <unix ms>
  */

@@ -46,6 +46,7 @@ typedef struct fault {
   double chief_time;
   uint64_t acks_at_end[PS_CONFIG_MAX_NODES]; /* per shard, when the fault ended */
   uint64_t worker_acks_at_end;                /* of the paused worker */
+  uint64_t steps_at_end;                      /* ring mode: steps completed by any member */
 } fault;
 
 struct ps_nemesis {
@@ -72,6 +73,7 @@ struct ps_nemesis {
   uint64_t acks[PS_CONFIG_MAX_NODES];        /* per shard */
   uint64_t worker_acks[PS_CONFIG_MAX_NODES]; /* per worker */
   uint64_t total_acks;
+  uint64_t total_steps;                      /* ring mode: `step` lines of every member */
   double last_ack_at;                        /* 0 until the first ack */
   /* The longest time without an ack while the nemesis was active; and of
    * such a gap, the longest part outside every fault window. */
@@ -211,6 +213,11 @@ static int read_acks(ps_nemesis *n) {
           n->worker_acks[w]++;
           n->total_acks++;
           any = 1;
+        } else if (strncmp(line, "step ", 5) == 0) {
+          /* A ring member's completed step: its progress, as an ack is. */
+          n->worker_acks[w]++;
+          n->total_steps++;
+          any = 1;
         }
         line = nl + 1;
       }
@@ -345,6 +352,7 @@ static void snapshot_acks(ps_nemesis *n, fault *f) {
   memcpy(f->acks_at_end, n->acks, sizeof f->acks_at_end);
   if (f->child >= 0 && n->sup->children[f->child].role == PS_SUP_WORKER)
     f->worker_acks_at_end = n->worker_acks[n->sup->children[f->child].index];
+  f->steps_at_end = n->total_steps;
   f->chief_step = n->progress->step;
   f->chief_time = n->progress->progress_time;
 }
@@ -470,7 +478,10 @@ static int recovered(const ps_nemesis *n, const fault *f) {
     return n->acks[c->index] > f->acks_at_end[c->index];
   if (c != NULL && c->role == PS_SUP_CHIEF)
     return n->progress->progress_time > f->chief_time && n->progress->step > f->chief_step;
-  /* Redis (paused or refusing): acks flow again from every shard. */
+  /* Redis (paused or refusing): acks flow again from every shard; in ring
+   * mode (no shards), the ring completes a step again. */
+  if (n->nps == 0)
+    return n->total_steps > f->steps_at_end;
   for (int i = 0; i < n->nps; i++)
     if (n->acks[i] <= f->acks_at_end[i])
       return 0;

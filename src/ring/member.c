@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/history.h"
 #include "common/log.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
@@ -46,6 +47,7 @@ typedef struct member {
   ps_sampler *sampler;
   int holds;             /* the replica holds a state: seeded, fetched or loaded */
   double rate;           /* steps/s, for the heartbeat */
+  ps_history *history;   /* [cluster] history_dir: each completed step */
   uint64_t epoch;        /* the view this member is in; 0: none yet */
   uint64_t views;        /* views entered */
   uint64_t fetched;      /* states fetched from a peer */
@@ -178,7 +180,8 @@ static int change_view(member *m, int suspect, const char *why) {
      * left out of the next proposal. */
     uint64_t steps[PS_CONFIG_MAX_NODES];
     int holds[PS_CONFIG_MAX_NODES];
-    uint64_t deadline = ps_now_ns() + (uint64_t)m->cfg->peer_timeout_ms * 1000000ULL;
+    uint64_t wait_ns = (uint64_t)ps_ring_timeout_ms(m->cfg) * 1000000ULL;
+    uint64_t deadline = ps_now_ns() + wait_ns;
     int all = 0, moved = 0;
     while (!*stop) {
       ps_view cur;
@@ -186,7 +189,10 @@ static int change_view(member *m, int suspect, const char *why) {
         moved = 1;
         break;
       }
-      if (ps_view_reports(m->reg, &v, steps, holds) == 0) {
+      if (ps_view_reports(m->reg, &v, steps, holds) != 0) {
+        /* Redis away: nobody could report; the wait starts over. */
+        deadline = ps_now_ns() + wait_ns;
+      } else {
         all = 1;
         for (int i = 0; i < v.n; i++)
           all &= steps[i] != UINT64_MAX;
@@ -199,7 +205,7 @@ static int change_view(member *m, int suspect, const char *why) {
               members[n++] = v.members[i];
           ps_log(PS_LOG_WARN, "ring: view %s: %d of %d members reported in %" PRId64
                  " ms; proposing the others", ps_view_format(&v, buf, sizeof buf), n, v.n,
-                 m->cfg->peer_timeout_ms);
+                 ps_ring_timeout_ms(m->cfg));
           (void)ps_view_propose(m->reg, v.epoch, members, n, &cur);
           moved = 1;
           break;
@@ -286,6 +292,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   ps_shard *state = NULL;
   ps_ring *ring = NULL;
   ps_registry *reg = NULL;
+  ps_history *history = NULL;
   float *work = NULL, *init = NULL;
   if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -337,6 +344,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
               .trained = &trained, .sampler = &t.sampler, .holds = cfg->ps_self_init};
   ps_ring_set_holds(ring, m.holds, 0);
   ps_ring_set_idle(ring, heartbeat, &m);
+  history = m.history = ps_history_open(cfg, "worker", index);
   uint64_t last = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
   ps_log(PS_LOG_INFO, "ring member %d of %d: %zu samples a epoch, batch %d, %d threads, step "
          "limit %" PRIu64 "; %s", index, cfg->nworkers, ps_sampler_part_size(&t.sampler), t.batch,
@@ -381,10 +389,26 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     }
     if (rc != 0)
       break;
+    if (ps_ring_size(ring) == 1) {
+      /* Alone, nothing but Redis says the view is still this one: a member
+       * left out of a newer view must not train on by itself.  Redis away:
+       * the step waits (it is redone). */
+      ps_view v;
+      int got = ps_view_get(reg, &v);
+      if (got != 1 || v.epoch != m.epoch) {
+        if (got == 1)
+          rc = change_view(&m, -1, "a newer view");
+        else
+          wait_a_little(&m, 100);
+        continue;
+      }
+    }
     float inv = 1.0f / (float)ps_ring_size(ring);
     for (size_t i = 0; i < total; i++)
       work[i] *= inv;
     ps_shard_push(state, 0, 1, step + 1, step, work, NULL);
+    ps_history_line(m.history, "step %" PRIu64 " %" PRIu64 " %d", m.epoch, step + 1,
+                    ps_ring_size(ring));
     have_grad = 0;
     trained = t.sampler.pos;
     double now = ps_now_s();
@@ -434,6 +458,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
+  ps_history_close(history);
   ps_ring_free(ring);
   ps_shard_free(state);
   free(init);

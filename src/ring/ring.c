@@ -534,8 +534,8 @@ static void on_tick(uv_timer_t *t) {
     r->idle(r->idle_arg);
   }
   uint64_t quiet = ps_now_ns() - r->progress_ns;
-  if ((r->active || r->fetching == 1) && quiet > (uint64_t)r->cfg->peer_timeout_ms * 1000000ULL)
-    ring_fail(r, -1, "no progress for %" PRId64 " ms (%s)", r->cfg->peer_timeout_ms,
+  if ((r->active || r->fetching == 1) && quiet > (uint64_t)ps_ring_timeout_ms(r->cfg) * 1000000ULL)
+    ring_fail(r, -1, "no progress for %" PRId64 " ms (%s)", ps_ring_timeout_ms(r->cfg),
               r->active ? "all-reduce" : "state fetch");
 }
 

@@ -31,6 +31,14 @@ ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint6
                      ps_shard *state, ps_errbuf *eb);
 void ps_ring_free(ps_ring *r);
 
+/* How long a member may go without a piece of a step (or of a state it
+ * fetches) before it gives the view up: [cluster] peer_timeout_ms plus
+ * [redis] timeout_ms, since a peer may spend one Redis command's deadline
+ * between two steps (its heartbeat, its data position) without being dead. */
+static inline int64_t ps_ring_timeout_ms(const ps_config *cfg) {
+  return cfg->peer_timeout_ms + cfg->redis_timeout_ms;
+}
+
 /* Calls return -EINTR soon after *flag becomes nonzero. */
 void ps_ring_set_stop_flag(ps_ring *r, volatile sig_atomic_t *flag);
 
@@ -48,7 +56,7 @@ void ps_ring_set_view(ps_ring *r, uint64_t epoch, const int *members, int n);
  * ends with the same bytes.  @return 0; -EINTR (stop flag); PS_ESTOPPED
  * (the chief's STOP: ps_ring_stop_step); or -EPIPE with ps_ring_error and
  * ps_ring_suspect: the view broke (a member closed or went silent past
- * [cluster] peer_timeout_ms, or a peer dials for a newer view), buf's
+ * ps_ring_timeout_ms, or a peer dials for a newer view), buf's
  * contents are then undefined. */
 int ps_ring_allreduce(ps_ring *r, float *buf, size_t n, uint64_t step);
 

@@ -48,6 +48,8 @@ typedef struct member {
   int holds;             /* the replica holds a state: seeded, fetched or loaded */
   double rate;           /* steps/s, for the heartbeat */
   ps_history *history;   /* [cluster] history_dir: each completed step */
+  double view_seen;      /* when Redis last showed the current view (ps_now_s) */
+  int cut_off;           /* training waits for Redis */
   uint64_t epoch;        /* the view this member is in; 0: none yet */
   uint64_t views;        /* views entered */
   uint64_t fetched;      /* states fetched from a peer */
@@ -249,6 +251,7 @@ static int change_view(member *m, int suspect, const char *why) {
         became_holder(m);
     }
     m->views++;
+    m->view_seen = ps_now_s();
     ps_log(PS_LOG_INFO, "ring: in view %s at step %" PRIu64, ps_view_format(&v, buf, sizeof buf),
            ps_shard_version(m->state));
     return 0;
@@ -417,8 +420,30 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     if (now >= next_poll) {
       next_poll = now + VIEW_POLL_MS / 1000.0;
       ps_view v;
-      if (ps_view_get(reg, &v) == 1 && v.epoch > m.epoch)
-        rc = change_view(&m, -1, "a newer view");
+      if (ps_view_get(reg, &v) == 1) {
+        m.view_seen = now;
+        if (v.epoch > m.epoch)
+          rc = change_view(&m, -1, "a newer view");
+      }
+    }
+    /* Cut off from Redis, this member cannot know whether the others went
+     * on in a view without it: past the ring's timeout it stops training
+     * until Redis answers, so that a partition leaves at most that long of
+     * work on a branch that the next view drops. */
+    while (rc == 0 && !*stop && ps_now_s() - m.view_seen > ps_ring_timeout_ms(cfg) / 1000.0) {
+      ps_view v;
+      if (!m.cut_off)
+        ps_log(PS_LOG_WARN, "ring: Redis has not answered for %" PRId64 " ms: training waits",
+               ps_ring_timeout_ms(cfg));
+      m.cut_off = 1;
+      wait_a_little(&m, 100);
+      if (ps_view_get(reg, &v) == 1) {
+        m.view_seen = ps_now_s();
+        m.cut_off = 0;
+        ps_log(PS_LOG_INFO, "ring: Redis answers again");
+        if (v.epoch > m.epoch)
+          rc = change_view(&m, -1, "a newer view");
+      }
     }
     if (steps_log >= (uint64_t)cfg->log_every) {
       ps_log(PS_LOG_INFO, "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %"

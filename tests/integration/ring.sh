@@ -64,7 +64,7 @@ echo "ok: kill -9 of a member and its return: test accuracy $acc; $(sed -n 's/.*
 # and go on; resumed, it finds its view over and rejoins with their state.
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
 conf="$T/pause.conf"
-write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
+write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=2000" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
   "cluster.peer_timeout_ms=2000" "worker.heartbeat_ms=300"
 sed -i '/^ps = *$/d' "$conf"
@@ -84,11 +84,34 @@ done
 ! grep -h "in view [0-9]*: [0-9] at" "$T/pause-w0.log" "$T/pause-w2.log" | grep -v "view [0-9]*: [0-9] at step 0$" ||
   fail "pause: a live member was left alone in a view"
 for i in 0 1 2; do
-  grep -q "done: .*global step 1500," "$T/pause-w$i.log" || fail "pause: worker $i did not end at step 1500"
+  grep -q "done: .*global step 2000," "$T/pause-w$i.log" || fail "pause: worker $i did not end at step 2000"
 done
 acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/pause-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.87) }' || fail "pause: test accuracy $acc, expected at least 0.87"
 echo "ok: a member paused past the timeout and resumed: test accuracy $acc"
+
+# Redis silent (SIGSTOP) past the ring's timeout: a member that cannot see
+# the current view stops training until Redis answers (a partition from
+# Redis leaves no branch training on), then the ring goes on to the end.
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+conf="$T/silent.conf"
+write_config "$conf" 0 2 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
+  "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
+  "cluster.peer_timeout_ms=1000" "redis.timeout_ms=500" "worker.heartbeat_ms=300"
+sed -i '/^ps = *$/d' "$conf"
+for i in 0 1; do start "silent-w$i" "$BIN" worker --config "$conf" --index "$i"; done
+wait_for "$T/silent-w0.log" "in view [0-9]*: 0,1 " 30
+wait_for "$T/silent-w0.log" "global [2-9][0-9][0-9] " 60
+kill -STOP "$PID_redis"
+wait_for "$T/silent-w0.log" "ring: Redis has not answered for 1500 ms: training waits" 30
+kill -CONT "$PID_redis"
+wait_for "$T/silent-w0.log" "ring: Redis answers again" 30
+for i in 0 1; do
+  v="PID_silent_w$i"
+  wait_exit "${!v}" 300 || fail "silent: worker $i exited $?"
+  grep -q "done: .*global step 1500," "$T/silent-w$i.log" || fail "silent: worker $i did not end at step 1500"
+done
+echo "ok: Redis silent past the ring's timeout: training waited and went on to the end"
 
 # Settings that do not go together, each one line and exit 1.
 conf="$T/bad.conf"

@@ -59,11 +59,13 @@ typedef struct member {
  * (before, the chief may be writing a checkpoint's positions to restore). */
 static void heartbeat(void *arg) {
   member *m = arg;
+  ps_notify_watchdog(); /* a wait for a view or a peer is not a hang */
   ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), m->rate, 0);
 }
 
 /* Heartbeat and data position, and answer peers, while waiting. */
 static void wait_a_little(member *m, int ms) {
+  ps_notify_watchdog();
   ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), m->rate, 0);
   ps_ring_serve(m->ring, ms);
 }

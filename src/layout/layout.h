@@ -71,6 +71,7 @@ void ps_layout_close(ps_layout *l);
 
 /* The cluster's model and its layout, from the config's [model], [layout]
  * and shard count: what every process of a cluster builds the same way.
+ * In ring mode, one shard holding every variable whole (LAYOUT.md, §5).
  * @return 0, or a negative code with a message naming the config file and
  * section; nothing is left allocated then.  Free with ps_layout_close and
  * ps_model_close. */

@@ -328,6 +328,12 @@ int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id) {
   return ps_conn_send(c, buf, n, NULL, 0, NULL, NULL);
 }
 
+int ps_conn_send_pong(ps_conn *c, uint64_t request_id, uint64_t token) {
+  ps_msg m = {.type = PS_MSG_PONG};
+  m.u.ping.token = token;
+  return ps_conn_send_msg(c, &m, request_id);
+}
+
 static void on_shutdown(uv_shutdown_t *req, int status) {
   (void)status;
   ps_conn *c = req->data;
@@ -376,4 +382,17 @@ int ps_net_resolve(uv_loop_t *loop, const ps_addr *a, struct sockaddr_storage *s
   memcpy(ss, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen);
   uv_freeaddrinfo(req.addrinfo);
   return 0;
+}
+
+int ps_net_listen(uv_loop_t *loop, uv_tcp_t *tcp, const ps_addr *a, uv_connection_cb cb) {
+  int rc = uv_tcp_init(loop, tcp);
+  if (rc != 0)
+    return rc;
+  struct sockaddr_storage ss;
+  rc = ps_net_resolve(loop, a, &ss);
+  if (rc == 0)
+    rc = uv_tcp_bind(tcp, (const struct sockaddr *)&ss, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t *)tcp, 128, cb);
+  return rc;
 }

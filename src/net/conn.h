@@ -90,12 +90,21 @@ int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void
 /* Encode and queue a message without floats (copied).  @return 0 or an error. */
 int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id);
 
+/* A PONG with `token`: the answer to a PING, and to the chief's RESUME,
+ * LOAD and STOP.  @return as ps_conn_send_msg. */
+int ps_conn_send_pong(ps_conn *c, uint64_t request_id, uint64_t token);
+
 /* Send an ERROR frame, stop reading, and close once it is written. */
 void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Close now (pending writes are cancelled: their done gets an error). */
 void ps_conn_close(ps_conn *c);
+
+/* Listen on `a` (resolved with ps_net_resolve) with `tcp`, which this
+ * initializes on `loop`; connections go to `cb`.  @return 0 or a libuv
+ * error (the handle is initialized either way: close it). */
+int ps_net_listen(uv_loop_t *loop, uv_tcp_t *tcp, const ps_addr *a, uv_connection_cb cb);
 
 /* The socket address of `a`: an IP literal, or a host name resolved now
  * (blocking, on `loop`).  @return 0 or a libuv error. */

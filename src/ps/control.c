@@ -160,9 +160,7 @@ void ps_control_free(server *s) {
 }
 
 static void send_pong(client *cl, uint64_t req, uint64_t token) {
-  ps_msg m = {.type = PS_MSG_PONG};
-  m.u.ping.token = token;
-  ps_conn_send_msg(cl->conn, &m, req);
+  ps_conn_send_pong(cl->conn, req, token);
 }
 
 static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {

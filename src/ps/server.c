@@ -352,12 +352,9 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   case PS_MSG_STATS:
     on_stats(cl, h->request_id);
     break;
-  case PS_MSG_PING: {
-    ps_msg pong = {.type = PS_MSG_PONG};
-    pong.u.ping.token = m.u.ping.token;
-    ps_conn_send_msg(conn, &pong, h->request_id);
+  case PS_MSG_PING:
+    ps_conn_send_pong(conn, h->request_id, m.u.ping.token);
     break;
-  }
   default:
     REFUSE(cl, PS_EFORMAT, 0, "unexpected %s from a client", ps_proto_type_name(m.type));
   }
@@ -512,17 +509,8 @@ int ps_server_start_replica(server *s) {
 }
 
 static int listen_on(server *s, const ps_addr *a) {
-  struct sockaddr_storage ss;
-  int rc = ps_net_resolve(&s->loop, a, &ss);
-  if (rc != 0)
-    return rc;
-  rc = uv_tcp_init(&s->loop, &s->listener);
-  if (rc != 0)
-    return rc;
-  s->listener.data = s;
-  rc = uv_tcp_bind(&s->listener, (const struct sockaddr *)&ss, 0);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&s->listener, 128, on_connection);
+  int rc = ps_net_listen(&s->loop, &s->listener, a, on_connection);
+  s->listener.data = s; /* read by on_connection, which runs in the loop */
   return rc;
 }
 

@@ -441,16 +441,12 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       if (ring_fence_ok(l, m.u.fetch.fence))
         ring_serve_fetch(l, h->request_id, &m.u.fetch);
       break;
-    case PS_MSG_RESUME: {
+    case PS_MSG_RESUME:
       /* Nothing is held; the copy stays for the FETCHes that follow (the
        * chief resumes before it fetches), until the next CUT or the close. */
-      if (!ring_fence_ok(l, m.u.resume.fence))
-        break;
-      ps_msg p = {.type = PS_MSG_PONG};
-      p.u.ping.token = m.u.resume.cut_id;
-      ps_conn_send_msg(conn, &p, h->request_id);
+      if (ring_fence_ok(l, m.u.resume.fence))
+        ps_conn_send_pong(conn, h->request_id, m.u.resume.cut_id);
       break;
-    }
     case PS_MSG_PULL:
       if (l->role == PS_ROLE_WORKER) {
         ring_refuse(l, PS_EFORMAT, "PULL from worker %d: ring members do not pull from each other",
@@ -459,12 +455,9 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       }
       ring_serve_pull(l, h->request_id);
       break;
-    case PS_MSG_PING: {
-      ps_msg p = {.type = PS_MSG_PONG};
-      p.u.ping.token = m.u.ping.token;
-      ps_conn_send_msg(conn, &p, h->request_id);
+    case PS_MSG_PING:
+      ps_conn_send_pong(conn, h->request_id, m.u.ping.token);
       break;
-    }
     case PS_MSG_LOAD:
       ring_serve_load(l, h->request_id, &m.u.load);
       break;
@@ -487,12 +480,8 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
         break;
       if (r->stop_step == 0)
         r->stop_step = m.u.stop.step ? m.u.stop.step : 1;
-      {
-        /* Answered as a shard answers it, so that the chief's call ends. */
-        ps_msg p = {.type = PS_MSG_PONG};
-        p.u.ping.token = m.u.stop.step;
-        ps_conn_send_msg(conn, &p, h->request_id);
-      }
+      /* Answered as a shard answers it, so that the chief's call ends. */
+      ps_conn_send_pong(conn, h->request_id, m.u.stop.step);
       break;
     default:
       ring_refuse(l, PS_EFORMAT, "%s is not a request a ring member answers",
@@ -565,17 +554,11 @@ ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint6
   }
   uv_timer_init(&r->loop, &r->tick);
   r->tick.data = r;
-  uv_tcp_init(&r->loop, &r->listener);
+  int rc = ps_net_listen(&r->loop, &r->listener, &cfg->workers[rank], on_connection);
   r->listener.data = r;
-  struct sockaddr_storage ss;
-  char a[300];
-  ps_addr_format(&cfg->workers[rank], a, sizeof a);
-  int rc = ps_net_resolve(&r->loop, &cfg->workers[rank], &ss);
-  if (rc == 0)
-    rc = uv_tcp_bind(&r->listener, (const struct sockaddr *)&ss, 0);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&r->listener, 128, on_connection);
   if (rc != 0) {
+    char a[300];
+    ps_addr_format(&cfg->workers[rank], a, sizeof a);
     ps_err_set(eb, PS_ECONFIG,
                "%s: [cluster] workers entry %d: cannot listen on %s: %s (ring members listen "
                "on their address)", cfg->path, rank, a, uv_strerror(rc));

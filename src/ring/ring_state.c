@@ -111,9 +111,7 @@ void ring_serve_load(link *l, uint64_t req, const ps_msg_load *m) {
     r->waiting = 0;
     ps_log(PS_LOG_INFO, "ring: loaded by the chief: step %" PRIu64, ps_shard_version(r->state));
   }
-  ps_msg p = {.type = PS_MSG_PONG};
-  p.u.ping.token = m->offset + m->count;
-  ps_conn_send_msg(l->conn, &p, req);
+  ps_conn_send_pong(l->conn, req, m->offset + m->count);
 }
 
 int ring_fence_ok(link *l, uint64_t fence) {

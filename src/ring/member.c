@@ -65,9 +65,18 @@ static void heartbeat(void *arg) {
 
 /* Heartbeat and data position, and answer peers, while waiting. */
 static void wait_a_little(member *m, int ms) {
-  ps_notify_watchdog();
-  ps_registry_tick(m->reg, m->holds ? m->trained : NULL, ps_shard_version(m->state), m->rate, 0);
+  heartbeat(m);
   ps_ring_serve(m->ring, ms);
+}
+
+/* Say once when training starts waiting for Redis (`why`), and when Redis
+ * answers again (why NULL). */
+static void redis_wait(member *m, const char *why) {
+  if (why != NULL && !m->cut_off)
+    ps_log(PS_LOG_WARN, "ring: Redis %s: training waits", why);
+  else if (why == NULL && m->cut_off)
+    ps_log(PS_LOG_INFO, "ring: Redis answers again");
+  m->cut_off = why != NULL;
 }
 
 /* This member's proposal for the view after `cur` (NULL: none yet): its
@@ -152,9 +161,11 @@ static int change_view(member *m, int suspect, const char *why) {
     ps_view v;
     int rc = ps_view_get(m->reg, &v);
     if (rc < 0) {
+      redis_wait(m, "does not answer");
       wait_a_little(m, 100);
       continue;
     }
+    redis_wait(m, NULL);
     if (rc == 0 && m->epoch == 0)
       wait_for_everyone(m);
     if (rc == 0 || v.epoch <= m->epoch) {
@@ -434,15 +445,13 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
      * work on a branch that the next view drops. */
     while (rc == 0 && !*stop && ps_now_s() - m.view_seen > ps_ring_timeout_ms(cfg) / 1000.0) {
       ps_view v;
-      if (!m.cut_off)
-        ps_log(PS_LOG_WARN, "ring: Redis has not answered for %" PRId64 " ms: training waits",
-               ps_ring_timeout_ms(cfg));
-      m.cut_off = 1;
+      char why[64];
+      snprintf(why, sizeof why, "has not answered for %" PRId64 " ms", ps_ring_timeout_ms(cfg));
+      redis_wait(&m, why);
       wait_a_little(&m, 100);
       if (ps_view_get(reg, &v) == 1) {
         m.view_seen = ps_now_s();
-        m.cut_off = 0;
-        ps_log(PS_LOG_INFO, "ring: Redis answers again");
+        redis_wait(&m, NULL);
         if (v.epoch > m.epoch)
           rc = change_view(&m, -1, "a newer view");
       }

@@ -32,25 +32,45 @@ probe() { rc eval "$PROBE" 2 "$P:meta" "$P:snaps" | paste -sd' '; }
 used_memory() { rc info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
 shard_keys() { rc --scan --pattern "$P:*" | sort; }
 
+# What Redis holds of shard 0, read in one script (atomic: a snapshot
+# being written cannot register, store or switch between two reads):
+# "SNAP CHUNKS NCHUNK NFOREIGN NLOG LOGKEY_LISTED SNAPS LOGKEY".
+STATE='local p = ARGV[1]
+local snap = redis.call("HGET", p .. ":meta", "snap") or "-"
+local chunks = redis.call("HGET", p .. ":meta", "chunks") or "-"
+local nchunk, nforeign = 0, 0
+for _, k in ipairs(redis.call("KEYS", p .. ":snap:*")) do
+  nchunk = nchunk + 1
+  if string.sub(k, 1, #p + #snap + 7) ~= p .. ":snap:" .. snap .. ":" then nforeign = nforeign + 1 end
+end
+local logkey = redis.call("GET", p .. ":logkey") or "-"
+local nlog, listed = 0, 0
+for _, k in ipairs(redis.call("KEYS", p .. ":log:*")) do
+  nlog = nlog + 1
+  if k == logkey then listed = 1 end
+end
+local snaps = table.concat(redis.call("HKEYS", p .. ":snaps"), ",")
+return table.concat({snap, chunks, nchunk, nforeign, nlog, listed, snaps ~= "" and snaps or "-", logkey}, " ")'
+
 # check_bounded WHEN: the shard's keys are the live snapshot and log only.
+# A live shard may be switching a last snapshot in: the state is read
+# again until it is bounded or 10 s have passed (what a killed
+# incarnation left behind would stay).
 check_bounded() {
-  local when=$1 snap chunks keys nchunk nforeign nlog logkey nsnaps f
-  snap=$(rc hget "$P:meta" snap)
-  chunks=$(rc hget "$P:meta" chunks)
-  [ -n "$snap" ] && [ -n "$chunks" ] || fail "$when: no meta"
-  keys=$(shard_keys)
-  nchunk=$(grep -c "^$P:snap:" <<<"$keys" || true)
-  nforeign=$(grep "^$P:snap:" <<<"$keys" | grep -vc "^$P:snap:$snap:" || true)
-  nlog=$(grep -c "^$P:log:" <<<"$keys" || true)
-  logkey=$(rc get "$P:logkey")
-  nsnaps=$(rc hlen "$P:snaps")
-  f=$(rc hkeys "$P:snaps" | paste -sd,)
-  [ "$nchunk" -eq "$chunks" ] && [ "$nforeign" -eq 0 ] ||
+  local when=$1 snap chunks nchunk nforeign nlog listed snaps logkey i
+  for ((i = 0; i < 200; i++)); do
+    read -r snap chunks nchunk nforeign nlog listed snaps logkey <<<"$(rc eval "$STATE" 0 "$P")"
+    [ "$snap" != - ] && [ "$nchunk" = "$chunks" ] && [ "$nforeign" = 0 ] && [ "$nlog" = 1 ] &&
+      [ "$listed" = 1 ] && [ "$snaps" = "$snap" ] && break
+    sleep 0.05
+  done
+  [ "$snap" != - ] && [ "$chunks" != - ] || fail "$when: no meta"
+  [ "$nchunk" = "$chunks" ] && [ "$nforeign" = 0 ] ||
     fail "$when: $nchunk snapshot chunk keys ($nforeign of other snapshots), the meta's snapshot $snap has $chunks"
-  [ "$nlog" -eq 1 ] && grep -qx "$logkey" <<<"$keys" ||
-    fail "$when: $nlog log streams ($(grep "^$P:log:" <<<"$keys" | paste -sd' ')), the log key names $logkey"
-  [ "$nsnaps" -eq 1 ] && [ "$f" = "$snap" ] || fail "$when: :snaps lists $f, the meta names $snap"
-  echo "ok: $when: $(wc -l <<<"$keys") keys of shard 0: $nchunk chunks = meta chunks $chunks, all of snapshot $snap; 1 log stream ($logkey, $(rc xlen "$logkey") entries); :snaps = {$f}; used_memory $(used_memory) bytes"
+  [ "$nlog" = 1 ] && [ "$listed" = 1 ] ||
+    fail "$when: $nlog log streams ($(rc --scan --pattern "$P:log:*" | paste -sd' ')), the log key names $logkey"
+  [ "$snaps" = "$snap" ] || fail "$when: :snaps lists $snaps, the meta names $snap"
+  echo "ok: $when: $(shard_keys | wc -l) keys of shard 0: $nchunk chunks = meta chunks $chunks, all of snapshot $snap; 1 log stream ($logkey, $(rc xlen "$logkey") entries); :snaps = {$snaps}; used_memory $(used_memory) bytes"
 }
 
 start ps0_0 "$BIN" ps --config "$T/c.conf" --index 0
@@ -103,11 +123,6 @@ kill -TERM "$PID_w0" "$PID_w1"
 wait_exit "$PID_w0" 60 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 60 || fail "worker 1 exited $?"
 # The shard idle: its last snapshot switched and was cleaned up after.
-for ((i = 0; i < 200; i++)); do
-  read -r m other <<<"$(probe)"
-  [ "$other" = 0 ] && [ "$(rc hget "$P:meta" version)" = "$(sed -n 's/.* version \([0-9]*\) lag 0 .*/\1/p' <<<"$(rc get "$P:node")")" ] && break
-  sleep 0.05
-done
 check_bounded "live shard, idle, after $KILLS kills"
 kill -TERM "$pid"
 wait_exit "$pid" 30 || fail "ps 0 exited $? after SIGTERM"

@@ -34,6 +34,11 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
     free(e);
     return NULL;
   }
+  if (ps_model_check_data(model, e->test.rows, e->test.cols, 10, &eb) != 0) {
+    ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg);
+    ps_eval_free(e);
+    return NULL;
+  }
   e->test_x = malloc(e->test.n * model->in_size * sizeof(float));
   e->compute = e->test_x ? ps_compute_new(model, 1, 256, &eb) : NULL;
   if (e->compute == NULL) {

@@ -17,10 +17,11 @@
 #include "nn/backend.h"
 #include "nn/compute.h"
 #include "nn/model.h"
+#include "nn/modelfile.h"
 #include "optim/optim.h"
 
 typedef struct train_opts {
-  const char *model, *hidden, *data;
+  const char *model, *hidden, *model_file, *data;
   int64_t epochs, batch, threads, max_steps, train_limit, warmup;
   int device;  /* PS_DEVICE_CPU or a CUDA device number */
   double lr, momentum, weight_decay, gamma, step_epochs, min_lr;
@@ -34,11 +35,13 @@ static void train_usage(FILE *f) {
   fprintf(f,
       "usage: paramserv train [OPTIONS]\n"
       "\n"
-      "Train a built-in model on an IDX data set in this one process (no parameter\n"
-      "server) and print, per epoch, the mean loss, the test accuracy and samples/s.\n"
+      "Train a built-in model or a model file on an IDX data set in this one process\n"
+      "(no parameter server) and print, per epoch, the mean loss, the test accuracy\n"
+      "and samples/s.\n"
       "\n"
       "  --model mlp|cnn       model (default mlp)\n"
       "  --hidden SIZES        mlp hidden sizes, comma-separated (default 256,128)\n"
+      "  --model-file PATH     a model file (src/nn/MODELFILE.md) instead of --model\n"
       "  --epochs N            epochs over the training set (default 10)\n"
       "  --batch B             samples per step (default 128)\n"
       "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam (default adam)\n"
@@ -67,12 +70,13 @@ static void train_usage(FILE *f) {
 
 /* @return 0, 1 for --help (printed), or -1 after printing an error. */
 static int parse_opts(int argc, char **argv, train_opts *o) {
-  enum { O_MODEL = 256, O_HIDDEN, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
+  enum { O_MODEL = 256, O_HIDDEN, O_MODEL_FILE, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
          O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
+      {"model-file", required_argument, 0, O_MODEL_FILE},
       {"epochs", required_argument, 0, O_EPOCHS},
       {"batch", required_argument, 0, O_BATCH},
       {"optimizer", required_argument, 0, O_OPTIM},
@@ -108,6 +112,7 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     switch (c) {
     case O_MODEL: o->model = optarg; break;
     case O_HIDDEN: o->hidden = optarg; break;
+    case O_MODEL_FILE: o->model_file = optarg; break;
     case O_EPOCHS: rc = ps_cmd_flag_i64("epochs", optarg, 1, 100000, &o->epochs); break;
     case O_BATCH: rc = ps_cmd_flag_i64("batch", optarg, 1, 65536, &o->batch); break;
     case O_OPTIM: optim_name = optarg; break;
@@ -179,7 +184,8 @@ int ps_cmd_train(int argc, char **argv) {
 
   ps_errbuf eb = {0};
   ps_model_spec spec;
-  if (ps_model_spec_parse(o.model, o.hidden, &spec, &eb) != 0) {
+  if ((o.model_file != NULL ? ps_modelfile_load(o.model_file, &spec, &eb)
+                            : ps_model_spec_parse(o.model, o.hidden, &spec, &eb)) != 0) {
     ps_cmd_error("%s", eb.msg);
     return 2;
   }
@@ -212,10 +218,13 @@ int ps_cmd_train(int argc, char **argv) {
     ps_cmd_error("%s", eb.msg);
     goto out;
   }
-  if (train.rows != (uint32_t)spec.in_h || train.cols != (uint32_t)spec.in_w ||
-      (o.eval && (test.rows != train.rows || test.cols != train.cols))) {
-    ps_cmd_error("%s: images are %ux%u (test %ux%u), the %s model expects %dx%d", o.data,
-                 train.rows, train.cols, test.rows, test.cols, o.model, spec.in_h, spec.in_w);
+  if (o.eval && (test.rows != train.rows || test.cols != train.cols)) {
+    ps_cmd_error("%s: training images are %ux%u, test images %ux%u: expected the same size",
+                 o.data, train.rows, train.cols, test.rows, test.cols);
+    goto out;
+  }
+  if (ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
+    ps_cmd_error("%s: %s", o.data, eb.msg);
     goto out;
   }
   if (o.train_limit > 0 && (size_t)o.train_limit < train.n)
@@ -237,7 +246,7 @@ int ps_cmd_train(int argc, char **argv) {
       slots[i][j] = ps_optim_slot_init(&o.optim, i);
   }
   if (failed || ps_sampler_init(&sampler, train.n, 0, 1, o.seed) != 0) {
-    ps_cmd_error("out of memory for the %s model at batch %" PRId64, o.model, o.batch);
+    ps_cmd_error("out of memory for the %s model at batch %" PRId64, spec.desc, o.batch);
     goto out;
   }
   if (o.eval) {

@@ -409,6 +409,16 @@ static int check_cross(parse_state *st) {
     return fail(st, mode_line, "[cluster] mode = ring with window = %lld%s: expected window = 1 "
                 "(the ring sums every member's gradient each step)", (long long)c->window,
                 c->adag ? " and adag" : "");
+  int name_line = st->line_of[find_setting("model", "name")];
+  int file_line = c->model_file[0] ? st->line_of[find_setting("model", "file")] : 0;
+  int vars_line = c->variables_file[0] ? st->line_of[find_setting("model", "variables")] : 0;
+  if ((name_line > 0) + (file_line > 0) + (vars_line > 0) > 1)
+    return fail(st, name_line > 0 && file_line > 0 ? file_line : vars_line,
+                "[model] %s and %s both set: expected one of name, file, variables",
+                name_line > 0 ? "name" : "file", vars_line > 0 ? "variables" : "file");
+  if (c->mode == PS_MODE_RING && vars_line > 0)
+    return fail(st, vars_line, "[model] variables with [cluster] mode = ring: expected a model "
+                "with layers (ring members compute the gradient themselves)");
   for (int j = 0; j < c->nps; j++) {
     if (addr_equal(&c->chief, &c->ps[j])) {
       int line = st->line_of[find_setting("cluster", "chief")];
@@ -515,14 +525,19 @@ int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb) {
  * config's directory): a regular file no one but its owner may read, at
  * least `min` bytes, one trailing newline stripped.  `what` names it in
  * messages.  @return its length or a negative code. */
+const char *ps_config_file_path(const ps_config *c, const char *file, char *buf, size_t len) {
+  const char *slash = strrchr(c->path, '/');
+  if (file[0] == '/' || slash == NULL)
+    snprintf(buf, len, "%s", file);
+  else
+    snprintf(buf, len, "%.*s/%s", (int)(slash - c->path), c->path, file);
+  return buf;
+}
+
 static int read_private(const ps_config *c, const char *what, const char *file, size_t min,
                         uint8_t *buf, size_t cap, ps_errbuf *eb) {
   char path[2 * PS_CONFIG_PATH_MAX], more[2];
-  const char *slash = strrchr(c->path, '/');
-  if (file[0] == '/' || slash == NULL)
-    snprintf(path, sizeof path, "%s", file);
-  else
-    snprintf(path, sizeof path, "%.*s/%s", (int)(slash - c->path), c->path, file);
+  ps_config_file_path(c, file, path, sizeof path);
   cap = cap > INT_MAX ? INT_MAX : cap;
 
   struct stat sb;

@@ -59,6 +59,8 @@ typedef struct ps_config {
   /* [model] */
   char model[8];                  /* mlp|cnn */
   char hidden[128];               /* mlp hidden sizes, e.g. 256,128 */
+  char model_file[PS_CONFIG_PATH_MAX];      /* "": the built-in [model] name; see MODELFILE.md */
+  char variables_file[PS_CONFIG_PATH_MAX];  /* "": none; variables only, no layers */
   char data_dir[PS_CONFIG_PATH_MAX];
   int64_t seed;
 
@@ -129,6 +131,10 @@ int ps_config_load(const char *path, ps_config *c, ps_errbuf *eb);
  * relative secret_file against its directory).  Same returns as
  * ps_config_load. */
 int ps_config_parse(const char *name, const char *text, ps_config *c, ps_errbuf *eb);
+
+/* A file named in the config: `file` itself when absolute, else beside
+ * the config (in its directory).  @return buf. */
+const char *ps_config_file_path(const ps_config *c, const char *file, char *buf, size_t len);
 
 /* Read the cluster secret named by secret_file (relative to the config's
  * directory) into buf[cap]: at least 16 bytes after one trailing newline is

@@ -9,6 +9,8 @@
 
 #include <xxhash.h>
 
+#include "nn/modelfile.h"
+
 /* ---------------------------------------------------------------- split --- */
 
 /* The auto split cuts a shard's fair share into this many parts at most.
@@ -300,12 +302,8 @@ double ps_layout_imbalance(const ps_layout *l) {
 int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layout,
                           ps_errbuf *eb) {
   ps_errbuf inner = {0};
-  ps_model_spec spec;
   memset(layout, 0, sizeof *layout);
-  /* [model] hidden has a default; it means something for the mlp only. */
-  const char *hidden = strcmp(cfg->model, "mlp") == 0 && cfg->hidden[0] ? cfg->hidden : NULL;
-  if (ps_model_spec_parse(cfg->model, hidden, &spec, &inner) != 0 ||
-      ps_model_build(&spec, model, &inner) != 0)
+  if (ps_model_for_config(cfg, model, &inner) != 0)
     return ps_err_set(eb, inner.code, "%s: [model]: %s", cfg->path, inner.msg);
   ps_layout_strategy strategy = PS_LAYOUT_GREEDY;
   ps_layout_strategy_parse(cfg->layout_strategy, &strategy);
@@ -314,7 +312,7 @@ int ps_layout_for_cluster(const ps_config *cfg, ps_model *model, ps_layout *layo
    * shard image its peers and the chief fetch. */
   int ring = cfg->mode == PS_MODE_RING;
   size_t split = ring ? 0 : cfg->split_bytes < 0 ? SIZE_MAX : (size_t)cfg->split_bytes;
-  int rc = ps_layout_build(&model->vars, ps_model_spec_format(&spec, desc, sizeof desc),
+  int rc = ps_layout_build(&model->vars, ps_model_spec_format(&model->spec, desc, sizeof desc),
                            ring ? 1 : cfg->nps, ring ? PS_LAYOUT_ROUND_ROBIN : strategy, split,
                            layout, &inner);
   if (rc != 0) {

@@ -1,5 +1,6 @@
-/* Built-in models (mlp, cnn): their variable table, their layers, and the
- * forward and backward passes of a whole model over one workspace. */
+/* Models: a spec (the built-in mlp and cnn, or a model file's layers)
+ * built into a variable table and layers, and the forward and backward
+ * passes of a whole model over one workspace. */
 #ifndef PS_NN_MODEL_H
 #define PS_NN_MODEL_H
 
@@ -13,25 +14,60 @@
 
 #define PS_MODEL_MAX_HIDDEN 8
 #define PS_MODEL_MAX_LAYERS 32
+#define PS_MODEL_NAME_MAX 32   /* a layer's name, which prefixes its variables */
+#define PS_MODEL_DESC_MAX 128
 
-typedef enum ps_model_kind { PS_MODEL_MLP = 0, PS_MODEL_CNN } ps_model_kind;
+/* What a model description may say a layer is (MODELFILE.md).  flatten and
+ * log_softmax build no layer: activations are flat arrays already, and the
+ * loss applies the log-softmax (it must be last). */
+typedef enum ps_layer_type {
+  PS_LT_DENSE = 0,
+  PS_LT_CONV2D,
+  PS_LT_MAXPOOL,
+  PS_LT_DROPOUT,
+  PS_LT_RELU,
+  PS_LT_FLATTEN,
+  PS_LT_LOG_SOFTMAX,
+} ps_layer_type;
 
+typedef struct ps_layer_spec {
+  ps_layer_type type;
+  char name[PS_MODEL_NAME_MAX];  /* dense, conv2d: "fc1" gives fc1.weight, fc1.bias */
+  int out;                       /* dense: features; conv2d: channels */
+  int kernel, stride, padding;   /* conv2d, maxpool */
+  float p;                       /* dropout: probability of dropping */
+  int channels;                  /* dropout: whole channels (Dropout2d) */
+} ps_layer_spec;
+
+/* A model: its input sample's shape and its layers, from a built-in name
+ * or a model file (nn/modelfile.h). */
 typedef struct ps_model_spec {
-  ps_model_kind kind;
-  int nhidden;                       /* mlp: hidden layer sizes */
-  int hidden[PS_MODEL_MAX_HIDDEN];
-  int in_c, in_h, in_w;              /* input sample, e.g. 1 x 28 x 28 */
-  int classes;
+  char desc[PS_MODEL_DESC_MAX];  /* canonical text, see ps_model_spec_format */
+  int in_c, in_h, in_w;          /* input sample, e.g. 1 x 28 x 28 */
+  int classes;                   /* the last layer's outputs */
+  int nlayers;
+  ps_layer_spec layers[PS_MODEL_MAX_LAYERS];
 } ps_model_spec;
 
-/* Parse a model name ("mlp" or "cnn") and, for mlp, hidden sizes as
- * "256,128" (NULL = the default 256,128) for 1 x 28 x 28 inputs and 10
- * classes.  @return 0 or PS_EUSAGE with a message in eb. */
+/* Parse a built-in model name ("mlp" or "cnn") and, for mlp, hidden sizes
+ * as "256,128" (NULL = the default 256,128) for 1 x 28 x 28 inputs and 10
+ * classes: the layers of models/mlp.json and models/cnn.json.
+ * @return 0 or PS_EUSAGE with a message in eb. */
 int ps_model_spec_parse(const char *name, const char *hidden, ps_model_spec *spec,
                         ps_errbuf *eb);
 
-/* Canonical text of a spec, e.g. "mlp 784-256-128-10" or "cnn 1x28x28-10";
- * two processes with the same text build the same variable table. */
+/* Check a spec's layers and shapes (a model file's, or one built in code)
+ * and derive its classes; `what` names it in messages (a file's path).
+ * @return 0 or PS_EUSAGE with one line naming the layer and what was
+ * expected. */
+int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb);
+
+/* "dense", "conv2d", ...: a layer type as model files spell it. */
+const char *ps_layer_type_name(ps_layer_type t);
+
+/* Canonical text of a spec, e.g. "mlp 784-256-128-10", "cnn 1x28x28-10",
+ * or for another network "model 1x28x28-10 #<xxh64 of its layers>"; two
+ * processes with the same text build the same variables and layers. */
 const char *ps_model_spec_format(const ps_model_spec *spec, char *buf, size_t len);
 
 typedef struct ps_model {
@@ -46,6 +82,12 @@ typedef struct ps_model {
  * -ENOMEM.  Free with ps_model_close. */
 int ps_model_build(const ps_model_spec *spec, ps_model *m, ps_errbuf *eb);
 void ps_model_close(ps_model *m);
+
+/* Can m train on images of rows x cols pixels (one channel) labelled in
+ * [0, classes)?  @return 0 or PS_EUSAGE with one line naming the model
+ * (a variables-only model has no layers to train with). */
+int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int classes,
+                        ps_errbuf *eb);
 
 /* Buffers for one thread's forward and backward passes over up to
  * max_batch samples, in backend memory. */

@@ -36,6 +36,11 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
   t->model = model;
   t->total = model->vars.total;
   t->batch = (int)cfg->batch;
+  if (model->nlayers == 0) {
+    ps_model_check_data(model, 0, 0, 0, &eb);
+    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+    return 2;
+  }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int threads = cfg->threads > 0 ? (int)cfg->threads : (cores > 0 ? (int)cores : 1);
   t->compute = ps_compute_new_on(model, (int)cfg->device, threads, t->batch, &eb);
@@ -47,6 +52,10 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
       (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &t->test, &eb) != 0)) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
+  }
+  if (ps_model_check_data(model, t->train.rows, t->train.cols, 10, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+    return 2;
   }
   t->params = ps_compute_host_alloc(t->compute, t->total * sizeof *t->params);
   t->grad = ps_compute_host_alloc(t->compute, t->total * sizeof *t->grad);

@@ -12,12 +12,18 @@
 #include "common/rng.h"
 #include "nn/compute.h"
 #include "nn/model.h"
+#include "nn/modelfile.h"
 
-/* Parse and build a built-in model, asserting that both work. */
+/* Parse and build a built-in model, or a model file when `name` ends in
+ * .json, asserting that both work. */
 static inline void gradcheck_build(const char *name, const char *hidden, ps_model *m) {
   ps_model_spec spec;
   ps_errbuf eb = {0};
-  assert_int_equal(ps_model_spec_parse(name, hidden, &spec, &eb), 0);
+  size_t n = strlen(name);
+  int rc = n > 5 && strcmp(name + n - 5, ".json") == 0 ? ps_modelfile_load(name, &spec, &eb)
+                                                       : ps_model_spec_parse(name, hidden, &spec, &eb);
+  if (rc != 0)
+    fail_msg("%s", eb.msg);
   assert_int_equal(ps_model_build(&spec, m, &eb), 0);
 }
 

@@ -382,6 +382,13 @@ static const bad_case bad_cases[] = {
      "expected host:port, host:port, ..."},
     {C "ps = 127.0.0.1:7001\n", "cluster.conf: [cluster] workers is required", "[cluster] workers",
      "expected host:port, host:port, ..."},
+    /* one model: a built-in name, a model file or a variables file */
+    {C PSW "[model]\nname = cnn\nfile = m.json\n", "cluster.conf:6:",
+     "[model] name and file both set", "expected one of name, file, variables"},
+    {C PSW "[model]\nfile = m.json\nvariables = v.json\n", "cluster.conf:6:",
+     "[model] file and variables both set", "expected one of name, file, variables"},
+    {C "mode = ring\nworkers = 127.0.0.1:7101\n[model]\nvariables = v.json\n", "cluster.conf:5:",
+     "[model] variables with [cluster] mode = ring", "expected a model with layers"},
     /* ring mode: no shards, and only every-step gradients */
     {C "mode = ring\nworkers = 127.0.0.1:7101\n[train]\nalgorithm = easgd\n", "cluster.conf:2:",
      "[cluster] mode = ring with algorithm = easgd", "expected algorithm = gradients"},

@@ -1,0 +1,351 @@
+/* Model files and variables files (MODELFILE.md): strict JSON readers.
+ * Every key is known, every value typed and bounded; what is wrong is one
+ * line naming the file, the layer or variable, the key, what was found and
+ * what was expected. */
+#include "nn/modelfile.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* Where a value sits, for messages: "model.json: layer 3 (conv2d)". */
+typedef struct where {
+  const char *file;
+  char at[96];
+} where;
+
+static int bad(ps_errbuf *eb, const where *w, const char *key, const char *expected,
+               const json_t *found) {
+  char f[64];
+  if (found == NULL)
+    snprintf(f, sizeof f, "nothing");
+  else if (json_is_string(found))
+    snprintf(f, sizeof f, "\"%.40s\"", json_string_value(found));
+  else if (json_is_integer(found))
+    snprintf(f, sizeof f, "%" JSON_INTEGER_FORMAT, json_integer_value(found));
+  else if (json_is_real(found))
+    snprintf(f, sizeof f, "%g", json_real_value(found));
+  else
+    snprintf(f, sizeof f, "%s", json_is_object(found)  ? "an object"
+                                : json_is_array(found) ? "an array"
+                                : json_is_boolean(found) ? "a boolean"
+                                                         : "null");
+  return ps_err_set(eb, PS_EUSAGE, "%s: %s%s%s: found %s, expected %s", w->file, w->at,
+                    w->at[0] ? ": " : "", key, f, expected);
+}
+
+/* Only `keys` (NULL-terminated) may appear in obj. */
+static int known_keys(const json_t *obj, const char *const *keys, const where *w,
+                      ps_errbuf *eb) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)obj, k, v) {
+    int ok = 0;
+    char list[160] = "";
+    size_t n = 0;
+    for (int i = 0; keys[i] != NULL; i++) {
+      ok |= strcmp(k, keys[i]) == 0;
+      n += (size_t)snprintf(list + n, n < sizeof list ? sizeof list - n : 0, "%s%s",
+                            i ? ", " : "", keys[i]);
+    }
+    if (!ok)
+      return ps_err_set(eb, PS_EUSAGE, "%s: %s%sunknown key \"%.40s\": expected one of %s",
+                        w->file, w->at, w->at[0] ? ": " : "", k, list);
+  }
+  return 0;
+}
+
+/* An integer in [lo, hi]; `def` when absent, or an error when def < lo. */
+static int get_int(const json_t *obj, const char *key, int def, int lo, int hi, int *out,
+                   const where *w, ps_errbuf *eb) {
+  const json_t *v = json_object_get(obj, key);
+  if (v == NULL && def >= lo) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+    char exp[64];
+    snprintf(exp, sizeof exp, "an integer in [%d, %d]", lo, hi);
+    return bad(eb, w, key, exp, v);
+  }
+  *out = (int)json_integer_value(v);
+  return 0;
+}
+
+/* ------------------------------------------------------------- layers */
+
+static const struct {
+  const char *name;
+  ps_layer_type type;
+  const char *const keys[7];
+} LAYERS[] = {
+    {"dense", PS_LT_DENSE, {"type", "name", "out", NULL}},
+    {"conv2d", PS_LT_CONV2D, {"type", "name", "out", "kernel", "stride", "padding", NULL}},
+    {"maxpool", PS_LT_MAXPOOL, {"type", "kernel", "stride", "padding", NULL}},
+    {"dropout", PS_LT_DROPOUT, {"type", "p", "channels", NULL}},
+    {"relu", PS_LT_RELU, {"type", NULL}},
+    {"flatten", PS_LT_FLATTEN, {"type", NULL}},
+    {"log_softmax", PS_LT_LOG_SOFTMAX, {"type", NULL}},
+};
+#define NTYPES (sizeof LAYERS / sizeof LAYERS[0])
+
+static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *file,
+                       ps_errbuf *eb) {
+  where w = {file, ""};
+  snprintf(w.at, sizeof w.at, "layer %d", i + 1);
+  if (!json_is_object(o))
+    return bad(eb, &w, "layer", "an object such as {\"type\": \"relu\"}", o);
+  const json_t *t = json_object_get(o, "type");
+  size_t k = 0;
+  while (k < NTYPES && !(json_is_string(t) && strcmp(json_string_value(t), LAYERS[k].name) == 0))
+    k++;
+  if (k == NTYPES)
+    return bad(eb, &w, "type",
+               "dense, conv2d, maxpool, dropout, relu, flatten or log_softmax", t);
+  memset(l, 0, sizeof *l);
+  l->type = LAYERS[k].type;
+  snprintf(w.at, sizeof w.at, "layer %d (%s)", i + 1, LAYERS[k].name);
+  int rc = 0;
+  if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D) {
+    const json_t *n = json_object_get(o, "name");
+    if (!json_is_string(n) || json_string_length(n) < 1 ||
+        json_string_length(n) >= sizeof l->name ||
+        strlen(json_string_value(n)) != json_string_length(n))
+      return bad(eb, &w, "name", "a name of 1 to 31 characters (it names the variables)", n);
+    snprintf(l->name, sizeof l->name, "%s", json_string_value(n));
+    snprintf(w.at, sizeof w.at, "layer %d (%s %s)", i + 1, LAYERS[k].name, l->name);
+  }
+  if (known_keys(o, LAYERS[k].keys, &w, eb) != 0)
+    return PS_EUSAGE;
+  if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D)
+    rc = get_int(o, "out", -1, 1, 1 << 20, &l->out, &w, eb);
+  if (rc == 0 && (l->type == PS_LT_CONV2D || l->type == PS_LT_MAXPOOL))
+    rc = get_int(o, "kernel", -1, 1, 4096, &l->kernel, &w, eb);
+  if (rc == 0 && l->type == PS_LT_CONV2D)
+    rc = get_int(o, "stride", 1, 1, 4096, &l->stride, &w, eb);
+  if (rc == 0 && l->type == PS_LT_MAXPOOL)
+    rc = get_int(o, "stride", l->kernel, 1, 4096, &l->stride, &w, eb);
+  if (rc == 0 && (l->type == PS_LT_CONV2D || l->type == PS_LT_MAXPOOL))
+    rc = get_int(o, "padding", 0, 0, 4096, &l->padding, &w, eb);
+  if (rc == 0 && l->type == PS_LT_DROPOUT) {
+    const json_t *p = json_object_get(o, "p"), *c = json_object_get(o, "channels");
+    if (!json_is_number(p) || !(json_number_value(p) >= 0.0 && json_number_value(p) < 1.0))
+      return bad(eb, &w, "p", "a probability of dropping in [0, 1)", p);
+    if (c != NULL && !json_is_boolean(c))
+      return bad(eb, &w, "channels", "true (drop whole channels) or false", c);
+    l->p = (float)json_number_value(p);
+    l->channels = json_is_true(c);
+  }
+  return rc;
+}
+
+/* Parse a loaded document into spec. */
+static int layers_from(const json_t *doc, const char *file, ps_model_spec *spec,
+                       ps_errbuf *eb) {
+  where w = {file, ""};
+  static const char *const top[] = {"comment", "input", "layers", NULL};
+  if (!json_is_object(doc))
+    return bad(eb, &w, "the document", "an object with \"input\" and \"layers\"", doc);
+  if (known_keys(doc, top, &w, eb) != 0)
+    return PS_EUSAGE;
+  memset(spec, 0, sizeof *spec);
+  const json_t *in = json_object_get(doc, "input");
+  int dims[3];
+  if (!json_is_array(in) || json_array_size(in) != 3)
+    return bad(eb, &w, "input", "[channels, height, width], as [1, 28, 28]", in);
+  for (int d = 0; d < 3; d++) {
+    const json_t *v = json_array_get(in, (size_t)d);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
+      return bad(eb, &w, "input", "[channels, height, width] of integers in [1, 4096]", v);
+    dims[d] = (int)json_integer_value(v);
+  }
+  spec->in_c = dims[0];
+  spec->in_h = dims[1];
+  spec->in_w = dims[2];
+  const json_t *layers = json_object_get(doc, "layers");
+  char exp[64];
+  snprintf(exp, sizeof exp, "an array of 1 to %d layers", PS_MODEL_MAX_LAYERS);
+  if (!json_is_array(layers) || json_array_size(layers) < 1 ||
+      json_array_size(layers) > PS_MODEL_MAX_LAYERS)
+    return bad(eb, &w, "layers", exp, layers);
+  for (size_t i = 0; i < json_array_size(layers); i++) {
+    int rc = parse_layer(json_array_get(layers, i), (int)i, &spec->layers[i], file, eb);
+    if (rc != 0)
+      return rc;
+    spec->nlayers++;
+  }
+  return ps_model_spec_check(spec, file, eb);
+}
+
+/* jansson's own message names the line and column. */
+static int load_error(ps_errbuf *eb, const char *what, const json_error_t *je) {
+  if (je->line < 0)
+    return ps_err_set(eb, -ENOENT, "%s: %s", what, je->text);
+  return ps_err_set(eb, PS_EUSAGE, "%s:%d:%d: %s", what, je->line, je->column, je->text);
+}
+
+/* A message quotes what the file holds: control characters in it (a key
+ * with a newline) become '?', so that it stays one line. */
+static int one_line(int rc, ps_errbuf *eb) {
+  for (char *p = eb->msg; rc != 0 && *p != '\0'; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f)
+      *p = '?';
+  return rc;
+}
+
+/* Parse text and hand the document to `from`. */
+#define WITH_DOC(load, what, call)                                      \
+  do {                                                                  \
+    json_error_t je;                                                    \
+    json_t *doc = (load);                                               \
+    if (doc == NULL)                                                    \
+      return one_line(load_error(eb, (what), &je), eb);                 \
+    int rc_ = (call);                                                   \
+    json_decref(doc);                                                   \
+    return one_line(rc_, eb);                                           \
+  } while (0)
+
+int ps_modelfile_parse(const char *text, size_t len, const char *what, ps_model_spec *spec,
+                       ps_errbuf *eb) {
+  WITH_DOC(json_loadb(text, len, JSON_REJECT_DUPLICATES, &je), what,
+           layers_from(doc, what, spec, eb));
+}
+
+int ps_modelfile_load(const char *path, ps_model_spec *spec, ps_errbuf *eb) {
+  WITH_DOC(json_load_file(path, JSON_REJECT_DUPLICATES, &je), path,
+           layers_from(doc, path, spec, eb));
+}
+
+/* ---------------------------------------------------------- variables */
+
+#define MAX_VAR_FLOATS (1ULL << 31)
+
+static int parse_variable(const json_t *o, int i, ps_vartable *t, XXH64_state_t *h,
+                          const char *file, ps_errbuf *eb) {
+  where w = {file, ""};
+  snprintf(w.at, sizeof w.at, "variable %d", i + 1);
+  static const char *const keys[] = {"name", "shape", "init", "scale", NULL};
+  if (!json_is_object(o))
+    return bad(eb, &w, "variable", "an object with name, shape and init", o);
+  const json_t *n = json_object_get(o, "name");
+  if (!json_is_string(n) || json_string_length(n) < 1 ||
+      json_string_length(n) >= PS_VAR_NAME_MAX ||
+      strlen(json_string_value(n)) != json_string_length(n))
+    return bad(eb, &w, "name", "a name of 1 to 63 characters", n);
+  const char *name = json_string_value(n);
+  snprintf(w.at, sizeof w.at, "variable %d (%s)", i + 1, name);
+  if (known_keys(o, keys, &w, eb) != 0)
+    return PS_EUSAGE;
+  if (ps_vartable_find(t, name) >= 0)
+    return bad(eb, &w, "name", "a name no other variable has", n);
+  const json_t *s = json_object_get(o, "shape");
+  uint32_t shape[PS_VAR_MAX_DIMS];
+  if (!json_is_array(s) || json_array_size(s) < 1 || json_array_size(s) > PS_VAR_MAX_DIMS)
+    return bad(eb, &w, "shape", "an array of 1 to 4 dimensions, as [784, 10]", s);
+  uint64_t count = 1;
+  for (size_t d = 0; d < json_array_size(s); d++) {
+    const json_t *v = json_array_get(s, d);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+        json_integer_value(v) > (json_int_t)MAX_VAR_FLOATS)
+      return bad(eb, &w, "shape", "dimensions of integers >= 1", v);
+    count *= (uint64_t)json_integer_value(v);
+    if (count + t->total > MAX_VAR_FLOATS)
+      return bad(eb, &w, "shape", "at most 2^31 floats in all the variables", s);
+    shape[d] = (uint32_t)json_integer_value(v);
+  }
+  const json_t *in = json_object_get(o, "init"), *sc = json_object_get(o, "scale");
+  ps_init init = {PS_INIT_ZEROS, 0.0f};
+  const char *kind = json_string_value(in);
+  if (kind == NULL || (strcmp(kind, "zeros") != 0 && strcmp(kind, "uniform") != 0 &&
+                       strcmp(kind, "normal") != 0))
+    return bad(eb, &w, "init", "\"zeros\", \"uniform\" (in -scale..scale) or \"normal\" "
+                               "(standard deviation scale)", in);
+  if (strcmp(kind, "zeros") == 0) {
+    if (sc != NULL)
+      return bad(eb, &w, "scale", "no scale for zeros", sc);
+  } else {
+    double a = json_number_value(sc);
+    if (!json_is_number(sc) || !(a > 0.0 && a <= 1e6))
+      return bad(eb, &w, "scale", "a number in (0, 1e6]", sc);
+    init.kind = strcmp(kind, "uniform") == 0 ? PS_INIT_UNIFORM : PS_INIT_NORMAL;
+    init.a = (float)a;
+  }
+  int rc = ps_vartable_add(t, name, (int)json_array_size(s), shape, init);
+  if (rc < 0)
+    return ps_err_set(eb, rc, "%s: %s: %s", file, w.at, ps_strerror(rc));
+  char text[160];
+  int len = snprintf(text, sizeof text, "%s %zu %u %u %u %u %d %.9g;", name,
+                     json_array_size(s), shape[0], json_array_size(s) > 1 ? shape[1] : 0,
+                     json_array_size(s) > 2 ? shape[2] : 0, json_array_size(s) > 3 ? shape[3] : 0,
+                     (int)init.kind, (double)init.a);
+  XXH64_update(h, text, (size_t)len);
+  return 0;
+}
+
+static int variables_from(const json_t *doc, const char *file, ps_vartable *t, char *desc,
+                          size_t desc_len, ps_errbuf *eb) {
+  where w = {file, ""};
+  static const char *const top[] = {"comment", "variables", NULL};
+  if (!json_is_object(doc))
+    return bad(eb, &w, "the document", "an object with \"variables\"", doc);
+  if (known_keys(doc, top, &w, eb) != 0)
+    return PS_EUSAGE;
+  const json_t *vars = json_object_get(doc, "variables");
+  if (!json_is_array(vars) || json_array_size(vars) < 1 || json_array_size(vars) > 4096)
+    return bad(eb, &w, "variables", "an array of 1 to 4096 variables", vars);
+  XXH64_state_t *h = XXH64_createState();
+  if (h == NULL)
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory", file);
+  XXH64_reset(h, 0);
+  int rc = 0;
+  for (size_t i = 0; i < json_array_size(vars) && rc == 0; i++)
+    rc = parse_variable(json_array_get(vars, i), (int)i, t, h, file, eb);
+  if (rc == 0)
+    snprintf(desc, desc_len, "variables %d #%016" PRIx64, t->n, (uint64_t)XXH64_digest(h));
+  XXH64_freeState(h);
+  if (rc != 0) {
+    ps_vartable_close(t);
+    ps_vartable_init(t);
+  }
+  return rc;
+}
+
+int ps_varfile_parse(const char *text, size_t len, const char *what, ps_vartable *t, char *desc,
+                     size_t desc_len, ps_errbuf *eb) {
+  WITH_DOC(json_loadb(text, len, JSON_REJECT_DUPLICATES, &je), what,
+           variables_from(doc, what, t, desc, desc_len, eb));
+}
+
+int ps_varfile_load(const char *path, ps_vartable *t, char *desc, size_t desc_len,
+                    ps_errbuf *eb) {
+  WITH_DOC(json_load_file(path, JSON_REJECT_DUPLICATES, &je), path,
+           variables_from(doc, path, t, desc, desc_len, eb));
+}
+
+/* ------------------------------------------------------------- config */
+
+int ps_model_for_config(const ps_config *cfg, ps_model *m, ps_errbuf *eb) {
+  char path[2 * PS_CONFIG_PATH_MAX];
+  memset(m, 0, sizeof *m);
+  if (cfg->variables_file[0] != '\0') {
+    ps_config_file_path(cfg, cfg->variables_file, path, sizeof path);
+    ps_vartable_init(&m->vars);
+    return ps_varfile_load(path, &m->vars, m->spec.desc, sizeof m->spec.desc, eb);
+  }
+  ps_model_spec spec;
+  int rc;
+  if (cfg->model_file[0] != '\0') {
+    rc = ps_modelfile_load(ps_config_file_path(cfg, cfg->model_file, path, sizeof path), &spec,
+                           eb);
+  } else {
+    /* [model] hidden has a default; it means something for the mlp only. */
+    const char *hidden = strcmp(cfg->model, "mlp") == 0 && cfg->hidden[0] ? cfg->hidden : NULL;
+    rc = ps_model_spec_parse(cfg->model, hidden, &spec, eb);
+  }
+  return rc != 0 ? rc : ps_model_build(&spec, m, eb);
+}

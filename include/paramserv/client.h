@@ -51,8 +51,20 @@ void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag);
 void ps_client_free(ps_client *c);
 
 /* The model's variables: weights and gradients are arenas of
- * ps_client_vars(c)->total floats.  Valid until ps_client_free. */
+ * ps_client_vars(c)->total floats.  Valid until ps_client_free.  The
+ * model is the config's [model]: a built-in name, a model file, or a
+ * variables file (src/nn/MODELFILE.md) for a model only your loop knows. */
 const ps_vartable *ps_client_vars(const ps_client *c);
+
+/* A new arena, zeroed, for weights or gradients; free() it.  NULL when out
+ * of memory. */
+float *ps_client_arena_new(const ps_client *c);
+
+/* The values of variable `name` in `arena` (one of this client's
+ * arenas): arena + its offset, row-major in its shape.  *var (when not
+ * NULL) gets its entry in the table (shape, count).  @return NULL, and
+ * *var NULL, when the model has no such variable. */
+float *ps_client_view(const ps_client *c, float *arena, const char *name, const ps_var **var);
 
 /* Fetch the current weights of every shard into `params` (the whole
  * arena).  In sync mode it waits until every shard has applied the step the

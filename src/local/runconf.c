@@ -365,7 +365,22 @@ void ps_runconf_print(const ps_config *c, FILE *f) {
       print_list(&t[i], c, f);
       continue;
     }
+    int model = strcmp(t[i].section, "model") == 0;
+    int other_model = c->model_file[0] != '\0' || c->variables_file[0] != '\0';
+    /* One of name, file, variables: a model file leaves out the name. */
+    if (model && other_model && (strcmp(t[i].key, "name") == 0 || strcmp(t[i].key, "hidden") == 0))
+      continue;
     format_value(&t[i], c, value, sizeof value);
+    /* The run's config is elsewhere: a relative path is made absolute. */
+    if (model && (strcmp(t[i].key, "file") == 0 || strcmp(t[i].key, "variables") == 0) &&
+        value[0] != '\0' && value[0] != '/') {
+      char joined[2 * PS_CONFIG_PATH_MAX], *real;
+      ps_config_file_path(c, value, joined, sizeof joined);
+      if ((real = realpath(joined, NULL)) != NULL) {
+        snprintf(value, sizeof value, "%s", real);
+        free(real);
+      }
+    }
     fprintf(f, "%s =%s%s\n", t[i].key, value[0] ? " " : "", value);
   }
 }

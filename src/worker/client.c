@@ -594,6 +594,17 @@ int ps_client_push(ps_client *c, const float *grad) {
 }
 
 const ps_vartable *ps_client_vars(const ps_client *c) { return &c->model.vars; }
+
+float *ps_client_arena_new(const ps_client *c) {
+  return calloc(c->model.vars.total ? c->model.vars.total : 1, sizeof(float));
+}
+
+float *ps_client_view(const ps_client *c, float *arena, const char *name, const ps_var **var) {
+  int i = ps_vartable_find(&c->model.vars, name);
+  if (var != NULL)
+    *var = i < 0 ? NULL : &c->model.vars.vars[i];
+  return i < 0 ? NULL : arena + c->model.vars.vars[i].offset;
+}
 uint64_t ps_client_global_step(const ps_client *c) { return c->links[0].global_step; }
 uint64_t ps_client_last_step(const ps_client *c) { return (uint64_t)c->cfg.last_step; }
 uint64_t ps_client_pushes(const ps_client *c) { return c->pushes; }

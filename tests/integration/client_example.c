@@ -1,11 +1,15 @@
-/* An example of a user's own training loop on the paramserv client API
- * (include/paramserv/client.h): it computes the gradient of a one-hidden-
- * layer mlp itself, in plain C, on synthetic data, and trains it through
- * the cluster's shards.  Built and run by tests/integration/client.sh.
+/* An example of a user's own training loop on the paramserv client library
+ * (include/paramserv/client.h): a small autoencoder, a model no built-in
+ * is, declared by a variables file (models/examples/autoencoder.vars.json)
+ * and trained through the cluster's shards.  It computes its gradient
+ * itself, in plain C, on synthetic images; the shards apply the optimizer,
+ * replicate and checkpoint.  Built and run by tests/integration/client.sh
+ * (and out of tree, against an installed library, by install.sh).
  *
  *   client_example CONFIG WORKER STEPS
  *
- * The config's [model] must be `name = mlp` with one hidden layer. */
+ * It prints the mean squared reconstruction error on 500 fresh images
+ * before and after training. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +18,12 @@
 #include "paramserv/client.h"
 
 #define IN 784
-#define CLASSES 10
+#define KINDS 10
 #define BATCH 32
 
-/* Synthetic data: class c is a fixed random +-1 pattern plus noise. */
-static float prototype[CLASSES][IN];
+/* Synthetic images: one of 10 fixed random +-1 patterns plus noise, so a
+ * 16-wide code can hold what is not noise. */
+static float prototype[KINDS][IN];
 static unsigned long long rng_state = 88172645463325252ULL;
 
 static double uniform(void) {
@@ -28,46 +33,54 @@ static double uniform(void) {
   return (double)(rng_state >> 11) / 9007199254740992.0;
 }
 
-static int sample(float *x) {
-  int c = (int)(uniform() * CLASSES);
+static void sample(float *x) {
+  int k = (int)(uniform() * KINDS);
   for (int i = 0; i < IN; i++)
-    x[i] = prototype[c][i] + (float)(6.0 * uniform() - 3.0);
-  return c;
+    x[i] = prototype[k][i] + (float)(0.6 * uniform() - 0.3);
 }
 
-/* Where the variables live in the arena, by name (the layout the client
- * gives; every process of the cluster agrees on it). */
-static const float *var(const ps_vartable *t, const float *arena, const char *name) {
-  for (int i = 0; i < t->n; i++)
-    if (strcmp(t->vars[i].name, name) == 0)
-      return arena + t->vars[i].offset;
-  fprintf(stderr, "client_example: the model has no variable %s\n", name);
-  exit(1);
+/* The model's variables, as views into one arena. */
+typedef struct net {
+  int h;                /* code width */
+  float *we, *be, *wd, *bd;
+} net;
+
+static int views(ps_client *c, float *arena, net *n) {
+  const ps_var *v;
+  n->we = ps_client_view(c, arena, "encoder.weight", &v);
+  n->h = v != NULL && v->ndim == 2 && v->shape[1] == IN ? (int)v->shape[0] : 0;
+  n->be = ps_client_view(c, arena, "encoder.bias", NULL);
+  n->wd = ps_client_view(c, arena, "decoder.weight", NULL);
+  n->bd = ps_client_view(c, arena, "decoder.bias", NULL);
+  return n->h > 0 && n->be && n->wd && n->bd ? 0 : -1;
 }
 
-/* Accuracy of the weights on 1000 fresh samples. */
-static double accuracy(int h, const float *w1, const float *b1, const float *w2, const float *b2,
-                       float *x, float *a) {
-  int right = 0;
-  for (int s = 0; s < 1000; s++) {
-    int y = sample(x), best = 0;
-    float z[CLASSES];
-    for (int j = 0; j < h; j++) {
-      float v = b1[j];
-      for (int i = 0; i < IN; i++)
-        v += w1[j * IN + i] * x[i];
-      a[j] = v > 0 ? v : 0;
-    }
-    for (int k = 0; k < CLASSES; k++) {
-      z[k] = b2[k];
-      for (int j = 0; j < h; j++)
-        z[k] += w2[k * h + j] * a[j];
-      if (z[k] > z[best])
-        best = k;
-    }
-    right += best == y;
+/* code = tanh(We x + be), r = Wd code + bd; @return 0.5 * mean (r - x)^2. */
+static double forward(const net *p, const float *x, float *code, float *r) {
+  for (int j = 0; j < p->h; j++) {
+    float z = p->be[j];
+    for (int i = 0; i < IN; i++)
+      z += p->we[j * IN + i] * x[i];
+    code[j] = tanhf(z);
   }
-  return right / 1000.0;
+  double err = 0.0;
+  for (int i = 0; i < IN; i++) {
+    float v = p->bd[i];
+    for (int j = 0; j < p->h; j++)
+      v += p->wd[i * p->h + j] * code[j];
+    r[i] = v;
+    err += 0.5 * (double)(v - x[i]) * (v - x[i]);
+  }
+  return err / IN;
+}
+
+static double test_error(const net *p, float *x, float *code, float *r) {
+  double sum = 0.0;
+  for (int s = 0; s < 500; s++) {
+    sample(x);
+    sum += forward(p, x, code, r);
+  }
+  return sum / 500;
 }
 
 int main(int argc, char **argv) {
@@ -81,79 +94,52 @@ int main(int argc, char **argv) {
     fprintf(stderr, "client_example: %s\n", eb.msg);
     return 1;
   }
-  const ps_vartable *t = ps_client_vars(c);
-  int h = -1;
-  for (int i = 0; i < t->n; i++)
-    if (strcmp(t->vars[i].name, "fc1.weight") == 0)
-      h = (int)t->vars[i].shape[0];
-  if (h < 1 || t->n != 4) {
-    fprintf(stderr, "client_example: expected an mlp with one hidden layer\n");
+  float *params = ps_client_arena_new(c), *grad = ps_client_arena_new(c);
+  net p, g;
+  if (params == NULL || grad == NULL || views(c, params, &p) != 0 || views(c, grad, &g) != 0) {
+    fprintf(stderr, "client_example: expected [model] variables = "
+                    "models/examples/autoencoder.vars.json (encoder.weight [H, 784], ...)\n");
     return 1;
   }
-  float *params = malloc(t->total * sizeof *params), *grad = malloc(t->total * sizeof *grad);
-  float *x = malloc(IN * sizeof *x), *a = malloc((size_t)h * sizeof *a);
-  float *da = malloc((size_t)h * sizeof *da);
-  for (int k = 0; k < CLASSES; k++)
+  int h = p.h;
+  float *x = malloc(IN * sizeof *x), *r = malloc(IN * sizeof *r);
+  float *code = malloc((size_t)h * sizeof *code), *dcode = malloc((size_t)h * sizeof *dcode);
+  for (int k = 0; k < KINDS; k++)
     for (int i = 0; i < IN; i++)
       prototype[k][i] = uniform() < 0.5 ? -1.0f : 1.0f;
-  /* Gradients are written at the same offsets as the weights. */
-  float *g1 = (float *)var(t, grad, "fc1.weight"), *gb1 = (float *)var(t, grad, "fc1.bias");
-  float *g2 = (float *)var(t, grad, "fc2.weight"), *gb2 = (float *)var(t, grad, "fc2.bias");
-  const float *w1 = var(t, params, "fc1.weight"), *b1 = var(t, params, "fc1.bias");
-  const float *w2 = var(t, params, "fc2.weight"), *b2 = var(t, params, "fc2.bias");
 
   int steps = atoi(argv[3]), rc = ps_client_pull(c, params);
-  double before = rc == 0 ? accuracy(h, w1, b1, w2, b2, x, a) : 0.0;
+  double before = rc == 0 ? test_error(&p, x, code, r) : 0.0;
   for (int step = 0; step < steps && rc == 0; step++) {
     if ((rc = ps_client_pull(c, params)) != 0)
       break;
-    memset(grad, 0, t->total * sizeof *grad);
+    memset(grad, 0, ps_client_vars(c)->total * sizeof *grad);
     double loss = 0.0;
     for (int s = 0; s < BATCH; s++) {
-      int y = sample(x);
-      /* Forward: a = relu(W1 x + b1), z = W2 a + b2, softmax. */
-      for (int j = 0; j < h; j++) {
-        float v = b1[j];
-        for (int i = 0; i < IN; i++)
-          v += w1[j * IN + i] * x[i];
-        a[j] = v > 0 ? v : 0;
-      }
-      float z[CLASSES], zmax = -1e30f;
-      for (int k = 0; k < CLASSES; k++) {
-        z[k] = b2[k];
-        for (int j = 0; j < h; j++)
-          z[k] += w2[k * h + j] * a[j];
-        if (z[k] > zmax)
-          zmax = z[k];
-      }
-      double sum = 0.0;
-      for (int k = 0; k < CLASSES; k++)
-        sum += exp(z[k] - zmax);
-      loss += log(sum) + zmax - z[y];
-      /* Backward of the mean loss over the batch. */
-      memset(da, 0, (size_t)h * sizeof *da);
-      for (int k = 0; k < CLASSES; k++) {
-        float dz = (float)(exp(z[k] - zmax) / sum) - (k == y);
-        dz /= BATCH;
-        gb2[k] += dz;
+      sample(x);
+      loss += forward(&p, x, code, r);
+      /* Backward of the batch's mean error. */
+      memset(dcode, 0, (size_t)h * sizeof *dcode);
+      for (int i = 0; i < IN; i++) {
+        float dr = (r[i] - x[i]) / (IN * BATCH);
+        g.bd[i] += dr;
         for (int j = 0; j < h; j++) {
-          g2[k * h + j] += dz * a[j];
-          da[j] += dz * w2[k * h + j];
+          g.wd[i * h + j] += dr * code[j];
+          dcode[j] += dr * p.wd[i * h + j];
         }
       }
       for (int j = 0; j < h; j++) {
-        if (a[j] <= 0)
-          continue;
-        gb1[j] += da[j];
+        float dz = dcode[j] * (1.0f - code[j] * code[j]);
+        g.be[j] += dz;
         for (int i = 0; i < IN; i++)
-          g1[j * IN + i] += da[j] * x[i];
+          g.we[j * IN + i] += dz * x[i];
       }
     }
     /* The second half overlaps each push's acks with the next gradient. */
     if ((rc = step < steps / 2 ? ps_client_push(c, grad) : ps_client_push_async(c, grad)) != 0)
       break;
     if (step % 50 == 0)
-      printf("example: step %d loss %.4f global step %llu\n", step, loss / BATCH,
+      printf("example: step %d error %.4f global step %llu\n", step, loss / BATCH,
              (unsigned long long)ps_client_global_step(c));
   }
   if (rc == 0)
@@ -170,13 +156,16 @@ int main(int argc, char **argv) {
     ps_client_free(c);
     return 1;
   }
-  printf("example: test accuracy %.3f after %d steps (%.3f before)\n",
-         accuracy(h, w1, b1, w2, b2, x, a), steps, before);
+  printf("example: duplicates %llu, stale %llu\n",
+         (unsigned long long)ps_client_duplicates(c), (unsigned long long)ps_client_stale(c));
+  printf("example: reconstruction error %.4f after %d steps (%.4f before)\n",
+         test_error(&p, x, code, r), steps, before);
   free(params);
   free(grad);
   free(x);
-  free(a);
-  free(da);
+  free(r);
+  free(code);
+  free(dcode);
   ps_client_free(c);
   return 0;
 }

@@ -190,9 +190,15 @@ static int cut_call(void *ch, ps_msg *reqs, ps_client_reply_fn fn, void *arg) {
 
 /* The workers' data positions in Redis, read while a cut holds the
  * shards' pushes (ps_cut_env.positions).  A missing one fails the cut:
- * (0, 0) would send that worker back to its first sample. */
+ * (0, 0) would send that worker back to its first sample.  A model of
+ * variables only is trained by the user's own loops, whose data is theirs:
+ * its checkpoints hold (0, 0) for every worker (MODELFILE.md). */
 static int cut_positions(void *arg, ps_data_pos *pos, char *why, size_t len) {
   chief *ch = arg;
+  if (ch->model->nlayers == 0) {
+    memset(pos, 0, (size_t)ch->cfg->nworkers * sizeof *pos);
+    return 0;
+  }
   for (int j = 0; j < ch->cfg->nworkers; j++) {
     int rc = ps_registry_get_pos(ch->reg, j, &pos[j]);
     if (rc == 1)

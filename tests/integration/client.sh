@@ -4,6 +4,9 @@
 # trains through 2 shards, calm and then with each shard killed -9 and
 # restarted from Redis in the middle of training; its reconstruction error
 # falls, and the histories show nothing acknowledged lost or applied twice.
+# With a chief: it initializes and checkpoints the variables; after kill -9
+# of every process and FLUSHALL it restores them from the checkpoint
+# directory, and the example starts from the trained weights.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -54,3 +57,42 @@ check_example "$T/ex.log" "client example, $kills shard kills"
 stop_shards kps 2
 verdict=$(scripts/check-history "$hist") || fail "$verdict"
 echo "$verdict" | sed 's/^/ok: /'
+
+# A chief initializes the variables, checkpoints them, and restores them
+# from the checkpoint directory after every process died and Redis lost
+# everything.
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+write_config "$T/ch.conf" 2 1 "model.variables=$VARS" "train.lr=0.01" "replication.mode=log" \
+  "replication.self_init=no" "checkpoint.dir=$T/ckpt" "checkpoint.every_steps=100" \
+  "checkpoint.every_secs=0" "chief.log_every_steps=100"
+start_shards cps "$T/ch.conf" 2
+start chief "$BIN" chief --config "$T/ch.conf"
+"$EXAMPLE" "$T/ch.conf" 0 400 >"$T/ex1.log" 2>&1 || fail "client_example with a chief exited $?"
+check_example "$T/ex1.log" "client example with a chief"
+wait_for "$T/chief.log" "checkpoint ckpt-0*[1-9]" 30
+grep -q "evaluations off: model 'variables 4 #" "$T/chief.log" || fail "the chief evaluated a model without layers"
+for p in $PID_cps0 $PID_cps1 $PID_chief; do kill -9 "$p"; done
+for p in $PID_cps0 $PID_cps1 $PID_chief; do wait "$p" 2>/dev/null || true; done
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+saved=$(sed -n 's/^latest: \(ckpt-[0-9]*\)$/\1/p' "$T/ckpt/checkpoint")
+[ -n "$saved" ] || fail "no latest checkpoint in the index: $(cat "$T/ckpt/checkpoint")"
+start_shards rps "$T/ch.conf" 2
+start chief2 "$BIN" chief --config "$T/ch.conf"
+# The newest valid checkpoint: the index's latest, or one written after it
+# that the index did not name yet when the chief died.
+for i in 0 1; do wait_for "$T/chief2.log" "shard $i: loaded from" 30; done
+loaded=$(sed -n 's/.*shard [01]: loaded from \(ckpt-[0-9]*\):.*/\1/p' "$T/chief2.log" | sort -u)
+[ "$(wc -l <<<"$loaded")" -eq 1 ] && [ "${loaded#ckpt-}" -ge "${saved#ckpt-}" ] ||
+  fail "shards loaded from $(paste -sd' ' <<<"$loaded"), the index's latest is $saved"
+saved=$loaded
+"$EXAMPLE" "$T/ch.conf" 0 20 >"$T/ex2.log" 2>&1 || fail "client_example after the restore exited $?"
+before=$(sed -n 's/^example: reconstruction error .*(\([0-9.]*\) before)/\1/p' "$T/ex2.log")
+first=$(sed -n 's/^example: reconstruction error .*(\([0-9.]*\) before)/\1/p' "$T/ex1.log")
+awk -v a="$before" -v b="$first" 'BEGIN { exit !(a < b / 3) }' ||
+  fail "after the restore the example began at error $before, a fresh start at $first"
+out=$("$BIN" ckpt export "$T/ckpt/$saved" --format npy "$T/npy") || fail "ckpt export: $out"
+names=$(cd "$T/npy" && ls | paste -sd' ')
+[ "$names" = "decoder.bias.npy decoder.weight.npy encoder.bias.npy encoder.weight.npy" ] ||
+  fail "export of the variables: $names"
+kill -TERM "$PID_chief2" "$PID_rps0" "$PID_rps1"
+echo "ok: variables restored by the chief from $saved after kill -9 of all and FLUSHALL: the example began at error $before (a fresh start: $first); exported $names"

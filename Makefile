@@ -41,12 +41,16 @@ endif
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
             -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror \
-            -fno-math-errno -MMD -MP -Iinclude -Isrc -I. $(ARCHFLAGS) $(SANFLAGS) \
-            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+            -fno-math-errno -fPIC -fvisibility=hidden -MMD -MP -Iinclude -Isrc -I. \
+            $(ARCHFLAGS) $(SANFLAGS) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# SYSLIBS: what the link needs beyond PKGS (paramserv.pc's Libs.private).
+SYSLIBS  := -lpthread -lm
+PKGLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LDLIBS    = $(PKGLIBS) $(SYSLIBS)
 LDFLAGS  += $(SANFLAGS)
 
-LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
+# The commands (src/cmd/) are the binary's; the rest is the library's.
+LIB_SRC  := $(filter-out src/cmd/%,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CU_SRC   := $(sort $(shell find src -name '*.cu' 2>/dev/null))
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
@@ -55,12 +59,17 @@ GPU_TESTS := $(filter build/cuda/tests/test_%,$(GPU_BIN))
 ifeq ($(CUDA),1)
 CFLAGS   += -DPS_HAVE_CUDA
 LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/%.o)
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+SYSLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 NVCCFLAGS := -O2 -g -std=c++20 $(CUDA_ARCH) -DPS_HAVE_CUDA -D_POSIX_C_SOURCE=200809L \
              -D_DEFAULT_SOURCE -Iinclude -Isrc -I. --Werror all-warnings \
-             -Xcompiler -Wall,-Wextra,-Wshadow,-Werror,-fno-math-errno
+             -Xcompiler -Wall,-Wextra,-Wshadow,-Werror,-fno-math-errno,-fPIC,-fvisibility=hidden
 endif
-MAIN_OBJ := $(BUILD)/src/cmd/main.o
+# Objects are rebuilt when the compile flags change: one built without
+# -fPIC would not link into the shared library.
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD) && echo '$(CFLAGS) $(NVCCFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CFLAGS) $(NVCCFLAGS)' >$(FLAGS_STAMP))
+MAIN_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard src/cmd/*.c)))
 BIN      := $(BUILD)/paramserv
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -74,13 +83,22 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 .PHONY: all deps test unit integration systemd-test fuzz fuzz-smoke demo clean help install \
         cuda-check gpu-tests
 
-all: $(BIN)
+# The client library: libparamserv.a and libparamserv.so, of the same
+# objects as the binary.  The .so exports only the functions that
+# include/paramserv/*.h mark PS_API; SOVERSION changes when their ABI does.
+# With CUDA=1 it links cuBLAS and the CUDA runtime too.
+SOVERSION := 1
+SONAME    := libparamserv.so.$(SOVERSION)
+SHLIB     := $(BUILD)/$(SONAME).0.0
+VERSION   := $(shell sed -n 's/^\#define PS_VERSION "\(.*\)"/\1/p' src/cmd/main.c)
+
+all: $(BIN) $(SHLIB)
 
 help:
 	@echo "make demo       install what is missing, build, run the main job"
 	@echo "make test       install what is missing, build, run every test"
 	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
-	@echo "make            build $(BIN)"
+	@echo "make            build $(BIN) and the client library ($(BUILD)/libparamserv.*)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
 	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
 	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
@@ -96,12 +114,12 @@ ifneq ($(V),1)
 Q := @
 endif
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
@@ -110,6 +128,11 @@ $(BUILD)/libparamserv.a: $(LIB_OBJ)
 	@rm -f $@
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)ar rcs $@ $^
+
+$(SHLIB): $(LIB_OBJ)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs -o $@ $^ $(LDLIBS)
+	$(Q)ln -sf $(notdir $@) $(BUILD)/$(SONAME) && ln -sf $(SONAME) $(BUILD)/libparamserv.so
 
 $(BIN): $(MAIN_OBJ) $(BUILD)/libparamserv.a
 	@$(if $(Q),echo "  LD      $@")

@@ -4,6 +4,7 @@ CC       ?= cc
 SAN      ?= 0
 NATIVE   ?= 1
 PREFIX   ?= /usr/local
+LIBDIR   ?= $(PREFIX)/lib
 FUZZ_SECONDS ?= 20
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
@@ -101,6 +102,9 @@ help:
 	@echo "make            build $(BIN) and the client library ($(BUILD)/libparamserv.*)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
 	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
+	@echo "make install    the binary, systemd units, and the client library: headers,"
+	@echo "                libparamserv.so.1 and .a, paramserv.pc (PREFIX=$(PREFIX),"
+	@echo "                LIBDIR=$(LIBDIR), DESTDIR= to stage)"
 	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
 	@echo "                without nvcc it says skip, without a GPU each test does)"
 	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each,"
@@ -224,6 +228,9 @@ clean:
 	rm -rf build
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
+# the client library (libparamserv.so.1 and libparamserv.a) in $(LIBDIR)
+# with its paramserv.pc in $(LIBDIR)/pkgconfig, its headers in
+# $(PREFIX)/include/paramserv,
 # the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and
 # /usr/lib/systemd/system; for another PREFIX set UNITDIR=/etc/systemd/system),
 # the system user in $(SYSUSERSDIR), the runbook in $(DOCDIR), and
@@ -237,10 +244,23 @@ SYSCONFDIR  ?= /etc
 UNITS       := paramserv-chief.service paramserv-ps@.service paramserv-worker@.service \
                paramserv.target
 
-install: $(BIN)
+install: $(BIN) $(SHLIB) $(BUILD)/libparamserv.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
-	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv
+	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv \
+	  $(DESTDIR)$(PREFIX)/include/paramserv $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/paramserv
+	install -m 644 include/paramserv/*.h $(DESTDIR)$(PREFIX)/include/paramserv/
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libparamserv.so
+	install -m 644 $(BUILD)/libparamserv.a $(DESTDIR)$(LIBDIR)/
+	@echo "install paramserv.pc -> $(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc"
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' '' \
+	  'Name: paramserv' \
+	  'Description: client of a paramserv cluster: pull weights, push gradients' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lparamserv' \
+	  'Requires.private: $(PKGS)' 'Libs.private: $(SYSLIBS)' \
+	  >$(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc
 	@set -e; for u in $(UNITS); do \
 	  echo "install systemd/$$u -> $(DESTDIR)$(UNITDIR)/$$u"; \
 	  sed -e 's|/usr/local/bin/paramserv|$(PREFIX)/bin/paramserv|g' \
@@ -258,6 +278,7 @@ install: $(BIN)
 	    echo "systemd-sysusers $(SYSUSERSDIR)/paramserv.conf"; \
 	    systemd-sysusers $(SYSUSERSDIR)/paramserv.conf; fi; \
 	  if [ -d /run/systemd/system ]; then echo "systemctl daemon-reload"; systemctl daemon-reload; fi; \
+	  if command -v ldconfig >/dev/null; then echo "ldconfig"; ldconfig; fi; \
 	fi
 
 -include $(shell find build -name '*.d' 2>/dev/null)

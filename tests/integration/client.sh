@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A user's own training loop on the client API (client_example.c) trains
-# through 2 shards to a high accuracy on its synthetic data.
+# through 2 shards to a high accuracy on its synthetic data.  $CLIENT_EXAMPLE:
+# another build of client_example.c to run (install.sh's, built out of tree
+# against the installed library).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
-EXAMPLE=$(dirname "$BIN")/tests/client_example
+EXAMPLE=${CLIENT_EXAMPLE:-$(dirname "$BIN")/tests/client_example}
 
 write_config "$T/c.conf" 2 1 "model.name=mlp" "model.hidden=32" "train.lr=0.01"
 start_shards ps "$T/c.conf" 2

@@ -4,6 +4,7 @@ CC       ?= cc
 SAN      ?= 0
 NATIVE   ?= 1
 PREFIX   ?= /usr/local
+LIBDIR   ?= $(PREFIX)/lib
 FUZZ_SECONDS ?= 20
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
@@ -41,12 +42,16 @@ endif
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE \
             -Wall -Wextra -Wshadow -Wstrict-prototypes -Werror \
-            -fno-math-errno -MMD -MP -Iinclude -Isrc -I. $(ARCHFLAGS) $(SANFLAGS) \
-            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+            -fno-math-errno -fPIC -fvisibility=hidden -MMD -MP -Iinclude -Isrc -I. \
+            $(ARCHFLAGS) $(SANFLAGS) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+# SYSLIBS: what the link needs beyond PKGS (paramserv.pc's Libs.private).
+SYSLIBS  := -lpthread -lm
+PKGLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+LDLIBS    = $(PKGLIBS) $(SYSLIBS)
 LDFLAGS  += $(SANFLAGS)
 
-LIB_SRC  := $(filter-out src/cmd/main.c,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
+# The commands (src/cmd/) are the binary's; the rest is the library's.
+LIB_SRC  := $(filter-out src/cmd/%,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CU_SRC   := $(sort $(shell find src -name '*.cu' 2>/dev/null))
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
@@ -55,12 +60,17 @@ GPU_TESTS := $(filter build/cuda/tests/test_%,$(GPU_BIN))
 ifeq ($(CUDA),1)
 CFLAGS   += -DPS_HAVE_CUDA
 LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/%.o)
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+SYSLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 NVCCFLAGS := -O2 -g -std=c++20 $(CUDA_ARCH) -DPS_HAVE_CUDA -D_POSIX_C_SOURCE=200809L \
              -D_DEFAULT_SOURCE -Iinclude -Isrc -I. --Werror all-warnings \
-             -Xcompiler -Wall,-Wextra,-Wshadow,-Werror,-fno-math-errno
+             -Xcompiler -Wall,-Wextra,-Wshadow,-Werror,-fno-math-errno,-fPIC,-fvisibility=hidden
 endif
-MAIN_OBJ := $(BUILD)/src/cmd/main.o
+# Objects are rebuilt when the compile flags change: one built without
+# -fPIC would not link into the shared library.
+FLAGS_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD) && echo '$(CFLAGS) $(NVCCFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CFLAGS) $(NVCCFLAGS)' >$(FLAGS_STAMP))
+MAIN_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard src/cmd/*.c)))
 BIN      := $(BUILD)/paramserv
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -74,15 +84,27 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 .PHONY: all deps test unit integration systemd-test fuzz fuzz-smoke demo clean help install \
         cuda-check gpu-tests
 
-all: $(BIN)
+# The client library: libparamserv.a and libparamserv.so, of the same
+# objects as the binary.  The .so exports only the functions that
+# include/paramserv/*.h mark PS_API; SOVERSION changes when their ABI does.
+# With CUDA=1 it links cuBLAS and the CUDA runtime too.
+SOVERSION := 1
+SONAME    := libparamserv.so.$(SOVERSION)
+SHLIB     := $(BUILD)/$(SONAME).0.0
+VERSION   := $(shell sed -n 's/^\#define PS_VERSION "\(.*\)"/\1/p' src/cmd/main.c)
+
+all: $(BIN) $(SHLIB)
 
 help:
 	@echo "make demo       install what is missing, build, run the main job"
 	@echo "make test       install what is missing, build, run every test"
 	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
-	@echo "make            build $(BIN)"
+	@echo "make            build $(BIN) and the client library ($(BUILD)/libparamserv.*)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
 	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
+	@echo "make install    the binary, systemd units, and the client library: headers,"
+	@echo "                libparamserv.so.1 and .a, paramserv.pc (PREFIX=$(PREFIX),"
+	@echo "                LIBDIR=$(LIBDIR), DESTDIR= to stage)"
 	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
 	@echo "                without nvcc it says skip, without a GPU each test does)"
 	@echo "make fuzz       run every fuzz target for FUZZ_SECONDS (default $(FUZZ_SECONDS)) each,"
@@ -96,12 +118,12 @@ ifneq ($(V),1)
 Q := @
 endif
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
@@ -110,6 +132,11 @@ $(BUILD)/libparamserv.a: $(LIB_OBJ)
 	@rm -f $@
 	@$(if $(Q),echo "  AR      $@")
 	$(Q)ar rcs $@ $^
+
+$(SHLIB): $(LIB_OBJ)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -shared -Wl,-soname,$(SONAME) -Wl,-z,defs -o $@ $^ $(LDLIBS)
+	$(Q)ln -sf $(notdir $@) $(BUILD)/$(SONAME) && ln -sf $(SONAME) $(BUILD)/libparamserv.so
 
 $(BIN): $(MAIN_OBJ) $(BUILD)/libparamserv.a
 	@$(if $(Q),echo "  LD      $@")
@@ -201,6 +228,9 @@ clean:
 	rm -rf build
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
+# the client library (libparamserv.so.1 and libparamserv.a) in $(LIBDIR)
+# with its paramserv.pc in $(LIBDIR)/pkgconfig, its headers in
+# $(PREFIX)/include/paramserv,
 # the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and
 # /usr/lib/systemd/system; for another PREFIX set UNITDIR=/etc/systemd/system),
 # the system user in $(SYSUSERSDIR), the runbook in $(DOCDIR), and
@@ -214,10 +244,23 @@ SYSCONFDIR  ?= /etc
 UNITS       := paramserv-chief.service paramserv-ps@.service paramserv-worker@.service \
                paramserv.target
 
-install: $(BIN)
+install: $(BIN) $(SHLIB) $(BUILD)/libparamserv.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
-	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv
+	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv \
+	  $(DESTDIR)$(PREFIX)/include/paramserv $(DESTDIR)$(LIBDIR)/pkgconfig
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/paramserv
+	install -m 644 include/paramserv/*.h $(DESTDIR)$(PREFIX)/include/paramserv/
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libparamserv.so
+	install -m 644 $(BUILD)/libparamserv.a $(DESTDIR)$(LIBDIR)/
+	@echo "install paramserv.pc -> $(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc"
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' '' \
+	  'Name: paramserv' \
+	  'Description: client of a paramserv cluster: pull weights, push gradients' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lparamserv' \
+	  'Requires.private: $(PKGS)' 'Libs.private: $(SYSLIBS)' \
+	  >$(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc
 	@set -e; for u in $(UNITS); do \
 	  echo "install systemd/$$u -> $(DESTDIR)$(UNITDIR)/$$u"; \
 	  sed -e 's|/usr/local/bin/paramserv|$(PREFIX)/bin/paramserv|g' \
@@ -235,6 +278,7 @@ install: $(BIN)
 	    echo "systemd-sysusers $(SYSUSERSDIR)/paramserv.conf"; \
 	    systemd-sysusers $(SYSUSERSDIR)/paramserv.conf; fi; \
 	  if [ -d /run/systemd/system ]; then echo "systemctl daemon-reload"; systemctl daemon-reload; fi; \
+	  if command -v ldconfig >/dev/null; then echo "ldconfig"; ldconfig; fi; \
 	fi
 
 -include $(shell find build -name '*.d' 2>/dev/null)

@@ -34,48 +34,49 @@ typedef struct ps_client ps_client;
 /* Open worker `worker_index` of the cluster in `config_path`.  Nothing is
  * connected yet: the first pull connects.  @return NULL with a one-line
  * message in eb (which may be NULL).  Free with ps_client_free. */
-ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb);
+PS_API ps_client *ps_client_new(const char *config_path, int worker_index, ps_errbuf *eb);
 
 /* Set this client's incarnation (a number that grows with every start of
  * the same worker, e.g. an epoch from Redis); call it before the first
  * pull.  Default: the start time in nanoseconds. */
-void ps_client_set_incarnation(ps_client *c, uint64_t incarnation);
+PS_API void ps_client_set_incarnation(ps_client *c, uint64_t incarnation);
 
 /* Make every call return -EINTR soon after *flag becomes nonzero (a signal
  * handler's flag), even while it waits for a shard that is down.  NULL:
  * calls are never interrupted (the default). */
-void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag);
+PS_API void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag);
 
 /* Close every connection and free the client.  ps_client_free(NULL) does
  * nothing. */
-void ps_client_free(ps_client *c);
+PS_API void ps_client_free(ps_client *c);
 
 /* The model's variables: weights and gradients are arenas of
  * ps_client_vars(c)->total floats.  Valid until ps_client_free.  The
  * model is the config's [model]: a built-in name, a model file, or a
  * variables file (src/nn/MODELFILE.md) for a model only your loop knows. */
-const ps_vartable *ps_client_vars(const ps_client *c);
+PS_API const ps_vartable *ps_client_vars(const ps_client *c);
 
 /* A new arena, zeroed, for weights or gradients; free() it.  NULL when out
  * of memory. */
-float *ps_client_arena_new(const ps_client *c);
+PS_API float *ps_client_arena_new(const ps_client *c);
 
 /* The values of variable `name` in `arena` (one of this client's
  * arenas): arena + its offset, row-major in its shape.  *var (when not
  * NULL) gets its entry in the table (shape, count).  @return NULL, and
  * *var NULL, when the model has no such variable. */
-float *ps_client_view(const ps_client *c, float *arena, const char *name, const ps_var **var);
+PS_API float *ps_client_view(const ps_client *c, float *arena, const char *name,
+                             const ps_var **var);
 
 /* Fetch the current weights of every shard into `params` (the whole
  * arena).  In sync mode it waits until every shard has applied the step the
  * client's last push belongs to; in ssp mode, until the slowest worker is
  * within the staleness bound.  @return 0 or a negative code. */
-int ps_client_pull(ps_client *c, float *params);
+PS_API int ps_client_pull(ps_client *c, float *params);
 
 /* Push a gradient (the whole arena) to every shard, computed on the
  * weights of the last pull, and wait until every shard has acknowledged
  * it.  @return 0 or a negative code. */
-int ps_client_push(ps_client *c, const float *grad);
+PS_API int ps_client_push(ps_client *c, const float *grad);
 
 /* The same push without waiting for its acknowledgements: it copies
  * `grad`, sends it, and returns.  The acks come while later calls run, so
@@ -87,7 +88,7 @@ int ps_client_push(ps_client *c, const float *grad);
  * in order).  A shard that fails meanwhile gets the push again, with the
  * same sequence number.  @return 0 or a negative code (of the previous
  * push's acks). */
-int ps_client_push_async(ps_client *c, const float *grad);
+PS_API int ps_client_push_async(ps_client *c, const float *grad);
 
 /* A push_async followed by a pull, in two halves so that the caller can
  * work while the shards answer (prepare its next batch): start sends the
@@ -95,42 +96,42 @@ int ps_client_push_async(ps_client *c, const float *grad);
  * pull before it copies the push into its log), finish waits for the pull
  * into `params` (untouched until then).  Call finish after every start that
  * returned 0; no other call in between.  @return 0 or a negative code. */
-int ps_client_push_pull_start(ps_client *c, const float *grad, float *params);
-int ps_client_pull_finish(ps_client *c);
+PS_API int ps_client_push_pull_start(ps_client *c, const float *grad, float *params);
+PS_API int ps_client_pull_finish(ps_client *c);
 
 /* Wait until every shard acknowledged the last push (nothing to wait for:
  * returns 0 at once).  @return 0 or a negative code. */
-int ps_client_flush(ps_client *c);
+PS_API int ps_client_flush(ps_client *c);
 
 /* The global step as of the last reply from shard 0 (updates applied to
  * the model so far). */
-uint64_t ps_client_global_step(const ps_client *c);
+PS_API uint64_t ps_client_global_step(const ps_client *c);
 
 /* The step limit of the cluster's config ([train] last_step, 0 = none). */
-uint64_t ps_client_last_step(const ps_client *c);
+PS_API uint64_t ps_client_last_step(const ps_client *c);
 
 /* Pushes this client completed: each was acknowledged by every shard (a
  * push_async counts once its acks came). */
-uint64_t ps_client_pushes(const ps_client *c);
+PS_API uint64_t ps_client_pushes(const ps_client *c);
 
 /* Bytes this client sent to the shards over all its connections (frames,
  * headers included); *in (when not NULL) the bytes it received. */
-uint64_t ps_client_bytes(const ps_client *c, uint64_t *in);
+PS_API uint64_t ps_client_bytes(const ps_client *c, uint64_t *in);
 
 /* The worker's clock: its pushes over all its incarnations, which ssp
  * compares with the other workers'.  It starts at 0; a restarted worker
  * sets the clock it had saved (e.g. in Redis, with its data position), so
  * it rejoins at its clock instead of holding the others back while it
  * redoes every step.  Setting it does not change ps_client_pushes. */
-void ps_client_set_clock(ps_client *c, uint64_t clock);
-uint64_t ps_client_clock(const ps_client *c);
+PS_API void ps_client_set_clock(ps_client *c, uint64_t clock);
+PS_API uint64_t ps_client_clock(const ps_client *c);
 
 /* Pushes of this client that shards reported as already applied
  * (re-sent after a reconnect) or dropped as stale (sync). */
-uint64_t ps_client_duplicates(const ps_client *c);
-uint64_t ps_client_stale(const ps_client *c);
+PS_API uint64_t ps_client_duplicates(const ps_client *c);
+PS_API uint64_t ps_client_stale(const ps_client *c);
 
 /* The message of the last failed call. */
-const char *ps_client_error(const ps_client *c);
+PS_API const char *ps_client_error(const ps_client *c);
 
 #endif

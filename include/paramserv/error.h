@@ -4,6 +4,11 @@
 
 #include <stddef.h>
 
+/* Marks the functions of the public API (include/paramserv/): the only
+ * symbols libparamserv.so exports, as it is built with -fvisibility=hidden.
+ * Every function declared in these headers carries it. */
+#define PS_API __attribute__((visibility("default")))
+
 /* The project's own codes.  Functions return 0 or a negative number: either
  * -errno from the C library or one of these, all far below any errno value. */
 #define PS_ERRNO_MAP(X)                                                   \
@@ -26,7 +31,7 @@ enum {
 
 /* A short, static description of `code` (a PS_E* value or a -errno).
  * Never NULL; the string lives for the whole program. */
-const char *ps_strerror(int code);
+PS_API const char *ps_strerror(int code);
 
 /* A one-line error for the user: names the thing, what was found and what was
  * expected.  Functions that parse user input fill one in and return its code. */
@@ -37,7 +42,7 @@ typedef struct ps_errbuf {
 
 /* Format `fmt` into eb->msg (when eb is not NULL), store `code` and return it,
  * so that a parser can write `return ps_err_set(eb, PS_EFORMAT, "...", ...);`. */
-int ps_err_set(ps_errbuf *eb, int code, const char *fmt, ...)
+PS_API int ps_err_set(ps_errbuf *eb, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #endif

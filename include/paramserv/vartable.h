@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "paramserv/error.h"
+
 #define PS_VAR_NAME_MAX 64
 #define PS_VAR_MAX_DIMS 4
 
@@ -37,28 +39,28 @@ typedef struct ps_vartable {
 } ps_vartable;
 
 /* ps_vartable_init makes an empty table; ps_vartable_close frees it. */
-void ps_vartable_init(ps_vartable *t);
-void ps_vartable_close(ps_vartable *t);
+PS_API void ps_vartable_init(ps_vartable *t);
+PS_API void ps_vartable_close(ps_vartable *t);
 
 /* Append a variable; it takes the next offset in the arena.
  * @return its index, or -EINVAL (bad name, ndim, zero dimension, duplicate
  * name), -ENOMEM. */
-int ps_vartable_add(ps_vartable *t, const char *name, int ndim, const uint32_t *shape,
-                    ps_init init);
+PS_API int ps_vartable_add(ps_vartable *t, const char *name, int ndim,
+                           const uint32_t *shape, ps_init init);
 
 /* @return the variable's index or -1. */
-int ps_vartable_find(const ps_vartable *t, const char *name);
+PS_API int ps_vartable_find(const ps_vartable *t, const char *name);
 
 /* Fill the elements [first, first + count) of variable `v` into out[0..count)
  * with its initializer, seeded by (seed, variable name): the same values in
  * every process, whichever slice it asks for. */
-void ps_vartable_init_values(const ps_vartable *t, int v, uint64_t seed, size_t first,
-                             size_t count, float *out);
+PS_API void ps_vartable_init_values(const ps_vartable *t, int v, uint64_t seed,
+                                    size_t first, size_t count, float *out);
 
 /* Fill the whole arena (t->total floats). */
-void ps_vartable_init_arena(const ps_vartable *t, uint64_t seed, float *arena);
+PS_API void ps_vartable_init_arena(const ps_vartable *t, uint64_t seed, float *arena);
 
 /* Format "name[32x1x3x3]" into buf. */
-const char *ps_var_describe(const ps_var *v, char *buf, size_t len);
+PS_API const char *ps_var_describe(const ps_var *v, char *buf, size_t len);
 
 #endif

@@ -230,10 +230,10 @@ clean:
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
 # the client library (libparamserv.so.1 and libparamserv.a) in $(LIBDIR)
 # with its paramserv.pc in $(LIBDIR)/pkgconfig, its headers in
-# $(PREFIX)/include/paramserv,
+# $(PREFIX)/include/paramserv, the model files in $(PREFIX)/share/paramserv/models,
 # the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and
 # /usr/lib/systemd/system; for another PREFIX set UNITDIR=/etc/systemd/system),
-# the system user in $(SYSUSERSDIR), the runbook in $(DOCDIR), and
+# the system user in $(SYSUSERSDIR), the runbook and MODELFILE.md in $(DOCDIR), and
 # $(SYSCONFDIR)/paramserv/cluster.conf.example (a cluster.conf is never
 # written).  Without DESTDIR, as root, it also creates the user and reloads
 # systemd.  systemd/README.md is the runbook.
@@ -247,8 +247,12 @@ UNITS       := paramserv-chief.service paramserv-ps@.service paramserv-worker@.s
 install: $(BIN) $(SHLIB) $(BUILD)/libparamserv.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 	  $(DESTDIR)$(DOCDIR) $(DESTDIR)$(SYSCONFDIR)/paramserv \
-	  $(DESTDIR)$(PREFIX)/include/paramserv $(DESTDIR)$(LIBDIR)/pkgconfig
+	  $(DESTDIR)$(PREFIX)/include/paramserv $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(PREFIX)/share/paramserv/models/examples
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/paramserv
+	install -m 644 models/*.json $(DESTDIR)$(PREFIX)/share/paramserv/models/
+	install -m 644 models/examples/*.json $(DESTDIR)$(PREFIX)/share/paramserv/models/examples/
+	install -m 644 src/nn/MODELFILE.md $(DESTDIR)$(DOCDIR)/MODELFILE.md
 	install -m 644 include/paramserv/*.h $(DESTDIR)$(PREFIX)/include/paramserv/
 	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(SHLIB)) $(DESTDIR)$(LIBDIR)/$(SONAME)

@@ -21,6 +21,9 @@ esac
 env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory install DESTDIR="$T/root" PREFIX=/usr \
   "${make_args[@]}" >"$T/install.log" 2>&1 || fail "make install exited $?"
 lib=$T/root/usr/lib inc=$T/root/usr/include/paramserv
+for m in models/*.json models/examples/*.json; do
+  cmp -s "$m" "$T/root/usr/share/paramserv/$m" || fail "make install: $m not in /usr/share/paramserv"
+done
 
 [[ $(readelf -d "$lib/libparamserv.so") == *"Library soname: [libparamserv.so.1]"* ]] ||
   fail "$lib/libparamserv.so: no soname libparamserv.so.1"

@@ -326,7 +326,11 @@ static void format_value(const ps_setting *s, const ps_config *c, char *buf, siz
     snprintf(buf, len, "%s", s->choices[*(const int *)field]);
     break;
   case PS_SETTING_ADDR:
-    ps_addr_format((const ps_addr *)field, buf, len);
+    /* Port 0 is an address left empty: [metrics] listen off. */
+    if (((const ps_addr *)field)->port == 0)
+      buf[0] = '\0';
+    else
+      ps_addr_format((const ps_addr *)field, buf, len);
     break;
   case PS_SETTING_ADDR_LIST:
     buf[0] = '\0'; /* printed entry by entry, see print_list */

@@ -19,6 +19,18 @@
 #include "replica/replica.h"
 
 typedef struct client client;
+typedef struct ps_metrics ps_metrics;
+typedef struct ps_metric ps_metric;
+
+/* The shard's series (src/common/METRICS.md); NULL members when metrics
+ * are off.  server.c sets them from the counts that live in the shard, the
+ * replica and the restore info. */
+typedef struct shard_metrics {
+  ps_metrics *m;
+  ps_metric *applied, *duplicates, *stale, *staleness, *version, *global_step, *lag_versions,
+      *lag_seconds, *nondurable, *acks_waiting, *restores, *restore_seconds, *incarnation,
+      *bytes_in, *bytes_out, *clients;
+} shard_metrics;
 typedef struct reply_buf reply_buf;
 
 typedef struct server {
@@ -52,6 +64,7 @@ typedef struct server {
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
+  shard_metrics metrics;
   /* control.c */
   uint64_t fence;               /* the highest chief fence token seen */
   struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */

@@ -18,6 +18,7 @@
 
 #include "common/history.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
@@ -298,6 +299,70 @@ static int wait_for_the_end(member *m) {
   return PS_ESTOPPED;
 }
 
+/* A member's series (src/common/METRICS.md), served as worker `index`'s. */
+typedef struct member_metrics {
+  ps_metrics *m;
+  ps_metric *steps, *samples, *rate, *global_step, *epoch, *views, *members, *fetched, *broken,
+      *redone, *bytes_out, *bytes_in;
+  double rate_t0;
+  uint64_t rate_samples0;
+} member_metrics;
+
+static int metrics_open(member_metrics *x, const ps_config *cfg, int index) {
+  ps_metrics *m = x->m = ps_metrics_new(cfg, "worker", index);
+  x->steps = ps_metrics_counter(m, "paramserv_ring_steps_total",
+                                "local steps (batches) this member computed");
+  x->samples = ps_metrics_counter(m, "paramserv_ring_samples_total",
+                                  "training samples this member computed gradients on");
+  x->rate = ps_metrics_gauge(m, "paramserv_ring_samples_per_second",
+                             "samples per second over the last second or so");
+  x->global_step = ps_metrics_gauge(m, "paramserv_ring_global_step",
+                                    "the step of this member's replica");
+  x->epoch = ps_metrics_gauge(m, "paramserv_ring_view_epoch", "the view this member is in");
+  x->views = ps_metrics_counter(m, "paramserv_ring_views_total", "views this member entered");
+  x->members = ps_metrics_gauge(m, "paramserv_ring_members", "members of the current view");
+  x->fetched = ps_metrics_counter(m, "paramserv_ring_fetched_states_total",
+                                  "states fetched from a peer");
+  x->broken = ps_metrics_counter(m, "paramserv_ring_broken_steps_total",
+                                 "all-reduces a peer's failure broke");
+  x->redone = ps_metrics_counter(m, "paramserv_ring_redone_steps_total",
+                                 "all-reduces redone with a gradient already computed");
+  x->bytes_out = ps_metrics_counter(m, "paramserv_ring_sent_bytes_total", "bytes sent to peers");
+  x->bytes_in = ps_metrics_counter(m, "paramserv_ring_received_bytes_total",
+                                   "bytes received from peers");
+  x->rate_t0 = ps_now_s();
+  ps_errbuf eb = {0};
+  if (ps_metrics_serve(m, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+    return -1;
+  }
+  return 0;
+}
+
+static void metrics_update(member_metrics *x, const member *m, uint64_t local, uint64_t samples,
+                           uint64_t broken, uint64_t redone) {
+  if (x->m == NULL)
+    return;
+  uint64_t in, out = ps_ring_bytes(m->ring, &in);
+  ps_metric_set(x->steps, (double)local);
+  ps_metric_set(x->samples, (double)samples);
+  ps_metric_set(x->global_step, (double)ps_shard_version(m->state));
+  ps_metric_set(x->epoch, (double)m->epoch);
+  ps_metric_set(x->views, (double)m->views);
+  ps_metric_set(x->members, ps_ring_size(m->ring));
+  ps_metric_set(x->fetched, (double)m->fetched);
+  ps_metric_set(x->broken, (double)broken);
+  ps_metric_set(x->redone, (double)redone);
+  ps_metric_set(x->bytes_out, (double)out);
+  ps_metric_set(x->bytes_in, (double)in);
+  double now = ps_now_s();
+  if (now - x->rate_t0 >= 1.0) {
+    ps_metric_set(x->rate, (double)(samples - x->rate_samples0) / (now - x->rate_t0));
+    x->rate_t0 = now;
+    x->rate_samples0 = samples;
+  }
+}
+
 int ps_ring_member_run(const ps_config *cfg, int index) {
   stop = ps_trainer_start_process(cfg, index);
   int status = 1;
@@ -310,10 +375,13 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   ps_registry *reg = NULL;
   ps_history *history = NULL;
   float *work = NULL, *init = NULL;
+  member_metrics mm = {0};
   if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
+  if (metrics_open(&mm, cfg, index) != 0)
+    goto out;
   if ((status = ps_trainer_open(&t, cfg, &model, index)) != 0)
     goto out;
   status = 1;
@@ -376,6 +444,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   uint64_t grad_step = 0;
   size_t n = 0;
   while (rc == 0 && !*stop && (last == 0 || ps_shard_version(state) < last)) {
+    metrics_update(&mm, &m, local, samples, broken, redone);
     uint64_t step = ps_shard_version(state);
     if (!have_grad || grad_step != step) {
       n = ps_trainer_batch(&t);
@@ -465,6 +534,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
+  metrics_update(&mm, &m, local, samples, broken, redone);
   if (rc == 0 && !*stop && !cfg->ps_self_init)
     rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
@@ -494,6 +564,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
+  ps_metrics_free(mm.m);
   ps_history_close(history);
   ps_ring_free(ring);
   ps_shard_free(state);

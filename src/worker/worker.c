@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
@@ -29,6 +30,70 @@
 #include "worker/elastic.h"
 #include "worker/trainer.h"
 
+/* The worker's series (src/common/METRICS.md).  The counts live in the
+ * client (ps_client_pushes, _duplicates, ...); the loop copies them here
+ * after each step. */
+typedef struct worker_metrics {
+  ps_metrics *m;
+  ps_metric *steps, *samples, *rate, *pushes, *duplicates, *stale, *reconnects, *stall,
+      *bytes_out, *bytes_in, *global_step;
+  double rate_t0;
+  uint64_t rate_samples0;
+} worker_metrics;
+
+static int metrics_open(worker_metrics *w, const ps_config *cfg, int index, ps_errbuf *eb) {
+  ps_metrics *m = w->m = ps_metrics_new(cfg, "worker", index);
+  w->steps = ps_metrics_counter(m, "paramserv_worker_steps_total",
+                                "local steps (batches) this process computed");
+  w->samples = ps_metrics_counter(m, "paramserv_worker_samples_total",
+                                  "training samples this process computed gradients on");
+  w->rate = ps_metrics_gauge(m, "paramserv_worker_samples_per_second",
+                             "samples per second over the last second or so");
+  w->pushes = ps_metrics_counter(m, "paramserv_worker_pushes_total",
+                                 "pushes acknowledged by every shard");
+  w->duplicates = ps_metrics_counter(m, "paramserv_worker_duplicates_total",
+                                     "pushes shards reported already applied (re-sent after a "
+                                     "reconnect)");
+  w->stale = ps_metrics_counter(m, "paramserv_worker_stale_pushes_total",
+                                "pushes shards dropped as stale");
+  w->reconnects = ps_metrics_counter(m, "paramserv_worker_reconnects_total",
+                                     "shard connections made again after the first one each");
+  w->stall = ps_metrics_counter(m, "paramserv_worker_stall_seconds_total",
+                                "time spent waiting for the shards (push acks, pull replies, "
+                                "reconnects)");
+  w->bytes_out = ps_metrics_counter(m, "paramserv_worker_sent_bytes_total",
+                                    "bytes sent to the shards");
+  w->bytes_in = ps_metrics_counter(m, "paramserv_worker_received_bytes_total",
+                                   "bytes received from the shards");
+  w->global_step = ps_metrics_gauge(m, "paramserv_worker_global_step",
+                                    "the global step as of shard 0's last reply");
+  w->rate_t0 = ps_now_s();
+  return ps_metrics_serve(m, eb);
+}
+
+static void metrics_update(worker_metrics *w, const ps_client *c, int nps, uint64_t steps,
+                           uint64_t samples, double stall) {
+  if (w->m == NULL)
+    return;
+  uint64_t in, out = ps_client_bytes(c, &in), connects = ps_client_connects(c);
+  ps_metric_set(w->steps, (double)steps);
+  ps_metric_set(w->samples, (double)samples);
+  ps_metric_set(w->pushes, (double)ps_client_pushes(c));
+  ps_metric_set(w->duplicates, (double)ps_client_duplicates(c));
+  ps_metric_set(w->stale, (double)ps_client_stale(c));
+  ps_metric_set(w->reconnects, connects > (uint64_t)nps ? (double)(connects - (uint64_t)nps) : 0);
+  ps_metric_set(w->stall, stall);
+  ps_metric_set(w->bytes_out, (double)out);
+  ps_metric_set(w->bytes_in, (double)in);
+  ps_metric_set(w->global_step, (double)ps_client_global_step(c));
+  double now = ps_now_s();
+  if (now - w->rate_t0 >= 1.0) {
+    ps_metric_set(w->rate, (double)(samples - w->rate_samples0) / (now - w->rate_t0));
+    w->rate_t0 = now;
+    w->rate_samples0 = samples;
+  }
+}
+
 int ps_worker_run(const ps_config *cfg, int index) {
   if (cfg->mode == PS_MODE_RING)
     return ps_ring_member_run(cfg, index);
@@ -39,10 +104,15 @@ int ps_worker_run(const ps_config *cfg, int index) {
   float *sum = NULL;
   ps_registry *registry = NULL;
   ps_elastic el = {0};
+  worker_metrics wm = {0};
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
+  }
+  if (metrics_open(&wm, cfg, index, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+    goto out;
   }
   /* The model the client built from the config, layout and all. */
   const ps_model *model = ps_client_model(client);
@@ -90,7 +160,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   const char *nan_env = getenv("PS_TEST_NAN_AFTER_STEP");
   uint64_t nan_after = nan_env != NULL ? strtoull(nan_env, NULL, 10) : 0;
   uint64_t local = 0, samples = 0, window_steps = 0;
-  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
+  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0, stall = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
   /* The replica starts from the center (a restarted worker's too). */
   int rc = ps_client_pull(client, elastic ? el.center : params);
@@ -164,16 +234,23 @@ int ps_worker_run(const ps_config *cfg, int index) {
       }
       window_steps = 0;
     }
+    /* The time in the client's calls is time waiting for the shards; the
+     * batch prepared between them is not. */
+    double w0 = ps_now_s();
     rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
+    stall += ps_now_s() - w0;
     trained = t.sampler.pos;
     if (rc == 0) {
       n = ps_trainer_batch(&t);
       have_batch = 1;
+      w0 = ps_now_s();
       rc = ps_client_pull_finish(client);
+      stall += ps_now_s() - w0;
       if (rc == 0 && elastic)
         ps_elastic_pulled(&el, params);
     }
     double now = ps_now_s();
+    metrics_update(&wm, client, cfg->nps, local, samples, stall);
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
@@ -215,6 +292,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
+  ps_metrics_free(wm.m);
   free(sum);
   ps_elastic_free(&el);
   ps_trainer_close(&t);

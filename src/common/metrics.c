@@ -11,26 +11,25 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "common/timeutil.h"
 #include "net/conn.h"
 
 #define MAX_METRICS 64
 #define MAX_BUCKETS 16
 
-enum { COUNTER, GAUGE, HISTOGRAM };
-
 /* Doubles live in uint64_t bit patterns so that the __atomic builtins
  * handle them without a lock (and without libatomic). */
 struct ps_metric {
-  const char *name, *help;
-  int kind;
+  const ps_metric_def *def;
   uint64_t bits;                     /* counter, gauge: the value */
-  int nb;                            /* histogram: bounds, then +Inf */
-  double bounds[MAX_BUCKETS];
-  uint64_t buckets[MAX_BUCKETS + 1]; /* not cumulative; summed when formatted */
+  uint64_t buckets[MAX_BUCKETS + 1]; /* histogram: not cumulative; summed when formatted */
   uint64_t count, sum_bits;
+  double rate_t0, rate_total0;       /* ps_metric_rate's window (its writer's alone) */
 };
 
 struct ps_metrics {
+  const ps_config *cfg;              /* for messages: its path and listen */
+  char who[32];                      /* "ps 1" */
   ps_addr at;
   char labels[96];                   /* role="ps",index="0" */
   int n;
@@ -78,6 +77,8 @@ ps_metrics *ps_metrics_new(const ps_config *c, const char *role, int index) {
   ps_metrics *m = calloc(1, sizeof *m);
   if (m == NULL)
     return NULL;
+  m->cfg = c;
+  snprintf(m->who, sizeof m->who, "%s %d", role, index);
   m->at = at;
   m->fd = -1;
   if (index >= 0)
@@ -87,34 +88,16 @@ ps_metrics *ps_metrics_new(const ps_config *c, const char *role, int index) {
   return m;
 }
 
-static ps_metric *add(ps_metrics *m, const char *name, const char *help, int kind) {
-  if (m == NULL || m->n >= MAX_METRICS || m->daemon != NULL)
-    return NULL;
-  ps_metric *x = &m->m[m->n++];
-  x->name = name;
-  x->help = help;
-  x->kind = kind;
-  return x;
-}
-
-ps_metric *ps_metrics_counter(ps_metrics *m, const char *name, const char *help) {
-  return add(m, name, help, COUNTER);
-}
-
-ps_metric *ps_metrics_gauge(ps_metrics *m, const char *name, const char *help) {
-  return add(m, name, help, GAUGE);
-}
-
-ps_metric *ps_metrics_histogram(ps_metrics *m, const char *name, const char *help,
-                                const double *bounds, int n) {
-  if (n < 0 || n > MAX_BUCKETS)
-    return NULL;
-  ps_metric *x = add(m, name, help, HISTOGRAM);
-  if (x != NULL) {
-    x->nb = n;
-    memcpy(x->bounds, bounds, (size_t)n * sizeof *bounds);
+void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_metric **out) {
+  for (int i = 0; i < n; i++) {
+    out[i] = NULL;
+    if (m == NULL || m->n >= MAX_METRICS || m->daemon != NULL || defs[i].nbounds < 0 ||
+        defs[i].nbounds > MAX_BUCKETS)
+      continue;
+    out[i] = &m->m[m->n++];
+    out[i]->def = &defs[i];
+    out[i]->rate_t0 = ps_now_s();
   }
-  return x;
 }
 
 void ps_metric_set(ps_metric *x, double v) {
@@ -127,11 +110,22 @@ void ps_metric_add(ps_metric *x, double v) {
     add_double(&x->bits, v);
 }
 
+void ps_metric_rate(ps_metric *x, double total) {
+  if (x == NULL)
+    return;
+  double now = ps_now_s();
+  if (now - x->rate_t0 < 1.0)
+    return;
+  ps_metric_set(x, (total - x->rate_total0) / (now - x->rate_t0));
+  x->rate_t0 = now;
+  x->rate_total0 = total;
+}
+
 void ps_metric_observe(ps_metric *x, double v) {
   if (x == NULL)
     return;
-  int b = 0;
-  while (b < x->nb && v > x->bounds[b])
+  int b = 0, nb = x->def->nbounds;
+  while (b < nb && v > x->def->bounds[b])
     b++;
   __atomic_add_fetch(&x->buckets[b], 1, __ATOMIC_RELAXED);
   add_double(&x->sum_bits, v);
@@ -159,9 +153,10 @@ char *ps_metrics_format(ps_metrics *m) {
   static const char *const types[] = {"counter", "gauge", "histogram"};
   for (int i = 0; i < m->n; i++) {
     ps_metric *x = &m->m[i];
-    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", x->name, x->help, x->name, types[x->kind]);
-    if (x->kind != HISTOGRAM) {
-      fprintf(f, "%s{%s} ", x->name, m->labels);
+    const ps_metric_def *d = x->def;
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", d->name, d->help, d->name, types[d->kind]);
+    if (d->kind != PS_METRIC_HISTOGRAM) {
+      fprintf(f, "%s{%s} ", d->name, m->labels);
       value(f, from_bits(__atomic_load_n(&x->bits, __ATOMIC_RELAXED)));
       fputc('\n', f);
       continue;
@@ -169,18 +164,18 @@ char *ps_metrics_format(ps_metrics *m) {
     /* The buckets are read one by one while observations go on: the count
      * printed is their sum, so that the +Inf bucket equals _count. */
     uint64_t cum = 0;
-    for (int b = 0; b <= x->nb; b++) {
+    for (int b = 0; b <= d->nbounds; b++) {
       cum += __atomic_load_n(&x->buckets[b], __ATOMIC_RELAXED);
-      fprintf(f, "%s_bucket{%s,le=\"", x->name, m->labels);
-      if (b < x->nb)
-        value(f, x->bounds[b]);
+      fprintf(f, "%s_bucket{%s,le=\"", d->name, m->labels);
+      if (b < d->nbounds)
+        value(f, d->bounds[b]);
       else
         fputs("+Inf", f);
       fprintf(f, "\"} %llu\n", (unsigned long long)cum);
     }
-    fprintf(f, "%s_sum{%s} ", x->name, m->labels);
+    fprintf(f, "%s_sum{%s} ", d->name, m->labels);
     value(f, from_bits(__atomic_load_n(&x->sum_bits, __ATOMIC_RELAXED)));
-    fprintf(f, "\n%s_count{%s} %llu\n", x->name, m->labels, (unsigned long long)cum);
+    fprintf(f, "\n%s_count{%s} %llu\n", d->name, m->labels, (unsigned long long)cum);
   }
   if (fclose(f) != 0) {
     free(buf);
@@ -226,8 +221,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
   if (m == NULL)
     return 0;
-  char a[300];
+  char a[300], base[300];
   ps_addr_format(&m->at, a, sizeof a);
+  ps_addr_format(&m->cfg->metrics_listen, base, sizeof base);
   /* The socket is ours, so that a port in use or an address this host
    * lacks is an error that names it (MHD would only say it failed). */
   uv_loop_t loop;
@@ -238,7 +234,8 @@ int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
     uv_loop_close(&loop);
   }
   if (rc != 0)
-    return ps_err_set(eb, -EINVAL, "[metrics] listen: cannot resolve %s: %s", a, uv_strerror(rc));
+    return ps_err_set(eb, -EINVAL, "%s: [metrics] listen = %s: cannot resolve %s: %s (expected "
+                      "an address of this host)", m->cfg->path, base, a, uv_strerror(rc));
   int one = 1;
   m->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (m->fd < 0 || setsockopt(m->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
@@ -250,8 +247,9 @@ int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
     if (m->fd >= 0)
       close(m->fd);
     m->fd = -1;
-    return ps_err_set(eb, -e, "[metrics] listen: cannot listen on %s: %s (expected a free port "
-                      "on this host; each process takes the port plus its slot)", a, strerror(e));
+    return ps_err_set(eb, -e, "%s: [metrics] listen = %s: %s cannot listen on %s: %s (expected "
+                      "a free port: each process takes the port plus its slot)", m->cfg->path,
+                      base, m->who, a, strerror(e));
   }
   m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, answer, m,
                                MHD_OPTION_LISTEN_SOCKET, m->fd, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -259,7 +257,8 @@ int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
   if (m->daemon == NULL) {
     close(m->fd);
     m->fd = -1;
-    return ps_err_set(eb, -EIO, "[metrics] listen: libmicrohttpd could not serve on %s", a);
+    return ps_err_set(eb, -EIO, "%s: [metrics] listen = %s: %s: libmicrohttpd could not serve on "
+                      "%s", m->cfg->path, base, m->who, a);
   }
   m->fd = -1;  /* MHD_stop_daemon closes it */
   return 0;

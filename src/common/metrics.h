@@ -30,21 +30,34 @@ int ps_metrics_addr(const ps_config *c, const char *role, int index, ps_addr *ou
  * Free with ps_metrics_free. */
 ps_metrics *ps_metrics_new(const ps_config *c, const char *role, int index);
 
-/* Register a series; `name` is the full Prometheus name (paramserv_...,
- * counters ending _total), `help` one line.  Both must be string literals
- * or otherwise outlive the registry.  @return the metric, owned by the
- * registry, or NULL (m is NULL, or out of memory: the series is then
- * left out). */
-ps_metric *ps_metrics_counter(ps_metrics *m, const char *name, const char *help);
-ps_metric *ps_metrics_gauge(ps_metrics *m, const char *name, const char *help);
-/* bounds: n upper bounds in increasing order (the +Inf bucket is added),
- * copied. */
-ps_metric *ps_metrics_histogram(ps_metrics *m, const char *name, const char *help,
-                                const double *bounds, int n);
+typedef enum ps_metric_kind {
+  PS_METRIC_COUNTER = 0,
+  PS_METRIC_GAUGE,
+  PS_METRIC_HISTOGRAM,
+} ps_metric_kind;
+
+/* One series: its full Prometheus name (paramserv_..., counters ending
+ * _total, units _seconds or _bytes) and a one-line help.  A histogram's
+ * bounds: nbounds upper bounds in increasing order (+Inf is added; at most
+ * 16).  Each process declares its series in one table of these. */
+typedef struct ps_metric_def {
+  ps_metric_kind kind;
+  const char *name, *help;
+  const double *bounds;
+  int nbounds;
+} ps_metric_def;
+
+/* Register the n series of defs, in order, their metrics into out[0..n):
+ * owned by the registry, NULL when m is NULL (or the registry is full, 64
+ * series: the series is then left out).  defs (and the strings and bounds
+ * it points to) must outlive the registry: a static table. */
+void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_metric **out);
 
 /* Start serving on ps_metrics_addr's address (an internal thread of
  * libmicrohttpd).  @return 0, or a negative errno with a one-line message
- * in eb naming the setting and the address (e.g. the port is in use). */
+ * in eb naming the config file, the setting, the process and the address
+ * (e.g. the port is in use).  The config given to ps_metrics_new must
+ * outlive the registry. */
 int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb);
 
 /* Stop serving (joins the HTTP thread) and free everything. */
@@ -56,6 +69,10 @@ void ps_metric_set(ps_metric *x, double v);
 void ps_metric_add(ps_metric *x, double v);
 /* Count one observation into a histogram. */
 void ps_metric_observe(ps_metric *x, double v);
+/* A gauge set to the rate of `total` (a count that only grows) per second
+ * since the last time it was set, at most once a second; its one writer
+ * is the thread that calls this. */
+void ps_metric_rate(ps_metric *x, double total);
 
 /* The text ps_metrics_serve answers with, NUL-terminated, malloc'ed (the
  * caller frees); NULL when m is NULL or memory ran out.  For tests. */

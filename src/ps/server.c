@@ -224,7 +224,7 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   ps_push_result r =
       ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
   if (r == PS_SHARD_APPLIED)
-    ps_metric_observe(s->metrics.staleness,
+    ps_metric_observe(s->series[S_STALENESS],
                       global_before > p->step ? (double)(global_before - p->step) : 0.0);
   if (r == PS_SHARD_OLD_INCARNATION) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
@@ -451,69 +451,60 @@ static void on_connection(uv_stream_t *listener, int status) {
 
 /* ------------------------------------------------------------- metrics */
 
-static int metrics_open(server *s) {
-  shard_metrics *x = &s->metrics;
-  ps_metrics *m = x->m = ps_metrics_new(s->cfg, "ps", s->index);
-  static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
-  x->applied = ps_metrics_counter(m, "paramserv_ps_pushes_applied_total",
-                                  "pushes applied to this shard's slice");
-  x->duplicates = ps_metrics_counter(m, "paramserv_ps_duplicates_total",
-                                     "pushes already applied, acknowledged again");
-  x->stale = ps_metrics_counter(m, "paramserv_ps_stale_pushes_total",
-                                "pushes dropped as stale (sync, or past last_step)");
-  x->staleness = ps_metrics_histogram(m, "paramserv_ps_staleness",
-                                      "global steps between a gradient's computation and its "
-                                      "application", staleness_bounds, 10);
-  x->version = ps_metrics_gauge(m, "paramserv_ps_version", "updates applied to the slice");
-  x->global_step = ps_metrics_gauge(m, "paramserv_ps_global_step", "the global step as known here");
-  x->lag_versions = ps_metrics_gauge(m, "paramserv_ps_replication_lag_versions",
-                                     "updates applied since the newest snapshot Redis holds");
-  x->lag_seconds = ps_metrics_gauge(m, "paramserv_ps_replication_lag_seconds",
-                                    "age of the newest snapshot Redis holds (0: it covers every "
-                                    "update)");
-  x->nondurable = ps_metrics_counter(m, "paramserv_ps_nondurable_acks_total",
-                                     "updates acknowledged without being durable "
-                                     "(on_redis_failure = degrade), over the run");
-  x->acks_waiting = ps_metrics_gauge(m, "paramserv_ps_acks_waiting",
-                                     "acknowledgements held until their entries are durable");
-  x->restores = ps_metrics_counter(m, "paramserv_ps_restores_total",
-                                   "restores of this process's state from Redis (0 or 1)");
-  x->restore_seconds = ps_metrics_gauge(m, "paramserv_ps_restore_seconds",
-                                        "time the last restore from Redis took, connect to ready");
-  x->incarnation = ps_metrics_gauge(m, "paramserv_ps_incarnation",
-                                    "this process's epoch (grows with every start)");
-  x->bytes_in = ps_metrics_counter(m, "paramserv_ps_received_bytes_total",
-                                   "bytes received from peers");
-  x->bytes_out = ps_metrics_counter(m, "paramserv_ps_sent_bytes_total", "bytes sent to peers");
-  x->clients = ps_metrics_gauge(m, "paramserv_ps_connections", "peer connections open");
-  ps_errbuf eb = {0};
-  if (ps_metrics_serve(m, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: %s", s->cfg->path, eb.msg);
-    return -1;
-  }
-  return 0;
-}
+static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+static const ps_metric_def shard_series[S_N] = {
+    [S_APPLIED] = {PS_METRIC_COUNTER, "paramserv_ps_pushes_applied_total",
+                   "pushes applied to this shard's slice"},
+    [S_DUPLICATES] = {PS_METRIC_COUNTER, "paramserv_ps_duplicates_total",
+                      "pushes already applied, acknowledged again"},
+    [S_STALE] = {PS_METRIC_COUNTER, "paramserv_ps_stale_pushes_total",
+                 "pushes dropped as stale (sync, or past last_step)"},
+    [S_STALENESS] = {PS_METRIC_HISTOGRAM, "paramserv_ps_staleness",
+                     "global steps between a gradient's computation and its application",
+                     staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]},
+    [S_VERSION] = {PS_METRIC_GAUGE, "paramserv_ps_version", "updates applied to the slice"},
+    [S_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_ps_global_step", "the global step as known here"},
+    [S_LAG_VERSIONS] = {PS_METRIC_GAUGE, "paramserv_ps_replication_lag_versions",
+                        "updates applied since the newest snapshot Redis holds"},
+    [S_LAG_SECONDS] = {PS_METRIC_GAUGE, "paramserv_ps_replication_lag_seconds",
+                       "age of the newest snapshot Redis holds (0: it covers every update)"},
+    [S_NONDURABLE] = {PS_METRIC_COUNTER, "paramserv_ps_nondurable_acks_total",
+                      "updates acknowledged without being durable (on_redis_failure = degrade), "
+                      "over the run"},
+    [S_ACKS_WAITING] = {PS_METRIC_GAUGE, "paramserv_ps_acks_waiting",
+                        "acknowledgements held until their entries are durable"},
+    [S_RESTORES] = {PS_METRIC_COUNTER, "paramserv_ps_restores_total",
+                    "restores of this process's state from Redis (0 or 1)"},
+    [S_RESTORE_SECONDS] = {PS_METRIC_GAUGE, "paramserv_ps_restore_seconds",
+                           "time the last restore from Redis took, connect to ready"},
+    [S_INCARNATION] = {PS_METRIC_GAUGE, "paramserv_ps_incarnation",
+                       "this process's epoch (grows with every start)"},
+    [S_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_ps_received_bytes_total",
+                    "bytes received from peers"},
+    [S_SENT] = {PS_METRIC_COUNTER, "paramserv_ps_sent_bytes_total", "bytes sent to peers"},
+    [S_CONNECTIONS] = {PS_METRIC_GAUGE, "paramserv_ps_connections", "peer connections open"},
+};
 
 /* Copies the counts that live in the shard and the replica. */
 static void metrics_update(server *s) {
-  shard_metrics *x = &s->metrics;
-  if (x->m == NULL)
+  ps_metric **x = s->series;
+  if (s->metrics == NULL)
     return;
   uint64_t in, out;
   server_bytes(s, &in, &out);
-  ps_metric_set(x->applied, (double)s->shard.pushes_applied);
-  ps_metric_set(x->duplicates, (double)s->shard.pushes_duplicate);
-  ps_metric_set(x->stale, (double)s->shard.pushes_stale);
-  ps_metric_set(x->version, (double)s->shard.version);
-  ps_metric_set(x->global_step, (double)s->shard.global_step);
-  ps_metric_set(x->bytes_in, (double)in);
-  ps_metric_set(x->bytes_out, (double)out);
-  ps_metric_set(x->clients, (double)s->nclients);
+  ps_metric_set(x[S_APPLIED], (double)s->shard.pushes_applied);
+  ps_metric_set(x[S_DUPLICATES], (double)s->shard.pushes_duplicate);
+  ps_metric_set(x[S_STALE], (double)s->shard.pushes_stale);
+  ps_metric_set(x[S_VERSION], (double)s->shard.version);
+  ps_metric_set(x[S_GLOBAL_STEP], (double)s->shard.global_step);
+  ps_metric_set(x[S_RECEIVED], (double)in);
+  ps_metric_set(x[S_SENT], (double)out);
+  ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
   if (s->replica != NULL) {
-    ps_metric_set(x->lag_versions, (double)ps_replica_lag(s->replica));
-    ps_metric_set(x->lag_seconds, ps_replica_lag_seconds(s->replica));
-    ps_metric_set(x->nondurable, (double)ps_replica_nondurable(s->replica));
-    ps_metric_set(x->acks_waiting, (double)ps_replica_acks_waiting(s->replica));
+    ps_metric_set(x[S_LAG_VERSIONS], (double)ps_replica_lag(s->replica));
+    ps_metric_set(x[S_LAG_SECONDS], ps_replica_lag_seconds(s->replica));
+    ps_metric_set(x[S_NONDURABLE], (double)ps_replica_nondurable(s->replica));
+    ps_metric_set(x[S_ACKS_WAITING], (double)ps_replica_acks_waiting(s->replica));
   }
 }
 
@@ -663,8 +654,12 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   int listen_rc = rc;
   ps_restore_info ri = {0};
-  if (listen_rc == 0 && metrics_open(s) != 0)
+  s->metrics = ps_metrics_new(cfg, "ps", index);
+  ps_metrics_register(s->metrics, shard_series, S_N, s->series);
+  if (listen_rc == 0 && ps_metrics_serve(s->metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
+  }
   if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
     status = 0;
     goto out;
@@ -726,11 +721,11 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO, "restore: deleted %" PRIu64 " snapshots that never switched and %" PRIu64
            " logs of dead incarnations", ri.gc_snapshots, ri.gc_streams);
   s->ri = ri;
-  ps_metric_set(s->metrics.incarnation, (double)s->incarnation);
-  ps_metric_set(s->metrics.nondurable, (double)ri.nondurable);
+  ps_metric_set(s->series[S_INCARNATION], (double)s->incarnation);
+  ps_metric_set(s->series[S_NONDURABLE], (double)ri.nondurable);
   if (ri.loaded) {
-    ps_metric_set(s->metrics.restores, 1);
-    ps_metric_set(s->metrics.restore_seconds, ri.seconds);
+    ps_metric_set(s->series[S_RESTORES], 1);
+    ps_metric_set(s->series[S_RESTORE_SECONDS], ri.seconds);
   }
   if (listen_rc != 0) {
     if (cfg->replication != PS_REPLICATION_OFF)
@@ -784,7 +779,7 @@ out:
   }
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
-  ps_metrics_free(s->metrics.m);
+  ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);
   ps_history_close(s->history);

@@ -22,15 +22,10 @@ typedef struct client client;
 typedef struct ps_metrics ps_metrics;
 typedef struct ps_metric ps_metric;
 
-/* The shard's series (src/common/METRICS.md); NULL members when metrics
- * are off.  server.c sets them from the counts that live in the shard, the
- * replica and the restore info. */
-typedef struct shard_metrics {
-  ps_metrics *m;
-  ps_metric *applied, *duplicates, *stale, *staleness, *version, *global_step, *lag_versions,
-      *lag_seconds, *nondurable, *acks_waiting, *restores, *restore_seconds, *incarnation,
-      *bytes_in, *bytes_out, *clients;
-} shard_metrics;
+/* The shard's series (src/common/METRICS.md), in server.c's table. */
+enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, S_LAG_VERSIONS,
+       S_LAG_SECONDS, S_NONDURABLE, S_ACKS_WAITING, S_RESTORES, S_RESTORE_SECONDS, S_INCARNATION,
+       S_RECEIVED, S_SENT, S_CONNECTIONS, S_N };
 typedef struct reply_buf reply_buf;
 
 typedef struct server {
@@ -64,7 +59,8 @@ typedef struct server {
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
-  shard_metrics metrics;
+  ps_metrics *metrics;   /* NULL: metrics off */
+  ps_metric *series[S_N];
   /* control.c */
   uint64_t fence;               /* the highest chief fence token seen */
   struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */

@@ -300,67 +300,48 @@ static int wait_for_the_end(member *m) {
 }
 
 /* A member's series (src/common/METRICS.md), served as worker `index`'s. */
-typedef struct member_metrics {
-  ps_metrics *m;
-  ps_metric *steps, *samples, *rate, *global_step, *epoch, *views, *members, *fetched, *broken,
-      *redone, *bytes_out, *bytes_in;
-  double rate_t0;
-  uint64_t rate_samples0;
-} member_metrics;
+enum { R_STEPS, R_SAMPLES, R_RATE, R_GLOBAL_STEP, R_EPOCH, R_VIEWS, R_MEMBERS, R_FETCHED, R_BROKEN,
+       R_REDONE, R_SENT, R_RECEIVED, R_N };
+static const ps_metric_def member_series[R_N] = {
+    [R_STEPS] = {PS_METRIC_COUNTER, "paramserv_ring_steps_total",
+                 "local steps (batches) this member computed"},
+    [R_SAMPLES] = {PS_METRIC_COUNTER, "paramserv_ring_samples_total",
+                   "training samples this member computed gradients on"},
+    [R_RATE] = {PS_METRIC_GAUGE, "paramserv_ring_samples_per_second",
+                "samples per second over the last second or so"},
+    [R_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_ring_global_step",
+                       "the step of this member's replica"},
+    [R_EPOCH] = {PS_METRIC_GAUGE, "paramserv_ring_view_epoch", "the view this member is in"},
+    [R_VIEWS] = {PS_METRIC_COUNTER, "paramserv_ring_views_total", "views this member entered"},
+    [R_MEMBERS] = {PS_METRIC_GAUGE, "paramserv_ring_members", "members of the current view"},
+    [R_FETCHED] = {PS_METRIC_COUNTER, "paramserv_ring_fetched_states_total",
+                   "states fetched from a peer"},
+    [R_BROKEN] = {PS_METRIC_COUNTER, "paramserv_ring_broken_steps_total",
+                  "all-reduces a peer's failure broke"},
+    [R_REDONE] = {PS_METRIC_COUNTER, "paramserv_ring_redone_steps_total",
+                  "all-reduces redone with a gradient already computed"},
+    [R_SENT] = {PS_METRIC_COUNTER, "paramserv_ring_sent_bytes_total", "bytes sent to peers"},
+    [R_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_ring_received_bytes_total",
+                    "bytes received from peers"},
+};
 
-static int metrics_open(member_metrics *x, const ps_config *cfg, int index) {
-  ps_metrics *m = x->m = ps_metrics_new(cfg, "worker", index);
-  x->steps = ps_metrics_counter(m, "paramserv_ring_steps_total",
-                                "local steps (batches) this member computed");
-  x->samples = ps_metrics_counter(m, "paramserv_ring_samples_total",
-                                  "training samples this member computed gradients on");
-  x->rate = ps_metrics_gauge(m, "paramserv_ring_samples_per_second",
-                             "samples per second over the last second or so");
-  x->global_step = ps_metrics_gauge(m, "paramserv_ring_global_step",
-                                    "the step of this member's replica");
-  x->epoch = ps_metrics_gauge(m, "paramserv_ring_view_epoch", "the view this member is in");
-  x->views = ps_metrics_counter(m, "paramserv_ring_views_total", "views this member entered");
-  x->members = ps_metrics_gauge(m, "paramserv_ring_members", "members of the current view");
-  x->fetched = ps_metrics_counter(m, "paramserv_ring_fetched_states_total",
-                                  "states fetched from a peer");
-  x->broken = ps_metrics_counter(m, "paramserv_ring_broken_steps_total",
-                                 "all-reduces a peer's failure broke");
-  x->redone = ps_metrics_counter(m, "paramserv_ring_redone_steps_total",
-                                 "all-reduces redone with a gradient already computed");
-  x->bytes_out = ps_metrics_counter(m, "paramserv_ring_sent_bytes_total", "bytes sent to peers");
-  x->bytes_in = ps_metrics_counter(m, "paramserv_ring_received_bytes_total",
-                                   "bytes received from peers");
-  x->rate_t0 = ps_now_s();
-  ps_errbuf eb = {0};
-  if (ps_metrics_serve(m, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
-    return -1;
-  }
-  return 0;
-}
-
-static void metrics_update(member_metrics *x, const member *m, uint64_t local, uint64_t samples,
+static void metrics_update(ps_metric **x, const member *m, uint64_t local, uint64_t samples,
                            uint64_t broken, uint64_t redone) {
-  if (x->m == NULL)
+  if (x[0] == NULL)
     return;
   uint64_t in, out = ps_ring_bytes(m->ring, &in);
-  ps_metric_set(x->steps, (double)local);
-  ps_metric_set(x->samples, (double)samples);
-  ps_metric_set(x->global_step, (double)ps_shard_version(m->state));
-  ps_metric_set(x->epoch, (double)m->epoch);
-  ps_metric_set(x->views, (double)m->views);
-  ps_metric_set(x->members, ps_ring_size(m->ring));
-  ps_metric_set(x->fetched, (double)m->fetched);
-  ps_metric_set(x->broken, (double)broken);
-  ps_metric_set(x->redone, (double)redone);
-  ps_metric_set(x->bytes_out, (double)out);
-  ps_metric_set(x->bytes_in, (double)in);
-  double now = ps_now_s();
-  if (now - x->rate_t0 >= 1.0) {
-    ps_metric_set(x->rate, (double)(samples - x->rate_samples0) / (now - x->rate_t0));
-    x->rate_t0 = now;
-    x->rate_samples0 = samples;
-  }
+  ps_metric_set(x[R_STEPS], (double)local);
+  ps_metric_set(x[R_SAMPLES], (double)samples);
+  ps_metric_rate(x[R_RATE], (double)samples);
+  ps_metric_set(x[R_GLOBAL_STEP], (double)ps_shard_version(m->state));
+  ps_metric_set(x[R_EPOCH], (double)m->epoch);
+  ps_metric_set(x[R_VIEWS], (double)m->views);
+  ps_metric_set(x[R_MEMBERS], ps_ring_size(m->ring));
+  ps_metric_set(x[R_FETCHED], (double)m->fetched);
+  ps_metric_set(x[R_BROKEN], (double)broken);
+  ps_metric_set(x[R_REDONE], (double)redone);
+  ps_metric_set(x[R_SENT], (double)out);
+  ps_metric_set(x[R_RECEIVED], (double)in);
 }
 
 int ps_ring_member_run(const ps_config *cfg, int index) {
@@ -375,13 +356,18 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   ps_registry *reg = NULL;
   ps_history *history = NULL;
   float *work = NULL, *init = NULL;
-  member_metrics mm = {0};
+  ps_metrics *metrics = NULL;
+  ps_metric *series[R_N];
   if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
-  if (metrics_open(&mm, cfg, index) != 0)
+  metrics = ps_metrics_new(cfg, "worker", index);
+  ps_metrics_register(metrics, member_series, R_N, series);
+  if (ps_metrics_serve(metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
+  }
   if ((status = ps_trainer_open(&t, cfg, &model, index)) != 0)
     goto out;
   status = 1;
@@ -444,7 +430,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   uint64_t grad_step = 0;
   size_t n = 0;
   while (rc == 0 && !*stop && (last == 0 || ps_shard_version(state) < last)) {
-    metrics_update(&mm, &m, local, samples, broken, redone);
+    metrics_update(series, &m, local, samples, broken, redone);
     uint64_t step = ps_shard_version(state);
     if (!have_grad || grad_step != step) {
       n = ps_trainer_batch(&t);
@@ -534,7 +520,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
-  metrics_update(&mm, &m, local, samples, broken, redone);
+  metrics_update(series, &m, local, samples, broken, redone);
   if (rc == 0 && !*stop && !cfg->ps_self_init)
     rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
@@ -564,7 +550,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
-  ps_metrics_free(mm.m);
+  ps_metrics_free(metrics);
   ps_history_close(history);
   ps_ring_free(ring);
   ps_shard_free(state);

@@ -33,65 +33,48 @@
 /* The worker's series (src/common/METRICS.md).  The counts live in the
  * client (ps_client_pushes, _duplicates, ...); the loop copies them here
  * after each step. */
-typedef struct worker_metrics {
-  ps_metrics *m;
-  ps_metric *steps, *samples, *rate, *pushes, *duplicates, *stale, *reconnects, *stall,
-      *bytes_out, *bytes_in, *global_step;
-  double rate_t0;
-  uint64_t rate_samples0;
-} worker_metrics;
+enum { W_STEPS, W_SAMPLES, W_RATE, W_PUSHES, W_DUPLICATES, W_STALE, W_RECONNECTS, W_STALL,
+       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_N };
+static const ps_metric_def worker_series[W_N] = {
+    [W_STEPS] = {PS_METRIC_COUNTER, "paramserv_worker_steps_total",
+                 "local steps (batches) this process computed"},
+    [W_SAMPLES] = {PS_METRIC_COUNTER, "paramserv_worker_samples_total",
+                   "training samples this process computed gradients on"},
+    [W_RATE] = {PS_METRIC_GAUGE, "paramserv_worker_samples_per_second",
+                "samples per second over the last second or so"},
+    [W_PUSHES] = {PS_METRIC_COUNTER, "paramserv_worker_pushes_total",
+                  "pushes acknowledged by every shard"},
+    [W_DUPLICATES] = {PS_METRIC_COUNTER, "paramserv_worker_duplicates_total",
+                      "pushes shards reported already applied (re-sent after a reconnect)"},
+    [W_STALE] = {PS_METRIC_COUNTER, "paramserv_worker_stale_pushes_total",
+                 "pushes shards dropped as stale"},
+    [W_RECONNECTS] = {PS_METRIC_COUNTER, "paramserv_worker_reconnects_total",
+                      "shard connections made again after the first one each"},
+    [W_STALL] = {PS_METRIC_COUNTER, "paramserv_worker_stall_seconds_total",
+                 "time spent waiting for the shards (push acks, pull replies, reconnects)"},
+    [W_SENT] = {PS_METRIC_COUNTER, "paramserv_worker_sent_bytes_total", "bytes sent to the shards"},
+    [W_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_worker_received_bytes_total",
+                    "bytes received from the shards"},
+    [W_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_worker_global_step",
+                       "the global step as of shard 0's last reply"},
+};
 
-static int metrics_open(worker_metrics *w, const ps_config *cfg, int index, ps_errbuf *eb) {
-  ps_metrics *m = w->m = ps_metrics_new(cfg, "worker", index);
-  w->steps = ps_metrics_counter(m, "paramserv_worker_steps_total",
-                                "local steps (batches) this process computed");
-  w->samples = ps_metrics_counter(m, "paramserv_worker_samples_total",
-                                  "training samples this process computed gradients on");
-  w->rate = ps_metrics_gauge(m, "paramserv_worker_samples_per_second",
-                             "samples per second over the last second or so");
-  w->pushes = ps_metrics_counter(m, "paramserv_worker_pushes_total",
-                                 "pushes acknowledged by every shard");
-  w->duplicates = ps_metrics_counter(m, "paramserv_worker_duplicates_total",
-                                     "pushes shards reported already applied (re-sent after a "
-                                     "reconnect)");
-  w->stale = ps_metrics_counter(m, "paramserv_worker_stale_pushes_total",
-                                "pushes shards dropped as stale");
-  w->reconnects = ps_metrics_counter(m, "paramserv_worker_reconnects_total",
-                                     "shard connections made again after the first one each");
-  w->stall = ps_metrics_counter(m, "paramserv_worker_stall_seconds_total",
-                                "time spent waiting for the shards (push acks, pull replies, "
-                                "reconnects)");
-  w->bytes_out = ps_metrics_counter(m, "paramserv_worker_sent_bytes_total",
-                                    "bytes sent to the shards");
-  w->bytes_in = ps_metrics_counter(m, "paramserv_worker_received_bytes_total",
-                                   "bytes received from the shards");
-  w->global_step = ps_metrics_gauge(m, "paramserv_worker_global_step",
-                                    "the global step as of shard 0's last reply");
-  w->rate_t0 = ps_now_s();
-  return ps_metrics_serve(m, eb);
-}
-
-static void metrics_update(worker_metrics *w, const ps_client *c, int nps, uint64_t steps,
+static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t steps,
                            uint64_t samples, double stall) {
-  if (w->m == NULL)
+  if (x[0] == NULL)
     return;
   uint64_t in, out = ps_client_bytes(c, &in), connects = ps_client_connects(c);
-  ps_metric_set(w->steps, (double)steps);
-  ps_metric_set(w->samples, (double)samples);
-  ps_metric_set(w->pushes, (double)ps_client_pushes(c));
-  ps_metric_set(w->duplicates, (double)ps_client_duplicates(c));
-  ps_metric_set(w->stale, (double)ps_client_stale(c));
-  ps_metric_set(w->reconnects, connects > (uint64_t)nps ? (double)(connects - (uint64_t)nps) : 0);
-  ps_metric_set(w->stall, stall);
-  ps_metric_set(w->bytes_out, (double)out);
-  ps_metric_set(w->bytes_in, (double)in);
-  ps_metric_set(w->global_step, (double)ps_client_global_step(c));
-  double now = ps_now_s();
-  if (now - w->rate_t0 >= 1.0) {
-    ps_metric_set(w->rate, (double)(samples - w->rate_samples0) / (now - w->rate_t0));
-    w->rate_t0 = now;
-    w->rate_samples0 = samples;
-  }
+  ps_metric_set(x[W_STEPS], (double)steps);
+  ps_metric_set(x[W_SAMPLES], (double)samples);
+  ps_metric_rate(x[W_RATE], (double)samples);
+  ps_metric_set(x[W_PUSHES], (double)ps_client_pushes(c));
+  ps_metric_set(x[W_DUPLICATES], (double)ps_client_duplicates(c));
+  ps_metric_set(x[W_STALE], (double)ps_client_stale(c));
+  ps_metric_set(x[W_RECONNECTS], connects > (uint64_t)nps ? (double)(connects - (uint64_t)nps) : 0);
+  ps_metric_set(x[W_STALL], stall);
+  ps_metric_set(x[W_SENT], (double)out);
+  ps_metric_set(x[W_RECEIVED], (double)in);
+  ps_metric_set(x[W_GLOBAL_STEP], (double)ps_client_global_step(c));
 }
 
 int ps_worker_run(const ps_config *cfg, int index) {
@@ -104,14 +87,16 @@ int ps_worker_run(const ps_config *cfg, int index) {
   float *sum = NULL;
   ps_registry *registry = NULL;
   ps_elastic el = {0};
-  worker_metrics wm = {0};
+  ps_metrics *metrics = ps_metrics_new(cfg, "worker", index);
+  ps_metric *series[W_N];
+  ps_metrics_register(metrics, worker_series, W_N, series);
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
-  if (metrics_open(&wm, cfg, index, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+  if (ps_metrics_serve(metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }
   /* The model the client built from the config, layout and all. */
@@ -250,7 +235,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
         ps_elastic_pulled(&el, params);
     }
     double now = ps_now_s();
-    metrics_update(&wm, client, cfg->nps, local, samples, stall);
+    metrics_update(series, client, cfg->nps, local, samples, stall);
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
@@ -292,7 +277,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
-  ps_metrics_free(wm.m);
+  ps_metrics_free(metrics);
   free(sum);
   ps_elastic_free(&el);
   ps_trainer_close(&t);

@@ -16,7 +16,11 @@ static void test_off(void **state) {
   ps_metrics *m = ps_metrics_new(&c, "worker", 0);
   assert_null(m);
   /* Every call accepts the NULL of metrics off. */
-  ps_metric *x = ps_metrics_counter(m, "paramserv_worker_steps_total", "steps");
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_worker_steps_total", .help = "s"}};
+  ps_metric *x;
+  ps_metrics_register(m, defs, 1, &x);
+  assert_null(x);
   ps_metric_set(x, 1);
   ps_metric_add(x, 1);
   ps_metric_observe(x, 1);
@@ -32,10 +36,16 @@ static void test_format(void **state) {
   assert_int_equal(ps_addr_parse("127.0.0.1:9400", &c.metrics_listen), 0);
   ps_metrics *m = ps_metrics_new(&c, "ps", 1);
   assert_non_null(m);
-  ps_metric *n = ps_metrics_counter(m, "paramserv_ps_pushes_applied_total", "pushes applied");
-  ps_metric *g = ps_metrics_gauge(m, "paramserv_ps_restore_seconds", "last restore");
   static const double bounds[] = {0, 1, 4};
-  ps_metric *h = ps_metrics_histogram(m, "paramserv_ps_staleness", "staleness", bounds, 3);
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_ps_pushes_applied_total",
+       .help = "pushes applied"},
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_ps_restore_seconds", .help = "last restore"},
+      {PS_METRIC_HISTOGRAM, "paramserv_ps_staleness", "staleness", bounds, 3},
+  };
+  ps_metric *x[3];
+  ps_metrics_register(m, defs, 3, x);
+  ps_metric *n = x[0], *g = x[1], *h = x[2];
   ps_metric_set(n, 41);
   ps_metric_add(n, 1);
   ps_metric_set(g, 0.25);

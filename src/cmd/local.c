@@ -378,8 +378,8 @@ static int write_targets(run *r) {
   }
   char at[300];
   ps_addr_format(&r->cfg.metrics_listen, at, sizeof at);
-  say(r, "local: metrics: http://%s/metrics and the next %d ports (chief, shards, workers); "
-      "Prometheus targets: %s", at, n - 1, path);
+  say(r, "local: metrics: http://%s/metrics and the next %d ports (the chief, then %d shards, "
+      "then %d workers); Prometheus targets: %s", at, n - 1, r->cfg.nps, r->cfg.nworkers, path);
   return 0;
 }
 

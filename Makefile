@@ -9,7 +9,7 @@ FUZZ_SECONDS ?= 20
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),60)
 
-PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd
+PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd libmicrohttpd
 ifeq ($(SAN),1)
 BUILD    := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

@@ -29,6 +29,7 @@
 #include "chief/restore.h"
 #include "chief/summary.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "recovery/checkpoint.h"
@@ -43,6 +44,32 @@
 
 typedef struct chief chief;
 
+/* The chief's series (src/common/METRICS.md). */
+enum { C_GLOBAL_STEP, C_CKPT_AGE, C_CKPTS, C_CKPT_FAILURES, C_CKPT_STALL, C_CKPT_BYTES,
+       C_CKPT_STORED, C_LEASE_HELD, C_LEASE_TOKEN, C_SHARDS_UP, C_N };
+static const ps_metric_def chief_series[C_N] = {
+    [C_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_chief_global_step",
+                       "the global step as shard 0 last reported it"},
+    [C_CKPT_AGE] = {PS_METRIC_GAUGE, "paramserv_chief_checkpoint_age_seconds",
+                    "seconds since the newest checkpoint was cut (or since the schedule began, "
+                    "when there is none)"},
+    [C_CKPTS] = {PS_METRIC_COUNTER, "paramserv_chief_checkpoints_total",
+                 "checkpoints this process wrote"},
+    [C_CKPT_FAILURES] = {PS_METRIC_COUNTER, "paramserv_chief_checkpoint_failures_total",
+                         "checkpoint writes that failed"},
+    [C_CKPT_STALL] = {PS_METRIC_GAUGE, "paramserv_chief_checkpoint_stall_seconds",
+                      "how long the last checkpoint's cut paused the shards"},
+    [C_CKPT_BYTES] = {PS_METRIC_GAUGE, "paramserv_chief_checkpoint_bytes",
+                      "the last checkpoint's state, uncompressed"},
+    [C_CKPT_STORED] = {PS_METRIC_GAUGE, "paramserv_chief_checkpoint_stored_bytes",
+                       "the last checkpoint's files on disk"},
+    [C_LEASE_HELD] = {PS_METRIC_GAUGE, "paramserv_chief_lease_held",
+                      "1 while this process holds the chief's lease, else 0"},
+    [C_LEASE_TOKEN] = {PS_METRIC_GAUGE, "paramserv_chief_lease_token",
+                       "the fencing token of this process's lease (0: never held)"},
+    [C_SHARDS_UP] = {PS_METRIC_GAUGE, "paramserv_chief_shards_up",
+                     "shards that answered the last STATS"},
+};
 
 struct chief {
   const ps_config *cfg;
@@ -86,6 +113,8 @@ struct chief {
   uint64_t ring_target_ns;
   int status;
   int stopping;
+  ps_metrics *metrics;        /* NULL: metrics off */
+  ps_metric *series[C_N];
 };
 
 static volatile sig_atomic_t stop_signal;
@@ -112,6 +141,7 @@ static int lease_tick(chief *ch) {
      * again: another chief may have acted meanwhile. */
     ps_log(PS_LOG_ERROR, "the lease %s lapsed before it was renewed (token %" PRIu64 "): exiting "
            "so that only one acts", ch->lease.key, token);
+    ps_metric_set(ch->series[C_LEASE_HELD], 0);
     return -1;
   }
   if (rc == 1) {
@@ -121,6 +151,7 @@ static int lease_tick(chief *ch) {
   if (rc == 0) {
     ps_log(PS_LOG_ERROR, "lost the lease %s to another chief (%s): exiting so that only one acts",
            ch->lease.key, holder);
+    ps_metric_set(ch->series[C_LEASE_HELD], 0);
     return -1;
   }
   if (c != NULL)
@@ -128,6 +159,7 @@ static int lease_tick(chief *ch) {
   if (now - ch->lease_ok_ns > (uint64_t)ch->cfg->chief_lease_ms * 1000000ULL) {
     ps_log(PS_LOG_ERROR, "Redis has not confirmed the lease for %" PRId64 " ms: another chief may "
            "hold it now; exiting so that only one acts", ch->cfg->chief_lease_ms);
+    ps_metric_set(ch->series[C_LEASE_HELD], 0);
     return -1;
   }
   return 0;
@@ -374,13 +406,30 @@ static void fail_nonfinite(chief *ch, uint64_t step, const char *what) {
   ch->stopping = 1;
 }
 
+/* ------------------------------------------------------------ metrics */
+
+static void metrics_update(chief *ch) {
+  int up = 0;
+  for (int i = 0; i < ch->cfg->nps; i++)
+    up += ch->stats_ok[i];
+  ps_metric_set(ch->series[C_GLOBAL_STEP], (double)ch->gstep);
+  ps_metric_set(ch->series[C_SHARDS_UP], up);
+  if (ch->last_ckpt_time > 0)
+    ps_metric_set(ch->series[C_CKPT_AGE], ps_now_s() - ch->last_ckpt_time);
+}
+
 /* A finished write: log it and its summary. */
 static void write_done(chief *ch, ps_cut *job) {
   if (job->nonfinite[0]) {
     fail_nonfinite(ch, job->step, job->nonfinite);
   } else if (job->rc != 0) {
     ps_log(PS_LOG_ERROR, "checkpoint at step %" PRIu64 " failed: %s", job->step, job->err);
+    ps_metric_add(ch->series[C_CKPT_FAILURES], 1);
   } else {
+    ps_metric_add(ch->series[C_CKPTS], 1);
+    ps_metric_set(ch->series[C_CKPT_STALL], job->stall_ms * 1e-3);
+    ps_metric_set(ch->series[C_CKPT_BYTES], (double)job->st.raw_bytes);
+    ps_metric_set(ch->series[C_CKPT_STORED], (double)job->st.stored_bytes);
     double mb = (double)job->st.raw_bytes / 1e6;
     ps_log(PS_LOG_INFO, "checkpoint %s: step %" PRIu64 ", stall %.1f ms, fetch %.2f s, write %.2f s"
            " (%.0f MB, ratio %.2f)", job->st.name, job->step, job->stall_ms, job->fetch_s,
@@ -590,6 +639,12 @@ int ps_chief_run(const ps_config *cfg) {
   ps_errbuf eb = {0};
   uint64_t token = 0;
   char path[4200];
+  ch->metrics = ps_metrics_new(cfg, "chief", 0);
+  ps_metrics_register(ch->metrics, chief_series, C_N, ch->series);
+  if (ps_metrics_serve(ch->metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
   ch->client = ps_client_new_as(cfg->path, PS_ROLE_CHIEF, 0, &eb);
   if (ch->client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -624,6 +679,8 @@ int ps_chief_run(const ps_config *cfg) {
   /* The token of this holding of the lease: higher than every earlier
    * holder's, whatever order the chiefs started in. */
   token = ch->lease.token;
+  ps_metric_set(ch->series[C_LEASE_HELD], 1);
+  ps_metric_set(ch->series[C_LEASE_TOKEN], (double)token);
   ps_client_set_fence(ch->client, token);
   ch->writer_reg = ps_registry_new(cfg, "chief", 0);
   if (ch->writer_reg == NULL) {
@@ -728,6 +785,7 @@ int ps_chief_run(const ps_config *cfg) {
         break;
     }
     poll_workers(ch);
+    metrics_update(ch);
     ps_notify_watchdog();
     double now = ps_now_s();
     ps_registry_tick(ch->reg, NULL, ch->gstep,
@@ -763,12 +821,14 @@ done:
   /* A clean exit says so: the next chief need not wait out the lease. */
   void *c = ps_registry_redis(ch->reg, 1);
   int released = c != NULL ? ps_lease_release(&ch->lease, c) : -1;
+  ps_metric_set(ch->series[C_LEASE_HELD], 0);
   if (released == 1)
     ps_log(PS_LOG_INFO, "released the lease %s", ch->lease.key);
   else
     ps_log(PS_LOG_WARN, "the lease %s was not released (%s): the next chief waits until it expires",
            ch->lease.key, released == 0 ? "no longer ours" : "Redis did not answer");
 out:
+  ps_metrics_free(ch->metrics);
   ps_summary_close(&ch->sum);
   ps_eval_free(ch->eval);
   ps_registry_free(ch->reg);

@@ -20,6 +20,7 @@
 
 #include "cmd/cmd.h"
 #include "common/config.h"
+#include "common/metrics.h"
 #include "common/timeutil.h"
 #include "local/nemesis.h"
 #include "local/runconf.h"
@@ -229,7 +230,8 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 static int clear_rundir(const char *dir) {
   static const char *const names[] = {"logs", "checkpoints", "pids", "report.json",
                                       "cluster.conf", "dump.rdb", "appendonlydir",
-                                      "history", "nemesis.jsonl", NULL};
+                                      "history", "nemesis.jsonl", "metrics-targets.json",
+                                      NULL};
   char path[PS_CONFIG_PATH_MAX + 32], head[64] = "";
   snprintf(path, sizeof path, "%s/cluster.conf", dir);
   FILE *f = fopen(path, "re");
@@ -342,6 +344,42 @@ static int setup(run *r) {
   else
     snprintf(r->summary_path, sizeof r->summary_path, "%.*s/summaries.jsonl",
              (int)sizeof r->summary_path - 20, r->cfg.checkpoint_dir);
+  return 0;
+}
+
+/* Prometheus's file_sd targets of the run's processes, one entry per
+ * process labelled with its role and index (the same labels its series
+ * carry: scrape with honor_labels: true), written to a temporary name and
+ * renamed, as Prometheus rereads the file when it changes. */
+static int write_targets(run *r) {
+  if (r->cfg.metrics_listen.port == 0)
+    return 0;
+  json_t *list = json_array();
+  int n = 1 + r->cfg.nps + r->cfg.nworkers;
+  for (int i = 0; i < n && list != NULL; i++) {
+    const char *role = i == 0 ? "chief" : i <= r->cfg.nps ? "ps" : "worker";
+    int index = i == 0 ? 0 : i <= r->cfg.nps ? i - 1 : i - 1 - r->cfg.nps;
+    ps_addr a;
+    char at[300], ix[16];
+    ps_metrics_addr(&r->cfg, role, index, &a);
+    ps_addr_format(&a, at, sizeof at);
+    snprintf(ix, sizeof ix, "%d", index);
+    json_array_append_new(list, json_pack("{s:[s], s:{s:s, s:s}}", "targets", at, "labels", "role",
+                                          role, "index", ix));
+  }
+  char path[PS_CONFIG_PATH_MAX + 32], tmp[PS_CONFIG_PATH_MAX + 40];
+  snprintf(path, sizeof path, "%s/metrics-targets.json", r->rundir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int rc = list != NULL && json_dump_file(list, tmp, JSON_INDENT(2)) == 0 ? rename(tmp, path) : -1;
+  json_decref(list);
+  if (rc != 0) {
+    ps_cmd_error("%s: cannot write: %s", path, strerror(errno));
+    return 1;
+  }
+  char at[300];
+  ps_addr_format(&r->cfg.metrics_listen, at, sizeof at);
+  say(r, "local: metrics: http://%s/metrics and the next %d ports (the chief, then %d shards, "
+      "then %d workers); Prometheus targets: %s", at, n - 1, r->cfg.nps, r->cfg.nworkers, path);
   return 0;
 }
 
@@ -604,6 +642,11 @@ int ps_cmd_local(int argc, char **argv) {
       "replication %s%s", r.rundir, (unsigned)r.cfg.redis.port, r.cfg.nps,
       r.cfg.nps == 1 ? "" : "s", r.cfg.nworkers, r.cfg.nworkers == 1 ? "" : "s", last,
       repl[r.cfg.replication], faults);
+  if (write_targets(&r) != 0) {
+    ps_nemesis_free(r.nem);
+    ps_sup_close(&r.sup);
+    return 1;
+  }
   if (ps_sup_start(&r.sup, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
     ps_nemesis_free(r.nem);

@@ -441,6 +441,13 @@ static int check_cross(parse_state *st) {
     return fail(st, st->line_of[find_setting("train", "adag")],
                 "[train] adag = yes with algorithm = %s: expected adag with algorithm = "
                 "gradients (it divides a summed gradient)", choice_name("train", "algorithm", c->algorithm));
+  /* Every process listens at the base port plus its slot (metrics.h). */
+  int last_slot = c->nps + c->nworkers;
+  if (c->metrics_listen.port != 0 && c->metrics_listen.port + last_slot > 65535)
+    return fail(st, st->line_of[find_setting("metrics", "listen")],
+                "[metrics] listen = %s: expected a port of at most %d (each of the %d processes "
+                "listens at the port plus its slot)",
+                ps_addr_format(&c->metrics_listen, a, sizeof a), 65535 - last_slot, last_slot + 1);
   /* staleness only matters under ssp; a value left from another mode is
    * harmless, so it is not an error. */
   return 0;

@@ -107,6 +107,9 @@ typedef struct ps_config {
   int64_t worker_give_up_s;       /* 0 = never give up */
   int64_t heartbeat_ms;
   int64_t device;                 /* PS_DEVICE_CPU (-1) or a CUDA device number */
+
+  /* [metrics] */
+  ps_addr metrics_listen;         /* port 0: off; else each process serves at port + its slot */
 } ps_config;
 
 /* Fill c with every setting's default (required ones left empty). */

@@ -73,6 +73,20 @@ static int parse_device(const ps_setting *s, const char *v, void *field, char *w
   return 0;
 }
 
+/* [metrics] listen: empty (off, port 0) or host:port. */
+static int parse_metrics_listen(const ps_setting *s, const char *v, void *field, char *why,
+                                size_t len) {
+  (void)s;
+  if (v[0] == '\0') {
+    memset(field, 0, sizeof(ps_addr));
+    return 0;
+  }
+  if (ps_addr_parse(v, (ps_addr *)field) == 0)
+    return 0;
+  snprintf(why, len, "empty (off) or host:port, the port a base");
+  return PS_ECONFIG;
+}
+
 static const char *const log_levels[] = {"debug", "info", "warn", "error", NULL};
 static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const optimizers[] = {"sgd", "momentum", "nesterov", "adagrad", "adam", NULL};
@@ -235,6 +249,9 @@ const ps_setting ps_settings[] = {
     {"worker", "device", INT, FIELD(device), .min = PS_DEVICE_CPU, .max = PS_DEVICE_MAX,
      .parse = parse_device, .def = "cpu",
      .help = "where a worker computes gradients: cpu, cuda (GPU 0) or cuda:N (GPU N)"},
+
+    {"metrics", "listen", ADDR, FIELD(metrics_listen), .parse = parse_metrics_listen, .def = "",
+     .help = "Prometheus metrics at http://host:(port + slot)/metrics (empty: off)"},
 };
 
 const size_t ps_nsettings = sizeof ps_settings / sizeof ps_settings[0];

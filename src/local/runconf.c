@@ -154,6 +154,40 @@ static char *read_text(const char *path, ps_errbuf *eb) {
   return text;
 }
 
+int ps_runconf_free_port_run(int n, uint16_t *base) {
+  int low = ephemeral_low(), top = low > 2048 ? low : 65536;
+  int bottom = top == low ? (low > 12048 ? 10000 : 1024) : 10000;
+  int socks[3 * PS_CONFIG_MAX_NODES];
+  if (n < 1 || n > (int)(sizeof socks / sizeof socks[0]) || top - bottom <= n)
+    return -EINVAL;
+  /* A base at random, kept when all n ports from it bind at once. */
+  for (int tries = 0; tries < 2000; tries++) {
+    uint32_t r;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+      r = (uint32_t)rand();
+    int first = bottom + (int)(r % (uint32_t)(top - bottom - n)), got = 0;
+    for (; got < n; got++) {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0)
+        break;
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(first + got))};
+      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        break;
+      }
+      socks[got] = fd;
+    }
+    for (int i = 0; i < got; i++)
+      close(socks[i]);
+    if (got == n) {
+      *base = (uint16_t)first;
+      return 0;
+    }
+  }
+  return -EADDRINUSE;
+}
+
 /* Appends "ps = 127.0.0.1:P, ..." with n placeholder ports, so that a file
  * without the list parses; the ports are replaced before use. */
 static void append_placeholder(char *text, size_t cap, const char *key, int n, int base) {
@@ -273,6 +307,22 @@ int ps_runconf_make(const ps_runconf_opts *o, ps_config *c, ps_errbuf *eb) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->threads = cores > c->nworkers ? cores / c->nworkers : 1;
   }
+  /* Metrics on: every process at a port of a free run (metrics.h's slots:
+   * the chief, the shards, the workers), unless the file sets listen. */
+  if (!given(&s, "metrics", "listen")) {
+    uint16_t base;
+    int nproc = 1 + c->nps + c->nworkers;
+    /* Not one of the run's other ports, which are free until used. */
+    for (int tries = 0, clash = 1; clash; tries++) {
+      if ((rc = tries < 100 ? ps_runconf_free_port_run(nproc, &base) : -EADDRINUSE) != 0)
+        return ps_err_set(eb, rc, "cannot find %d consecutive free ports on 127.0.0.1 for "
+                          "[metrics] listen: %s", nproc, strerror(-rc));
+      clash = 0;
+      for (int i = 0; i < k; i++)
+        clash |= ports[i] >= base && ports[i] < base + nproc;
+    }
+    c->metrics_listen = (ps_addr){.host = "127.0.0.1", .port = base};
+  }
   /* The live progress line follows the chief's progress summaries. */
   if (!given(&s, "chief", "log_every_steps"))
     c->chief_log_every = 100;
@@ -326,7 +376,11 @@ static void format_value(const ps_setting *s, const ps_config *c, char *buf, siz
     snprintf(buf, len, "%s", s->choices[*(const int *)field]);
     break;
   case PS_SETTING_ADDR:
-    ps_addr_format((const ps_addr *)field, buf, len);
+    /* Port 0 is an address left empty: [metrics] listen off. */
+    if (((const ps_addr *)field)->port == 0)
+      buf[0] = '\0';
+    else
+      ps_addr_format((const ps_addr *)field, buf, len);
     break;
   case PS_SETTING_ADDR_LIST:
     buf[0] = '\0'; /* printed entry by entry, see print_list */

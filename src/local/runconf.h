@@ -29,6 +29,8 @@ typedef struct ps_runconf_opts {
  *     run's own redis-server, bound to 127.0.0.1);
  *   - [checkpoint] dir: RUNDIR/checkpoints unless the file sets one;
  *   - [replication] mode: log unless the file sets it; self_init: no;
+ *   - [metrics] listen: 127.0.0.1 at the first of 1 + nps + nworkers
+ *     consecutive free ports, unless the file sets it (empty: off);
  *   - [train] threads: the cores shared among the workers, and [chief]
  *     log_every_steps: 100 (the progress line follows it), unless the file
  *     sets them; last_step and [model] seed from the options when given.
@@ -50,5 +52,9 @@ void ps_runconf_print(const ps_config *c, FILE *f);
 /* n distinct free TCP ports on 127.0.0.1 below the ephemeral range into
  * out.  @return 0 or a negative errno. */
 int ps_runconf_free_ports(int n, uint16_t *out);
+
+/* n consecutive free TCP ports on 127.0.0.1 below the ephemeral range,
+ * the first into *base.  @return 0 or a negative errno. */
+int ps_runconf_free_port_run(int n, uint16_t *base);
 
 #endif

@@ -21,6 +21,7 @@
 #include <uv.h>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "layout/layout.h"
@@ -219,8 +220,12 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
     return;
   }
   ps_journal j;
+  uint64_t global_before = s->shard.global_step;
   ps_push_result r =
       ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
+  if (r == PS_SHARD_APPLIED)
+    ps_metric_observe(s->series[S_STALENESS],
+                      global_before > p->step ? (double)(global_before - p->step) : 0.0);
   if (r == PS_SHARD_OLD_INCARNATION) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
            p->incarnation, p->worker);
@@ -262,6 +267,16 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   ps_consistency_pushed(cl, r, before);
 }
 
+/* Bytes in and out over the connections closed and open. */
+static void server_bytes(const server *s, uint64_t *in, uint64_t *out) {
+  *in = s->bytes_in_closed;
+  *out = s->bytes_out_closed;
+  for (client *c = s->clients; c != NULL; c = c->next) {
+    *in += ps_conn_bytes_in(c->conn);
+    *out += ps_conn_bytes_out(c->conn);
+  }
+}
+
 static void on_stats(client *cl, uint64_t req) {
   server *s = cl->srv;
   ps_msg m = {.type = PS_MSG_STATS_REPLY};
@@ -273,12 +288,7 @@ static void on_stats(client *cl, uint64_t req) {
   r->pushes_duplicate = s->shard.pushes_duplicate;
   r->pushes_stale = s->shard.pushes_stale;
   r->pulls = s->pulls;
-  r->bytes_in = s->bytes_in_closed;
-  r->bytes_out = s->bytes_out_closed;
-  for (client *c = s->clients; c != NULL; c = c->next) {
-    r->bytes_in += ps_conn_bytes_in(c->conn);
-    r->bytes_out += ps_conn_bytes_out(c->conn);
-  }
+  server_bytes(s, &r->bytes_in, &r->bytes_out);
   r->clients = (uint64_t)s->nclients;
   r->flags = (s->initialized ? PS_STATS_INITIALIZED : 0) | (s->paused ? PS_STATS_PAUSED : 0);
   ps_conn_send_msg(cl->conn, &m, req);
@@ -439,11 +449,71 @@ static void on_connection(uv_stream_t *listener, int status) {
   ps_conn_send_msg(conn, &m, 0);
 }
 
+/* ------------------------------------------------------------- metrics */
+
+static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+static const ps_metric_def shard_series[S_N] = {
+    [S_APPLIED] = {PS_METRIC_COUNTER, "paramserv_ps_pushes_applied_total",
+                   "pushes applied to this shard's slice"},
+    [S_DUPLICATES] = {PS_METRIC_COUNTER, "paramserv_ps_duplicates_total",
+                      "pushes already applied, acknowledged again"},
+    [S_STALE] = {PS_METRIC_COUNTER, "paramserv_ps_stale_pushes_total",
+                 "pushes dropped as stale (sync, or past last_step)"},
+    [S_STALENESS] = {PS_METRIC_HISTOGRAM, "paramserv_ps_staleness",
+                     "global steps between a gradient's computation and its application",
+                     staleness_bounds, sizeof staleness_bounds / sizeof staleness_bounds[0]},
+    [S_VERSION] = {PS_METRIC_GAUGE, "paramserv_ps_version", "updates applied to the slice"},
+    [S_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_ps_global_step", "the global step as known here"},
+    [S_LAG_VERSIONS] = {PS_METRIC_GAUGE, "paramserv_ps_replication_lag_versions",
+                        "updates applied since the newest snapshot Redis holds"},
+    [S_LAG_SECONDS] = {PS_METRIC_GAUGE, "paramserv_ps_replication_lag_seconds",
+                       "age of the newest snapshot Redis holds (0: it covers every update)"},
+    [S_NONDURABLE] = {PS_METRIC_COUNTER, "paramserv_ps_nondurable_acks_total",
+                      "updates acknowledged without being durable (on_redis_failure = degrade), "
+                      "over the run"},
+    [S_ACKS_WAITING] = {PS_METRIC_GAUGE, "paramserv_ps_acks_waiting",
+                        "acknowledgements held until their entries are durable"},
+    [S_RESTORES] = {PS_METRIC_COUNTER, "paramserv_ps_restores_total",
+                    "restores of this process's state from Redis (0 or 1)"},
+    [S_RESTORE_SECONDS] = {PS_METRIC_GAUGE, "paramserv_ps_restore_seconds",
+                           "time the last restore from Redis took, connect to ready"},
+    [S_INCARNATION] = {PS_METRIC_GAUGE, "paramserv_ps_incarnation",
+                       "this process's epoch (grows with every start)"},
+    [S_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_ps_received_bytes_total",
+                    "bytes received from peers"},
+    [S_SENT] = {PS_METRIC_COUNTER, "paramserv_ps_sent_bytes_total", "bytes sent to peers"},
+    [S_CONNECTIONS] = {PS_METRIC_GAUGE, "paramserv_ps_connections", "peer connections open"},
+};
+
+/* Copies the counts that live in the shard and the replica. */
+static void metrics_update(server *s) {
+  ps_metric **x = s->series;
+  if (s->metrics == NULL)
+    return;
+  uint64_t in, out;
+  server_bytes(s, &in, &out);
+  ps_metric_set(x[S_APPLIED], (double)s->shard.pushes_applied);
+  ps_metric_set(x[S_DUPLICATES], (double)s->shard.pushes_duplicate);
+  ps_metric_set(x[S_STALE], (double)s->shard.pushes_stale);
+  ps_metric_set(x[S_VERSION], (double)s->shard.version);
+  ps_metric_set(x[S_GLOBAL_STEP], (double)s->shard.global_step);
+  ps_metric_set(x[S_RECEIVED], (double)in);
+  ps_metric_set(x[S_SENT], (double)out);
+  ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
+  if (s->replica != NULL) {
+    ps_metric_set(x[S_LAG_VERSIONS], (double)ps_replica_lag(s->replica));
+    ps_metric_set(x[S_LAG_SECONDS], ps_replica_lag_seconds(s->replica));
+    ps_metric_set(x[S_NONDURABLE], (double)ps_replica_nondurable(s->replica));
+    ps_metric_set(x[S_ACKS_WAITING], (double)ps_replica_acks_waiting(s->replica));
+  }
+}
+
 /* ---------------------------------------------------------------- loop */
 
 static void on_tick(uv_timer_t *t) {
   server *s = t->data;
   uint64_t now = ps_now_ns();
+  metrics_update(s);
   control_outcome(s, ps_control_tick(s, now));
   for (client *c = s->clients; c != NULL; c = c->next)
     if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
@@ -584,6 +654,12 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   int listen_rc = rc;
   ps_restore_info ri = {0};
+  s->metrics = ps_metrics_new(cfg, "ps", index);
+  ps_metrics_register(s->metrics, shard_series, S_N, s->series);
+  if (listen_rc == 0 && ps_metrics_serve(s->metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
   if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
     status = 0;
     goto out;
@@ -645,6 +721,12 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO, "restore: deleted %" PRIu64 " snapshots that never switched and %" PRIu64
            " logs of dead incarnations", ri.gc_snapshots, ri.gc_streams);
   s->ri = ri;
+  ps_metric_set(s->series[S_INCARNATION], (double)s->incarnation);
+  ps_metric_set(s->series[S_NONDURABLE], (double)ri.nondurable);
+  if (ri.loaded) {
+    ps_metric_set(s->series[S_RESTORES], 1);
+    ps_metric_set(s->series[S_RESTORE_SECONDS], ri.seconds);
+  }
   if (listen_rc != 0) {
     if (cfg->replication != PS_REPLICATION_OFF)
       ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s (epoch %" PRIu64
@@ -697,6 +779,7 @@ out:
   }
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
+  ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);
   ps_history_close(s->history);

@@ -19,6 +19,13 @@
 #include "replica/replica.h"
 
 typedef struct client client;
+typedef struct ps_metrics ps_metrics;
+typedef struct ps_metric ps_metric;
+
+/* The shard's series (src/common/METRICS.md), in server.c's table. */
+enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, S_LAG_VERSIONS,
+       S_LAG_SECONDS, S_NONDURABLE, S_ACKS_WAITING, S_RESTORES, S_RESTORE_SECONDS, S_INCARNATION,
+       S_RECEIVED, S_SENT, S_CONNECTIONS, S_N };
 typedef struct reply_buf reply_buf;
 
 typedef struct server {
@@ -52,6 +59,8 @@ typedef struct server {
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
+  ps_metrics *metrics;   /* NULL: metrics off */
+  ps_metric *series[S_N];
   /* control.c */
   uint64_t fence;               /* the highest chief fence token seen */
   struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */

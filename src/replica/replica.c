@@ -545,6 +545,17 @@ uint64_t ps_replica_lag(const ps_replica *r) {
   return ps_shard_version(r->shard) - r->snap_version;
 }
 
+double ps_replica_lag_seconds(const ps_replica *r) {
+  if (ps_replica_lag(r) == 0)
+    return 0;
+  /* With no snapshot of this run yet, the lag began when the process did
+   * (the restored snapshot's own age is not known here). */
+  uint64_t since = r->snap_taken_ns != 0 ? r->snap_taken_ns : r->started_ns;
+  return (double)(ps_now_ns() - since) * 1e-9;
+}
+
+uint64_t ps_replica_acks_waiting(const ps_replica *r) { return r->f.waiting; }
+
 ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
                            ps_replica_fenced_fn fenced, void *fenced_arg) {
@@ -559,6 +570,7 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
   r->shard = shard;
   r->fenced = fenced;
   r->fenced_arg = fenced_arg;
+  r->started_ns = ps_now_ns();
   /* What the restore loaded and replayed is in Redis; a state Redis never
    * held (fresh, or a chief's LOAD) is durable only once its first
    * snapshot switches. */

@@ -64,8 +64,15 @@ void ps_replica_updated(ps_replica *r);
 /* Updates applied since the newest snapshot Redis holds. */
 uint64_t ps_replica_lag(const ps_replica *r);
 
+/* How old the newest snapshot Redis holds is (seconds since its state was
+ * copied), 0 when it covers every update (ps_replica_lag is 0). */
+double ps_replica_lag_seconds(const ps_replica *r);
+
 /* Updates acknowledged without being durable (degrade), over the run. */
 uint64_t ps_replica_nondurable(const ps_replica *r);
+
+/* Acknowledgements held until their entries are durable (log mode). */
+uint64_t ps_replica_acks_waiting(const ps_replica *r);
 
 /* Called about once a heartbeat with which workers' heartbeat keys exist:
  * alive[j] for j < nworkers. */

@@ -21,6 +21,7 @@ typedef struct snap_job {
   float *img;             /* the copied state image; chunk k is floats [k*262144, ...) */
   ps_state_info info;
   uint64_t journal, nondurable;
+  uint64_t taken_ns;      /* when the state was copied */
   uint64_t nchunks;
   char id[48];
   uint64_t next;          /* the next chunk to SET */
@@ -60,6 +61,8 @@ struct ps_replica {
   void *close_arg;
 
   uint64_t snap_version;    /* newest snapshot Redis holds */
+  uint64_t snap_taken_ns;   /* when its state was copied (0: none this run) */
+  uint64_t started_ns;      /* ps_replica_new */
   uint64_t updates;         /* since the last snapshot began */
   int need_full;            /* a snapshot is owed: a new connection, or the last one failed */
   snap_job *job;            /* a snapshot in flight */

@@ -121,6 +121,7 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   snap_job *j = r->job;
   if (rep != NULL && rep->type != REDIS_REPLY_ERROR) {
     r->snap_version = j->info.version;
+    r->snap_taken_ns = j->taken_ns;
     gc_req *g = ac != NULL && r->state == RS_UP ? malloc(sizeof *g) : NULL;
     if (g != NULL) {
       g->r = r;
@@ -275,6 +276,7 @@ void ps__replica_snapshot_start(ps_replica *r) {
   if (j == NULL)
     return;
   j->info = ps_shard_state_info(s);
+  j->taken_ns = ps_now_ns();
   j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
   if (j->img == NULL) {

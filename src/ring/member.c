@@ -18,6 +18,7 @@
 
 #include "common/history.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
@@ -298,6 +299,51 @@ static int wait_for_the_end(member *m) {
   return PS_ESTOPPED;
 }
 
+/* A member's series (src/common/METRICS.md), served as worker `index`'s. */
+enum { R_STEPS, R_SAMPLES, R_RATE, R_GLOBAL_STEP, R_EPOCH, R_VIEWS, R_MEMBERS, R_FETCHED, R_BROKEN,
+       R_REDONE, R_SENT, R_RECEIVED, R_N };
+static const ps_metric_def member_series[R_N] = {
+    [R_STEPS] = {PS_METRIC_COUNTER, "paramserv_ring_steps_total",
+                 "local steps (batches) this member computed"},
+    [R_SAMPLES] = {PS_METRIC_COUNTER, "paramserv_ring_samples_total",
+                   "training samples this member computed gradients on"},
+    [R_RATE] = {PS_METRIC_GAUGE, "paramserv_ring_samples_per_second",
+                "samples per second over the last second or so"},
+    [R_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_ring_global_step",
+                       "the step of this member's replica"},
+    [R_EPOCH] = {PS_METRIC_GAUGE, "paramserv_ring_view_epoch", "the view this member is in"},
+    [R_VIEWS] = {PS_METRIC_COUNTER, "paramserv_ring_views_total", "views this member entered"},
+    [R_MEMBERS] = {PS_METRIC_GAUGE, "paramserv_ring_members", "members of the current view"},
+    [R_FETCHED] = {PS_METRIC_COUNTER, "paramserv_ring_fetched_states_total",
+                   "states fetched from a peer"},
+    [R_BROKEN] = {PS_METRIC_COUNTER, "paramserv_ring_broken_steps_total",
+                  "all-reduces a peer's failure broke"},
+    [R_REDONE] = {PS_METRIC_COUNTER, "paramserv_ring_redone_steps_total",
+                  "all-reduces redone with a gradient already computed"},
+    [R_SENT] = {PS_METRIC_COUNTER, "paramserv_ring_sent_bytes_total", "bytes sent to peers"},
+    [R_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_ring_received_bytes_total",
+                    "bytes received from peers"},
+};
+
+static void metrics_update(ps_metric **x, const member *m, uint64_t local, uint64_t samples,
+                           uint64_t broken, uint64_t redone) {
+  if (x[0] == NULL)
+    return;
+  uint64_t in, out = ps_ring_bytes(m->ring, &in);
+  ps_metric_set(x[R_STEPS], (double)local);
+  ps_metric_set(x[R_SAMPLES], (double)samples);
+  ps_metric_rate(x[R_RATE], (double)samples);
+  ps_metric_set(x[R_GLOBAL_STEP], (double)ps_shard_version(m->state));
+  ps_metric_set(x[R_EPOCH], (double)m->epoch);
+  ps_metric_set(x[R_VIEWS], (double)m->views);
+  ps_metric_set(x[R_MEMBERS], ps_ring_size(m->ring));
+  ps_metric_set(x[R_FETCHED], (double)m->fetched);
+  ps_metric_set(x[R_BROKEN], (double)broken);
+  ps_metric_set(x[R_REDONE], (double)redone);
+  ps_metric_set(x[R_SENT], (double)out);
+  ps_metric_set(x[R_RECEIVED], (double)in);
+}
+
 int ps_ring_member_run(const ps_config *cfg, int index) {
   stop = ps_trainer_start_process(cfg, index);
   int status = 1;
@@ -310,9 +356,17 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   ps_registry *reg = NULL;
   ps_history *history = NULL;
   float *work = NULL, *init = NULL;
+  ps_metrics *metrics = NULL;
+  ps_metric *series[R_N];
   if (ps_layout_for_cluster(cfg, &model, &layout, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
+  }
+  metrics = ps_metrics_new(cfg, "worker", index);
+  ps_metrics_register(metrics, member_series, R_N, series);
+  if (ps_metrics_serve(metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
   }
   if ((status = ps_trainer_open(&t, cfg, &model, index)) != 0)
     goto out;
@@ -376,6 +430,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   uint64_t grad_step = 0;
   size_t n = 0;
   while (rc == 0 && !*stop && (last == 0 || ps_shard_version(state) < last)) {
+    metrics_update(series, &m, local, samples, broken, redone);
     uint64_t step = ps_shard_version(state);
     if (!have_grad || grad_step != step) {
       n = ps_trainer_batch(&t);
@@ -465,6 +520,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       steps_log = samples_log = 0;
     }
   }
+  metrics_update(series, &m, local, samples, broken, redone);
   if (rc == 0 && !*stop && !cfg->ps_self_init)
     rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
@@ -494,6 +550,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
+  ps_metrics_free(metrics);
   ps_history_close(history);
   ps_ring_free(ring);
   ps_shard_free(state);

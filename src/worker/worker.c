@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/notify.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
@@ -29,6 +30,53 @@
 #include "worker/elastic.h"
 #include "worker/trainer.h"
 
+/* The worker's series (src/common/METRICS.md).  The counts live in the
+ * client (ps_client_pushes, _duplicates, ...); the loop copies them here
+ * after each step. */
+enum { W_STEPS, W_SAMPLES, W_RATE, W_PUSHES, W_DUPLICATES, W_STALE, W_RECONNECTS, W_STALL,
+       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_N };
+static const ps_metric_def worker_series[W_N] = {
+    [W_STEPS] = {PS_METRIC_COUNTER, "paramserv_worker_steps_total",
+                 "local steps (batches) this process computed"},
+    [W_SAMPLES] = {PS_METRIC_COUNTER, "paramserv_worker_samples_total",
+                   "training samples this process computed gradients on"},
+    [W_RATE] = {PS_METRIC_GAUGE, "paramserv_worker_samples_per_second",
+                "samples per second over the last second or so"},
+    [W_PUSHES] = {PS_METRIC_COUNTER, "paramserv_worker_pushes_total",
+                  "pushes acknowledged by every shard"},
+    [W_DUPLICATES] = {PS_METRIC_COUNTER, "paramserv_worker_duplicates_total",
+                      "pushes shards reported already applied (re-sent after a reconnect)"},
+    [W_STALE] = {PS_METRIC_COUNTER, "paramserv_worker_stale_pushes_total",
+                 "pushes shards dropped as stale"},
+    [W_RECONNECTS] = {PS_METRIC_COUNTER, "paramserv_worker_reconnects_total",
+                      "shard connections made again after the first one each"},
+    [W_STALL] = {PS_METRIC_COUNTER, "paramserv_worker_stall_seconds_total",
+                 "time spent waiting for the shards (push acks, pull replies, reconnects)"},
+    [W_SENT] = {PS_METRIC_COUNTER, "paramserv_worker_sent_bytes_total", "bytes sent to the shards"},
+    [W_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_worker_received_bytes_total",
+                    "bytes received from the shards"},
+    [W_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_worker_global_step",
+                       "the global step as of shard 0's last reply"},
+};
+
+static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t steps,
+                           uint64_t samples, double stall) {
+  if (x[0] == NULL)
+    return;
+  uint64_t in, out = ps_client_bytes(c, &in), connects = ps_client_connects(c);
+  ps_metric_set(x[W_STEPS], (double)steps);
+  ps_metric_set(x[W_SAMPLES], (double)samples);
+  ps_metric_rate(x[W_RATE], (double)samples);
+  ps_metric_set(x[W_PUSHES], (double)ps_client_pushes(c));
+  ps_metric_set(x[W_DUPLICATES], (double)ps_client_duplicates(c));
+  ps_metric_set(x[W_STALE], (double)ps_client_stale(c));
+  ps_metric_set(x[W_RECONNECTS], connects > (uint64_t)nps ? (double)(connects - (uint64_t)nps) : 0);
+  ps_metric_set(x[W_STALL], stall);
+  ps_metric_set(x[W_SENT], (double)out);
+  ps_metric_set(x[W_RECEIVED], (double)in);
+  ps_metric_set(x[W_GLOBAL_STEP], (double)ps_client_global_step(c));
+}
+
 int ps_worker_run(const ps_config *cfg, int index) {
   if (cfg->mode == PS_MODE_RING)
     return ps_ring_member_run(cfg, index);
@@ -39,10 +87,17 @@ int ps_worker_run(const ps_config *cfg, int index) {
   float *sum = NULL;
   ps_registry *registry = NULL;
   ps_elastic el = {0};
+  ps_metrics *metrics = ps_metrics_new(cfg, "worker", index);
+  ps_metric *series[W_N];
+  ps_metrics_register(metrics, worker_series, W_N, series);
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
+  }
+  if (ps_metrics_serve(metrics, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
   }
   /* The model the client built from the config, layout and all. */
   const ps_model *model = ps_client_model(client);
@@ -90,7 +145,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   const char *nan_env = getenv("PS_TEST_NAN_AFTER_STEP");
   uint64_t nan_after = nan_env != NULL ? strtoull(nan_env, NULL, 10) : 0;
   uint64_t local = 0, samples = 0, window_steps = 0;
-  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0;
+  double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0, stall = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
   /* The replica starts from the center (a restarted worker's too). */
   int rc = ps_client_pull(client, elastic ? el.center : params);
@@ -164,16 +219,23 @@ int ps_worker_run(const ps_config *cfg, int index) {
       }
       window_steps = 0;
     }
+    /* The time in the client's calls is time waiting for the shards; the
+     * batch prepared between them is not. */
+    double w0 = ps_now_s();
     rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
+    stall += ps_now_s() - w0;
     trained = t.sampler.pos;
     if (rc == 0) {
       n = ps_trainer_batch(&t);
       have_batch = 1;
+      w0 = ps_now_s();
       rc = ps_client_pull_finish(client);
+      stall += ps_now_s() - w0;
       if (rc == 0 && elastic)
         ps_elastic_pulled(&el, params);
     }
     double now = ps_now_s();
+    metrics_update(series, client, cfg->nps, local, samples, stall);
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
@@ -215,6 +277,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   fflush(stdout);
   status = 0;
 out:
+  ps_metrics_free(metrics);
   free(sum);
   ps_elastic_free(&el);
   ps_trainer_close(&t);

@@ -16,6 +16,7 @@
 #include "tmpdir.h"
 
 #include "common/config.h"
+#include "common/metrics.h"
 #include "common/settings.h"
 #include "common/parse.h"
 
@@ -407,7 +408,38 @@ static const bad_case bad_cases[] = {
      "expected distinct addresses"},
     {C PSW "chief = 127.0.0.1:7002\n", "cluster.conf:4:", "[cluster] chief = 127.0.0.1:7002",
      "expected distinct listening addresses"},
+    /* [metrics] listen: empty or host:port, with room for every process's slot */
+    {C PSW "[metrics]\nlisten = 9400\n", "cluster.conf:5:", "[metrics] listen = 9400",
+     "expected empty (off) or host:port"},
+    {C PSW "[metrics]\nlisten = 127.0.0.1:65534\n", "cluster.conf:5:",
+     "[metrics] listen = 127.0.0.1:65534", "expected a port of at most 65532"},
 };
+
+/* [metrics] listen: off when absent or empty; each process's address is
+ * the base port plus its slot. */
+static void test_metrics_listen(void **state) {
+  (void)state;
+  ps_config *c = malloc(sizeof *c);
+  ps_errbuf eb = {0};
+  ps_addr a;
+  assert_non_null(c);
+  assert_int_equal(ps_config_parse("m.conf", MINIMAL, c, &eb), 0);
+  assert_int_equal(c->metrics_listen.port, 0);
+  assert_int_equal(ps_metrics_addr(c, "chief", 0, &a), 1);
+  assert_int_equal(ps_config_parse("m.conf", MINIMAL "[metrics]\nlisten =\n", c, &eb), 0);
+  assert_int_equal(c->metrics_listen.port, 0);
+  assert_int_equal(ps_config_parse("m.conf", MINIMAL "[metrics]\nlisten = 127.0.0.1:9400\n", c,
+                                   &eb), 0);
+  assert_string_equal(c->metrics_listen.host, "127.0.0.1");
+  assert_int_equal(c->metrics_listen.port, 9400);
+  assert_int_equal(ps_metrics_addr(c, "chief", 0, &a), 0);
+  assert_int_equal(a.port, 9400);
+  assert_int_equal(ps_metrics_addr(c, "ps", 1, &a), 0);
+  assert_int_equal(a.port, 9402);
+  assert_int_equal(ps_metrics_addr(c, "worker", 0, &a), 0);
+  assert_int_equal(a.port, 9401 + c->nps);
+  free(c);
+}
 
 static void test_errors(void **state) {
   (void)state;
@@ -655,6 +687,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_ring_without_ps),
       cmocka_unit_test_setup_teardown(test_full_file, setup, teardown),
+      cmocka_unit_test(test_metrics_listen),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(test_load_errors, setup, teardown),
       cmocka_unit_test(test_addr),

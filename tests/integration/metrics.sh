@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Metrics a monitoring system reads: Debian's prometheus scrapes a running
+# `paramserv local` (2 shards, 2 workers) through the run's file_sd targets
+# file, and its HTTP API shows every process up with its series, the
+# workers' steps rising, and after a shard's kill -9 that shard's restore
+# (restores, restore time, a new incarnation) and the workers' reconnects.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+PROM=${PROMETHEUS:-/usr/bin/prometheus}
+[ -x "$PROM" ] || fail "$PROM: not found: expected Debian's prometheus (make deps installs it)"
+command -v curl >/dev/null || fail "curl: not found (make deps installs it)"
+
+run="$T/run"
+start local "$BIN" local --dir "$run" --fresh --ps 2 --workers 2 --last-step 100000000
+wait_for "$T/local.log" "^local: metrics: http://127.0.0.1:[0-9]*/metrics" 30
+targets=$(sed -n 's/^local: metrics: .*Prometheus targets: \(.*\)$/\1/p' "$T/local.log")
+[ "$targets" = "$run/metrics-targets.json" ] || fail "targets file '$targets', expected $run/metrics-targets.json"
+base=$(sed -n 's|^local: metrics: http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$T/local.log")
+
+# The endpoint itself: Prometheus's text format at /metrics, 404 elsewhere.
+wait_for "$run/logs/chief.log" "holding the lease" 30
+ctype=$(curl -s -o /dev/null -w '%{content_type}' "http://127.0.0.1:$base/metrics")
+case "$ctype" in "text/plain; version=0.0.4"*) ;; *) fail "content type '$ctype'" ;; esac
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$base/nothing")
+[ "$code" = 404 ] || fail "GET /nothing answered $code, expected 404"
+
+read -r pport < <(free_ports 1)
+cat >"$T/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: paramserv
+    honor_labels: true
+    file_sd_configs:
+      - files: ['$targets']
+        refresh_interval: 1s
+EOF
+start prometheus "$PROM" --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/prom" \
+  --web.listen-address="127.0.0.1:$pport"
+wait_for "$T/prometheus.log" "Server is ready to receive web requests" 30
+
+# q EXPR: the sum of the instant vector EXPR's values, or "none".
+q() {
+  curl -s --get --data-urlencode "query=$1" "http://127.0.0.1:$pport/api/v1/query" |
+    /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+if r.get("status") != "success":
+    sys.exit("query failed: %s" % r)
+v = r["data"]["result"]
+print("%.15g" % sum(float(x["value"][1]) for x in v) if v else "none")'
+}
+
+# wait_q EXPR SECONDS: until EXPR (a comparison, e.g. "x > 3") is true for
+# some series; prints nothing, fails with the last value otherwise.
+wait_q() {
+  local i v
+  for ((i = 0; i < $2 * 4; i++)); do
+    v=$(q "$1")
+    [ "$v" != none ] && return 0
+    sleep 0.25
+  done
+  fail "prometheus: '$1' not true within $2 s"
+}
+
+# --- every process scraped, with its series ----------------------------
+wait_q 'count(up{job="paramserv"} == 1) == 5' 20
+for role_count in chief:1 ps:2 worker:2; do
+  role=${role_count%:*} n=${role_count#*:}
+  [ "$(q "count(up{role=\"$role\"} == 1)")" = "$n" ] || fail "up: $(q "count(up{role=\"$role\"})") targets of role $role, expected $n"
+done
+for s in paramserv_worker_steps_total paramserv_worker_samples_per_second \
+  paramserv_worker_pushes_total paramserv_worker_duplicates_total \
+  paramserv_worker_stale_pushes_total paramserv_worker_reconnects_total \
+  paramserv_worker_stall_seconds_total paramserv_worker_sent_bytes_total \
+  paramserv_ps_pushes_applied_total paramserv_ps_duplicates_total paramserv_ps_stale_pushes_total \
+  paramserv_ps_staleness_count paramserv_ps_replication_lag_versions \
+  paramserv_ps_replication_lag_seconds paramserv_ps_nondurable_acks_total \
+  paramserv_ps_restores_total paramserv_ps_restore_seconds paramserv_ps_received_bytes_total; do
+  [ "$(q "count($s)")" = 2 ] || fail "$s: $(q "count($s)") series, expected 2 (one a process)"
+done
+for s in paramserv_chief_checkpoint_age_seconds paramserv_chief_checkpoints_total \
+  paramserv_chief_lease_token; do
+  [ "$(q "count($s)")" = 1 ] || fail "$s: $(q "count($s)") series, expected 1"
+done
+[ "$(q 'paramserv_chief_lease_held')" = 1 ] || fail "the chief does not hold the lease"
+[ "$(q 'paramserv_chief_lease_token > 0')" != none ] || fail "the chief's fencing token is 0"
+echo "ok: prometheus scrapes 5 targets (chief, 2 shards, 2 workers), each up, with their series"
+
+# --- the series move ------------------------------------------------------
+steps=$(q 'sum(paramserv_worker_steps_total)')
+wait_q "sum(paramserv_worker_steps_total) > $steps" 10
+wait_q 'min(paramserv_ps_staleness_count) > 0' 10
+echo "ok: the workers' steps rise ($steps, then $(q 'sum(paramserv_worker_steps_total)'))"
+
+# --- kill -9 of shard 1: its restore and the workers' reconnects ----------
+inc=$(q 'paramserv_ps_incarnation{index="1"}')
+reconnects=$(q 'sum(paramserv_worker_reconnects_total)')
+[ "$(q 'paramserv_ps_restores_total{index="1"}')" = 0 ] || fail "shard 1 restored before its kill"
+pid=$(awk '$1 == "ps-1" { print $2 }' "$run/pids")
+[ -n "$pid" ] || fail "no ps-1 in $run/pids"
+kill -9 "$pid"
+wait_q "paramserv_ps_incarnation{index=\"1\"} > $inc" 30
+wait_q 'paramserv_ps_restores_total{index="1"} == 1' 10
+wait_q 'paramserv_ps_restore_seconds{index="1"} > 0' 10
+wait_q "sum(paramserv_worker_reconnects_total) > $reconnects" 30
+steps=$(q 'sum(paramserv_worker_steps_total)')
+wait_q "sum(paramserv_worker_steps_total) > $steps" 20
+echo "ok: shard 1 killed: restored in $(q 'paramserv_ps_restore_seconds{index="1"}') s" \
+  "(restores_total 0 -> 1, a new incarnation), workers' reconnects $reconnects -> $(q 'sum(paramserv_worker_reconnects_total)'), steps rise again"
+
+kill -TERM "$PID_local"
+set +e
+wait_exit "$PID_local" 30
+rc=$?
+set -e
+[ "$rc" -eq 143 ] || fail "local exited $rc after SIGTERM, expected 143"
+echo "ok: local stopped by SIGTERM"

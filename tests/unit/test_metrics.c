@@ -1,0 +1,84 @@
+/* Tests of the metrics registry: the Prometheus text it formats. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/metrics.h"
+
+static void test_off(void **state) {
+  (void)state;
+  ps_config c;
+  ps_config_defaults(&c);
+  ps_metrics *m = ps_metrics_new(&c, "worker", 0);
+  assert_null(m);
+  /* Every call accepts the NULL of metrics off. */
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_worker_steps_total", .help = "s"}};
+  ps_metric *x;
+  ps_metrics_register(m, defs, 1, &x);
+  assert_null(x);
+  ps_metric_set(x, 1);
+  ps_metric_add(x, 1);
+  ps_metric_observe(x, 1);
+  assert_null(ps_metrics_format(m));
+  assert_int_equal(ps_metrics_serve(m, NULL), 0);
+  ps_metrics_free(m);
+}
+
+static void test_format(void **state) {
+  (void)state;
+  ps_config c;
+  ps_config_defaults(&c);
+  assert_int_equal(ps_addr_parse("127.0.0.1:9400", &c.metrics_listen), 0);
+  ps_metrics *m = ps_metrics_new(&c, "ps", 1);
+  assert_non_null(m);
+  static const double bounds[] = {0, 1, 4};
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_ps_pushes_applied_total",
+       .help = "pushes applied"},
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_ps_restore_seconds", .help = "last restore"},
+      {PS_METRIC_HISTOGRAM, "paramserv_ps_staleness", "staleness", bounds, 3},
+  };
+  ps_metric *x[3];
+  ps_metrics_register(m, defs, 3, x);
+  ps_metric *n = x[0], *g = x[1], *h = x[2];
+  ps_metric_set(n, 41);
+  ps_metric_add(n, 1);
+  ps_metric_set(g, 0.25);
+  ps_metric_observe(h, 0);
+  ps_metric_observe(h, 3);
+  ps_metric_observe(h, 9);
+  char *t = ps_metrics_format(m);
+  assert_non_null(t);
+  static const char *const want[] = {
+      "# HELP paramserv_ps_pushes_applied_total pushes applied\n"
+      "# TYPE paramserv_ps_pushes_applied_total counter\n"
+      "paramserv_ps_pushes_applied_total{role=\"ps\",index=\"1\"} 42\n",
+      "# TYPE paramserv_ps_restore_seconds gauge\n"
+      "paramserv_ps_restore_seconds{role=\"ps\",index=\"1\"} 0.25\n",
+      "# TYPE paramserv_ps_staleness histogram\n"
+      "paramserv_ps_staleness_bucket{role=\"ps\",index=\"1\",le=\"0\"} 1\n"
+      "paramserv_ps_staleness_bucket{role=\"ps\",index=\"1\",le=\"1\"} 1\n"
+      "paramserv_ps_staleness_bucket{role=\"ps\",index=\"1\",le=\"4\"} 2\n"
+      "paramserv_ps_staleness_bucket{role=\"ps\",index=\"1\",le=\"+Inf\"} 3\n"
+      "paramserv_ps_staleness_sum{role=\"ps\",index=\"1\"} 12\n"
+      "paramserv_ps_staleness_count{role=\"ps\",index=\"1\"} 3\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (strstr(t, want[i]) == NULL)
+      fail_msg("missing:\n%s\nin:\n%s", want[i], t);
+  free(t);
+  ps_metrics_free(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_off),
+      cmocka_unit_test(test_format),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

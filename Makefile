@@ -259,11 +259,12 @@ install: $(BIN) $(SHLIB) $(BUILD)/libparamserv.a
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libparamserv.so
 	install -m 644 $(BUILD)/libparamserv.a $(DESTDIR)$(LIBDIR)/
 	@echo "install paramserv.pc -> $(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc"
-	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' '' \
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' \
+	  'syslibs=$(SYSLIBS)' '' \
 	  'Name: paramserv' \
 	  'Description: client of a paramserv cluster: pull weights, push gradients' \
 	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lparamserv' \
-	  'Requires.private: $(PKGS)' 'Libs.private: $(SYSLIBS)' \
+	  'Requires.private: $(PKGS)' 'Libs.private: $${syslibs}' \
 	  >$(DESTDIR)$(LIBDIR)/pkgconfig/paramserv.pc
 	@set -e; for u in $(UNITS); do \
 	  echo "install systemd/$$u -> $(DESTDIR)$(UNITDIR)/$$u"; \

@@ -2,7 +2,7 @@
 # make install's client library works from a program outside the tree:
 # installed into a DESTDIR, client_example.c is built in a directory of its
 # own with nothing but `pkg-config paramserv`, and client.sh runs that build
-# against 2 real shards, once linked with the .so and once (--static) with
+# against 2 real shards, once linked with the .so and once statically with
 # the .a (calm only).  The .so exports exactly the functions the public headers declare
 # (all marked PS_API), under the soname libparamserv.so.1; each public
 # header compiles alone.
@@ -56,11 +56,12 @@ cc "${sanflags[@]}" -o client_example client_example.c $(pc --cflags --libs para
 [[ $(ldd client_example) == *"libparamserv.so.1 => $lib/libparamserv.so.1 "* ]] ||
   fail "client_example does not load $lib/libparamserv.so.1: $(ldd client_example)"
 # Static, as the README says: libparamserv.a by name (-lparamserv would take
-# the .so), its dependencies from Requires.private and Libs.private, as they
-# are outside a sysroot; -L for the DESTDIR.
+# the .so), its dependencies (Requires.private) as shared libraries, and
+# the system's (the pc's syslibs); -L for the DESTDIR.
 cc "${sanflags[@]}" -o client_example_static client_example.c $(pc --cflags paramserv) -L"$lib" \
-  $(pkg-config --static --libs paramserv | sed 's/-lparamserv\b/-l:libparamserv.a/') -lm ||
-  fail "client_example.c: no static link with pkg-config --static"
+  -l:libparamserv.a $(pkg-config --libs $(pkg-config --print-requires-private paramserv)) \
+  $(pkg-config --variable=syslibs paramserv) -lm ||
+  fail "client_example.c: no static link of libparamserv.a with pkg-config"
 [[ $(readelf -d client_example_static) != *libparamserv* ]] ||
   fail "client_example_static still needs libparamserv.so"
 cd - >/dev/null
@@ -72,4 +73,4 @@ CLIENT_EXAMPLE=$T/src/client_example PARAMSERV=$BIN tests/integration/client.sh 
 CLIENT_CALM_ONLY=1 CLIENT_EXAMPLE=$T/src/client_example_static PARAMSERV=$BIN \
   tests/integration/client.sh || fail "client.sh on the out-of-tree client_example_static exited $?"
 echo "ok: installed library: $(echo "$exported" | wc -l) functions exported, soname libparamserv.so.1;" \
-  "built out of tree with pkg-config, shared and --static"
+  "built out of tree with pkg-config, with the .so and with libparamserv.a"

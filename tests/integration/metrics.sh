@@ -119,3 +119,27 @@ rc=$?
 set -e
 [ "$rc" -eq 143 ] || fail "local exited $rc after SIGTERM, expected 143"
 echo "ok: local stopped by SIGTERM"
+
+# --- a ring: each member serves its steps and view ------------------------
+printf '[cluster]\nmode = ring\n[model]\nfile = %s\n' "$PWD/models/examples/strided-cnn.json" >"$T/ring.conf"
+start ring "$BIN" local --config "$T/ring.conf" --dir "$T/ringrun" --fresh --workers 2 \
+  --last-step 100000000
+wait_for "$T/ring.log" "^local: metrics: http://127.0.0.1:[0-9]*/metrics" 30
+base=$(sed -n 's|^local: metrics: http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$T/ring.log")
+# ring_metric SLOT NAME: the value of NAME at port base + SLOT, or "".
+ring_metric() {
+  curl -s "http://127.0.0.1:$(($base + $1))/metrics" | awk -v n="$2" '$1 ~ "^"n"[{ ]" { print $2 }'
+}
+for j in 0 1; do
+  for ((i = 0; i < 120; i++)); do
+    v=$(ring_metric $((1 + j)) paramserv_ring_steps_total)
+    [ -n "$v" ] && [ "${v%.*}" -gt 5 ] && break
+    sleep 0.25
+  done
+  [ -n "$v" ] && [ "${v%.*}" -gt 5 ] || fail "ring member $j: paramserv_ring_steps_total '$v', expected it past 5 within 30 s"
+  [ "$(ring_metric $((1 + j)) paramserv_ring_members)" = 2 ] ||
+    fail "ring member $j: paramserv_ring_members '$(ring_metric $((1 + j)) paramserv_ring_members)', expected 2"
+done
+echo "ok: ring mode (a model file): each member serves its steps ($v) and a view of 2 members"
+kill -TERM "$PID_ring"
+wait_exit "$PID_ring" 30 || [ $? -eq 143 ] || fail "local (ring) exited $? after SIGTERM"

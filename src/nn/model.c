@@ -158,6 +158,28 @@ static int window_out(int in, int k, int stride, int pad) {
   return in + 2 * pad < k ? 0 : (in + 2 * pad - k) / stride + 1;
 }
 
+/* conv2d and maxpool: check the window's numbers against the input shape
+ * *sh and make *sh the output's.  @return NULL, or a message's format
+ * with its two numbers in *a and *b. */
+static const char *window_shape(const ps_layer_spec *l, shape *sh, int *a, int *b) {
+  int conv = l->type == PS_LT_CONV2D;
+  /* A max-pool window must hold one value that is not padding. */
+  int max_pad = conv ? l->kernel - 1 : l->kernel / 2;
+  *a = l->kernel;
+  if (l->kernel < 1 || l->stride < 1 || l->padding < 0 || l->padding > max_pad) {
+    *b = max_pad;
+    return "kernel %d, stride, padding: expected kernel >= 1, stride >= 1, 0 <= padding <= %d";
+  }
+  int oh = window_out(sh->h, l->kernel, l->stride, l->padding);
+  int ow = window_out(sh->w, l->kernel, l->stride, l->padding);
+  if (oh < 1 || ow < 1) {
+    *b = sh->h < sh->w ? sh->h : sh->w;
+    return "kernel %d over an input of side %d: expected it to fit (with the padding)";
+  }
+  *sh = (shape){conv ? l->out : sh->c, oh, ow};
+  return NULL;
+}
+
 int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
   if (spec->in_c < 1 || spec->in_h < 1 || spec->in_w < 1 || spec->in_c > MAX_SIDE ||
       spec->in_h > MAX_SIDE || spec->in_w > MAX_SIDE)
@@ -198,22 +220,9 @@ int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
       }
       uint64_t fan_in = in;
       if (l->type == PS_LT_CONV2D) {
-        if (l->kernel < 1 || l->stride < 1 || l->padding < 0 || l->padding >= l->kernel) {
-          fmt = "kernel %d, stride, padding: expected kernel >= 1, stride >= 1, 0 <= padding "
-                "< kernel (%d)";
-          a = b = l->kernel;
+        fan_in = (uint64_t)sh.c * (uint64_t)l->kernel * (uint64_t)l->kernel;
+        if ((fmt = window_shape(l, &sh, &a, &b)) != NULL)
           break;
-        }
-        int oh = window_out(sh.h, l->kernel, l->stride, l->padding);
-        int ow = window_out(sh.w, l->kernel, l->stride, l->padding);
-        if (oh < 1 || ow < 1) {
-          fmt = "kernel %d over an input of side %d: expected it to fit (with the padding)";
-          a = l->kernel;
-          b = sh.h < sh.w ? sh.h : sh.w;
-          break;
-        }
-        fan_in = (uint64_t)sh.c * l->kernel * l->kernel;
-        sh = (shape){l->out, oh, ow};
       } else {
         sh = (shape){l->out, 1, 1};
       }
@@ -221,25 +230,9 @@ int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
       trained = 1;
       break;
     }
-    case PS_LT_MAXPOOL: {
-      if (l->kernel < 1 || l->stride < 1 || l->padding < 0 || 2 * l->padding > l->kernel) {
-        fmt = "kernel %d, stride, padding: expected kernel >= 1, stride >= 1, 0 <= padding "
-              "<= kernel / 2 (%d)";
-        a = l->kernel;
-        b = l->kernel / 2;
-        break;
-      }
-      int oh = window_out(sh.h, l->kernel, l->stride, l->padding);
-      int ow = window_out(sh.w, l->kernel, l->stride, l->padding);
-      if (oh < 1 || ow < 1) {
-        fmt = "kernel %d over an input of side %d: expected it to fit (with the padding)";
-        a = l->kernel;
-        b = sh.h < sh.w ? sh.h : sh.w;
-        break;
-      }
-      sh = (shape){sh.c, oh, ow};
+    case PS_LT_MAXPOOL:
+      fmt = window_shape(l, &sh, &a, &b);
       break;
-    }
     case PS_LT_DROPOUT:
       if (!(l->p >= 0.0f && l->p < 1.0f))
         fmt = "p: expected a probability of dropping in [0, 1)";

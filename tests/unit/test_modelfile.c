@@ -117,7 +117,7 @@ static void test_bad_files(void **state) {
        "layer 1 (conv2d c): kernel 40 over an input of side 28: expected it to fit"},
       {"{\"input\":[1,28,28],\"layers\":[{\"type\":\"conv2d\",\"name\":\"c\",\"out\":4,\"kernel\":3,"
        "\"padding\":3},{\"type\":\"log_softmax\"}]}",
-       "layer 1 (conv2d c): kernel 3, stride, padding: expected kernel >= 1, stride >= 1, 0 <= padding < kernel"},
+       "layer 1 (conv2d c): kernel 3, stride, padding: expected kernel >= 1, stride >= 1, 0 <= padding <= 2"},
       {"{\"input\":[1,28,28],\"layers\":[{\"type\":\"dropout\",\"p\":1}]}",
        "layer 1 (dropout): p: found 1, expected a probability of dropping in [0, 1)"},
       {"{\"input\":[1,28,28],\"layers\":[{\"type\":\"dropout\",\"p\":0.5,\"channels\":1}]}",

@@ -13,7 +13,10 @@ PROM=${PROMETHEUS:-/usr/bin/prometheus}
 command -v curl >/dev/null || fail "curl: not found (make deps installs it)"
 
 run="$T/run"
-start local "$BIN" local --dir "$run" --fresh --ps 2 --workers 2 --last-step 100000000
+# Checkpoints every 1000 steps, so that the chief's series move too.
+printf '[checkpoint]\nevery_steps = 1000\nevery_secs = 0\n' >"$T/local.conf"
+start local "$BIN" local --config "$T/local.conf" --dir "$run" --fresh --ps 2 --workers 2 \
+  --last-step 100000000
 wait_for "$T/local.log" "^local: metrics: http://127.0.0.1:[0-9]*/metrics" 30
 targets=$(sed -n 's/^local: metrics: .*Prometheus targets: \(.*\)$/\1/p' "$T/local.log")
 [ "$targets" = "$run/metrics-targets.json" ] || fail "targets file '$targets', expected $run/metrics-targets.json"
@@ -95,6 +98,14 @@ steps=$(q 'sum(paramserv_worker_steps_total)')
 wait_q "sum(paramserv_worker_steps_total) > $steps" 10
 wait_q 'min(paramserv_ps_staleness_count) > 0' 10
 echo "ok: the workers' steps rise ($steps, then $(q 'sum(paramserv_worker_steps_total)'))"
+wait_q 'paramserv_chief_checkpoints_total >= 2' 30
+wait_q 'paramserv_chief_checkpoint_bytes > 0 and paramserv_chief_checkpoint_stored_bytes > 0' 10
+wait_q 'paramserv_chief_checkpoint_stall_seconds > 0' 10
+age=$(q 'paramserv_chief_checkpoint_age_seconds')
+awk -v a="$age" 'BEGIN { exit !(a >= 0 && a < 30) }' || fail "checkpoint age $age s with checkpoints every 1000 steps"
+echo "ok: the chief's checkpoints: $(q 'paramserv_chief_checkpoints_total') written, the last" \
+  "$(q 'paramserv_chief_checkpoint_bytes') bytes ($(q 'paramserv_chief_checkpoint_stored_bytes') stored)," \
+  "a stall of $(q 'paramserv_chief_checkpoint_stall_seconds') s, $age s ago"
 
 # --- kill -9 of shard 1: its restore and the workers' reconnects ----------
 inc=$(q 'paramserv_ps_incarnation{index="1"}')

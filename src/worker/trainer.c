@@ -37,8 +37,9 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
   t->total = model->vars.total;
   t->batch = (int)cfg->batch;
   if (model->nlayers == 0) {
-    ps_model_check_data(model, 0, 0, 0, &eb);
-    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+    ps_log(PS_LOG_ERROR, "%s: [model] variables = %s: a model of variables and no layers: "
+           "expected [model] name or file for a worker (variables train through the client "
+           "library, src/nn/MODELFILE.md)", cfg->path, cfg->variables_file);
     return 2;
   }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);

@@ -55,6 +55,6 @@ set +e
 msg=$("$BIN" worker --config "$T/v.conf" --index 0 2>&1)
 rc=$?
 set -e
-[ "$rc" -eq 2 ] && grep -q "has variables and no layers" <<<"$msg" ||
+[ "$rc" -eq 2 ] && grep -qF "[model] variables = v.json: a model of variables and no layers" <<<"$msg" ||
   fail "a worker of a variables-only model: exit $rc, '$msg'"
 echo "ok: a worker of a variables-only model: exit 2: $(tail -n 1 <<<"$msg")"

@@ -26,6 +26,7 @@
 #include "chief/cut.h"
 #include "chief/eval.h"
 #include "chief/lease.h"
+#include "chief/nodes.h"
 #include "chief/restore.h"
 #include "chief/summary.h"
 #include "common/log.h"
@@ -89,11 +90,7 @@ struct chief {
   /* The shards as the last STATS saw them. */
   ps_msg_stats_reply stats[PS_CONFIG_MAX_NODES];
   int stats_ok[PS_CONFIG_MAX_NODES];
-  int up[PS_CONFIG_MAX_NODES];
-  uint64_t incarnation[PS_CONFIG_MAX_NODES];
-  int worker_up[PS_CONFIG_MAX_NODES];
-  uint64_t worker_incarnation[PS_CONFIG_MAX_NODES];
-  uint64_t workers_checked_ns;
+  ps_nodes nodes;             /* who is up, who restarted */
   uint64_t gstep;
   /* Hooks. */
   uint64_t last_ckpt_step;
@@ -245,13 +242,6 @@ static int cut_positions(void *arg, ps_data_pos *pos, char *why, size_t len) {
   return 0;
 }
 
-/* A node that died and came back between two looks: lost and back. */
-static void node_restarted(chief *ch, const char *node, uint64_t was, uint64_t now) {
-  ps_log(PS_LOG_INFO, "%s restarted (incarnation %" PRIu64 " -> %" PRIu64 ")", node, was, now);
-  ps_summary_event(&ch->sum, ch->gstep, "node_lost", "{s:s}", "node", node);
-  ps_summary_event(&ch->sum, ch->gstep, "node_back", "{s:s, s:b}", "node", node, "restarted", 1);
-}
-
 /* STATS from every shard.  @return 0 when every shard answered. */
 static int poll_stats(chief *ch) {
   ps_msg reqs[PS_CONFIG_MAX_NODES];
@@ -261,27 +251,7 @@ static int poll_stats(chief *ch) {
     ch->stats_ok[i] = 0;
   }
   int rc = call(ch, reqs, on_stats, ch);
-  for (int i = 0; i < ch->cfg->nps; i++) {
-    char node[32];
-    snprintf(node, sizeof node, "ps %d", i);
-    if (ch->stats_ok[i] && !ch->up[i]) {
-      if (ch->incarnation[i] != 0) {
-        ps_log(PS_LOG_INFO, "%s is back (incarnation %" PRIu64 ", version %" PRIu64 ")", node,
-               ch->stats[i].incarnation, ch->stats[i].version);
-        ps_summary_event(&ch->sum, ch->gstep, "node_back", "{s:s}", "node", node);
-      }
-      ch->up[i] = 1;
-    } else if (!ch->stats_ok[i] && ch->up[i]) {
-      ps_log(PS_LOG_WARN, "%s lost: %s", node, ps_client_error(ch->client));
-      ps_summary_event(&ch->sum, ch->gstep, "node_lost", "{s:s}", "node", node);
-      ch->up[i] = 0;
-    }
-    if (ch->stats_ok[i] && ch->incarnation[i] != 0 &&
-        ch->stats[i].incarnation != ch->incarnation[i] && ch->up[i])
-      node_restarted(ch, node, ch->incarnation[i], ch->stats[i].incarnation);
-    if (ch->stats_ok[i])
-      ch->incarnation[i] = ch->stats[i].incarnation;
-  }
+  ps_nodes_shards(&ch->nodes, ch->stats_ok, ch->stats, ps_client_error(ch->client), ch->gstep);
   if (ch->stats_ok[0])
     ch->gstep = ch->stats[0].global_step;
   return rc;
@@ -310,46 +280,6 @@ static void ring_retarget(chief *ch) {
   ch->ring_target = pick;
   ch->ring_cfg->ps[0] = ch->ring_cfg->workers[pick];
   ps_client_retarget(ch->client, 0, &ch->ring_cfg->workers[pick]);
-}
-
-/* Workers: their heartbeats in Redis, once a second. */
-static void poll_workers(chief *ch) {
-  uint64_t now = ps_now_ns();
-  if (now - ch->workers_checked_ns < 1000000000ULL)
-    return;
-  ch->workers_checked_ns = now;
-  redisContext *c = redis(ch);
-  if (c == NULL)
-    return;
-  for (int j = 0; j < ch->cfg->nworkers; j++) {
-    char key[PS_KEY_MAX];
-    ps_key_node(key, ch->cfg->cluster_id, "worker", j);
-    redisReply *r = redisCommand(c, "GET %s", key);
-    if (r == NULL) {
-      ps_registry_lost(ch->reg, "heartbeat check got no reply");
-      return;
-    }
-    int up = r->type == REDIS_REPLY_STRING;
-    /* The heartbeat names the incarnation: a new one is a restart. */
-    const char *inc = up ? strstr(r->str, "incarnation ") : NULL;
-    uint64_t incarnation = inc != NULL ? strtoull(inc + 12, NULL, 10) : 0;
-    freeReplyObject(r);
-    char node[32];
-    snprintf(node, sizeof node, "worker %d", j);
-    if (up && ch->worker_up[j] == 1 && incarnation != 0 && ch->worker_incarnation[j] != 0 &&
-        incarnation != ch->worker_incarnation[j])
-      node_restarted(ch, node, ch->worker_incarnation[j], incarnation);
-    if (incarnation != 0)
-      ch->worker_incarnation[j] = incarnation;
-    if (up == (ch->worker_up[j] == 1))
-      continue;
-    if (ch->worker_up[j] != 0) {  /* 0: not seen yet */
-      ps_log(up ? PS_LOG_INFO : PS_LOG_WARN, "%s %s", node, up ? "is back" : "lost (no heartbeat)");
-      ps_summary_event(&ch->sum, ch->gstep, up ? "node_back" : "node_lost", "{s:s}", "node",
-                       node);
-    }
-    ch->worker_up[j] = up ? 1 : -1;
-  }
 }
 
 /* ------------------------------------------------------------- restore */
@@ -634,6 +564,7 @@ int ps_chief_run(const ps_config *cfg) {
     cfg = ch->ring_cfg;
   }
   ch->cfg = cfg;
+  ps_nodes_init(&ch->nodes, cfg, &ch->sum);
   ch->status = PS_CHIEF_FAILED;
   ch->wrote_step = UINT64_MAX;
   ps_errbuf eb = {0};
@@ -784,7 +715,7 @@ int ps_chief_run(const ps_config *cfg) {
       if (missing_now > 0 && load_missing(ch, missing_now == cfg->nps) == -2)
         break;
     }
-    poll_workers(ch);
+    ps_nodes_workers(&ch->nodes, ch->reg, ch->gstep);
     metrics_update(ch);
     ps_notify_watchdog();
     double now = ps_now_s();

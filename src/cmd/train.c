@@ -107,10 +107,10 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
                     .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU};
   opterr = 0;
   optind = 1;
-  int c, rc = 0;
+  int c, rc = 0, named = 0;
   while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
-    case O_MODEL: o->model = optarg; break;
+    case O_MODEL: o->model = optarg; named = 1; break;
     case O_HIDDEN: o->hidden = optarg; break;
     case O_MODEL_FILE: o->model_file = optarg; break;
     case O_EPOCHS: rc = ps_cmd_flag_i64("epochs", optarg, 1, 100000, &o->epochs); break;
@@ -156,6 +156,11 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     return -1;
   if (optind < argc) {
     ps_cmd_error("unexpected argument '%s' (see paramserv train --help)", argv[optind]);
+    return -1;
+  }
+  if (o->model_file != NULL && (named || o->hidden != NULL)) {
+    ps_cmd_error("--model-file with --%s: expected one of --model (and --hidden) and --model-file",
+                 named ? "model" : "hidden");
     return -1;
   }
   o->seed = (uint64_t)seed;

@@ -184,8 +184,8 @@ static int layers_from(const json_t *doc, const char *file, ps_model_spec *spec,
 
 /* jansson's own message names the line and column. */
 static int load_error(ps_errbuf *eb, const char *what, const json_error_t *je) {
-  if (je->line < 0)
-    return ps_err_set(eb, -ENOENT, "%s: %s", what, je->text);
+  if (je->line < 0)  /* "unable to open PATH: why" */
+    return ps_err_set(eb, -ENOENT, "%s", je->text);
   return ps_err_set(eb, PS_EUSAGE, "%s:%d:%d: %s", what, je->line, je->column, je->text);
 }
 

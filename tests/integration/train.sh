@@ -54,6 +54,10 @@ expect_usage "--batch '0'" train --batch 0
 expect_usage "--optimizer 'rmsprop'" train --optimizer rmsprop
 expect_usage "model 'resnet'" train --model resnet
 expect_usage "hidden sizes '12,,3'" train --hidden 12,,3
+expect_usage "--model-file with --hidden" train --model-file models/mlp.json --hidden 64
+expect_usage "unable to open $tmp/none.json" train --model-file "$tmp/none.json"
+printf '{"input": [1, 28, 28], "layers": [{"type": "dense", "name": "a", "out": 10}]}' >"$tmp/m.json"
+expect_usage "$tmp/m.json: the last layer must be log_softmax" train --model-file "$tmp/m.json"
 expect_usage "--schedule 'linear'" train --schedule linear
 expect_usage "unknown option '--bogus'" train --bogus
 expect_usage "unexpected argument 'extra'" train extra

@@ -136,7 +136,7 @@ void ps_metric_observe(ps_metric *x, double v) {
 
 /* A value as Prometheus reads it: integers without a fraction. */
 static void value(FILE *f, double v) {
-  if (v == (double)(int64_t)v && v > -9e15 && v < 9e15)
+  if (v > -9e15 && v < 9e15 && v == (double)(int64_t)v)  /* the range first: NaN, inf */
     fprintf(f, "%lld", (long long)v);
   else
     fprintf(f, "%.17g", v);

@@ -2,6 +2,7 @@
 #include "common/metrics.h"
 
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdio.h>
@@ -138,6 +139,8 @@ void ps_metric_observe(ps_metric *x, double v) {
 static void value(FILE *f, double v) {
   if (v > -9e15 && v < 9e15 && v == (double)(int64_t)v)  /* the range first: NaN, inf */
     fprintf(f, "%lld", (long long)v);
+  else if (isnan(v) || isinf(v))
+    fputs(isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf", f);  /* Prometheus's spelling */
   else
     fprintf(f, "%.17g", v);
 }

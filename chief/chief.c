@@ -570,9 +570,7 @@ int ps_chief_run(const ps_config *cfg) {
   ps_errbuf eb = {0};
   uint64_t token = 0;
   char path[4200];
-  ch->metrics = ps_metrics_new(cfg, "chief", 0);
-  ps_metrics_register(ch->metrics, chief_series, C_N, ch->series);
-  if (ps_metrics_serve(ch->metrics, &eb) != 0) {
+  if (ps_metrics_start(cfg, "chief", 0, chief_series, C_N, ch->series, &ch->metrics, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

@@ -267,6 +267,19 @@ int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
   return 0;
 }
 
+int ps_metrics_start(const ps_config *c, const char *role, int index, const ps_metric_def *defs,
+                     int n, ps_metric **series, ps_metrics **out, ps_errbuf *eb) {
+  *out = ps_metrics_new(c, role, index);
+  ps_metrics_register(*out, defs, n, series);
+  int rc = ps_metrics_serve(*out, eb);
+  if (rc != 0) {
+    ps_metrics_free(*out);
+    *out = NULL;
+    ps_metrics_register(NULL, defs, n, series);
+  }
+  return rc;
+}
+
 void ps_metrics_free(ps_metrics *m) {
   if (m == NULL)
     return;

@@ -60,6 +60,13 @@ void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_met
  * outlive the registry. */
 int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb);
 
+/* A process's metrics in one call: ps_metrics_new, ps_metrics_register
+ * of defs[0..n) into series[0..n), and ps_metrics_serve.  *out is NULL
+ * (and every series NULL) when metrics are off or serving failed.
+ * @return 0, or ps_metrics_serve's error with its message in eb. */
+int ps_metrics_start(const ps_config *c, const char *role, int index, const ps_metric_def *defs,
+                     int n, ps_metric **series, ps_metrics **out, ps_errbuf *eb);
+
 /* Stop serving (joins the HTTP thread) and free everything. */
 void ps_metrics_free(ps_metrics *m);
 

@@ -654,9 +654,10 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   int listen_rc = rc;
   ps_restore_info ri = {0};
-  s->metrics = ps_metrics_new(cfg, "ps", index);
-  ps_metrics_register(s->metrics, shard_series, S_N, s->series);
-  if (listen_rc == 0 && ps_metrics_serve(s->metrics, &eb) != 0) {
+  /* A shard that cannot listen serves no metrics either (its series
+   * stay NULL): it restores, says why it cannot serve, and exits. */
+  if (listen_rc == 0 &&
+      ps_metrics_start(cfg, "ps", index, shard_series, S_N, s->series, &s->metrics, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

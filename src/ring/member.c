@@ -362,9 +362,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
-  metrics = ps_metrics_new(cfg, "worker", index);
-  ps_metrics_register(metrics, member_series, R_N, series);
-  if (ps_metrics_serve(metrics, &eb) != 0) {
+  if (ps_metrics_start(cfg, "worker", index, member_series, R_N, series, &metrics, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

@@ -87,15 +87,14 @@ int ps_worker_run(const ps_config *cfg, int index) {
   float *sum = NULL;
   ps_registry *registry = NULL;
   ps_elastic el = {0};
-  ps_metrics *metrics = ps_metrics_new(cfg, "worker", index);
+  ps_metrics *metrics = NULL;
   ps_metric *series[W_N];
-  ps_metrics_register(metrics, worker_series, W_N, series);
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     return 1;
   }
-  if (ps_metrics_serve(metrics, &eb) != 0) {
+  if (ps_metrics_start(cfg, "worker", index, worker_series, W_N, series, &metrics, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

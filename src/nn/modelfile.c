@@ -79,18 +79,18 @@ static int get_int(const json_t *obj, const char *key, int def, int lo, int hi, 
 
 /* ------------------------------------------------------------- layers */
 
+/* Each layer type's keys; its name is ps_layer_type_name's. */
 static const struct {
-  const char *name;
   ps_layer_type type;
   const char *const keys[7];
 } LAYERS[] = {
-    {"dense", PS_LT_DENSE, {"type", "name", "out", NULL}},
-    {"conv2d", PS_LT_CONV2D, {"type", "name", "out", "kernel", "stride", "padding", NULL}},
-    {"maxpool", PS_LT_MAXPOOL, {"type", "kernel", "stride", "padding", NULL}},
-    {"dropout", PS_LT_DROPOUT, {"type", "p", "channels", NULL}},
-    {"relu", PS_LT_RELU, {"type", NULL}},
-    {"flatten", PS_LT_FLATTEN, {"type", NULL}},
-    {"log_softmax", PS_LT_LOG_SOFTMAX, {"type", NULL}},
+    {PS_LT_DENSE, {"type", "name", "out", NULL}},
+    {PS_LT_CONV2D, {"type", "name", "out", "kernel", "stride", "padding", NULL}},
+    {PS_LT_MAXPOOL, {"type", "kernel", "stride", "padding", NULL}},
+    {PS_LT_DROPOUT, {"type", "p", "channels", NULL}},
+    {PS_LT_RELU, {"type", NULL}},
+    {PS_LT_FLATTEN, {"type", NULL}},
+    {PS_LT_LOG_SOFTMAX, {"type", NULL}},
 };
 #define NTYPES (sizeof LAYERS / sizeof LAYERS[0])
 
@@ -102,14 +102,15 @@ static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *fil
     return bad(eb, &w, "layer", "an object such as {\"type\": \"relu\"}", o);
   const json_t *t = json_object_get(o, "type");
   size_t k = 0;
-  while (k < NTYPES && !(json_is_string(t) && strcmp(json_string_value(t), LAYERS[k].name) == 0))
+  while (k < NTYPES && !(json_is_string(t) &&
+                         strcmp(json_string_value(t), ps_layer_type_name(LAYERS[k].type)) == 0))
     k++;
   if (k == NTYPES)
     return bad(eb, &w, "type",
                "dense, conv2d, maxpool, dropout, relu, flatten or log_softmax", t);
   memset(l, 0, sizeof *l);
   l->type = LAYERS[k].type;
-  snprintf(w.at, sizeof w.at, "layer %d (%s)", i + 1, LAYERS[k].name);
+  snprintf(w.at, sizeof w.at, "layer %d (%s)", i + 1, ps_layer_type_name(l->type));
   int rc = 0;
   if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D) {
     const json_t *n = json_object_get(o, "name");
@@ -118,7 +119,7 @@ static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *fil
         strlen(json_string_value(n)) != json_string_length(n))
       return bad(eb, &w, "name", "a name of 1 to 31 characters (it names the variables)", n);
     snprintf(l->name, sizeof l->name, "%s", json_string_value(n));
-    snprintf(w.at, sizeof w.at, "layer %d (%s %s)", i + 1, LAYERS[k].name, l->name);
+    snprintf(w.at, sizeof w.at, "layer %d (%s %s)", i + 1, ps_layer_type_name(l->type), l->name);
   }
   if (known_keys(o, LAYERS[k].keys, &w, eb) != 0)
     return PS_EUSAGE;

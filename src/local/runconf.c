@@ -65,32 +65,56 @@ static int ephemeral_low(void) {
   return low;
 }
 
+/* Where ports are picked: below the ephemeral range (the kernel's own
+ * outgoing ports), from 10000 (or 1024 when the range starts low). */
+static void port_range(int *bottom, int *top) {
+  int low = ephemeral_low();
+  *top = low > 2048 ? low : 65536;
+  *bottom = *top == low ? (low > 12048 ? 10000 : 1024) : 10000;
+}
+
+/* A number in [0, n), n > 0. */
+static int random_below(int n) {
+  uint32_t r;
+  if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+    r = (uint32_t)rand();
+  return (int)(r % (uint32_t)n);
+}
+
+/* Bind a socket to 127.0.0.1:port into *fd.  @return 0, 1 when the port
+ * cannot be bound (taken), or -errno when there is no socket at all. */
+static int bind_loopback(int port, int *fd) {
+  *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (*fd < 0)
+    return -errno;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(*fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(*fd);
+    *fd = -1;
+    return 1;
+  }
+  return 0;
+}
+
 int ps_runconf_free_ports(int n, uint16_t *out) {
-  int low = ephemeral_low(), top = low > 2048 ? low : 65536;
-  int bottom = top == low ? (low > 12048 ? 10000 : 1024) : 10000;
+  int bottom, top;
+  port_range(&bottom, &top);
   int socks[3 * PS_CONFIG_MAX_NODES], got = 0, rc = 0;
   if (n > (int)(sizeof socks / sizeof socks[0]))
     return -EINVAL;
   /* Ports are tried at random; each stays bound until all are found, so
    * that they are distinct. */
   for (int tries = 0; got < n && tries < 20000; tries++) {
-    uint32_t r;
-    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-      r = (uint32_t)rand();
-    uint16_t port = (uint16_t)(bottom + (int)(r % (uint32_t)(top - bottom)));
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      rc = -errno;
+    int port = bottom + random_below(top - bottom), fd, b = bind_loopback(port, &fd);
+    if (b < 0) {
+      rc = b;
       break;
     }
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-      close(fd);
+    if (b > 0)
       continue;
-    }
     socks[got] = fd;
-    out[got++] = port;
+    out[got++] = (uint16_t)port;
   }
   for (int i = 0; i < got; i++)
     close(socks[i]);
@@ -155,29 +179,16 @@ static char *read_text(const char *path, ps_errbuf *eb) {
 }
 
 int ps_runconf_free_port_run(int n, uint16_t *base) {
-  int low = ephemeral_low(), top = low > 2048 ? low : 65536;
-  int bottom = top == low ? (low > 12048 ? 10000 : 1024) : 10000;
+  int bottom, top;
+  port_range(&bottom, &top);
   int socks[3 * PS_CONFIG_MAX_NODES];
   if (n < 1 || n > (int)(sizeof socks / sizeof socks[0]) || top - bottom <= n)
     return -EINVAL;
   /* A base at random, kept when all n ports from it bind at once. */
   for (int tries = 0; tries < 2000; tries++) {
-    uint32_t r;
-    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-      r = (uint32_t)rand();
-    int first = bottom + (int)(r % (uint32_t)(top - bottom - n)), got = 0;
-    for (; got < n; got++) {
-      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd < 0)
-        break;
-      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(first + got))};
-      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        close(fd);
-        break;
-      }
-      socks[got] = fd;
-    }
+    int first = bottom + random_below(top - bottom - n), got = 0;
+    while (got < n && bind_loopback(first + got, &socks[got]) == 0)
+      got++;
     for (int i = 0; i < got; i++)
       close(socks[i]);
     if (got == n) {

@@ -2,9 +2,10 @@
 # scripts/hosts, the multi-host harness: 3 hosts, each with its own address
 # and host name; every host reaches every other and the root namespace
 # reaches them; a cut between two hosts drops their packets and nothing
-# else; an isolated host is reached by nobody; heal restores all; down
-# leaves no namespace, link or state behind; without root it refuses in
-# one line.
+# else; a split cuts every host of one group off from every host of the
+# other and nothing else; an isolated host is reached by nobody; heal
+# restores all; down leaves no namespace, link or state behind; without
+# root it refuses in one line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -63,7 +64,18 @@ expect 0 2 -
 expect 1 3 h3
 echo "ok: isolate 2: nobody reaches h2; h1 and h3 still reach each other"
 
+$H heal
+expect 1 2 h2
 $H split "1" "2 3"
+expect 1 2 -
+expect 1 3 -
+expect 2 1 -
+expect 3 1 -
+expect 2 3 h3
+expect 3 2 h2
+for b in 1 2 3; do expect 0 "$b" "h$b"; done
+echo "ok: split 1 | 2 3: h1 reaches neither h2 nor h3 and neither reaches it; h2 and h3 reach each other; the root reaches all three"
+
 $H heal
 for a in 1 2 3; do
   for b in 1 2 3; do [ "$a" = "$b" ] || expect "$a" "$b" "h$b"; done
@@ -76,9 +88,9 @@ left=$( (ip netns list; ip -o link) | grep -c "$NAME" || true)
 [ ! -e "/run/paramserv-hosts/$NAME" ] || fail "down left its state"
 echo "ok: down: no namespace, link or state left"
 
-if command -v setpriv >/dev/null; then
-  msg=$(setpriv --reuid=65534 --regid=65534 --clear-groups scripts/hosts --name "$NAME" up 2 2>&1) &&
-    fail "up as nobody succeeded"
-  [ "$(wc -l <<<"$msg")" = 1 ] && grep -q "needs root" <<<"$msg" || fail "up as nobody said: $msg"
-  echo "ok: not root: $msg"
-fi
+# setpriv is util-linux's, which scripts/deps installs: without it, fail.
+command -v setpriv >/dev/null || fail "no setpriv (util-linux; make deps installs it)"
+msg=$(setpriv --reuid=65534 --regid=65534 --clear-groups scripts/hosts --name "$NAME" up 2 2>&1) &&
+  fail "up as nobody succeeded"
+[ "$(wc -l <<<"$msg")" = 1 ] && grep -q "needs root" <<<"$msg" || fail "up as nobody said: $msg"
+echo "ok: not root: $msg"

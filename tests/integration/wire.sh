@@ -8,10 +8,23 @@ WIRE=${PS_WIRE:-$(dirname "$BIN")/tests/ps_wire}
 
 write_config "$T/wire.conf" 2 2 "model.name=mlp"
 start_shards ps "$T/wire.conf" 1
-"$WIRE" "$T/wire.conf" || fail "ps_wire"
-# One log line per refused peer, naming it and the reason.
-n=$(grep -c 'closing$' "$T/ps0.log" || true)
-[ "$n" -ge 12 ] || fail "expected a log line per refused connection, found $n"
+out=$("$WIRE" "$T/wire.conf") || { echo "$out"; fail "ps_wire"; }
+echo "$out"
+# One log line per refused peer, naming it and the reason: each refusal
+# ps_wire sends (one expect_refusal each, every one reported as
+# `ok: WHAT -> ERROR "REASON", closed`) is logged exactly once as
+# `PEER: REASON; closing`, and no other connection is logged as refused (the
+# only other `closing` lines are the good clients' own closes).
+want=$(grep -c '^ *expect_refusal(' tests/integration/ps_wire.c)
+mapfile -t errs < <(sed -n 's/^ok: .* -> ERROR "\(.*\)", closed$/\1/p' <<<"$out")
+[ "${#errs[@]}" = "$want" ] || fail "ps_wire reported ${#errs[@]} refusals; it sends $want"
+for e in "${errs[@]}"; do
+  c=$(grep -cF -- ": $e; closing" "$T/ps0.log" || true)
+  [ "$c" = 1 ] || fail "the shard logged the refusal '$e' $c times, expected once"
+done
+n=$(grep 'closing$' "$T/ps0.log" | grep -vc ': peer closed the connection; closing$' || true)
+[ "$n" = "$want" ] || fail "the shard logged $n refused connections, ps_wire refused $want"
+echo "ok: the shard logged each of the $want refused connections once, with its reason"
 grep -m1 'closing$' "$T/ps0.log" | sed 's/^/ok: logged: /'
 stop_shards ps 1
 echo "ok: shard exited 0 on SIGTERM"

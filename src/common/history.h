@@ -5,6 +5,8 @@
  *   worker-<j>.history: ack <shard> <shard epoch> <worker incarnation> <seq> <version> <status>
  *                       step <view epoch> <global step> <members>  (ring mode)
  *   ps-<i>.history:     start <epoch> <version> <journal> <source>
+ *                       apply <epoch> <journal> <version> <worker> <worker incarnation> <seq>
+ *                       stale <epoch> <worker> <worker incarnation> <seq>
  *                       chief <fence token> <CUT|LOAD|STOP> <unix ms>
  */
 #ifndef PS_COMMON_HISTORY_H

@@ -226,6 +226,15 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   if (r == PS_SHARD_APPLIED)
     ps_metric_observe(s->series[S_STALENESS],
                       global_before > p->step ? (double)(global_before - p->step) : 0.0);
+  /* The shard's own account of each push it took, before any ack: the
+   * checker counts a double application from these, whatever the worker saw. */
+  if (r == PS_SHARD_APPLIED)
+    ps_history_line(s->history, "apply %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %" PRIu64 " %" PRIu64,
+                    s->incarnation, s->shard.journal, s->shard.version, p->worker, p->incarnation,
+                    p->seq);
+  else if (r == PS_SHARD_STALE)
+    ps_history_line(s->history, "stale %" PRIu64 " %u %" PRIu64 " %" PRIu64, s->incarnation,
+                    p->worker, p->incarnation, p->seq);
   if (r == PS_SHARD_OLD_INCARNATION) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from incarnation %" PRIu64 " of worker %u, which has a newer one",
            p->incarnation, p->worker);

@@ -170,29 +170,58 @@ endif
 
 # Compiles the CUDA backend whenever nvcc is here, so that it cannot rot
 # unnoticed on machines without a GPU, and runs the GPU tests: each says
-# "skip: no GPU (...)" and passes where no GPU answers.
+# "skip: NAME: no GPU (...)" and exits 77 where the machine has no NVIDIA
+# device (a device CUDA cannot use fails).
 cuda-check:
-	@if [ ! -x "$(NVCC)" ]; then \
-	  echo "skip: no nvcc ($(NVCC) not found; set CUDA_HOME or NVCC)"; exit 0; fi; \
-	$(MAKE) --no-print-directory CUDA=1 SAN=0 all gpu-tests || exit 1; \
-	for t in $(GPU_TESTS); do echo "== $$t"; $$t || exit 1; done
+	@rm -f $(RESULTS)/cuda-check; mkdir -p $(RESULTS); \
+	if [ ! -x "$(NVCC)" ]; then \
+	  echo "skip: cuda-check: no nvcc ($(NVCC) not found; set CUDA_HOME or NVCC)"; \
+	  echo "skip cuda-check: no nvcc ($(NVCC) not found)" >>$(RESULTS)/cuda-check; \
+	elif $(MAKE) --no-print-directory CUDA=1 SAN=0 all gpu-tests; then \
+	  echo "pass cuda-build" >>$(RESULTS)/cuda-check; \
+	  for t in $(GPU_TESTS); do $(RUN) $(RESULTS)/cuda-check $$t $$t; done; \
+	else echo "fail cuda-build exit 1" >>$(RESULTS)/cuda-check; fi; \
+	tests/summary $(RESULTS) cuda-check
+
+# Each test runs through tests/run, which appends pass, fail or skip (exit
+# 77, with its `skip: NAME: why` line) to $(RESULTS)/<group>; every test of
+# a group runs, and tests/summary prints the counts and fails the group on a
+# failure.  `make test` runs every group and ends with the whole count; with
+# PS_TEST_STRICT=1 (.ci/run) a skip not matched by PS_TEST_ALLOWED_SKIPS
+# fails it too.
+RESULTS ?= $(BUILD)/results
+RUN     := tests/run
+TEST_GROUPS := unit cuda-check integration systemd-test fuzz-smoke
 
 # Unit tests run from the project root, so that they can find tests/ data.
+# test_check_history.py checks scripts/check-history on hand-made histories.
 unit: $(UNIT_BIN)
-	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+	@rm -f $(RESULTS)/unit; \
+	for t in $(UNIT_BIN) tests/unit/test_check_history.py; do $(RUN) $(RESULTS)/unit $$t $$t; done; \
+	tests/summary $(RESULTS) unit
 
 integration: $(BIN) $(INTEG_BIN)
-	@set -e; for t in $(sort $(wildcard tests/integration/*.sh)); do \
-	  echo "== $$t"; PARAMSERV=$(BIN) $$t; done
+	@rm -f $(RESULTS)/integration; \
+	for t in $(sort $(wildcard tests/integration/*.sh)); do \
+	  PARAMSERV=$(BIN) $(RUN) $(RESULTS)/integration $$t $$t; done; \
+	tests/summary $(RESULTS) integration
 
+# Every group runs even when one fails; the build must succeed first.
 test: deps
-	@$(MAKE) --no-print-directory all unit cuda-check integration systemd-test
-	@$(MAKE) --no-print-directory fuzz-smoke SAN=0
+	@rm -rf $(RESULTS)
+	@$(MAKE) --no-print-directory all
+	@for g in unit cuda-check integration systemd-test; do \
+	  $(MAKE) --no-print-directory $$g || true; done
+	@$(MAKE) --no-print-directory fuzz-smoke SAN=0 RESULTS=$(abspath $(RESULTS)) || true
+	@echo "== make$(if $(filter 1,$(SAN)), SAN=1,) test"; tests/summary $(RESULTS) $(TEST_GROUPS)
 
 # The units under a real systemd (tests/systemd/run, through
-# ../shared/tools/systemd-sandbox); it says "skip: why" when it cannot run.
+# ../shared/tools/systemd-sandbox); it says "skip: systemd: why" (exit 77)
+# when it cannot run.
 systemd-test: $(BIN)
-	@echo "== tests/systemd/run"; PARAMSERV=$(BIN) tests/systemd/run
+	@rm -f $(RESULTS)/systemd-test; \
+	PARAMSERV=$(BIN) $(RUN) $(RESULTS)/systemd-test tests/systemd/run tests/systemd/run; \
+	tests/summary $(RESULTS) systemd-test
 
 # libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
 FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc -I. \
@@ -204,15 +233,18 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
 	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
 
 fuzz-smoke: $(FUZZ_BIN)
-	@set -e; for f in $(FUZZ_BIN); do \
+	@rm -f $(RESULTS)/fuzz-smoke; mkdir -p $(RESULTS); \
+	for f in $(FUZZ_BIN); do \
 	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
 	  secs=$(FUZZ_SECONDS); [ $$n = fuzz_proto ] && secs=$(FUZZ_PROTO_SECONDS); \
 	  echo "== $$f ($$secs s)"; \
-	  $$f -max_total_time=$$secs -print_final_stats=0 \
+	  if $$f -max_total_time=$$secs -print_final_stats=0 \
 	      build/fuzz/corpus-$$n $$( [ -d tests/fuzz/seeds/$$n ] && echo tests/fuzz/seeds/$$n ) \
-	      2>build/fuzz/$$n.log || { tail -40 build/fuzz/$$n.log; exit 1; }; \
+	      2>build/fuzz/$$n.log; then echo "pass $$n" >>$(RESULTS)/fuzz-smoke; \
+	  else tail -40 build/fuzz/$$n.log; echo "fail $$n exit 1" >>$(RESULTS)/fuzz-smoke; fi; \
 	  grep -E '^(#[0-9]+ *DONE|Done)' build/fuzz/$$n.log | tail -1 || true; \
-	done
+	done; \
+	tests/summary $(RESULTS) fuzz-smoke
 
 fuzz: fuzz-smoke
 

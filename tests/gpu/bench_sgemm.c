@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "nn/backend.h"
+#include "tests/gpu/gpu_present.h"
 
 #define MIN_MS 50.0  /* time each shape over at least this long */
 
@@ -49,6 +50,8 @@ static double time_calls(cublasHandle_t h, cudaStream_t s, int reps, int m, int 
 int main(int argc, char **argv) {
   ps_errbuf eb = {0};
   if (ps_backend_cuda_devices(&eb) < 0) {
+    if (gpu_present())
+      return die("an NVIDIA device is present but CUDA cannot use it", eb.msg);
     printf("skip: no GPU (%s)\n", eb.msg);
     return 77;
   }

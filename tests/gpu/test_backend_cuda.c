@@ -4,7 +4,8 @@
  * passes of the mlp and the cnn, ps_compute on both devices, and the
  * finite-difference gradient checks of test_model.c run on the GPU.  Built
  * by make CUDA=1 (make cuda-check, which make test runs); where no GPU
- * answers it prints "skip: no GPU (...)" and passes.
+ * answers (no NVIDIA device at all) it prints "skip: test_backend_cuda: no GPU
+ * (...)" and exits 77; with a device present, a CUDA error fails.
  *
  * Errors are measured as ggml does, by the normalized mean squared error
  * NMSE = sum (gpu - cpu)^2 / sum cpu^2, against these bars: */
@@ -41,6 +42,7 @@
 #include "nn/backend.h"
 #include "nn/compute.h"
 #include "nn/model.h"
+#include "tests/gpu/gpu_present.h"
 
 static ps_backend *cpu, *gpu;
 static ps_rng rng;
@@ -528,8 +530,13 @@ static void test_cnn_directional(void **state) {
 int main(void) {
   ps_errbuf eb = {0};
   if (ps_backend_cuda_devices(&eb) < 0) {
-    printf("skip: no GPU (%s)\n", eb.msg);
-    return 0;
+    if (gpu_present()) {
+      fprintf(stderr, "test_backend_cuda: an NVIDIA device is present but CUDA cannot use it: %s\n",
+              eb.msg);
+      return 1;
+    }
+    printf("skip: test_backend_cuda: no GPU (%s)\n", eb.msg);
+    return 77;
   }
   cpu = ps_backend_cpu_new();
   gpu = ps_backend_cuda_new(0, &eb);

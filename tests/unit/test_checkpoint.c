@@ -357,7 +357,7 @@ static void test_roundtrip_shuffle_sync(void **state) {
 static void test_lz4_cli(void **state) {
   fx *f = *state;
   if (sh("command -v lz4 >/dev/null") != 0)
-    skip();
+    fail_msg("no lz4 command: scripts/deps installs it (package lz4)");
   char dir[256], path[512], out[512];
   for (int filter = 0; filter < 2; filter++) {
     fresh_dir(f, filter ? "cli-shuffle" : "cli-none", dir, sizeof dir);
@@ -872,7 +872,7 @@ static const char *const py_check =
 static void test_export(void **state) {
   fx *f = *state;
   if (sh("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
-    skip();
+    fail_msg("no numpy for /usr/bin/python3: scripts/deps installs it (python3-numpy)");
   char dir[256], path[512], out[600];
   fresh_dir(f, "export", dir, sizeof dir);
   write_step(f, dir, 100, PS_CKPT_FILTER_SHUFFLE, 0, 0);

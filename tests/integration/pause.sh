@@ -66,8 +66,9 @@ set -e
 grep -q "cannot listen" "$T/ps0b.log" || fail "the second incarnation did not stop at the port ($rc): $(tail -2 "$T/ps0b.log")"
 # The new incarnation took the epoch and the log, restoring version R.
 newer=$(sed -n 's/.*(epoch \([0-9]*\)).*/\1/p' "$T/ps0b.log" | head -1)
-[ -n "$newer" ] || fail "the second incarnation took no epoch: $(tail -2 "$T/ps0b.log")"
+[[ $newer =~ ^[0-9]+$ ]] || fail "the second incarnation took no epoch: $(tail -2 "$T/ps0b.log")"
 r=$(awk -v e="$newer" '$1 == "start" && $2 == e { print $3 }' "$hist/ps-0.history")
+[[ $r =~ ^[0-9]+$ ]] || fail "no single 'start $newer VERSION' line in $hist/ps-0.history (got '$r')"
 kill -CONT "$PID_ps0"
 set +e
 wait_exit "$PID_ps0" 30
@@ -78,10 +79,17 @@ grep -q "fenced out by Redis" "$T/ps0.log" || fail "no fencing line in the old s
 # Whatever the old one acknowledged -- also after SIGCONT, for an append
 # Redis had stored before the takeover and whose reply was still in its
 # socket -- the newer one holds: no ack above the version it restored.
+# Both epochs must be read (an empty one would match no ack, and 0 acks
+# above would pass), the old one older, and the old one must have
+# acknowledged pushes at all (else the count below says nothing).
 old=$(sed -n 's/.*(epoch \([0-9]*\)).*/\1/p' "$T/ps0.log" | head -1)
+[[ $old =~ ^[0-9]+$ ]] || fail "no epoch in the old shard 0's log: $(head -3 "$T/ps0.log")"
+[ "$old" -lt "$newer" ] || fail "the old shard 0's epoch $old is not older than its successor's $newer"
+acked=$(cat "$hist"/worker-*.history | awk -v e="$old" '$1 == "ack" && $2 == 0 && $3 == e' | wc -l)
+[ "$acked" -gt 0 ] || fail "no ack of shard 0 epoch $old in the workers' histories"
 above=$(cat "$hist"/worker-*.history |
-        awk -v e="$old" -v r="$r" '$1 == "ack" && $2 == 0 && $3 == e && $6 > r' | wc -l)
-echo "ok: old shard 0 (epoch $old) resumed after incarnation $newer took its epoch and log at version $r: $(grep -o 'fenced out by Redis: .*' "$T/ps0.log" | head -1); exit 1; its acks above version $r: $above"
+        awk -v e="$old" -v r="$r" '$1 == "ack" && $2 == 0 && $3 == e && $6 + 0 > r + 0' | wc -l)
+echo "ok: old shard 0 (epoch $old) resumed after incarnation $newer took its epoch and log at version $r: $(grep -o 'fenced out by Redis: .*' "$T/ps0.log" | head -1); exit 1; of its $acked acks, above version $r: $above"
 [ "$above" = 0 ] || fail "the fenced shard acknowledged $above pushes above the version its successor restored"
 start ps0c "$BIN" ps --config "$T/c.conf" --index 0
 wait_for "$T/ps0c.log" "listening on" 20

@@ -21,6 +21,17 @@ count_steps() { grep -c ' step [0-9]* global' "$1" || true; }
 # --- a worker killed and started again ---------------------------------
 wait_for "$T/w1a.log" "step 300 global" 60
 kill -9 "$PID_w1a"
+wait "$PID_w1a" 2>/dev/null || true
+# Where it was: the data position it saved in Redis (every 100 ms, of the
+# batches already pushed), which nothing writes while it is dead.
+saved=$(redis-cli -p "$REDIS_PORT" --raw get "{itest}:pos:worker:1")
+read -r pe po pc <<<"$saved"
+[[ "$pe $po $pc" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] || fail "worker 1 saved no data position in Redis: '$saved'"
+read -r part batch < <(sed -n 's/.*: \([0-9]*\) samples a epoch, batch \([0-9]*\),.*/\1 \2/p' "$T/w1a.log")
+[ -n "$part" ] && [ -n "$batch" ] || fail "worker 1 logged no part size and batch"
+# 300 steps were logged; its saved position is past at least the first 100.
+[ $((pe * part + po)) -ge $((100 * batch)) ] ||
+  fail "worker 1's saved position (epoch $pe offset $po) is not past its first 100 steps of $batch"
 n=$(count_steps "$T/w0.log")
 # The other worker is not held up: it logs two more step lines (200 steps)
 # while worker 1 is dead.  (The deadline only bounds the wait; async
@@ -28,10 +39,11 @@ n=$(count_steps "$T/w0.log")
 wait_for "$T/w0.log" "step $(( (n + 2) * 100 )) global" 30
 start w1b "$BIN" worker --config "$conf" --index 1
 wait_for "$T/w1b.log" "resumed data position" 20
-line=$(grep -o 'resumed data position epoch [0-9]* offset [0-9]*' "$T/w1b.log")
-offset=${line##* }
-[ "$offset" -gt 0 ] || fail "worker 1 resumed at offset $offset: expected where it was"
-echo "ok: worker 1 killed after 300+ steps, worker 0 went on ($n -> $((n + 2)) step lines); restarted worker $line"
+line=$(grep -o 'resumed data position epoch [0-9]* offset [0-9]* .*, clock [0-9]*' "$T/w1b.log" || true)
+got=$(sed -n 's/^resumed data position epoch \([0-9]*\) offset \([0-9]*\) .*, clock \([0-9]*\)$/\1 \2 \3/p' <<<"$line")
+[ "$got" = "$pe $po $pc" ] ||
+  fail "worker 1 resumed at '$got' (epoch offset clock), expected where it was: $pe $po $pc (its position in Redis at the kill)"
+echo "ok: worker 1 killed after 300+ steps, worker 0 went on ($n -> $((n + 2)) step lines); restarted worker $line: where it was (epoch $pe offset $po clock $pc in Redis at the kill)"
 
 # --- Redis killed and started again -------------------------------------
 # With on_redis_failure = block (the default) nothing Redis does not hold is

@@ -8,9 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -z "${PS_IN_NETNS:-}" ]; then
-  if ! unshare -n true 2>/dev/null; then
-    echo "skip: needs a private network namespace (unshare -n: root or user namespaces)"
-    exit 0
+  # lib.bash (its skip and fail) is sourced inside the namespace only: its
+  # work directory and cleanup belong to the process that runs the test.
+  # unshare and ip are util-linux's and iproute2's, which scripts/deps
+  # installs: missing, the test fails; a kernel or a user without network
+  # namespaces is a skip (exit 77), counted as one.
+  for c in unshare ip ss; do
+    command -v "$c" >/dev/null || { echo "FAIL: no $c (make deps installs it)" >&2; exit 1; }
+  done
+  if ! why=$(unshare -n true 2>&1 | head -n 1); then
+    echo "skip: peer-timeout: needs a private network namespace (unshare -n: root or user namespaces): $why"
+    exit 77
   fi
   PS_IN_NETNS=1 exec unshare -n "$0" "$@"
 fi

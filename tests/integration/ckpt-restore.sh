@@ -344,21 +344,32 @@ PY
   esac
 }
 
+# reason_of: the reason in a damage message, the text after its last
+# ".../shard-N.lz4: " or ".../ckpt-N: " (the file or checkpoint it names).
+reason_of() { awk 'sub(/.*(shard-[0-9]+\.lz4|ckpt-[0-9]+): /, "") { print; exit }'; }
+
 for kind in truncated flipped deleted layout; do
   rm -rf "${D:?}" && cp -a "$T/pristine" "$D"
   damage "$kind"
+  # The reason's own words, at the start of the text after the file's path
+  # (every message names .../shard-0.lz4, so "lz4" anywhere would match any
+  # reason): a half-size file is a size mismatch (or a cut frame), a flipped
+  # byte a bad lz4 frame or checksum, a deleted file one that cannot be
+  # opened, another model's checkpoint a layout mismatch.
   case $kind in
-    truncated) words='size mismatch\|truncated\|lz4' ;;
-    flipped) words='lz4\|xxh64\|checksum' ;;
-    deleted) words='No such file' ;;
-    layout) words='layout mismatch' ;;
+    truncated) words='size mismatch (file \|truncated lz4 frame' ;;
+    flipped) words='lz4 frame\|truncated lz4 frame\|xxh64 mismatch' ;;
+    deleted) words='cannot open: No such file' ;;
+    layout) words='layout mismatch (checkpoint: ' ;;
   esac
   # ckpt verify sees it too (not for another layout: that one is whole).
   if [ "$kind" != layout ]; then
     if "$BIN" ckpt verify "$D/$newest" >/dev/null 2>"$T/verify.err"; then
       fail "ckpt verify passes on the $kind $newest"
     fi
-    grep -q "$words" "$T/verify.err" || fail "ckpt verify on the $kind $newest: $(cat "$T/verify.err")"
+    why=$(reason_of <"$T/verify.err")
+    grep -q "^\($words\)" <<<"$why" ||
+      fail "ckpt verify on the $kind $newest: the reason '$why' does not start with '$words': $(cat "$T/verify.err")"
   else
     "$BIN" ckpt verify "$D/$newest" >/dev/null 2>"$T/verify.err" ||
       fail "the other model's checkpoint does not verify: $(cat "$T/verify.err")"
@@ -368,7 +379,8 @@ for kind in truncated flipped deleted layout; do
   wait_for "$log" "shard 0: loaded from" 30
   skip=$(grep "checkpoint $newest skipped: " "$log" || true)
   [ -n "$skip" ] || fail "$kind: the chief did not name $newest as skipped: $(grep -i 'skipped\|loaded' "$log")"
-  grep -q "$words" <<<"$skip" || fail "$kind: the reason does not say '$words': $skip"
+  why=$(reason_of <<<"$skip")
+  grep -q "^\($words\)" <<<"$why" || fail "$kind: the reason '$why' does not start with '$words': $skip"
   grep -q "falling back to $prev" <<<"$skip" || fail "$kind: no 'falling back to $prev': $skip"
   got=$(loaded_from "$log")
   [ "$got" = "$prev" ] || fail "$kind: loaded from '${got:-seed}', expected $prev"

@@ -5,15 +5,18 @@
 # reach it through the link (replication = log, on_redis_failure = block,
 # [redis] timeout_ms = 1000).  Then every packet on the link is dropped
 # both ways (a blackhole qdisc on each end: no RST, no ICMP).  Shard 0
-# must notice within its deadline and hold its acknowledgements; it is
-# killed with -9 inside the drop; the link heals; shard 0 comes back.
+# must notice it through its [redis] timeout_ms deadlines (the line it
+# logs after the drop names one: no RST, no error, only a timer can tell)
+# and hold its acknowledgements; it is killed with -9 inside the drop;
+# the link heals; shard 0 comes back.  The time to notice is printed, not
+# asserted.
 # From the histories (scripts/check-history): nothing acknowledged lost,
 # nothing applied twice; training goes on to its step limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
-[ "$(id -u)" = 0 ] || { echo "skip: not root (ip netns needs CAP_SYS_ADMIN)"; exit 0; }
+[ "$(id -u)" = 0 ] || skip "not root (ip netns needs CAP_SYS_ADMIN)"
 NS="pst$$"
 VA="psa$$"
 VB="psb$$"
@@ -22,7 +25,7 @@ netns_cleanup() {
   ip netns del "$NS" 2>/dev/null || true
 }
 trap 'cleanup; netns_cleanup' EXIT
-ip netns add "$NS" 2>/dev/null || { echo "skip: ip netns add failed (no network namespace support)"; exit 0; }
+ip netns add "$NS" 2>/dev/null || skip "ip netns add failed (no network namespace support)"
 # A /24 that no interface here uses.
 for ((i = 0; i < 50; i++)); do
   NET="10.$((200 + RANDOM % 50)).$((RANDOM % 250))"
@@ -36,7 +39,7 @@ ip netns exec "$NS" ip addr add "$NET.2/24" dev "$VB"
 ip netns exec "$NS" ip link set "$VB" up
 ip netns exec "$NS" ip link set lo up
 tc qdisc add dev "$VA" root blackhole 2>/dev/null && tc qdisc del dev "$VA" root ||
-  { echo "skip: tc has no blackhole qdisc here"; exit 0; }
+  skip "tc has no blackhole qdisc here"
 
 RPORT=$(free_ports 1)
 start redis ip netns exec "$NS" redis-server --port "$RPORT" --bind "$NET.2" --protected-mode no --save "" \
@@ -60,26 +63,42 @@ start w1 "$BIN" worker --config "$T/c.conf" --index 1
 wait_for "$T/w0.log" "step 300 global" 60
 acks0() { cat "$hist"/worker-*.history | grep -c '^ack 0 ' || true; }
 
-# The drop: every packet on the link, both ways, silently.
+# The drop: every packet on the link, both ways, silently.  Only the lines
+# shard 0 writes after it count.
+n0=$(wc -l <"$T/ps0.log")
 tc qdisc add dev "$VA" root blackhole
 ip netns exec "$NS" tc qdisc add dev "$VB" root blackhole
 t0=$(date +%s%N)
-for ((i = 0; i < 400; i++)); do
-  grep -q "no answer within\|serving on and reconnecting" "$T/ps0.log" && break
+# first_notice: shard 0's first "...; serving on and reconnecting" line
+# written after the drop began ("" while none).
+first_notice() {
+  awk -v n="$n0" 'NR > n && match($0, /redis [^ ]*: [^;]*; serving on and reconnecting/) {
+    print substr($0, RSTART, RLENGTH); exit }' "$T/ps0.log"
+}
+seen=""
+for ((i = 0; i < 1200; i++)); do
+  seen=$(first_notice)
+  [ -n "$seen" ] && break
   sleep 0.025
 done
-grep -q "no answer within\|serving on and reconnecting" "$T/ps0.log" ||
-  fail "shard 0 did not notice the drop within 10 s"
+[ -n "$seen" ] || fail "shard 0 did not notice the drop within 30 s"
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-# 1.25 x timeout_ms (REDIS.md §8) and scheduling slack.
-[ "$ms" -le $((TIMEOUT_MS * 2)) ] || fail "shard 0 noticed the drop after $ms ms, timeout_ms is $TIMEOUT_MS"
-seen=$(grep -o "redis [^ ]*: no answer within[^;]*\|redis [^ ]*: [^;]*; serving on" "$T/ps0.log" | head -1)
+# The cause: one of the two deadlines of [redis] timeout_ms fired
+# (REDIS.md §8): the shard's own ("no answer within TIMEOUT_MS ms"), or the
+# socket's TCP_USER_TIMEOUT of the same length (the kernel's ETIMEDOUT,
+# "Connection timed out"); not a reset, an error or a closed connection,
+# which a silent drop never sends, and no other timer.
+case $seen in
+  "redis $NET.2:$RPORT: no answer within $TIMEOUT_MS ms ([redis] timeout_ms); serving on and reconnecting") ;;
+  "redis $NET.2:$RPORT: Connection timed out; serving on and reconnecting") ;;
+  *) fail "shard 0 noticed the drop by something else than its $TIMEOUT_MS ms deadlines: \"$seen\"" ;;
+esac
 # Held: no acknowledgement of shard 0 for the next second.
 a1=$(acks0)
 sleep 1
 a2=$(acks0)
 [ "$a2" -eq "$a1" ] || fail "shard 0 acknowledged $((a2 - a1)) pushes during the drop"
-echo "ok: drop: shard 0 noticed after $ms ms (timeout_ms $TIMEOUT_MS): \"$seen\"; acks of shard 0 held: $a1 before, $a2 a second later"
+echo "ok: drop: shard 0 noticed it by its deadline: \"$seen\" ($ms ms after the drop, information only); acks of shard 0 held: $a1 before, $a2 a second later"
 kill -9 "$PID_ps0"
 wait "$PID_ps0" 2>/dev/null || true
 tc qdisc del dev "$VA" root

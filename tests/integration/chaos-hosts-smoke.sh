@@ -12,8 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
-[ "$(id -u)" = 0 ] || { echo "skip: not root (ip netns needs CAP_SYS_ADMIN)"; exit 0; }
-ip netns add "psprobe$$" 2>/dev/null || { echo "skip: ip netns add failed (no network namespaces)"; exit 0; }
+# ip and pgrep are iproute2's and procps's, which scripts/deps installs:
+# missing, the test fails (it would find nothing left behind without them).
+for c in ip pgrep; do command -v "$c" >/dev/null || fail "no $c (make deps installs it)"; done
+[ "$(id -u)" = 0 ] || skip "not root (ip netns needs CAP_SYS_ADMIN)"
+why=$(ip netns add "psprobe$$" 2>&1) || skip "ip netns add failed (no network namespaces): ${why%%$'\n'*}"
 ip netns del "psprobe$$"
 
 set +e
@@ -28,9 +31,20 @@ grep -q '^result: ok$' <<<"$report" || { echo "$report" >&2; fail "$(tail -n 1 <
 for kind in kill pause partition redis-failover clock; do
   grep -q "\"kind\": \"$kind\"" "$T/run/faults.json" || fail "no $kind fault was injected"
 done
-left=$( (ip netns list; ip -o link) | grep -c ' \?ch[0-9]*-h[0-9]\|ch[0-9]*br' || true)
+# Nothing left: no namespace or link of the run, no process of its
+# directory.  Each listing must succeed (a failing ip or pgrep is not
+# "nothing"): pgrep exits 1 when it matches nothing, 0 when it matches.
+nets=$(ip netns list) || fail "ip netns list failed"
+links=$(ip -o link) || fail "ip -o link failed"
+left=$(printf '%s\n%s\n' "$nets" "$links" | grep -c ' \?ch[0-9]*-h[0-9]\|ch[0-9]*br' || true)
 [ "$left" = 0 ] || fail "namespaces or links left: $left"
-[ -z "$(pgrep -f "$T/run/")" ] || fail "processes left: $(pgrep -af "$T/run/")"
+prc=0
+procs=$(pgrep -af -- "$T/run/") || prc=$?
+case $prc in
+  0) fail "processes left: $procs" ;;
+  1) ;;
+  *) fail "pgrep -af $T/run/ exited $prc" ;;
+esac
 grep -E '^(faults|  (kill|pause|partition|redis-failover|clock) |  chaos: history: (chief|ok)|longest|final)' \
   <<<"$report" | sed 's/^ */ok: /'
 echo "ok: result: ok"

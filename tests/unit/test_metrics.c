@@ -1,4 +1,6 @@
 /* Tests of the metrics registry: the Prometheus text it formats. */
+#include <float.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -75,10 +77,71 @@ static void test_format(void **state) {
   ps_metrics_free(m);
 }
 
+/* NaN and the infinities in Prometheus's spelling (NaN, +Inf, -Inf): C's
+ * printf would write nan, inf and -inf, which Prometheus's parser refuses
+ * (the whole scrape fails).  A gauge, a counter and a histogram's sum. */
+static void test_nonfinite(void **state) {
+  (void)state;
+  ps_config c;
+  ps_config_defaults(&c);
+  assert_int_equal(ps_addr_parse("127.0.0.1:9400", &c.metrics_listen), 0);
+  ps_metrics *m = ps_metrics_new(&c, "chief", 0);
+  assert_non_null(m);
+  static const double bounds[] = {1};
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_chief_loss", .help = "a"},
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_chief_up_bound", .help = "b"},
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_chief_down_bound", .help = "c"},
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_chief_big_total", .help = "d"},
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_chief_finite_max", .help = "e"},
+      {PS_METRIC_HISTOGRAM, "paramserv_chief_up_hist", "f", bounds, 1},
+      {PS_METRIC_HISTOGRAM, "paramserv_chief_nan_hist", "g", bounds, 1},
+  };
+  enum { N = sizeof defs / sizeof defs[0] };
+  ps_metric *x[N];
+  ps_metrics_register(m, defs, N, x);
+  ps_metric_set(x[0], NAN);
+  ps_metric_set(x[1], INFINITY);
+  ps_metric_set(x[2], -INFINITY);
+  ps_metric_set(x[3], 1);
+  ps_metric_add(x[3], INFINITY);  /* a count that overflowed to +Inf */
+  ps_metric_set(x[4], DBL_MAX);   /* finite: digits, not +Inf */
+  ps_metric_observe(x[5], 0.5);
+  ps_metric_observe(x[5], INFINITY);
+  ps_metric_observe(x[6], INFINITY);
+  ps_metric_observe(x[6], -INFINITY); /* +Inf + -Inf: the sum is NaN */
+  char *t = ps_metrics_format(m);
+  assert_non_null(t);
+  static const char *const want[] = {
+      "\nparamserv_chief_loss{role=\"chief\",index=\"0\"} NaN\n",
+      "\nparamserv_chief_up_bound{role=\"chief\",index=\"0\"} +Inf\n",
+      "\nparamserv_chief_down_bound{role=\"chief\",index=\"0\"} -Inf\n",
+      "\nparamserv_chief_big_total{role=\"chief\",index=\"0\"} +Inf\n",
+      "\nparamserv_chief_finite_max{role=\"chief\",index=\"0\"} 1.7976931348623157e+308\n",
+      "\nparamserv_chief_up_hist_bucket{role=\"chief\",index=\"0\",le=\"1\"} 1\n"
+      "paramserv_chief_up_hist_bucket{role=\"chief\",index=\"0\",le=\"+Inf\"} 2\n"
+      "paramserv_chief_up_hist_sum{role=\"chief\",index=\"0\"} +Inf\n"
+      "paramserv_chief_up_hist_count{role=\"chief\",index=\"0\"} 2\n",
+      "\nparamserv_chief_nan_hist_sum{role=\"chief\",index=\"0\"} NaN\n"
+      "paramserv_chief_nan_hist_count{role=\"chief\",index=\"0\"} 2\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    if (strstr(t, want[i]) == NULL)
+      fail_msg("missing:\n%s\nin:\n%s", want[i], t);
+  /* No value in C's spelling anywhere (the help strings hold none). */
+  static const char *const c_spelling[] = {" nan\n", " inf\n", " -inf\n", " -nan\n"};
+  for (size_t i = 0; i < sizeof c_spelling / sizeof c_spelling[0]; i++)
+    if (strstr(t, c_spelling[i]) != NULL)
+      fail_msg("a value in C's spelling '%s' in:\n%s", c_spelling[i] + 1, t);
+  free(t);
+  ps_metrics_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_off),
       cmocka_unit_test(test_format),
+      cmocka_unit_test(test_nonfinite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

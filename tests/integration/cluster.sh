@@ -51,6 +51,16 @@ wait_exit "$PID_win_w0" 120 || fail "window: worker 0 exited $?"
 wait_exit "$PID_win_w1" 120 || fail "window: worker 1 exited $?"
 acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/win-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.8) }' || fail "window 4 + adag: test accuracy '$acc', expected >= 0.8"
-local_steps=$(sed -n 's/^worker 0 done: \([0-9]*\) local steps.*/\1/p' "$T/win-w0.log")
+# Each worker pushes once per 4 local steps, to the end (a worker stops
+# only after a push): local steps = 4 x pushes, in its done line.
+summary=""
+for j in 0 1; do
+  local_steps="" pushes=""
+  read -r local_steps pushes < <(sed -n "s/^worker $j done: \([0-9]*\) local steps.* pushes \([0-9]*\),.*/\1 \2/p" "$T/win-w$j.log") || true
+  [ -n "${pushes:-}" ] && [ "$pushes" -gt 0 ] || fail "window: worker $j: no pushes in its done line: $(grep 'done:' "$T/win-w$j.log")"
+  [ "$local_steps" -eq $((4 * pushes)) ] ||
+    fail "window 4: worker $j took $local_steps local steps for $pushes pushes, expected 4 per push ($((4 * pushes)))"
+  summary+="; worker $j: $local_steps local steps, $pushes pushes"
+done
 stop_shards win-ps 2
-echo "ok: window 4 + adag: 600 pushes, worker 0 took $local_steps local steps, test accuracy $acc"
+echo "ok: window 4 + adag: 4 local steps per push$summary; test accuracy $acc"

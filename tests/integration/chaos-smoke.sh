@@ -5,8 +5,9 @@
 # every kind once, so the first three faults are one of each).  The report
 # must end with `result: ok`:
 # no acknowledged update lost or applied twice (scripts/check-history over
-# the histories), no stall over 10 s outside the fault windows, accuracy
-# within 0.01 of the calm run.  Each fault kind was injected, and nothing is
+# the histories), accuracy within 0.01 of the calm run.  The stalls outside
+# the fault windows are printed, not asserted (wall-clock times: no
+# --stall-bar).  Each fault kind was injected, and nothing is
 # left running or stopped afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

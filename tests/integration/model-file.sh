@@ -20,6 +20,25 @@ report=$(sed -n '/^== chaos report/,$p' "$T/chaos.log")
 [ -n "$report" ] || fail "scripts/chaos exited $rc without a report: $(tail -5 "$T/chaos.log")"
 grep -q '^result: ok$' <<<"$report" || { echo "$report" >&2; fail "scripts/chaos: $(tail -n 1 <<<"$report")"; }
 grep -q "^file = $PWD/$MODEL\$" "$T/chaos/chaos/cluster.conf" || fail "the run's config lacks [model] file"
+# Under kills: the nemesis's own events (nemesis.jsonl) show at least one
+# process killed with kill -9 and back (a run in which no fault fired would
+# say `result: ok` too).
+counts=$(/usr/bin/python3 - "$T/chaos/chaos/nemesis.jsonl" <<'PY'
+import json, sys
+f = {}
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e["kind"] == "kill":
+        f.setdefault(e["fault"], {})[e["event"]] = e["target"]
+killed = [d["killed"] for d in f.values() if "killed" in d]
+back = [d for d in f.values() if "killed" in d and "recovered" in d]
+print(len(killed), len(back), ",".join(sorted(set(killed))) or "-")
+PY
+) || fail "cannot read the chaos run's nemesis.jsonl"
+read -r kills back targets <<<"$counts"
+[ "$kills" -ge 1 ] || fail "no process was killed during the chaos run (nemesis.jsonl: $kills kills)"
+[ "$back" -ge 1 ] || fail "none of the $kills killed processes came back during the chaos run"
+echo "ok: model file under kills: $kills processes killed with kill -9 ($targets), $back back before the run ended"
 acc=$(sed -n 's/^final test accuracy: under faults \([0-9.]*\),.*/\1/p' <<<"$report")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.85) }' || fail "accuracy $acc under kills: expected >= 0.85"
 grep -E '^(faults|  acknowledged|  applied|final)' <<<"$report" | sed 's/^ */ok: model file under kills: /'

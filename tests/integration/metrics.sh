@@ -140,7 +140,7 @@ chief_ckpt() {
     END { if (w != "" && f != "" && a != "") print w, f, a }'
 }
 s0="" drops=0 ages=""
-for ((i = 0; i < 480; i++)); do
+for ((i = 0; i < 1200; i++)); do
   read -r w f a <<<"$(chief_ckpt)" || true
   if [ -n "${a:-}" ]; then
     awk -v a="$a" 'BEGIN { exit !(a >= 0) }' || fail "the chief's checkpoint age is $a s"
@@ -157,7 +157,7 @@ for ((i = 0; i < 480; i++)); do
 done
 [ -n "$s0" ] || fail "the chief's endpoint (port $base) served no checkpoint series"
 k=$(((${w%.*} - ${w0%.*}) + (${f%.*} - ${f0%.*})))
-[ "$k" -ge 2 ] || fail "the chief wrote $k checkpoints in 120 s (checkpoints every 1000 steps)"
+[ "$k" -ge 2 ] || fail "the chief wrote $k checkpoints in 300 s (checkpoints every 1000 steps)"
 [ "$drops" -ge $((k - 1)) ] && [ "$drops" -le $((k + 1)) ] ||
   fail "the checkpoint age started again $drops times ($ages) while $k checkpoints were written or failed"
 age=$(q 'paramserv_chief_checkpoint_age_seconds')

@@ -2,20 +2,25 @@
 # Shard state replicated to a real redis-server: kill -9 a shard at random
 # moments, five times over both shards, and start it again as systemd
 # would.  With replication = log nothing acknowledged is lost and nothing
-# is applied twice: each shard's final version equals the pushes the
-# workers completed.  With snapshot the loss per kill is reported.
+# is applied twice, counted exactly from the processes' histories
+# (scripts/check-history: per push, not a sum in which one loss and one
+# double application cancel), and each shard's final version equals the
+# pushes the workers completed.  With snapshot the loss per kill is
+# reported.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 start_redis
 
-# run_kills MODE STEPS: prints "version0 version1 pushes" at the end.
+# run_kills MODE STEPS [SECTION.KEY=VALUE...]: sets RESULT to
+# "version0 version1 pushes" at the end.
 run_kills() {
   local mode=$1 last=$2
+  shift 2
   local conf="$T/$mode.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=$last" "train.threads=1" \
     "train.schedule=cosine" \
-    "train.log_every=100" "replication.mode=$mode" "replication.interval_ms=200"
+    "train.log_every=100" "replication.mode=$mode" "replication.interval_ms=200" "$@"
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   local gen=(0 0)
   local pids=(0 0)
@@ -65,7 +70,15 @@ run_kills() {
   DUPS=$(sed -n 's/.* duplicates \([0-9]*\),.*/\1/p' "$T/$mode-w0.log" "$T/$mode-w1.log" | paste -sd+ | bc)
 }
 
-run_kills log 5000
+hist="$T/history-log"
+mkdir -p "$hist"
+run_kills log 5000 "cluster.history_dir=$hist"
+# Exact, push by push: every acknowledged push held once at the end.
+rc=0
+verdict=$(scripts/check-history "$hist" 2>&1) || rc=$?
+[ "$rc" = 0 ] && grep -Eq '^history: ok( |$)' <<<"$verdict" ||
+  fail "log: scripts/check-history exited $rc: $verdict"
+echo "$verdict" | sed 's/^/ok: log: /'
 read -r v0 v1 pushes <<<"$RESULT"
 [ "$v0" = "$((pushes - STALE))" ] && [ "$v1" = "$pushes" ] ||
   fail "log: shard versions $v0 and $v1, workers completed $pushes pushes ($STALE stale at the step limit): an acknowledged update was lost or one applied twice"

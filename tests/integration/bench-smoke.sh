@@ -12,13 +12,25 @@ BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
 for b in bench-ps bench-recovery bench-engine bench-ckpt bench-gpu bench-algorithms bench-ring; do
   rc=0
-  # bench-gpu runs the CUDA build (build/cuda, its default), not $BIN; with
-  # no nvcc or no GPU it says `skip: ...` and exits 0, with no targets (as
-  # bench-ring does where it cannot make network namespaces).
+  # bench-gpu runs the CUDA build (build/cuda, its default), not $BIN.  It
+  # alone may not run here, and only for the reasons of a machine without a
+  # GPU: with no nvcc or no GPU it says `skip: no nvcc (...)` or
+  # `skip: no GPU (...)` and exits 0, with no targets.  Any other bench that
+  # says skip (bench-ring where it cannot make network namespaces, which
+  # scripts/deps and root provide), or bench-gpu for another reason, fails:
+  # its checks would be waived.
   if [ $b = bench-gpu ]; then args=(--smoke); else args=(--smoke --binary "$BIN"); fi
   scripts/$b "${args[@]}" >"$T/$b.log" 2>&1 || rc=$?
   [ "$rc" = 0 ] || fail "scripts/$b --smoke exited $rc"
-  if skip=$(grep -m1 '^skip: ' "$T/$b.log"); then echo "ok: $b --smoke: $skip"; continue; fi
+  skips=$(grep '^skip: ' "$T/$b.log" || true)
+  if [ -n "$skips" ]; then
+    [ $b = bench-gpu ] || fail "scripts/$b --smoke did not run: $skips (only bench-gpu may skip, for no GPU or no nvcc)"
+    [ "$(wc -l <<<"$skips")" = 1 ] && grep -qE '^skip: no (GPU|nvcc) \(' <<<"$skips" ||
+      fail "scripts/$b --smoke skipped for a reason other than no GPU or no nvcc: $skips"
+    ! grep -q '^target ' "$T/$b.log" || fail "scripts/$b --smoke said '$skips' and printed target lines"
+    echo "ok: $b --smoke: not run on this machine: ${skips#skip: }"
+    continue
+  fi
   lines=$(grep '^target ' "$T/$b.log" || true)
   [ -n "$lines" ] || fail "scripts/$b --smoke printed no target line"
   bad=$(grep -Ev '^target [^ :]+: -?[0-9.eE+-]+[^ ]* \(bar (<=|>=) [0-9.eE+-]+[^ )]*\): (ok|MISSED)$' <<<"$lines" || true)

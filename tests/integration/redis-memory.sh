@@ -23,12 +23,24 @@ write_config "$T/c.conf" 1 2 "model.name=mlp" "model.hidden=2048,1024" "train.ba
   "train.last_step=1000000" "train.threads=1" "train.log_every=10" "replication.mode=log" \
   "replication.interval_ms=100" "cluster.history_dir=$hist"
 P='{itest:ps:0}'
-# meta's snapshot id, and the registered ids that are not it.
+# meta's snapshot id, and the registered ids that are not it ("a,b", or -).
 PROBE='local m = redis.call("HGET", KEYS[1], "snap")
-local other = 0
-for _, id in ipairs(redis.call("HKEYS", KEYS[2])) do if id ~= m then other = other + 1 end end
-return {m or "-", other}'
+local other = {}
+for _, id in ipairs(redis.call("HKEYS", KEYS[2])) do if id ~= m then other[#other + 1] = id end end
+table.sort(other)
+return {m or "-", #other > 0 and table.concat(other, ",") or "-"}'
 probe() { rc eval "$PROBE" 2 "$P:meta" "$P:snaps" | paste -sd' '; }
+# new_ids IDS: the ids in IDS (a,b or -) that are not in $left, the ones a
+# killed incarnation left registered (a restarted shard deletes them only
+# at its first switch).
+new_ids() {
+  local id out=""
+  for id in ${1//,/ }; do
+    [ "$id" = - ] && continue
+    case ",$left," in *",$id,"*) ;; *) out+="${out:+,}$id" ;; esac
+  done
+  echo "$out"
+}
 used_memory() { rc info memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
 shard_keys() { rc --scan --pattern "$P:*" | sort; }
 
@@ -81,26 +93,41 @@ start w1 "$BIN" worker --config "$T/c.conf" --index 1
 wait_for "$T/w0.log" "step 10 global" 60
 before=$(used_memory)
 mid=0
+left=""
 for ((k = 1; k <= KILLS; k++)); do
-  # Mid-snapshot: a registered snapshot that the meta does not name.
+  # Mid-snapshot: a snapshot this incarnation registered that the meta does
+  # not name (not one a killed one left).  Once one is seen the shard is
+  # paused (it cannot switch or clean up while stopped) and looked at
+  # again; killed only if its snapshot is still being written.
   found=""
   for ((i = 0; i < 2000; i++)); do
-    read -r m other <<<"$(probe)"
-    if [ "$other" -ge 1 ]; then found=1; break; fi
+    m="" ids=""
+    read -r m ids <<<"$(probe)" || true
+    if [ -n "$(new_ids "$ids")" ]; then
+      kill -STOP "$pid"
+      read -r m ids <<<"$(probe)" || true
+      if [ -n "$(new_ids "$ids")" ]; then found=1; break; fi
+      kill -CONT "$pid"
+    fi
     sleep 0.005
   done
   [ -n "$found" ] || fail "kill $k: no snapshot being written within 10 s"
   kill -9 "$pid"
   wait "$pid" 2>/dev/null || true
-  read -r m other <<<"$(probe)"
-  [ "$other" -ge 1 ] && mid=$((mid + 1))
+  # Every kill leaves a snapshot of its own that never switched.
+  m="" ids=""
+  read -r m ids <<<"$(probe)" || true
+  fresh=$(new_ids "$ids")
+  [ -n "$fresh" ] ||
+    fail "kill $k: not mid-snapshot: after the kill :snaps lists ${ids:-nothing} besides the meta's ${m:-?}, none registered by the killed shard (left before it: ${left:-none})"
+  mid=$((mid + 1))
+  left=$ids
   start "ps0_$k" "$BIN" ps --config "$T/c.conf" --index 0
   pid=$!
   wait_for "$T/ps0_$k.log" "listening on" 30
 done
-# Every kill left a snapshot that never switched (the ones that switched
-# between the look and the kill left it before its clean-up).
-echo "ok: $KILLS kills of shard 0 while a snapshot was written; $mid of them left one registered that never switched; used_memory $before bytes before the kills"
+[ "$mid" = "$KILLS" ] || fail "$mid of $KILLS kills were mid-snapshot"
+echo "ok: $KILLS kills of shard 0, each while a snapshot was written: each left one registered in :snaps that the meta does not name; used_memory $before bytes before the kills"
 # Training goes on.
 n=$(grep -c ' global ' "$T/w0.log" || true)
 for ((i = 0; i < 600; i++)); do

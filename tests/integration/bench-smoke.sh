@@ -28,7 +28,7 @@ for b in bench-ps bench-recovery bench-engine bench-ckpt bench-gpu bench-algorit
     [ "$(wc -l <<<"$skips")" = 1 ] && grep -qE '^skip: no (GPU|nvcc) \(' <<<"$skips" ||
       fail "scripts/$b --smoke skipped for a reason other than no GPU or no nvcc: $skips"
     ! grep -q '^target ' "$T/$b.log" || fail "scripts/$b --smoke said '$skips' and printed target lines"
-    echo "ok: $b --smoke: not run on this machine: ${skips#skip: }"
+    echo "skip: bench-gpu: ${skips#skip: }"
     continue
   fi
   lines=$(grep '^target ' "$T/$b.log" || true)

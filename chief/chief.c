@@ -682,12 +682,16 @@ int ps_chief_run(const ps_config *cfg) {
                      ps_plan_source_name(PS_PLAN_REDIS));
   } else {
     int rc = load_missing(ch, missing == cfg->nps);
-    if (rc == -2)
-      goto done;  /* e.g. another optimizer than the checkpoint's: said why */
+    if (rc == -2) {
+      /* Checkpoints it cannot use, or of another optimizer: said why. */
+      ch->status = PS_CHIEF_REFUSED;
+      goto done;
+    }
     /* Otherwise a shard that did not take its state is retried each tick. */
     poll_stats(ch);
   }
-  if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours,
+  if (ps_ckpt_retain(cfg->checkpoint_dir, ch->cut_env.layout->hash, ch->cut_env.model_text,
+                     cfg->max_to_keep, cfg->keep_every_n_hours,
                      ch->restored_from[0] ? ch->restored_from : NULL, &ch->owner, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
   if (!ch->last_ckpt_name[0])

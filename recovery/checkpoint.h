@@ -286,6 +286,11 @@ int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *
                              ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
                              ps_ckpt_skipped *skipped, ps_errbuf *eb);
 
+/* Whether this process can write checkpoints into dir: created if
+ * missing (with its parents), then a probe file created, written, synced
+ * and removed.  @return 0, or -errno with a message naming the path. */
+int ps_ckpt_dir_writable(const char *dir, ps_errbuf *eb);
+
 /* Move checkpoint `name` out of dir's way into DIR/unusable/ (created;
  * an existing one of that name gets a numbered suffix), never deleting
  * anything; the index forgets it at the next retention.  @return 0, or

@@ -646,3 +646,21 @@ int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb) {
   }
   return ps_err_set(eb, -EEXIST, "move %s into %s: 1000 of that name there already", from, aside);
 }
+
+int ps_ckpt_dir_writable(const char *dir, ps_errbuf *eb) {
+  int rc = ps__ckpt_mkdir_p(dir);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "%s: cannot create: %s", dir, strerror(-rc));
+  char probe[PATH_MAX];
+  if ((size_t)snprintf(probe, sizeof probe, "%s/.probe-%ld", dir, (long)getpid()) >= sizeof probe)
+    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", dir);
+  int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return ps_err_set(eb, -errno, "%s: cannot write a file there: %s", dir, strerror(errno));
+  rc = write(fd, "x", 1) == 1 && fsync(fd) == 0 ? 0 : -errno;
+  close(fd);
+  unlink(probe);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "%s: cannot write a file there: %s", dir, strerror(-rc));
+  return 0;
+}

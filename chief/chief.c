@@ -490,13 +490,28 @@ static void finish(chief *ch) {
   }
   if (ch->stopping)
     return;
-  if (ch->wrote_step != ch->gstep) {
-    for (int attempt = 0; attempt < 5 && checkpoint(ch, 1) != 0; attempt++)
-      if (ch->stopping)
+  /* The final checkpoint, tried up to 5 times a second apart; without it
+   * the run is not done. */
+  for (int attempt = 0; attempt < 5 && ch->wrote_step != ch->gstep; attempt++) {
+    for (uint64_t t0 = ps_now_ns(); attempt > 0 && ps_now_ns() - t0 < 1000000000ULL;) {
+      if (stop_signal || lease_tick(ch) != 0)
         return;
+      ps_notify_watchdog();
+      usleep(10000);
+    }
+    checkpoint(ch, 1);
+    if (ch->stopping)
+      return;
   }
-  if (ch->stopping)
+  if (ch->wrote_step != ch->gstep) {
+    ps_log(PS_LOG_ERROR, "the final checkpoint at global step %" PRIu64 " failed 5 times (said "
+           "above); the run is not done, and its newest checkpoint is %s: mend [checkpoint] "
+           "dir %s and start the chief again, it writes the final checkpoint then", ch->gstep,
+           ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none", ch->cfg->checkpoint_dir);
+    ch->status = PS_CHIEF_FAILED;
+    ch->stopping = 1;
     return;
+  }
   evaluate(ch, 1);
   if (ch->stopping)
     return;
@@ -572,6 +587,13 @@ int ps_chief_run(const ps_config *cfg) {
   char path[4200];
   if (ps_metrics_start(cfg, "chief", 0, chief_series, C_N, ch->series, &ch->metrics, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
+  /* Found now, not at the first checkpoint (or the last). */
+  if (ps_ckpt_dir_writable(cfg->checkpoint_dir, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "[checkpoint] dir: %s; the chief writes its checkpoints there (and a "
+           "standby chief needs it too)", eb.msg);
+    ch->status = PS_CHIEF_REFUSED;
     goto out;
   }
   ch->client = ps_client_new_as(cfg->path, PS_ROLE_CHIEF, 0, &eb);
@@ -682,12 +704,16 @@ int ps_chief_run(const ps_config *cfg) {
                      ps_plan_source_name(PS_PLAN_REDIS));
   } else {
     int rc = load_missing(ch, missing == cfg->nps);
-    if (rc == -2)
-      goto done;  /* e.g. another optimizer than the checkpoint's: said why */
+    if (rc == -2) {
+      /* Checkpoints it cannot use, or of another optimizer: said why. */
+      ch->status = PS_CHIEF_REFUSED;
+      goto done;
+    }
     /* Otherwise a shard that did not take its state is retried each tick. */
     poll_stats(ch);
   }
-  if (ps_ckpt_retain(cfg->checkpoint_dir, cfg->max_to_keep, cfg->keep_every_n_hours,
+  if (ps_ckpt_retain(cfg->checkpoint_dir, ch->cut_env.layout->hash, ch->cut_env.model_text,
+                     cfg->max_to_keep, cfg->keep_every_n_hours,
                      ch->restored_from[0] ? ch->restored_from : NULL, &ch->owner, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);
   if (!ch->last_ckpt_name[0])

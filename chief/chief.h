@@ -14,6 +14,8 @@
 enum {
   PS_CHIEF_DONE = 0,      /* the run reached last_step, or SIGTERM */
   PS_CHIEF_FAILED = 1,    /* start-up error or a lost lease: a restart may help */
+  PS_CHIEF_REFUSED = 2,   /* what it found would lose work (checkpoints it cannot use, a
+                             checkpoint of another optimizer): the user must choose */
   PS_CHIEF_NONFINITE = 3, /* the weights went NaN/Inf: restarting would not help */
 };
 

@@ -103,6 +103,47 @@ static int load_images(const ps_cut_env *env, const images *im) {
   }
 }
 
+/* Checkpoints newer than the one found (none found: all) that the search
+ * skipped as another model's or damaged.  Left where they are, they would
+ * be overwritten when the run reaches their step, or, with none usable, a
+ * start from the seed would go on over them as if they were not there: so
+ * they are set aside into DIR/unusable/, and with none usable only when the
+ * user said so ([checkpoint] unusable = set_aside).  @return 0, or -2
+ * refused (said why in one line). */
+static int unusable(const ps_config *cfg, int found, const ps_ckpt_skipped *sk) {
+  const char *dir = cfg->checkpoint_dir;
+  if (!found && cfg->ckpt_unusable == PS_CKPT_UNUSABLE_REFUSE) {
+    ps_log(PS_LOG_ERROR, "%s holds %d checkpoint%s and none fits this cluster (the newest, %s: "
+           "%s): refusing to start from the seeded initialization beside them; to start "
+           "afresh, set [checkpoint] unusable = set_aside (they move into %s/unusable/) or "
+           "give this model another [checkpoint] dir", dir, sk->n, sk->n == 1 ? "" : "s",
+           sk->newest, sk->why, dir);
+    return -2;
+  }
+  ps_ckpt_entry *e = NULL;
+  ps_errbuf eb = {0};
+  int n = ps_ckpt_list(dir, &e, &eb);
+  if (n < 0) {
+    ps_log(PS_LOG_ERROR, "%s; refusing to go on beside checkpoints it cannot list", eb.msg);
+    return -2;
+  }
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    if (!e[i].on_disk || (found && e[i].step <= sk->below))
+      continue;
+    if (ps_ckpt_set_aside(dir, e[i].name, &eb) != 0) {
+      ps_log(PS_LOG_ERROR, "%s; refusing to go on beside it", eb.msg);
+      rc = -2;
+    } else {
+      ps_log(PS_LOG_WARN, "checkpoint %s set aside into %s/unusable/: %s", e[i].name, dir,
+             found ? "newer than the one restored, and unusable (said above)"
+                   : "none fits this cluster ([checkpoint] unusable = set_aside)");
+    }
+  }
+  free(e);
+  return rc;
+}
+
 int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
                      const ps_msg_stats_reply *stats, int everyone, ps_restore_result *out) {
   const ps_config *cfg = env->cfg;
@@ -122,17 +163,23 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
   uint64_t t0 = ps_now_ns();
   /* The newest checkpoint whose files all decompress and verify, read
    * once: the images are what the shards get. */
+  ps_ckpt_skipped sk;
   int found = ps_ckpt_find_latest_with(cfg->checkpoint_dir, env->layout->hash, env->model_text,
-                                       accept_ckpt, im, &ck, &eb);
-  if (found < 0) {
-    ps_log(PS_LOG_WARN, "%s; starting from the seeded initialization", eb.msg);
-    found = 0;
-  }
+                                       accept_ckpt, im, &ck, &sk, &eb);
   int rc = 0;
-  if (im->mismatch) {
+  if (found < 0) {
+    /* Checkpoints it cannot even list may hold the run: never start over them. */
+    ps_log(PS_LOG_ERROR, "[checkpoint] dir: %s; refusing to start from the seeded "
+           "initialization without knowing what it holds", eb.msg);
+    found = 0;
+    rc = -2;
+  } else if (im->mismatch) {
     ps_log(PS_LOG_ERROR, "%s", im->mismatch_eb.msg);
     rc = -2;
-  } else if (!found && plan_images(im, NULL, &eb) != 0) {
+  } else if (everyone && sk.n > 0) {
+    rc = unusable(cfg, found, &sk);
+  }
+  if (rc == 0 && !found && plan_images(im, NULL, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     rc = -2;  /* the plan itself failed: retrying will not help */
   }

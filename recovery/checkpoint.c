@@ -29,14 +29,11 @@
 #error "shard files hold float32 little-endian, copied from memory: a little-endian host is assumed"
 #endif
 
-#define MANIFEST_FILE "MANIFEST.json"
 
 /* One LZ4 block (4 MiB) per compressUpdate, so no input is buffered twice. */
 #define CHUNK ((size_t)4 << 20)
 /* Compressed bytes read per call while decoding. */
 #define IN_CHUNK ((size_t)1 << 20)
-/* A manifest larger than this is refused before it is read. */
-#define MANIFEST_MAX ((size_t)256 << 20)
 
 /* ------------------------------------------------------------------ */
 /* The filters                                                        */
@@ -430,8 +427,8 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
    * checkpoints), so failing to rewrite it or to prune is a warning. */
   {
     ps_errbuf why = {0};
-    if (ps__ckpt_retain_commit(dir, o->max_to_keep, o->keep_every_n_hours, name, o->owner,
-                               &why) != 0)
+    if (ps__ckpt_retain_commit(dir, o->layout->hash, o->model, o->max_to_keep,
+                               o->keep_every_n_hours, name, o->owner, &why) != 0)
       ps_log(PS_LOG_WARN, "checkpoint %s in %s committed, but the index or retention failed: %s",
              name, dir, why.msg);
   }
@@ -757,12 +754,14 @@ static int verify_fn(const ps_ckpt *c, void *arg, ps_errbuf *why) {
 
 int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb) {
-  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, eb);
+  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, NULL, eb);
 }
 
 int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
-                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out, ps_errbuf *eb) {
+                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
+                             ps_ckpt_skipped *skipped, ps_errbuf *eb) {
   memset(out, 0, sizeof *out);
+  ps_ckpt_skipped sk = {0};
   ps_ckpt_entry *e = NULL;
   int n = ps_ckpt_list(dir, &e, eb);
   if (n < 0)
@@ -781,8 +780,14 @@ int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *
       else
         ps_ckpt_close(out);
     }
-    if (found_one)
+    if (found_one) {
+      sk.below = e[i].step;
       break;
+    }
+    if (e[i].on_disk && sk.n++ == 0) {
+      snprintf(sk.newest, sizeof sk.newest, "%s", e[i].name);
+      snprintf(sk.why, sizeof sk.why, "%s", why.msg);
+    }
     int prev = i - 1;
     while (prev >= 0 && !e[prev].on_disk)
       prev--;
@@ -790,5 +795,7 @@ int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *
            prev >= 0 ? "falling back to " : "no older checkpoint", prev >= 0 ? e[prev].name : "");
   }
   free(e);
+  if (skipped != NULL)
+    *skipped = sk;
   return found_one;
 }

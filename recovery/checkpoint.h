@@ -266,6 +266,15 @@ int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb);
 int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb);
 
+/* The candidates a search skipped (on disk, but another model's, damaged
+ * or unreadable): all of them newer than the one it found, if any. */
+typedef struct ps_ckpt_skipped {
+  int n;
+  uint64_t below;                    /* found: its step (the skipped are above it) */
+  char newest[PS_CKPT_NAME_MAX];     /* the newest skipped, and why */
+  char why[sizeof(((ps_errbuf *)0)->msg)];
+} ps_ckpt_skipped;
+
 /* A candidate's content check: 0 accepts it, anything else rejects it with
  * the reason in *why. */
 typedef int (*ps_ckpt_accept_fn)(const ps_ckpt *c, void *arg, ps_errbuf *why);
@@ -274,12 +283,28 @@ typedef int (*ps_ckpt_accept_fn)(const ps_ckpt *c, void *arg, ps_errbuf *why);
  * that must decompress the shard files anyway verifies them as it does,
  * and keeps what it read. */
 int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
-                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out, ps_errbuf *eb);
+                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
+                             ps_ckpt_skipped *skipped, ps_errbuf *eb);
 
-/* Retention: keep the max_to_keep newest checkpoints (by step; 0 = all),
- * plus, with keep_every_n_hours > 0, the oldest checkpoint of each window
- * [k * h, (k + 1) * h) of unix time, and always `protect` (a checkpoint name
- * or NULL: the one the chief restored from).  The index is rewritten to list
+/* Whether this process can write checkpoints into dir: created if
+ * missing (with its parents), then a probe file created, written, synced
+ * and removed.  @return 0, or -errno with a message naming the path. */
+int ps_ckpt_dir_writable(const char *dir, ps_errbuf *eb);
+
+/* Move checkpoint `name` out of dir's way into DIR/unusable/ (created;
+ * an existing one of that name gets a numbered suffix), never deleting
+ * anything; the index forgets it at the next retention.  @return 0, or
+ * -errno with a message. */
+int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb);
+
+/* Retention: keep the max_to_keep newest checkpoints (by step, then time;
+ * 0 = all), plus, with keep_every_n_hours > 0, the oldest checkpoint of each
+ * window [k * h, (k + 1) * h) of unix time, and always `protect` (a
+ * checkpoint name or NULL: the one the chief restored from).  With `model`
+ * not NULL only the checkpoints of (layout_hash, model) count: one whose
+ * manifest names another model, or cannot be read, is never deleted, never
+ * counts as newer and is never the index's latest (NULL: every checkpoint
+ * counts).  The index is rewritten to list
  * exactly the kept ones (latest: the newest) before the others are deleted;
  * temporary entries (.tmp-ckpt-*, .old-ckpt-*, checkpoint.tmp-*) are
  * removed when they are `owner`'s own or of an older token (FORMAT.md
@@ -289,7 +314,8 @@ int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *
  * directory is in progress.  @return 0, PS_EFENCED (the fence refused: what
  * was not done yet is left as it was), or -errno with a message (the first
  * failure; it goes on with the rest). */
-int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                   const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb);
+int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
+                   double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
+                   ps_errbuf *eb);
 
 #endif

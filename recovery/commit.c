@@ -29,6 +29,8 @@
 #ifndef PS_RENAME_EXCHANGE
 #define PS_RENAME_EXCHANGE (1 << 1) /* linux/fs.h RENAME_EXCHANGE */
 #endif
+#define PS_RENAME_NOREPLACE (1 << 0)  /* linux/fs.h RENAME_NOREPLACE */
+#define UNUSABLE_DIR "unusable"       /* checkpoints set aside (ps_ckpt_set_aside) */
 
 /* ------------------------------------------------------------------ */
 /* Crash-safe files                                                   */
@@ -439,10 +441,25 @@ fail:
 }
 
 /* Newer first: by time, then by step. */
+/* By step, the training's own clock: a wall clock stepped back must not
+ * make the newest checkpoint look old. */
 static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
-  if (a->time != b->time)
-    return a->time > b->time;
-  return a->step > b->step;
+  if (a->step != b->step)
+    return a->step > b->step;
+  return a->time > b->time;
+}
+
+/* Whether checkpoint `name` in dir is of (layout_hash, model); NULL model:
+ * every one is. */
+static int of_model(const char *dir, const char *name, uint64_t layout_hash, const char *model) {
+  if (model == NULL)
+    return 1;
+  char path[PATH_MAX], got[256];
+  uint64_t hash = 0;
+  ps_errbuf why = {0};
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 && hash == layout_hash &&
+         strcmp(got, model) == 0;
 }
 
 /* The temporaries this owner may remove (ps__ckpt_leftover_removable):
@@ -471,7 +488,8 @@ static int remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
 
 /* in_write: called by a checkpoint's commit, whose crash points (index,
  * retain) fire here; a retention on its own (the chief's start) has none. */
-static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const char *protect,
+static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
+                       int64_t max_to_keep, double hours, const char *protect,
                        const ps_ckpt_owner *owner, int in_write, ps_errbuf *eb) {
   uint64_t token = owner != NULL ? owner->token : 0;
   ps_ckpt_entry *e = NULL;
@@ -484,19 +502,28 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
     return rc;
   }
   rc = remove_leftovers(dir, token, eb);
-  int *keep = calloc((size_t)n + 1, sizeof *keep);
+  int *keep = calloc(2 * ((size_t)n + 1), sizeof *keep);
   if (keep == NULL) {
     free(e);
     return ps_err_set(eb, -ENOMEM, "out of memory");
   }
+  /* Another model's checkpoints, and those whose manifest cannot be read,
+   * are kept and left out of the count. */
+  int *ours = keep + n + 1;
+  for (int i = 0; i < n; i++)
+    ours[i] = e[i].on_disk && of_model(dir, e[i].name, layout_hash, model);
   double period = hours * 3600.0;
   int latest = -1;
   for (int i = 0; i < n; i++) {
     if (!e[i].on_disk)
       continue;  /* the index named a missing directory: drop it from the index */
+    if (!ours[i]) {
+      keep[i] = 1;
+      continue;
+    }
     int newer_count = 0, older_in_window = 0;
     for (int j = 0; j < n; j++) {
-      if (j == i || !e[j].on_disk)
+      if (j == i || !ours[j])
         continue;
       if (newer(&e[j], &e[i]))
         newer_count++;
@@ -511,7 +538,7 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
   }
   if (protect != NULL)
     for (int i = 0; i < n; i++)
-      if (keep[i] && strcmp(protect, e[i].name) == 0)
+      if (keep[i] && ours[i] && strcmp(protect, e[i].name) == 0)
         latest = i;
 
   /* The index first, so that it never names a directory deleted below. */
@@ -580,15 +607,60 @@ static int retain_impl(const char *dir, int64_t max_to_keep, double hours, const
   return rc;
 }
 
-int ps_ckpt_retain(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                   const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb) {
+int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
+                   double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
+                   ps_errbuf *eb) {
   if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
       !isfinite(keep_every_n_hours))
     return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
-  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, owner, 0, eb);
+  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 0,
+                     eb);
 }
 
-int ps__ckpt_retain_commit(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                           const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb) {
-  return retain_impl(dir, max_to_keep, keep_every_n_hours, protect, owner, 1, eb);
+int ps__ckpt_retain_commit(const char *dir, uint64_t layout_hash, const char *model,
+                           int64_t max_to_keep, double keep_every_n_hours, const char *protect,
+                           const ps_ckpt_owner *owner, ps_errbuf *eb) {
+  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 1,
+                     eb);
+}
+
+int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb) {
+  char aside[PATH_MAX], from[PATH_MAX], to[PATH_MAX];
+  snprintf(aside, sizeof aside, "%s/" UNUSABLE_DIR, dir);
+  if (mkdir(aside, 0755) != 0 && errno != EEXIST)
+    return ps_err_set(eb, -errno, "%s: cannot create: %s", aside, strerror(errno));
+  snprintf(from, sizeof from, "%s/%s", dir, name);
+  for (int k = 0; k < 1000; k++) {
+    int len = k == 0 ? snprintf(to, sizeof to, "%s/%s", aside, name)
+                     : snprintf(to, sizeof to, "%s/%s.%d", aside, name, k);
+    if (len < 0 || (size_t)len >= sizeof to)
+      return ps_err_set(eb, -ENAMETOOLONG, "%s/%s: path too long", aside, name);
+    /* RENAME_NOREPLACE: never over an earlier one set aside. */
+    if (syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, PS_RENAME_NOREPLACE) == 0) {
+      ps__ckpt_fsync_dir(aside);
+      ps__ckpt_fsync_dir(dir);
+      return 0;
+    }
+    if (errno != EEXIST)
+      return ps_err_set(eb, -errno, "move %s to %s: %s", from, to, strerror(errno));
+  }
+  return ps_err_set(eb, -EEXIST, "move %s into %s: 1000 of that name there already", from, aside);
+}
+
+int ps_ckpt_dir_writable(const char *dir, ps_errbuf *eb) {
+  int rc = ps__ckpt_mkdir_p(dir);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "%s: cannot create: %s", dir, strerror(-rc));
+  char probe[PATH_MAX];
+  if ((size_t)snprintf(probe, sizeof probe, "%s/.probe-%ld", dir, (long)getpid()) >= sizeof probe)
+    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", dir);
+  int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    return ps_err_set(eb, -errno, "%s: cannot write a file there: %s", dir, strerror(errno));
+  rc = write(fd, "x", 1) == 1 && fsync(fd) == 0 ? 0 : -errno;
+  close(fd);
+  unlink(probe);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "%s: cannot write a file there: %s", dir, strerror(-rc));
+  return 0;
 }

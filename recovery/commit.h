@@ -16,8 +16,9 @@ void ps__ckpt_crash_point(const char *stage);
 
 /* ps_ckpt_retain as a checkpoint's commit runs it: with the crash points
  * "index" and "retain". */
-int ps__ckpt_retain_commit(const char *dir, int64_t max_to_keep, double keep_every_n_hours,
-                           const char *protect, const ps_ckpt_owner *owner, ps_errbuf *eb);
+int ps__ckpt_retain_commit(const char *dir, uint64_t layout_hash, const char *model,
+                           int64_t max_to_keep, double keep_every_n_hours, const char *protect,
+                           const ps_ckpt_owner *owner, ps_errbuf *eb);
 
 /* Run owner's fence (none: pass) before `step` of the commit in dir.
  * @return 0, or PS_EFENCED with "fenced: not <step> in DIR: <why>" in eb

@@ -3,6 +3,7 @@
 #include "recovery/manifest.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -10,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -703,4 +706,44 @@ int ps_ckpt_parse_manifest(const char *json, size_t len, ps_ckpt *out, ps_errbuf
     ps_ckpt_close(out);
   }
   return rc;
+}
+
+int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
+                            ps_errbuf *eb) {
+  char path[PATH_MAX];
+  if ((size_t)snprintf(path, sizeof path, "%s/" MANIFEST_FILE, ckpt_dir) >= sizeof path)
+    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return ps_err_set(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+    close(fd);
+    return ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file of at most %zu bytes", path,
+                      MANIFEST_MAX);
+  }
+  json_error_t je;
+  json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+  close(fd);
+  if (root == NULL) {
+    int rc = ps_err_set(eb, PS_ECORRUPT, "%s: not valid JSON (line %d column %d: %s)", path,
+                        je.line, je.column, je.text);
+    mask_controls(eb);
+    return rc;
+  }
+  ps_errbuf why = {0};
+  const char *s;
+  int rc = !json_is_object(root) ? bad(&why, "the manifest", "a JSON object", root)
+           : get_str(root, "", "model", 1, cap - 1, &s, &why) != 0 ||
+                   get_hex64(root, "", "layout_hash", layout_hash, &why) != 0
+               ? PS_ECORRUPT
+               : 0;
+  if (rc == 0)
+    snprintf(model, cap, "%s", s);
+  json_decref(root);
+  if (rc != 0) {
+    ps_err_set(eb, PS_ECORRUPT, "%s: %s", path, why.msg);
+    mask_controls(eb);
+  }
+  return rc != 0 ? PS_ECORRUPT : 0;
 }

@@ -7,6 +7,17 @@
 
 #include "recovery/checkpoint.h"
 
+#define MANIFEST_FILE "MANIFEST.json"
+/* A manifest larger than this is refused before it is read. */
+#define MANIFEST_MAX ((size_t)256 << 20)
+
+/* The model a checkpoint directory's manifest names: its layout hash and
+ * model text (at most cap - 1 bytes), read without parsing the rest.  Only a
+ * regular file is read (a FIFO is refused, never waited on).  @return 0, or
+ * PS_ECORRUPT / -errno with a message naming the file. */
+int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
+                            ps_errbuf *eb);
+
 /* Floats per shard slice: keeps every byte count of a shard file below 2^53,
  * so that JSON numbers carry them exactly. */
 #define PS_CKPT_MAX_FLOATS ((uint64_t)1 << 48)

@@ -80,8 +80,9 @@ static void local_usage(FILE *f) {
       "SIGKILL after 10 s); a second Ctrl-C kills them at once.  Nothing outlives local:\n"
       "its children get SIGKILL if it dies.\n"
       "Exit status: 0 the run reached its step limit, 1 failure (a process kept failing,\n"
-      "or setup failed), 2 bad usage, 128 + the signal when stopped by one (130 SIGINT,\n"
-      "143 SIGTERM, 129 SIGHUP).\n");
+      "or setup failed), 2 bad usage or a process that refused to go on (its exit 2: a\n"
+      "restart would not change it, e.g. checkpoints none of which fits the model), 128 +\n"
+      "the signal when stopped by one (130 SIGINT, 143 SIGTERM, 129 SIGHUP).\n");
 }
 
 typedef struct local_opts {

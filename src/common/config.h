@@ -20,6 +20,13 @@ typedef struct ps_addr {
   uint16_t port;
 } ps_addr;
 
+/* [checkpoint] unusable: what the chief does with checkpoints it cannot
+ * restore from (another model's, damaged) when it finds no usable one. */
+typedef enum ps_ckpt_unusable {
+  PS_CKPT_UNUSABLE_REFUSE = 0,   /* exit 2 naming the newest and why */
+  PS_CKPT_UNUSABLE_SET_ASIDE,    /* move them into DIR/unusable/, start from the seed */
+} ps_ckpt_unusable;
+
 typedef enum { PS_CONSISTENCY_ASYNC = 0, PS_CONSISTENCY_SYNC, PS_CONSISTENCY_SSP } ps_consistency;
 /* What workers push (src/ps/README.md, "Algorithms"): gradients; or the difference
  * of their own replica from the shards' center, averaged per round
@@ -97,6 +104,7 @@ typedef struct ps_config {
   char checkpoint_dir[PS_CONFIG_PATH_MAX];
   int64_t checkpoint_every_steps, checkpoint_every_secs, max_to_keep;
   double keep_every_n_hours;
+  int ckpt_unusable;              /* ps_ckpt_unusable */
   char checkpoint_filter[8];      /* none|shuffle */
 
   /* [chief] (step 4) */

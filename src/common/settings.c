@@ -99,6 +99,7 @@ static const char *const algorithms[] = {"gradients", "averaging", "easgd", NULL
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
 static const char *const redis_failures[] = {"block", "degrade", NULL};
+static const char *const ckpt_unusables[] = {"refuse", "set_aside", NULL};
 
 #define FIELD(f) .offset = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
 #define LIST(f, n) FIELD(f), .count_offset = offsetof(ps_config, n)
@@ -227,9 +228,12 @@ const ps_setting ps_settings[] = {
     {"checkpoint", "every_secs", INT, FIELD(checkpoint_every_secs), .max = POW2(31), .def = "600",
      .help = "checkpoint every this many seconds (0: off)"},
     {"checkpoint", "max_to_keep", INT, FIELD(max_to_keep), .min = 1, .max = 1000000, .def = "5",
-     .help = "newest checkpoints kept; older ones are deleted"},
+     .help = "newest checkpoints of this model kept (by step); older ones are deleted"},
     {"checkpoint", "keep_every_n_hours", DOUBLE, FIELD(keep_every_n_hours), .max = 1e6,
      .def = "0", .help = "also keep one checkpoint per this many hours (0: off)"},
+    {"checkpoint", "unusable", ENUM, FIELD(ckpt_unusable), .choices = ckpt_unusables,
+     .def = "refuse",
+     .help = "no checkpoint fits (another model, damaged): refuse (exit 2) or set_aside"},
     {"checkpoint", "filter", STRING, FIELD(checkpoint_filter), .choices = ckpt_filters,
      .def = "shuffle", .help = "byte filter before LZ4: shuffle (groups float bytes) or none"},
 

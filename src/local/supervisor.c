@@ -158,19 +158,27 @@ const char *ps_sup_last_line(const ps_sup_child *c, char *buf, size_t len) {
   if (n <= 0)
     return buf;
   tail[n] = '\0';
-  /* Backwards over the lines: the last one that is the child's own. */
-  char *end = tail + n;
-  while (end > tail) {
-    while (end > tail && (end[-1] == '\n' || end[-1] == '\r'))
-      *--end = '\0';
-    char *start = end;
-    while (start > tail && start[-1] != '\n')
-      start--;
-    if (start < end && strncmp(start, "local: ", 7) != 0) {
-      snprintf(buf, len, "%s", start);
-      return buf;
+  /* Backwards over the lines: the last error of the child's own, else its
+   * last line (a refusal is followed by the lease's release). */
+  for (int errors_only = 1; errors_only >= 0; errors_only--) {
+    char *end = tail + strlen(tail);
+    while (end > tail) {
+      while (end > tail && (end[-1] == '\n' || end[-1] == '\r'))
+        *--end = '\0';
+      char *start = end;
+      while (start > tail && start[-1] != '\n')
+        start--;
+      if (start < end && strncmp(start, "local: ", 7) != 0 &&
+          (!errors_only || strstr(start, ": error: ") != NULL)) {
+        snprintf(buf, len, "%s", start);
+        return buf;
+      }
+      end = start;
     }
-    end = start;
+    /* The first pass cut the lines at their ends: rejoin them. */
+    for (ssize_t i = 0; i < n; i++)
+      if (tail[i] == '\0')
+        tail[i] = '\n';
   }
   return buf;
 }
@@ -417,7 +425,7 @@ static void on_exit_status(ps_sup *s, ps_sup_child *c, int st, double now) {
     snprintf(why, sizeof why, "%s %s, which a restart would not change: %s", c->name, what,
              ps_sup_last_line(c, last, sizeof last));
     c->state = PS_SUP_DONE;
-    ps_sup_stop(s, now, 1, why);
+    ps_sup_stop(s, now, 2, why);
     return;
   }
   if (!c->down_by_kill) {

@@ -45,30 +45,51 @@ typedef struct append_req {
 
 #define BACKOFF_CAP_MS 2000
 
-/* On every (re)connection: the epoch key must hold this incarnation's
- * epoch.  A Redis that lost its data has none: the shard claims it back
- * (and a snapshot follows).  A larger one means a newer incarnation.
- * KEYS: epoch, logkey, log.  ARGV: epoch. */
+/* Which of this shard's keys Redis no longer holds as this incarnation
+ * left them, into `lost` (the start of both scripts below): the epoch (a
+ * larger one is a newer incarnation: FENCED), the log key naming this
+ * incarnation's stream, the stream, and, once Redis held a snapshot of
+ * this state, the meta and every chunk it names.  A newer incarnation
+ * changes the epoch first, so what is missing under this epoch was lost:
+ * FLUSHALL, FLUSHDB, a failover to a node without it, a DEL, an eviction.
+ * KEYS: epoch, logkey, log, meta.  ARGV: epoch, meta expected (0/1),
+ * chunk key prefix. */
+#define KEYS_CHECK                                                                   \
+  "local lost = {}\n"                                                               \
+  "local e = redis.call('GET', KEYS[1])\n"                                          \
+  "if e ~= ARGV[1] then\n"                                                          \
+  "  if e ~= false and tonumber(e) > tonumber(ARGV[1]) then\n"                      \
+  "    return redis.error_reply('FENCED epoch is ' .. e) end\n"                     \
+  "  lost[#lost + 1] = 'epoch' end\n"                                               \
+  "if redis.call('GET', KEYS[2]) ~= KEYS[3] then lost[#lost + 1] = 'logkey' end\n"  \
+  "if redis.call('EXISTS', KEYS[3]) == 0 then lost[#lost + 1] = 'log stream' end\n" \
+  "if ARGV[2] == '1' then\n"                                                        \
+  "  local m = redis.call('HMGET', KEYS[4], 'snap', 'chunks')\n"                    \
+  "  if not m[1] then lost[#lost + 1] = 'meta'\n"                                   \
+  "  else for k = 0, (tonumber(m[2]) or 0) - 1 do\n"                               \
+  "    if redis.call('EXISTS', ARGV[3] .. m[1] .. ':' .. k) == 0 then\n"            \
+  "      lost[#lost + 1] = 'snapshot chunks' break end end end end\n"
+
+/* On every (re)connection: claim back what was lost (a snapshot follows).
+ * Returns OK, or CLAIMED and what was lost.  KEYS and ARGV: KEYS_CHECK's. */
 static const char CLAIM_SCRIPT[] =
-    "local e = redis.call('GET', KEYS[1])\n"
-    "local r = 'OK'\n"
-    "if e ~= ARGV[1] then\n"
-    "  if e ~= false and tonumber(e) > tonumber(ARGV[1]) then\n"
-    "    return redis.error_reply('FENCED epoch is ' .. e) end\n"
-    "  redis.call('SET', KEYS[1], ARGV[1]) r = 'CLAIMED' end\n"
+    KEYS_CHECK
+    "if #lost == 0 then return 'OK' end\n"
+    "redis.call('SET', KEYS[1], ARGV[1])\n"
     "if redis.call('EXISTS', KEYS[3]) == 0 then\n"
     "  redis.call('XGROUP', 'CREATE', KEYS[3], 'g', '$', 'MKSTREAM')\n"
-    "  redis.call('XGROUP', 'DESTROY', KEYS[3], 'g')\n"
-    "  redis.call('SET', KEYS[2], KEYS[3]) end\n"
-    "return r\n";
+    "  redis.call('XGROUP', 'DESTROY', KEYS[3], 'g') end\n"
+    "redis.call('SET', KEYS[2], KEYS[3])\n"
+    "return 'CLAIMED ' .. table.concat(lost, ', ')\n";
 
-/* The heartbeat, written only while the epoch holds: how an idle stale
- * incarnation learns it is one.  KEYS: epoch, node.  ARGV: epoch, payload,
- * ttl ms. */
+/* The heartbeat, written only while every key holds: how an idle stale
+ * incarnation learns it is one, and a live one that Redis lost its keys
+ * (LOST: it reconnects, claims them back and writes a full snapshot).
+ * KEYS: KEYS_CHECK's, node.  ARGV: KEYS_CHECK's, payload, ttl ms. */
 static const char HEARTBEAT_SCRIPT[] =
-    "local e = redis.call('GET', KEYS[1])\n"
-    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
-    "return redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])\n";
+    KEYS_CHECK
+    "if #lost > 0 then return redis.error_reply('LOST ' .. table.concat(lost, ', ')) end\n"
+    "return redis.call('SET', KEYS[5], ARGV[4], 'PX', ARGV[5])\n";
 
 
 static void replica_connect(ps_replica *r);
@@ -192,15 +213,22 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
   }
   r->state = RS_UP;
   ps_backoff_reset(&r->backoff);
-  int claimed = strcmp(rep->str, "CLAIMED") == 0;
-  if (r->down_logged || claimed)
-    ps_log(PS_LOG_INFO, "redis %s:%u: connected%s; writing a full snapshot", r->at.host,
-           r->at.port, claimed ? " to a Redis that lost this shard's keys" : " again");
+  int claimed = (rep->type == REDIS_REPLY_STATUS || rep->type == REDIS_REPLY_STRING) &&
+                strncmp(rep->str, "CLAIMED", 7) == 0;
+  if (claimed)
+    ps_log(PS_LOG_WARN, "redis %s:%u: Redis lost this shard's keys (%s: FLUSHALL, FLUSHDB, a "
+           "failover to a node without them, or a DEL); claimed them back, writing a full "
+           "snapshot from memory (acks wait for it)", r->at.host, r->at.port,
+           rep->str[7] == ' ' ? rep->str + 8 : "?");
+  else if (r->down_logged)
+    ps_log(PS_LOG_INFO, "redis %s:%u: connected again; writing a full snapshot", r->at.host,
+           r->at.port);
   if (claimed) {
     /* Whatever Redis held of this shard is gone: nothing is durable until
      * a new snapshot switches. */
     ps_frontier_lost(&r->f, ps_shard_journal(r->shard), "Redis lost this shard's keys");
     r->snap_version = 0;
+    r->meta_expected = 0;
   }
   r->down_logged = 0;
   r->snap_next_ns = 0;  /* a new connection: try at once */
@@ -321,8 +349,9 @@ static void connect_to_primary(ps_replica *r) {
       redisAsyncCommand(ac, on_auth, NULL, "AUTH %s", pw);
   }
   memset(pw, 0, sizeof pw);
-  redisAsyncCommand(ac, on_claimed, r, "EVAL %s 3 %s %s %s %s", CLAIM_SCRIPT, r->k.epoch,
-                    r->k.logkey, r->k.log, r->epoch_text);
+  redisAsyncCommand(ac, on_claimed, r, "EVAL %s 4 %s %s %s %s %s %s %s", CLAIM_SCRIPT,
+                    r->k.epoch, r->k.logkey, r->k.log, r->k.meta, r->epoch_text,
+                    r->meta_expected ? "1" : "0", r->k.snap_prefix);
 }
 
 /* ------------------------------------------------------------ the log */
@@ -343,9 +372,15 @@ static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
   ps_replica *r = q->r;
   redisReply *rep = reply;
   if (rep != NULL && rep->type == REDIS_REPLY_NIL) {
-    /* NOMKSTREAM found no stream: a newer incarnation took it over. */
-    q->fenced = 1;
-    ps__replica_fence(r, "the log stream was taken over by a newer incarnation");
+    /* NOMKSTREAM found no stream: a newer incarnation took it over, or
+     * Redis lost it.  The reconnection's claim tells which (FENCED, or
+     * CLAIMED and a full snapshot). */
+    snprintf(q->failure, sizeof q->failure, "the log stream %.120s is gone", r->k.log);
+    if (r->ac != NULL && r->state == RS_UP) {
+      snprintf(r->drop_why, sizeof r->drop_why,
+               "the log stream is gone (a newer incarnation, or Redis lost it): checking");
+      redisAsyncDisconnect(r->ac);
+    }
   } else if (ps__replica_is_fenced(rep)) {
     q->fenced = 1;
     ps__replica_fence(r, rep->str);
@@ -474,8 +509,16 @@ int ps_replica_append_later(ps_replica *r, const ps_journal *e) {
 static void on_heartbeat(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   ps_replica *r = priv;
-  if (ps__replica_is_fenced(reply))
-    ps__replica_fence(r, ((redisReply *)reply)->str);
+  redisReply *rep = reply;
+  if (ps__replica_is_fenced(rep)) {
+    ps__replica_fence(r, rep->str);
+  } else if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "LOST", 4) == 0 &&
+             r->ac != NULL && r->state == RS_UP) {
+    /* The reconnection claims them back and writes a full snapshot. */
+    snprintf(r->drop_why, sizeof r->drop_why, "Redis lost this shard's %s",
+             rep->str[4] == ' ' ? rep->str + 5 : "keys");
+    redisAsyncDisconnect(r->ac);
+  }
 }
 
 static void heartbeat(ps_replica *r) {
@@ -488,9 +531,11 @@ static void heartbeat(ps_replica *r) {
            (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard),
            ps_shard_version(r->shard), ps_replica_lag(r), r->f.nondurable, r->f.waiting);
   snprintf(ttl, sizeof ttl, "%" PRId64, 3 * r->cfg->heartbeat_ms);
-  const char *argv[] = {"EVAL", HEARTBEAT_SCRIPT, "2", r->k.epoch, r->k.node, r->epoch_text,
-                        payload, ttl};
-  redisAsyncCommandArgv(r->ac, on_heartbeat, r, 8, argv, NULL);
+  const char *argv[] = {"EVAL",        HEARTBEAT_SCRIPT, "5",     r->k.epoch,
+                        r->k.logkey,   r->k.log,         r->k.meta, r->k.node,
+                        r->epoch_text, r->meta_expected ? "1" : "0", r->k.snap_prefix,
+                        payload,       ttl};
+  redisAsyncCommandArgv(r->ac, on_heartbeat, r, 13, argv, NULL);
 }
 
 static void on_workers(redisAsyncContext *ac, void *reply, void *priv) {
@@ -576,8 +621,10 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
    * snapshot switches. */
   ps_frontier_init(&r->f, cfg->on_redis_failure == PS_REDIS_FAILURE_DEGRADE, restored->loaded,
                    ps_shard_journal(shard), restored->nondurable);
-  if (restored->loaded)
+  if (restored->loaded) {
     r->snap_version = restored->snap_version;
+    r->meta_expected = 1;
+  }
   r->need_full = 1;  /* the first snapshot records this incarnation's start */
   r->wait_replicas = ps_config_redis_replicas(cfg);
   r->at = cfg->redis;

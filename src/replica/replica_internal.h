@@ -61,6 +61,7 @@ struct ps_replica {
   void *close_arg;
 
   uint64_t snap_version;    /* newest snapshot Redis holds */
+  int meta_expected;        /* Redis held a snapshot of this state: its meta and chunks must be there */
   uint64_t snap_taken_ns;   /* when its state was copied (0: none this run) */
   uint64_t started_ns;      /* ps_replica_new */
   uint64_t updates;         /* since the last snapshot began */

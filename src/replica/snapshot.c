@@ -121,6 +121,7 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   snap_job *j = r->job;
   if (rep != NULL && rep->type != REDIS_REPLY_ERROR) {
     r->snap_version = j->info.version;
+    r->meta_expected = 1;
     r->snap_taken_ns = j->taken_ns;
     gc_req *g = ac != NULL && r->state == RS_UP ? malloc(sizeof *g) : NULL;
     if (g != NULL) {

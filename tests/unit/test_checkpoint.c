@@ -595,12 +595,12 @@ static void test_retention_max_to_keep(void **state) {
 
   /* On start, with the restored one protected: it stays, and is latest. */
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, "ckpt-000000300", NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, "ckpt-000000300", NULL, &eb), 0);
   assert_true(exists(dir, 300) && exists(dir, 400));
   idx = index_text(dir);
   assert_true(strncmp(idx, "latest: ckpt-000000300\n", 23) == 0);
   free(idx);
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, NULL, &eb), 0);
   assert_false(exists(dir, 300));
   assert_true(exists(dir, 400));
 
@@ -630,6 +630,69 @@ static void test_retention_hours(void **state) {
     assert_int_equal(exists(dir, (uint64_t)k + 1), want[k]);
 }
 
+/* By step, not by wall clock: a clock stepped back an hour must not make
+ * each new checkpoint delete the one written just before it. */
+static void test_retention_by_step(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "ret-step", dir, sizeof dir);
+  double t0 = 1700000000;
+  for (int k = 1; k <= 3; k++)
+    write_step(f, dir, (uint64_t)k * 100, PS_CKPT_FILTER_NONE, 2, t0 - 3600.0 * k);
+  assert_false(exists(dir, 100));
+  assert_true(exists(dir, 200));
+  assert_true(exists(dir, 300));
+  expect_latest(f, dir, 300);
+}
+
+/* Only this model's checkpoints count and go: another model's, and one
+ * whose manifest cannot be read, are kept, and never the latest. */
+static void test_retention_other_model(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "ret-model", dir, sizeof dir);
+  write_step(f, dir, 900, PS_CKPT_FILTER_NONE, 0, 1700000000);
+  write_step(f, dir, 950, PS_CKPT_FILTER_NONE, 0, 1700000001);
+  /* ckpt-900 becomes another model's; ckpt-950's manifest is torn. */
+  assert_int_equal(sh("sed -i 's/\\(\"model\": *\"\\)/\\1other /' '%s/ckpt-000000900/MANIFEST.json' &&"
+                      " grep -q '\"other ' '%s/ckpt-000000900/MANIFEST.json' &&"
+                      " truncate -s 20 '%s/ckpt-000000950/MANIFEST.json'", dir, dir, dir), 0);
+  for (int k = 1; k <= 3; k++)
+    write_step(f, dir, (uint64_t)k * 100, PS_CKPT_FILTER_NONE, 1, 1700000100 + k);
+  assert_true(exists(dir, 900) && exists(dir, 950));
+  assert_false(exists(dir, 100) || exists(dir, 200));
+  assert_true(exists(dir, 300));
+  char *idx = index_text(dir);
+  assert_true(strncmp(idx, "latest: ckpt-000000300\n", 23) == 0);
+  free(idx);
+  /* Without a model (ckpt tools), every checkpoint counts. */
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_true(exists(dir, 900) && exists(dir, 950) && exists(dir, 300));
+}
+
+/* Set aside: moved into unusable/, never over an earlier one of its name. */
+static void test_set_aside(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "aside", dir, sizeof dir);
+  write_step(f, dir, 100, PS_CKPT_FILTER_NONE, 0, 0);
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_set_aside(dir, "ckpt-000000100", &eb), 0);
+  assert_false(exists(dir, 100));
+  write_step(f, dir, 100, PS_CKPT_FILTER_NONE, 0, 0);
+  assert_int_equal(ps_ckpt_set_aside(dir, "ckpt-000000100", &eb), 0);
+  assert_int_equal(sh("test -f '%s/unusable/ckpt-000000100/MANIFEST.json' && "
+                      "test -f '%s/unusable/ckpt-000000100.1/MANIFEST.json'", dir, dir), 0);
+  /* The index still names it (the next retention drops it); not on disk. */
+  ps_ckpt_entry *e = NULL;
+  assert_int_equal(ps_ckpt_list(dir, &e, &eb), 1);
+  assert_false(e[0].on_disk);
+  free(e);
+  assert_int_equal(ps_ckpt_set_aside(dir, "ckpt-000000777", &eb), -ENOENT);
+  assert_non_null(strstr(eb.msg, "ckpt-000000777"));
+}
+
 /* What a crash leaves (temporary directories, an index temporary) goes,
  * when it is of an older token (or version 1's names); a newer chief's
  * write in progress stays. */
@@ -646,7 +709,7 @@ static void test_retain_leftovers(void **state) {
                       dir, dir, dir, dir, dir, dir, dir, dir, dir), 0);
   ps_errbuf eb = {0};
   ps_ckpt_owner me = {.token = 9};
-  assert_int_equal(ps_ckpt_retain(dir, 5, 0, NULL, &me, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 5, 0, NULL, &me, &eb), 0);
   assert_int_equal(sh("test ! -e '%s/.tmp-ckpt-000000200-4242' && test ! -e "
                       "'%s/.old-ckpt-000000100-77' && test ! -e '%s/checkpoint.tmp' && test -d "
                       "'%s/unrelated' && test ! -e '%s/.tmp-ckpt-000000300-8-55' && "
@@ -727,7 +790,7 @@ static void test_fenced_commit(void **state) {
   /* Retention refused before the index: the index and both checkpoints stay. */
   fence_calls = 0;
   fence_after = 1;  /* the leftovers pass, the index does not */
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
   assert_non_null(strstr(eb.msg, "not rewriting the index"));
   assert_true(exists(dir, 100) && exists(dir, 200));
   idx = index_text(dir);
@@ -736,7 +799,7 @@ static void test_fenced_commit(void **state) {
   /* Refused before the deletion: the index is rewritten, nothing deleted. */
   fence_calls = 0;
   fence_after = 2;
-  assert_int_equal(ps_ckpt_retain(dir, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
   assert_non_null(strstr(eb.msg, "not deleting ckpt-000000100 (retention)"));
   assert_true(exists(dir, 100) && exists(dir, 200));
   free(before);
@@ -824,7 +887,7 @@ static void test_crash_points(void **state) {
     free(e);
     expect_latest(f, dir, latest[s]);
     ps_ckpt_owner successor = {.token = 1};
-    assert_int_equal(ps_ckpt_retain(dir, 2, 0, NULL, &successor, &eb), 0);
+    assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 2, 0, NULL, &successor, &eb), 0);
     assert_int_equal(sh("test -z \"$(ls -A '%s' | grep '^\\.')\"", dir), 0);
     /* Two kept: 200 and 300 where 300 was committed, else 100 and 200. */
     assert_int_equal(exists(dir, 100), latest[s] == 200);
@@ -1020,6 +1083,9 @@ int main(void) {
       cmocka_unit_test(test_retention_max_to_keep),
       cmocka_unit_test(test_retention_hours),
       cmocka_unit_test(test_retain_leftovers),
+      cmocka_unit_test(test_retention_by_step),
+      cmocka_unit_test(test_retention_other_model),
+      cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_leftover_rule),
       cmocka_unit_test(test_fenced_commit),
       cmocka_unit_test(test_same_step_replaced),

@@ -112,13 +112,14 @@ esac
 
 # paramserv local with a worker that cannot have its device: exit 2 is not
 # restarted (as the units' RestartPreventExitStatus=2); the run stops at
-# once with that worker's line, and nothing is left running.
+# once with that worker's line and exits 2 itself, and nothing is left
+# running.
 if [ -z "${gpu_builds// /}" ]; then
   printf '[worker]\ndevice = cuda\n' >"$T/local-cuda.conf"
   rc=0
   timeout 60 "$BIN" local --config "$T/local-cuda.conf" --dir "$T/local-cuda" --fresh --ps 1 \
     --workers 1 --last-step 100 >"$T/local-cuda.log" 2>&1 || rc=$?
-  [ "$rc" = 1 ] || fail "paramserv local, device = cuda, no GPU: exit $rc, expected 1 ($(tail -3 "$T/local-cuda.log"))"
+  [ "$rc" = 2 ] || fail "paramserv local, device = cuda, no GPU: exit $rc, expected 2 ($(tail -3 "$T/local-cuda.log"))"
   line=$(grep -m1 'exited with status 2, which a restart would not change' "$T/local-cuda.log") ||
     fail "paramserv local, device = cuda, no GPU: no stop line: $(cat "$T/local-cuda.log")"
   grep -q 'restarts: 0' "$T/local-cuda.log" || fail "paramserv local restarted the worker: $(cat "$T/local-cuda.log")"

@@ -85,6 +85,17 @@ write_config() {
   } >"$file"
 }
 
+# left RUNDIR: the processes whose command line names the run directory
+# (paramserv local's), read from /proc.
+left() {
+  local f cmd args
+  for f in /proc/[0-9]*/cmdline; do
+    mapfile -d '' -t args 2>/dev/null <"$f" || continue
+    cmd="${args[*]}"
+    case " $cmd " in *" $1/"* | *" $1 "*) echo "${f//[^0-9]/}: $cmd" ;; esac
+  done
+}
+
 # wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
 wait_for() {
   local file=$1 pattern=$2 secs=$3 i

@@ -9,17 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
-# left RUNDIR: the processes whose command line names the run directory
-# (read from /proc: procps may not be installed).
-left() {
-  local f cmd args
-  for f in /proc/[0-9]*/cmdline; do
-    mapfile -d '' -t args 2>/dev/null <"$f" || continue
-    cmd="${args[*]}"
-    case " $cmd " in *" $1/"* | *" $1 "*) echo "${f//[^0-9]/}: $cmd" ;; esac
-  done
-}
-
 # wait_gone RUNDIR SECONDS: until no process names the run directory.
 wait_gone() {
   local i

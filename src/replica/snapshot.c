@@ -16,11 +16,16 @@
 #include "replica/replica_internal.h"
 
 /* Point the meta hash at a new snapshot and trim the log it covers, if the
- * epoch still holds.  KEYS: epoch, meta, log.  ARGV: epoch, trim MINID,
+ * epoch still holds.  An epoch absent or smaller is Redis's loss (LOST: the
+ * shard reconnects and claims it back, REDIS.md §5), a larger one a newer
+ * incarnation (FENCED).  KEYS: epoch, meta, log.  ARGV: epoch, trim MINID,
  * then the meta hash's field/value pairs. */
 static const char SWITCH_SCRIPT[] =
     "local e = redis.call('GET', KEYS[1])\n"
-    "if e ~= ARGV[1] then return redis.error_reply('FENCED epoch is ' .. tostring(e)) end\n"
+    "if e ~= ARGV[1] then\n"
+    "  if e == false or tonumber(e) < tonumber(ARGV[1]) then\n"
+    "    return redis.error_reply('LOST epoch') end\n"
+    "  return redis.error_reply('FENCED epoch is ' .. e) end\n"
     "redis.call('DEL', KEYS[2])\n"
     "redis.call('HSET', KEYS[2], unpack(ARGV, 3))\n"
     "redis.call('XTRIM', KEYS[3], 'MINID', ARGV[2])\n"
@@ -143,10 +148,16 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
     snapshot_done(r, 1);
     return;
   }
-  if (ps__replica_is_fenced(rep))
+  if (ps__replica_is_fenced(rep)) {
     ps__replica_fence(r, rep->str);
-  else if (rep != NULL)
+  } else if (rep != NULL && strncmp(rep->str, "LOST", 4) == 0 && r->ac != NULL &&
+             r->state == RS_UP) {
+    /* The reconnection claims the keys back and writes a full snapshot. */
+    snprintf(r->drop_why, sizeof r->drop_why, "Redis lost this shard's epoch");
+    redisAsyncDisconnect(r->ac);
+  } else if (rep != NULL) {
     ps_log(PS_LOG_WARN, "redis: snapshot switch failed: %s", rep->str);
+  }
   ps__replica_check_readonly(r, rep);
   snapshot_done(r, 0);
 }

@@ -46,6 +46,17 @@ snap_whole() {
     return 1" 2 "$P:meta" "$P:snap:" "$1" 2>/dev/null || echo 0
 }
 epoch_of_ps0() { rc get "$P:epoch" 2>/dev/null || true; }
+# settled: with the workers paused, shard 0's last application (its
+# history), its heartbeat and its meta all hold one version: no snapshot is
+# in flight or will start (a snapshot that switched after a DEL would repair
+# the loss before it is noticed).
+settled() {
+  local mv hv av
+  mv=$(rc hget "$P:meta" version 2>/dev/null) || mv=""
+  hv=$(rc get "$P:node" 2>/dev/null | sed -n 's/.* version \([0-9]*\) .*/\1/p') || hv=""
+  av=$(grep '^apply ' "$hist/ps-0.history" | tail -n 1 | awk '{print $4}')
+  [ -n "$mv" ] && [ "$mv" = "$hv" ] && [ "$mv" = "$av" ]
+}
 
 n=0
 for fault in flushall flushdb epoch logkey stream meta chunk snaps; do
@@ -56,6 +67,8 @@ for fault in flushall flushdb epoch logkey stream meta chunk snaps; do
   # The workers paused: no new update makes the shard write a snapshot of
   # its own, so only its noticing the loss can repair it.
   kill -STOP "$PID_w0" "$PID_w1"
+  for ((i = 0; i < 400; i++)); do settled && break; sleep 0.05; done
+  settled || fail "$fault: shard 0 did not settle within 20 s: meta version $(rc hget "$P:meta" version), last applied $(grep '^apply ' "$hist/ps-0.history" | tail -n 1), heartbeat $(rc get "$P:node") (pttl $(rc pttl "$P:node"))"
   case $fault in
   flushall) rc flushall >/dev/null ;;
   flushdb) rc flushdb >/dev/null ;;

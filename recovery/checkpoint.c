@@ -493,23 +493,16 @@ static void prefix_msg(ps_errbuf *eb, const char *prefix) {
 int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb) {
   memset(c, 0, sizeof *c);
   char mpath[PATH_MAX];
-  if ((size_t)snprintf(mpath, sizeof mpath, "%s/" MANIFEST_FILE, path) >= sizeof mpath)
-    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", path);
-  int fd = open(mpath, O_RDONLY | O_CLOEXEC);
+  size_t size;
+  int fd = ps__ckpt_manifest_fd(path, mpath, sizeof mpath, &size, eb);
   if (fd < 0)
-    return ps_err_set(eb, -errno, "%s: cannot open: %s", mpath, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
-    close(fd);
-    return ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file of at most %zu bytes", mpath,
-                      MANIFEST_MAX);
-  }
-  char *text = malloc((size_t)st.st_size + 1);
+    return fd;
+  char *text = malloc(size + 1);
   if (text == NULL) {
     close(fd);
     return ps_err_set(eb, -ENOMEM, "%s: out of memory", mpath);
   }
-  ssize_t n = read_full(fd, text, (size_t)st.st_size);
+  ssize_t n = read_full(fd, text, size);
   close(fd);
   if (n < 0) {
     free(text);

@@ -708,20 +708,30 @@ int ps_ckpt_parse_manifest(const char *json, size_t len, ps_ckpt *out, ps_errbuf
   return rc;
 }
 
-int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
-                            ps_errbuf *eb) {
-  char path[PATH_MAX];
-  if ((size_t)snprintf(path, sizeof path, "%s/" MANIFEST_FILE, ckpt_dir) >= sizeof path)
+int ps__ckpt_manifest_fd(const char *ckpt_dir, char *mpath, size_t cap, size_t *size,
+                         ps_errbuf *eb) {
+  if ((size_t)snprintf(mpath, cap, "%s/" MANIFEST_FILE, ckpt_dir) >= cap)
     return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", ckpt_dir);
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = open(mpath, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
-    return ps_err_set(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
+    return ps_err_set(eb, -errno, "%s: cannot open: %s", mpath, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
     close(fd);
-    return ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file of at most %zu bytes", path,
+    return ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file of at most %zu bytes", mpath,
                       MANIFEST_MAX);
   }
+  *size = (size_t)st.st_size;
+  return fd;
+}
+
+int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
+                            ps_errbuf *eb) {
+  char path[PATH_MAX];
+  size_t size;
+  int fd = ps__ckpt_manifest_fd(ckpt_dir, path, sizeof path, &size, eb);
+  if (fd < 0)
+    return fd;
   json_error_t je;
   json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
   close(fd);

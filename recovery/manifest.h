@@ -11,6 +11,13 @@
 /* A manifest larger than this is refused before it is read. */
 #define MANIFEST_MAX ((size_t)256 << 20)
 
+/* Open checkpoint directory ckpt_dir's manifest for reading: its path into
+ * mpath, its size into *size.  Only a regular file of at most MANIFEST_MAX
+ * bytes is opened (O_NONBLOCK: a FIFO is refused, never waited on).
+ * @return the descriptor, or PS_ECORRUPT / -errno with a message naming it. */
+int ps__ckpt_manifest_fd(const char *ckpt_dir, char *mpath, size_t cap, size_t *size,
+                         ps_errbuf *eb);
+
 /* The model a checkpoint directory's manifest names: its layout hash and
  * model text (at most cap - 1 bytes), read without parsing the rest.  Only a
  * regular file is read (a FIFO is refused, never waited on).  @return 0, or

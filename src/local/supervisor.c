@@ -146,6 +146,30 @@ static int scan_log(const char *path, off_t *off, const char *a, const char *b) 
   return found;
 }
 
+/* Backwards over text[0..n): the last line the child wrote itself (not
+ * local's), with errors_only the last of its errors, copied into buf.
+ * @return 1 when there is one. */
+static int last_own_line(const char *text, size_t n, int errors_only, char *buf, size_t len) {
+  static const char error[] = ": error: ";
+  size_t end = n;
+  while (end > 0) {
+    while (end > 0 && (text[end - 1] == '\n' || text[end - 1] == '\r'))
+      end--;
+    size_t start = end;
+    while (start > 0 && text[start - 1] != '\n')
+      start--;
+    int is_error = 0;
+    for (size_t i = start; errors_only && !is_error && i + sizeof error - 1 <= end; i++)
+      is_error = memcmp(text + i, error, sizeof error - 1) == 0;
+    if (start < end && strncmp(text + start, "local: ", 7) != 0 && (!errors_only || is_error)) {
+      snprintf(buf, len, "%.*s", (int)(end - start), text + start);
+      return 1;
+    }
+    end = start;
+  }
+  return 0;
+}
+
 const char *ps_sup_last_line(const ps_sup_child *c, char *buf, size_t len) {
   char tail[4096 + 1];
   buf[0] = '\0';
@@ -158,28 +182,9 @@ const char *ps_sup_last_line(const ps_sup_child *c, char *buf, size_t len) {
   if (n <= 0)
     return buf;
   tail[n] = '\0';
-  /* Backwards over the lines: the last error of the child's own, else its
-   * last line (a refusal is followed by the lease's release). */
-  for (int errors_only = 1; errors_only >= 0; errors_only--) {
-    char *end = tail + strlen(tail);
-    while (end > tail) {
-      while (end > tail && (end[-1] == '\n' || end[-1] == '\r'))
-        *--end = '\0';
-      char *start = end;
-      while (start > tail && start[-1] != '\n')
-        start--;
-      if (start < end && strncmp(start, "local: ", 7) != 0 &&
-          (!errors_only || strstr(start, ": error: ") != NULL)) {
-        snprintf(buf, len, "%s", start);
-        return buf;
-      }
-      end = start;
-    }
-    /* The first pass cut the lines at their ends: rejoin them. */
-    for (ssize_t i = 0; i < n; i++)
-      if (tail[i] == '\0')
-        tail[i] = '\n';
-  }
+  /* A refusal's error is followed by the lease's release: the error first. */
+  if (!last_own_line(tail, (size_t)n, 1, buf, len))
+    last_own_line(tail, (size_t)n, 0, buf, len);
   return buf;
 }
 

@@ -359,11 +359,24 @@ static void connect_to_primary(ps_replica *r) {
 /* A READONLY reply: this server was made a replica (a failover): find the
  * primary again. */
 void ps__replica_check_readonly(ps_replica *r, const redisReply *rep) {
-  if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0 &&
-      r->ac != NULL && r->state == RS_UP) {
-    snprintf(r->drop_why, sizeof r->drop_why, "%s", "it is a replica now (READONLY)");
-    redisAsyncDisconnect(r->ac);
-  }
+  if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0)
+    ps__replica_drop(r, "it is a replica now (READONLY)");
+}
+
+void ps__replica_drop(ps_replica *r, const char *why) {
+  if (r->ac == NULL || r->state != RS_UP)
+    return;
+  snprintf(r->drop_why, sizeof r->drop_why, "%s", why);
+  redisAsyncDisconnect(r->ac);
+}
+
+int ps__replica_check_lost(ps_replica *r, const redisReply *rep) {
+  if (rep == NULL || rep->type != REDIS_REPLY_ERROR || strncmp(rep->str, "LOST", 4) != 0)
+    return 0;
+  char why[96];
+  snprintf(why, sizeof why, "Redis lost this shard's %s", rep->str[4] == ' ' ? rep->str + 5 : "keys");
+  ps__replica_drop(r, why);
+  return 1;
 }
 
 static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
@@ -376,11 +389,7 @@ static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
      * Redis lost it.  The reconnection's claim tells which (FENCED, or
      * CLAIMED and a full snapshot). */
     snprintf(q->failure, sizeof q->failure, "the log stream %.120s is gone", r->k.log);
-    if (r->ac != NULL && r->state == RS_UP) {
-      snprintf(r->drop_why, sizeof r->drop_why,
-               "the log stream is gone (a newer incarnation, or Redis lost it): checking");
-      redisAsyncDisconnect(r->ac);
-    }
+    ps__replica_drop(r, "the log stream is gone (a newer incarnation, or Redis lost it): checking");
   } else if (ps__replica_is_fenced(rep)) {
     q->fenced = 1;
     ps__replica_fence(r, rep->str);
@@ -510,15 +519,10 @@ static void on_heartbeat(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   ps_replica *r = priv;
   redisReply *rep = reply;
-  if (ps__replica_is_fenced(rep)) {
+  if (ps__replica_is_fenced(rep))
     ps__replica_fence(r, rep->str);
-  } else if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "LOST", 4) == 0 &&
-             r->ac != NULL && r->state == RS_UP) {
-    /* The reconnection claims them back and writes a full snapshot. */
-    snprintf(r->drop_why, sizeof r->drop_why, "Redis lost this shard's %s",
-             rep->str[4] == ' ' ? rep->str + 5 : "keys");
-    redisAsyncDisconnect(r->ac);
-  }
+  else
+    ps__replica_check_lost(r, rep);
 }
 
 static void heartbeat(ps_replica *r) {

@@ -84,6 +84,13 @@ struct ps_replica {
 void ps__replica_fence(ps_replica *r, const char *why);   /* a newer incarnation took over */
 int ps__replica_is_fenced(const redisReply *rep);         /* a FENCED error reply */
 void ps__replica_check_readonly(ps_replica *r, const redisReply *rep);  /* READONLY: reconnect */
+/* Drop the connection for `why` (logged as it goes down), if it is up: the
+ * reconnection's CLAIM follows. */
+void ps__replica_drop(ps_replica *r, const char *why);
+/* A LOST reply (HEARTBEAT's keys check, SWITCH's epoch): Redis lost this
+ * shard's keys; drop the connection so that CLAIM takes them back.
+ * @return 1 when rep was one. */
+int ps__replica_check_lost(ps_replica *r, const redisReply *rep);
 /* WAIT for wait_replicas replicas after what ac sent so far, fn(arg) on its
  * answer: 0, or -1 when hiredis refused the command. */
 int ps__replica_send_wait(ps_replica *r, redisAsyncContext *ac, redisCallbackFn *fn, void *arg);

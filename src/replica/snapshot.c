@@ -150,11 +150,8 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   }
   if (ps__replica_is_fenced(rep)) {
     ps__replica_fence(r, rep->str);
-  } else if (rep != NULL && strncmp(rep->str, "LOST", 4) == 0 && r->ac != NULL &&
-             r->state == RS_UP) {
+  } else if (ps__replica_check_lost(r, rep)) {
     /* The reconnection claims the keys back and writes a full snapshot. */
-    snprintf(r->drop_why, sizeof r->drop_why, "Redis lost this shard's epoch");
-    redisAsyncDisconnect(r->ac);
   } else if (rep != NULL) {
     ps_log(PS_LOG_WARN, "redis: snapshot switch failed: %s", rep->str);
   }

@@ -24,7 +24,7 @@ run() {
 }
 
 run averaging 600 0.87 "train.algorithm=averaging" "train.consistency=sync" "train.window=4"
-run easgd-async 800 0.87 "train.algorithm=easgd" "train.consistency=async" "train.window=4"
+run easgd-async 1200 0.87 "train.algorithm=easgd" "train.consistency=async" "train.window=4"
 run easgd-sync 600 0.87 "train.algorithm=easgd" "train.consistency=sync" "train.window=4"
 
 # Averaging with a dead worker: the round waits one sync timeout for its

@@ -5,9 +5,10 @@
 #include <stdint.h>
 
 /* Each verb takes argv with argv[0] = the verb's name and returns the
- * process's exit status: 0 success, 1 failure, 2 bad usage or a device
- * asked for that this machine or build does not have (--device cuda with
- * no GPU, or without CUDA). */
+ * process's exit status: 0 success, 1 failure, 2 what a restart would not
+ * change: bad usage, a config, model, secret or path error, a device asked
+ * for that this machine or build does not have (--device cuda with no GPU,
+ * or without CUDA), checkpoints the chief refuses to start over. */
 int ps_cmd_train(int argc, char **argv);
 int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
@@ -21,6 +22,12 @@ int ps_cmd_status(int argc, char **argv);
  * for _double); on failure print "--name 'v': expected ..." and return -1. */
 int ps_cmd_flag_i64(const char *name, const char *v, int64_t lo, int64_t hi, int64_t *out);
 int ps_cmd_flag_double(const char *name, const char *v, double lo, double hi, double *out);
+
+/* Load the config at `path` into *cfg and, with `secrets`, read the
+ * cluster secret; the Redis password file is read whenever one is set.
+ * On an error print its one line and return 2; else 0. */
+struct ps_config;
+int ps_cmd_load_config(const char *path, struct ps_config *cfg, int secrets);
 
 /* getopt_long returned ':' (a missing value) or '?' (an unknown option):
  * print the one-line error for `verb` ("chief", "ckpt show") and return 2. */

@@ -53,7 +53,8 @@ static void local_usage(FILE *f) {
       "  --workers M     workers (default: FILE's list, else 2)\n"
       "  --dir RUNDIR    the run directory (default ./" DEFAULT_DIR "): cluster.conf, secret,\n"
       "                  logs/<process>.log, checkpoints/, pids, report.json (history/ and\n"
-      "                  nemesis.jsonl with --nemesis)\n"
+      "                  nemesis.jsonl with --nemesis), local.lock: one run per directory\n"
+      "                  (a second one there exits 2, naming the first's PID)\n"
       "  --last-step S   train to global step S ([train] last_step)\n"
       "  --seed N        [model] seed, and the seed of the chaos schedule\n"
       "  --chaos         every 2-5 s, kill -9 a random shard, worker or the chief, and\n"
@@ -277,6 +278,42 @@ static int in_path(const char *name) {
   return 0;
 }
 
+/* One run per directory: a second run would mix its logs, checkpoints and
+ * Redis into the first's.  A POSIX record lock on DIR/local.lock, held
+ * while this process lives (the children do not inherit it); the file holds
+ * the PID for a reader, and F_GETLK names the holder's.  Returns the open
+ * descriptor, kept for the run, or -1 after the one-line error. */
+static int lock_rundir(const char *dir) {
+  char path[PS_CONFIG_PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/local.lock", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    ps_cmd_error("--dir %s: cannot open %s: %s", dir, path, strerror(errno));
+    return -1;
+  }
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+  if (fcntl(fd, F_SETLK, &fl) != 0) {
+    int e = errno;
+    struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if ((e == EACCES || e == EAGAIN) && fcntl(fd, F_GETLK, &who) == 0 && who.l_type != F_UNLCK)
+      ps_cmd_error("--dir %s: another paramserv local (PID %ld) is running there: expected one "
+                   "run per directory (stop it, or use another --dir)",
+                   dir, (long)who.l_pid);
+    else
+      ps_cmd_error("--dir %s: cannot lock %s: %s", dir, path, strerror(e));
+    close(fd);
+    return -1;
+  }
+  char pid[32];
+  int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+    ps_cmd_error("--dir %s: cannot write %s: %s", dir, path, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 static int dir_has_checkpoints(const char *dir) {
   ps_ckpt_entry *list = NULL;
   int n = ps_ckpt_list(dir, &list, NULL);
@@ -290,22 +327,24 @@ static int setup(run *r) {
   int rc = mkdirs(dir);
   if (rc != 0) {
     ps_cmd_error("--dir %s: cannot create: %s", dir, strerror(-rc));
-    return 1;
+    return 2;
   }
   char *real = realpath(dir, NULL);
   if (real == NULL || strlen(real) >= sizeof r->rundir - 64) {
     ps_cmd_error("--dir %s: %s", dir, real == NULL ? strerror(errno) : "path too long");
     free(real);
-    return 1;
+    return 2;
   }
   snprintf(r->rundir, sizeof r->rundir, "%s", real);
   free(real);
+  if (lock_rundir(r->rundir) < 0)
+    return 2;
   if (r->o.fresh && clear_rundir(r->rundir) != 0)
-    return 1;
+    return 2;
   if (access("/usr/bin/redis-server", X_OK) != 0 && !in_path("redis-server")) {
     ps_cmd_error("redis-server: not found: expected Debian's /usr/bin/redis-server (`make deps` "
                  "installs it)");
-    return 1;
+    return 2;
   }
 
   ps_runconf_opts ro = {.user_path = r->o.config, .rundir = r->rundir,
@@ -313,7 +352,7 @@ static int setup(run *r) {
                         .last_step = r->o.last_step, .seed = r->o.seed};
   if (ps_runconf_make(&ro, &r->cfg, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
-    return 1;
+    return 2;
   }
   /* The nemesis reads the acks from the workers' histories. */
   if (r->o.nemesis != 0 && r->cfg.history_dir[0] == '\0')
@@ -325,20 +364,20 @@ static int setup(run *r) {
                  "installs Debian's dataset-fashion-mnist)",
                  r->cfg.data_dir, stat(r->cfg.data_dir, &sb) != 0 ? strerror(errno)
                                                                   : "not a directory");
-    return 1;
+    return 2;
   }
   snprintf(r->conf_path, sizeof r->conf_path, "%s/cluster.conf", r->rundir);
   if (ps_runconf_write(&r->cfg, r->conf_path, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
-    return 1;
+    return 2;
   }
   if ((rc = mkdirs(r->cfg.checkpoint_dir)) != 0) {
     ps_cmd_error("[checkpoint] dir %s: cannot create: %s", r->cfg.checkpoint_dir, strerror(-rc));
-    return 1;
+    return 2;
   }
   if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {
     ps_cmd_error("[cluster] history_dir %s: cannot create: %s", r->cfg.history_dir, strerror(-rc));
-    return 1;
+    return 2;
   }
   if (r->cfg.summary_file[0] != '\0')
     snprintf(r->summary_path, sizeof r->summary_path, "%s", r->cfg.summary_file);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cmd/cmd.h"
+#include "common/config.h"
 #include "common/parse.h"
 
 #define PS_VERSION "0.1.0"
@@ -54,6 +55,29 @@ void ps_cmd_error(const char *fmt, ...) {
     if (*p == '\n')
       *p = ' ';
   fprintf(stderr, "paramserv: error: %s\n", msg);
+}
+
+int ps_cmd_load_config(const char *path, ps_config *cfg, int secrets) {
+  ps_errbuf eb = {0};
+  if (ps_config_load(path, cfg, &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 2;
+  }
+  /* The files the process reads later, read once now: a secret that is
+   * missing or readable by others would otherwise fail after the start,
+   * with a status a restart retries.  The sizes are the readers'. */
+  uint8_t secret[4096];
+  char pw[512];
+  int rc = 0;
+  if (secrets && ps_config_read_secret(cfg, secret, sizeof secret, &eb) < 0)
+    rc = 2;
+  else if (ps_config_read_redis_password(cfg, pw, sizeof pw, &eb) < 0)
+    rc = 2;
+  explicit_bzero(secret, sizeof secret);
+  explicit_bzero(pw, sizeof pw);
+  if (rc != 0)
+    ps_cmd_error("%s", eb.msg);
+  return rc;
 }
 
 int ps_cmd_bad_option(int c, char **argv, const char *name) {

@@ -72,11 +72,9 @@ static int run_node(const node_verb *v, int argc, char **argv) {
     return 2;
   }
   static ps_config cfg;
-  ps_errbuf eb = {0};
-  if (ps_config_load(config, &cfg, &eb) != 0) {
-    ps_cmd_error("%s", eb.msg);
-    return 1;
-  }
+  int rc = ps_cmd_load_config(config, &cfg, 1);
+  if (rc != 0)
+    return rc;
   int dev;
   if (device != NULL) {
     if (ps_parse_device(device, &dev) != 0) {

@@ -393,11 +393,9 @@ int ps_cmd_status(int argc, char **argv) {
     return 2;
   ps_log_init("status", PS_LOG_WARN);
   static ps_config cfg;
-  ps_errbuf eb = {0};
-  if (ps_config_load(config, &cfg, &eb) != 0) {
-    ps_cmd_error("%s", eb.msg);
-    return 1;
-  }
+  int rc = ps_cmd_load_config(config, &cfg, 0);
+  if (rc != 0)
+    return rc;
   if (connect_redis(&cfg) != 0) {
     redisFree(rc_ctx);
     return 1;

@@ -48,13 +48,13 @@ tail -c +$((before + 1)) "$T/ak-ps0.log" | grep -q "applied them without the mis
 stop_shards ak-ps 2
 echo "ok: averaging, worker 1 killed at round 50: worker 0 $(sed -n 's/^final //p' "$T/ak-w0.log")"
 
-# Settings that do not go together: one line naming them, exit 1.
+# Settings that do not go together: one line naming them, exit 2 (a restart would not change it).
 refused() {
   local what=$1 pattern=$2 rc=0
   shift 2
   write_config "$T/bad.conf" 1 1 "$@"
   "$BIN" worker --config "$T/bad.conf" --index 0 >"$T/out" 2>"$T/err" || rc=$?
-  [ "$rc" = 1 ] || fail "$what: exit $rc, expected 1 ($(cat "$T/err"))"
+  [ "$rc" = 2 ] || fail "$what: exit $rc, expected 2 ($(cat "$T/err"))"
   [ "$(wc -l <"$T/err")" = 1 ] || fail "$what: $(wc -l <"$T/err") lines: $(cat "$T/err")"
   grep -q -- "$pattern" "$T/err" || fail "$what: '$(cat "$T/err")' lacks '$pattern'"
   echo "ok: $what: $(cat "$T/err")"

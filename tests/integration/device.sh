@@ -68,11 +68,11 @@ else
 fi
 
 # [worker] device: a value that does not parse is a config error naming it
-# (exit 1, as every config error); cuda where there is none is exit 2.
+# (exit 2, as every config error); cuda where there is none is exit 2.
 write_config "$T/gpu.conf" 1 1 "worker.device=gpu"
 rc=0
 "$BIN" worker --config "$T/gpu.conf" --index 0 >"$T/out" 2>"$T/err" || rc=$?
-[ "$rc" = 1 ] || fail "[worker] device = gpu: exit $rc, expected 1 ($(cat "$T/err"))"
+[ "$rc" = 2 ] || fail "[worker] device = gpu: exit $rc, expected 2 ($(cat "$T/err"))"
 [ "$(wc -l <"$T/err")" = 1 ] || fail "[worker] device = gpu: $(wc -l <"$T/err") lines: $(cat "$T/err")"
 grep -q '\[worker\] device = gpu: expected cpu, cuda or cuda:N' "$T/err" ||
   fail "[worker] device = gpu: $(cat "$T/err")"

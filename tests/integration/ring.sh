@@ -172,7 +172,7 @@ for i in 0 1; do
 done
 echo "ok: Redis silent past the ring's timeout: training waited and went on to the end"
 
-# Settings that do not go together, each one line and exit 1.
+# Settings that do not go together, each one line and exit 2.
 conf="$T/bad.conf"
 write_config "$conf" 0 2 "cluster.mode=ring" "train.algorithm=averaging" "train.consistency=sync"
 sed -i '/^ps = *$/d' "$conf"
@@ -180,7 +180,7 @@ set +e
 out=$("$BIN" worker --config "$conf" --index 0 2>&1)
 rc=$?
 set -e
-[ "$rc" -ne 0 ] && [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] &&
+[ "$rc" -eq 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] &&
   [[ $out == *"[cluster] mode = ring with algorithm = averaging: expected algorithm = gradients"* ]] ||
   fail "ring with averaging: exit $rc, '$out'"
 echo "ok: refused: $out"

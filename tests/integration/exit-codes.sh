@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Exit status 2 for what a restart would not change: a config that does not
+# load, a secret or Redis password file that is missing or readable by
+# others, from every verb that reads them (the units' RestartPreventExitStatus
+# and paramserv local do not restart a process that exits 2), each in one
+# line naming the file.  And one paramserv local per directory: a second run
+# there refuses in one line naming the first's PID, and --fresh with it
+# deletes nothing of the first run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+# exit2 WHAT PATTERN CMD...: CMD exits 2 with one stderr line matching PATTERN.
+exit2() {
+  local what=$1 pattern=$2 rc=0
+  shift 2
+  "$@" >"$T/out" 2>"$T/err" || rc=$?
+  [ "$rc" = 2 ] || fail "$what: exit $rc, expected 2 ($(head -c 300 "$T/err"))"
+  [ "$(wc -l <"$T/err")" = 1 ] || fail "$what: $(wc -l <"$T/err") lines on stderr, expected 1: $(cat "$T/err")"
+  grep -Eq -- "$pattern" "$T/err" || fail "$what: '$(cat "$T/err")' does not match /$pattern/"
+  echo "ok: $what: exit 2, $(cat "$T/err")"
+}
+
+conf="$T/c.conf"
+write_config "$conf" 1 1
+verbs=("chief" "ps --index 0" "worker --index 0")
+
+# A typo in the config: every verb, status too.
+cp "$conf" "$T/typo.conf"
+printf '[train]\nlast_stpe = 5\n' >>"$T/typo.conf"
+for v in "${verbs[@]}" status; do
+  # shellcheck disable=SC2086  # the verb and its index
+  exit2 "$v, a misspelt setting" "typo.conf:[0-9]+: .*last_stpe" "$BIN" $v --config "$T/typo.conf"
+done
+
+# The secret: missing, then readable by others.
+mv "$T/secret" "$T/secret.kept"
+for v in "${verbs[@]}"; do
+  # shellcheck disable=SC2086
+  exit2 "$v, no secret file" "secret $T/secret: cannot open: No such file" "$BIN" $v --config "$conf"
+done
+mv "$T/secret.kept" "$T/secret"
+chmod 644 "$T/secret"
+for v in "${verbs[@]}"; do
+  # shellcheck disable=SC2086
+  exit2 "$v, a secret others can read" "secret $T/secret has mode 0644" "$BIN" $v --config "$conf"
+done
+chmod 600 "$T/secret"
+
+# A Redis password file that is missing: status reads it too.
+cp "$conf" "$T/pw.conf"
+printf '[redis]\npassword_file = %s/no-such-password\n' "$T" >>"$T/pw.conf"
+for v in "${verbs[@]}" status; do
+  # shellcheck disable=SC2086
+  exit2 "$v, no Redis password file" "password_file $T/no-such-password: cannot open" \
+    "$BIN" $v --config "$T/pw.conf"
+done
+
+# paramserv local with a config that does not load.
+exit2 "local, a misspelt setting" "last_stpe" "$BIN" local --config "$T/typo.conf" --dir "$T/typo-run"
+
+# One paramserv local per directory.
+run="$T/run"
+start first "$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 100000
+wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+exit2 "a second local in the same directory" \
+  "--dir $run: another paramserv local \\(PID $PID_first\\) is running there" \
+  "$BIN" local --dir "$run" --ps 1 --workers 1 --last-step 100
+exit2 "a second local with --fresh in the same directory" \
+  "another paramserv local \\(PID $PID_first\\)" \
+  "$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 100
+[ -f "$run/cluster.conf" ] && [ -s "$run/logs/chief.log" ] ||
+  fail "the refused --fresh run deleted the first run's files"
+kill -0 "$PID_first" 2>/dev/null || fail "the first run did not survive the second's start"
+kill -TERM "$PID_first"
+rc=0
+wait_exit "$PID_first" 30 || rc=$?
+[ "$rc" = 143 ] || fail "the first run exited $rc after SIGTERM, expected 143"
+# Once it is gone, the directory is free again.
+"$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 100 >"$T/again.log" 2>&1 ||
+  fail "local in the freed directory: exit $?: $(tail -3 "$T/again.log")"
+echo "ok: the first run stopped: the directory takes a new run (exit 0)"

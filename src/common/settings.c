@@ -120,7 +120,7 @@ const ps_setting ps_settings[] = {
     {"cluster", "secret_file", STRING, FIELD(secret_file), .min = 1, .def = "secret",
      .help = "shared secret: mode 600, 16+ bytes; a relative path is beside this file"},
     {"cluster", "chief", ADDR, FIELD(chief), .def = "127.0.0.1:7070",
-     .help = "address the chief listens on"},
+     .help = "the chief's host:port (the chief listens on nothing: the port only names it)"},
     {"cluster", "mode", ENUM, FIELD(mode), .choices = modes, .def = "ps",
      .help = "ps: workers push to shards; ring: workers all-reduce around a ring, no shards"},
     {"cluster", "ps", ADDR_LIST, LIST(ps, nps), .min = 1, .max = PS_CONFIG_MAX_NODES,

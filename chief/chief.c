@@ -110,6 +110,7 @@ struct chief {
   uint64_t ring_target_ns;
   int status;
   int stopping;
+  int serving;                /* in the main loop: the shards hold their states */
   ps_metrics *metrics;        /* NULL: metrics off */
   ps_metric *series[C_N];
 };
@@ -526,6 +527,54 @@ static void finish(chief *ch) {
   ch->stopping = 1;
 }
 
+/* SIGTERM or Ctrl-C: a final checkpoint at the step reached, so that
+ * stopping a run keeps its training, bounded by [checkpoint] on_stop_secs.
+ * @return 1 when its write is still running at the bound (the caller then
+ * exits without freeing what the writer uses), else 0. */
+static int stop_checkpoint(chief *ch) {
+  int64_t secs = ch->cfg->checkpoint_on_stop_secs;
+  const char *sig = stop_signal == SIGTERM ? "SIGTERM" : "SIGINT";
+  if (secs <= 0 || !ch->serving || ch->stopping)
+    return 0;
+  poll_stats(ch);
+  if (ch->wrote_step == ch->gstep) {
+    ps_log(PS_LOG_INFO, "%s: the newest checkpoint %s is at global step %" PRIu64 " already", sig,
+           ch->last_ckpt_name, ch->gstep);
+    return 0;
+  }
+  ps_log(PS_LOG_INFO, "%s: a final checkpoint at global step %" PRIu64 " (at most %" PRId64
+         " s, [checkpoint] on_stop_secs)", sig, ch->gstep, secs);
+  uint64_t deadline = ps_now_ns() + (uint64_t)secs * 1000000000ULL;
+  uint64_t before = ch->wrote_step;
+  if (checkpoint(ch, 0) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: the final checkpoint could not be cut (%s): stopping without it; "
+           "the newest checkpoint is %s", sig, ps_client_error(ch->client),
+           ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
+    ch->status = PS_CHIEF_FAILED;
+    return 0;
+  }
+  while (ps_bg_busy(&ch->writer)) {
+    ps_cut *j = ps_bg_finished(&ch->writer);
+    if (j != NULL) {
+      write_done(ch, j);
+      break;
+    }
+    if (ps_now_ns() > deadline) {
+      ps_log(PS_LOG_ERROR, "%s: the final checkpoint did not finish within %" PRId64 " s "
+             "([checkpoint] on_stop_secs): stopping without it; the newest checkpoint is %s",
+             sig, secs, ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
+      ch->status = PS_CHIEF_FAILED;
+      return 1;
+    }
+    lease_tick(ch);
+    ps_notify_watchdog();
+    usleep(10000);
+  }
+  if (ch->wrote_step == before)
+    ch->status = PS_CHIEF_FAILED;  /* write_done said why */
+  return 0;
+}
+
 /* ---------------------------------------------------------------- run */
 
 /* The schedule goes on from the newest checkpoint in the directory. */
@@ -726,6 +775,7 @@ int ps_chief_run(const ps_config *cfg) {
   ch->log_t0 = ps_now_s();
   ch->log_step0 = ch->gstep;
   ps_notify_ready("chief of %s at global step %" PRIu64, cfg->cluster_id, ch->gstep);
+  ch->serving = 1;
   ch->next_log_step = ch->gstep + 1;
 
   while (!stop_signal && !ch->stopping) {
@@ -770,6 +820,7 @@ done:
     else
       usleep(10000);
   }
+  int abandoned = stop_signal ? stop_checkpoint(ch) : 0;
   if (stop_signal)
     ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
            stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -782,6 +833,12 @@ done:
   else
     ps_log(PS_LOG_WARN, "the lease %s was not released (%s): the next chief waits until it expires",
            ch->lease.key, released == 0 ? "no longer ours" : "Redis did not answer");
+  if (abandoned) {
+    /* The writer still uses the cut and the clients: exit under it (its
+     * files are temporary until renamed; the next chief removes them). */
+    fflush(NULL);
+    _exit(ch->status);
+  }
 out:
   ps_metrics_free(ch->metrics);
   ps_summary_close(&ch->sum);

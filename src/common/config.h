@@ -52,6 +52,7 @@ typedef struct ps_config {
   ps_addr workers[PS_CONFIG_MAX_NODES];
   char log_level[8];              /* debug|info|warn|error */
   int64_t peer_timeout_ms;        /* keepalive + TCP_USER_TIMEOUT on peer connections */
+  int64_t max_connections;        /* a shard's (ring member's) connections open at once */
   char history_dir[PS_CONFIG_PATH_MAX];  /* "": no histories */
 
   /* [redis] (step 3) */
@@ -103,6 +104,7 @@ typedef struct ps_config {
   /* [checkpoint] (step 4) */
   char checkpoint_dir[PS_CONFIG_PATH_MAX];
   int64_t checkpoint_every_steps, checkpoint_every_secs, max_to_keep;
+  int64_t checkpoint_on_stop_secs;
   double keep_every_n_hours;
   int ckpt_unusable;              /* ps_ckpt_unusable */
   char checkpoint_filter[8];      /* none|shuffle */

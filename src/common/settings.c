@@ -133,6 +133,9 @@ const ps_setting ps_settings[] = {
     {"cluster", "peer_timeout_ms", INT, FIELD(peer_timeout_ms), .min = 1000, .max = 3600000,
      .def = "5000",
      .help = "a peer connection that goes silent (dead host, dropped link) is closed after this long"},
+    {"cluster", "max_connections", INT, FIELD(max_connections), .min = 16, .max = 1000000,
+     .def = "512",
+     .help = "connections a shard (or ring member) keeps open at once; at the limit the oldest unauthenticated one makes room"},
     {"cluster", "history_dir", STRING, FIELD(history_dir), .def = "",
      .help = "each process appends its history (acks, restores) here, for checkers (empty: off)"},
 
@@ -227,6 +230,8 @@ const ps_setting ps_settings[] = {
      .help = "checkpoint every this many global steps (0: off)"},
     {"checkpoint", "every_secs", INT, FIELD(checkpoint_every_secs), .max = POW2(31), .def = "600",
      .help = "checkpoint every this many seconds (0: off)"},
+    {"checkpoint", "on_stop_secs", INT, FIELD(checkpoint_on_stop_secs), .max = 3600, .def = "30",
+     .help = "on SIGTERM or Ctrl-C the chief writes a final checkpoint taking at most this long (0: none)"},
     {"checkpoint", "max_to_keep", INT, FIELD(max_to_keep), .min = 1, .max = 1000000, .def = "5",
      .help = "newest checkpoints of this model kept (by step); older ones are deleted"},
     {"checkpoint", "keep_every_n_hours", DOUBLE, FIELD(keep_every_n_hours), .max = 1e6,

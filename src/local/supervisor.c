@@ -525,9 +525,16 @@ void ps_sup_kill_all(ps_sup *s) {
       kill(s->children[i].pid, SIGKILL);
 }
 
+/* How long a stage's SIGTERM has before the next stage's: the chief's
+ * final checkpoint ([checkpoint] on_stop_secs) needs the shards up. */
+static double stage_s(const ps_sup *s, ps_sup_role role) {
+  return STAGE_S + (role == PS_SUP_CHIEF ? (double)s->cfg->checkpoint_on_stop_secs : 0.0);
+}
+
 static void advance_stop(ps_sup *s, double now) {
   while (s->stage < NSTAGES &&
-         (!group_running(s, stop_order[s->stage]) || now - s->stage_at >= STAGE_S)) {
+         (!group_running(s, stop_order[s->stage]) ||
+          now - s->stage_at >= stage_s(s, stop_order[s->stage]))) {
     if (++s->stage < NSTAGES) {
       s->stage_at = now;
       term_group(s, stop_order[s->stage]);
@@ -536,11 +543,12 @@ static void advance_stop(ps_sup *s, double now) {
   int any = 0;
   for (int i = 0; i < s->nchildren; i++)
     any |= running(&s->children[i]);
-  if (any && now - s->phase_at >= STOP_S) {
+  double stop_s = STOP_S + (double)s->cfg->checkpoint_on_stop_secs;
+  if (any && now - s->phase_at >= stop_s) {
     for (int i = 0; i < s->nchildren; i++)
       if (running(&s->children[i]) && s->children[i].term_sent != 2) {
         say(s, "local: %s (pid %ld) still running %.0f s after SIGTERM: SIGKILL",
-            s->children[i].name, (long)s->children[i].pid, STOP_S);
+            s->children[i].name, (long)s->children[i].pid, stop_s);
         kill(s->children[i].pid, SIGKILL);
         s->children[i].term_sent = 2;
       }

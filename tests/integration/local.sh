@@ -68,7 +68,17 @@ set -e
 [ "$rc" -eq 143 ] || fail "local exited $rc after SIGTERM, expected 143"
 [ -z "$(left "$run")" ] || fail "left running after SIGTERM: $(left "$run")"
 grep -q 'stopping at version' "$run/logs/ps-0.log" || fail "ps 0 was not stopped cleanly"
-echo "ok: SIGTERM mid-run: exit 143, shards stopped cleanly (their last snapshot written), nothing left running"
+# The chief's final checkpoint at the step it reached, before the shards
+# stopped (every_secs is 600: without it the run would keep nothing).
+line=$(grep -o 'SIGTERM: a final checkpoint at global step [0-9]*' "$run/logs/chief.log") ||
+  fail "SIGTERM: the chief wrote no final checkpoint: $(tail -5 "$run/logs/chief.log")"
+step=${line##* }
+name=$(printf 'ckpt-%09d' "$step")
+grep -q "checkpoint $name: step $step," "$run/logs/chief.log" ||
+  fail "SIGTERM: no 'checkpoint $name' line after '$line': $(tail -5 "$run/logs/chief.log")"
+"$BIN" ckpt verify "$run/checkpoints/$name" >"$T/verify.out" 2>&1 ||
+  fail "SIGTERM: ckpt verify $name: $(cat "$T/verify.out")"
+echo "ok: SIGTERM mid-run: exit 143, the chief's final checkpoint $name verifies, shards stopped cleanly (their last snapshot written), nothing left running"
 
 # --- kill -9 of local itself ------------------------------------------------
 run="$T/run4"

@@ -25,6 +25,7 @@
 #include "chief/bg.h"
 #include "chief/cut.h"
 #include "chief/eval.h"
+#include "chief/keeper.h"
 #include "chief/lease.h"
 #include "chief/nodes.h"
 #include "chief/restore.h"
@@ -85,7 +86,8 @@ struct chief {
   /* The checkpoint commit's fence: on this thread and on the writer's. */
   ps_lease_fence fence, writer_fence;
   ps_ckpt_owner owner, writer_owner;
-  uint64_t lease_ok_ns;       /* last renewal Redis confirmed */
+  ps_lease_keeper keeper;     /* renews the lease on a thread of its own */
+  int lease_lost_said;
   ps_summary sum;
   /* The shards as the last STATS saw them. */
   ps_msg_stats_reply stats[PS_CONFIG_MAX_NODES];
@@ -120,47 +122,18 @@ static void on_signal(int sig) { stop_signal = sig; }
 
 /* -------------------------------------------------------------- lease */
 
-static void *redis(chief *ch) { return ps_registry_redis(ch->reg, 0); }
-
-/* Renew the lease when a third of it has passed.  @return 0, or -1 when
- * this chief must stop acting (another holds it, or Redis has not
- * confirmed it for a whole lease). */
+/* Is the lease still held (the keeper renews it)?  @return 0, or -1 when
+ * this chief must stop acting: another holds it, it lapsed, or Redis has
+ * not confirmed it for its whole time to live (said once). */
 static int lease_tick(chief *ch) {
-  uint64_t now = ps_now_ns();
-  uint64_t third = (uint64_t)ch->cfg->chief_lease_ms * 1000000ULL / 3;
-  if (now - ch->lease_ok_ns < third)
+  char why[512];
+  if (ps_lease_keeper_check(&ch->keeper, why, sizeof why) == 0)
     return 0;
-  void *c = redis(ch);
-  char holder[256] = "";
-  uint64_t token = ch->lease.token;
-  int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
-  if (rc == 1 && ch->lease.token != token) {
-    /* It lapsed (this process was paused, or Redis away) and was free
-     * again: another chief may have acted meanwhile. */
-    ps_log(PS_LOG_ERROR, "the lease %s lapsed before it was renewed (token %" PRIu64 "): exiting "
-           "so that only one acts", ch->lease.key, token);
-    ps_metric_set(ch->series[C_LEASE_HELD], 0);
-    return -1;
-  }
-  if (rc == 1) {
-    ch->lease_ok_ns = now;
-    return 0;
-  }
-  if (rc == 0) {
-    ps_log(PS_LOG_ERROR, "lost the lease %s to another chief (%s): exiting so that only one acts",
-           ch->lease.key, holder);
-    ps_metric_set(ch->series[C_LEASE_HELD], 0);
-    return -1;
-  }
-  if (c != NULL)
-    ps_registry_lost(ch->reg, "lease renewal got no reply");
-  if (now - ch->lease_ok_ns > (uint64_t)ch->cfg->chief_lease_ms * 1000000ULL) {
-    ps_log(PS_LOG_ERROR, "Redis has not confirmed the lease for %" PRId64 " ms: another chief may "
-           "hold it now; exiting so that only one acts", ch->cfg->chief_lease_ms);
-    ps_metric_set(ch->series[C_LEASE_HELD], 0);
-    return -1;
-  }
-  return 0;
+  if (!ch->lease_lost_said)
+    ps_log(PS_LOG_ERROR, "%s: exiting so that only one acts", why);
+  ch->lease_lost_said = 1;
+  ps_metric_set(ch->series[C_LEASE_HELD], 0);
+  return -1;
 }
 
 /* Wait for the lease.  @return 0 once held, 1 on a stop signal. */
@@ -170,10 +143,8 @@ static int lease_wait(chief *ch) {
     void *c = ps_registry_redis(ch->reg, 1);
     char holder[256] = "";
     int rc = c != NULL ? ps_lease_take(&ch->lease, c, holder, sizeof holder) : -1;
-    if (rc == 1) {
-      ch->lease_ok_ns = ps_now_ns();
+    if (rc == 1)
       return 0;
-    }
     if (rc < 0 && c != NULL)
       ps_registry_lost(ch->reg, "lease: no reply");
     if (!said) {
@@ -659,7 +630,8 @@ int ps_chief_run(const ps_config *cfg) {
                              .positions = cut_positions, .positions_arg = ch};
   const char *delay = getenv("PS_TEST_CUT_DELAY_MS");
   ch->cut_env.test_delay_ms = delay != NULL ? atoi(delay) : 0;
-  /* A call never outlasts half the lease: renewals come between calls. */
+  /* A call never outlasts half the lease: a chief whose lease the keeper
+   * lost learns it before its next call. */
   ps_client_set_deadline(ch->client, (int)(cfg->chief_lease_ms / 2 > 200 ? cfg->chief_lease_ms / 2
                                                                           : 200));
   ch->reg = ps_registry_new(cfg, "chief", 0);
@@ -674,6 +646,10 @@ int ps_chief_run(const ps_config *cfg) {
   ps_lease_init(&ch->lease, cfg->cluster_id, cfg->chief_lease_ms);
   if (lease_wait(ch) != 0) {
     ch->status = PS_CHIEF_DONE;
+    goto out;
+  }
+  if (ps_lease_keeper_start(&ch->keeper, cfg, &ch->lease) != 0) {
+    ps_log(PS_LOG_ERROR, "cannot start the thread that renews the lease %s", ch->lease.key);
     goto out;
   }
   /* The token of this holding of the lease: higher than every earlier
@@ -824,6 +800,7 @@ done:
   if (stop_signal)
     ps_log(PS_LOG_INFO, "%s: stopping; the cluster trains on without a chief until one is back",
            stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  ps_lease_keeper_stop(&ch->keeper);
   /* A clean exit says so: the next chief need not wait out the lease. */
   void *c = ps_registry_redis(ch->reg, 1);
   int released = c != NULL ? ps_lease_release(&ch->lease, c) : -1;
@@ -840,6 +817,7 @@ done:
     _exit(ch->status);
   }
 out:
+  ps_lease_keeper_stop(&ch->keeper);
   ps_metrics_free(ch->metrics);
   ps_summary_close(&ch->sum);
   ps_eval_free(ch->eval);

@@ -56,6 +56,8 @@ int ps_lease_take(ps_lease *l, void *redis, char *holder, size_t holder_len) {
     return -1;
   int rc = -1;
   unsigned long long token;
+  if (r->type == REDIS_REPLY_ERROR)
+    snprintf(holder, holder_len, "%s", r->str);  /* Redis's own words: OOM, NOPERM, ... */
   if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
       r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_STRING) {
     rc = r->element[0]->integer == 1;

@@ -34,8 +34,9 @@ void ps_lease_init(ps_lease *l, const char *cluster, int64_t ms);
  * ms)), into l->token and l->value; renewing keeps them.  A lease that
  * lapsed and is taken again gets a new token.
  * @return 1: held by this process (its time to live restarted); 0: another
- * holds it (its value copied to holder); -1: Redis did not answer (the
- * caller drops the connection). */
+ * holds it (its value copied to holder); -1: Redis did not answer, or
+ * answered with an error (its text copied to holder; the caller drops the
+ * connection). */
 int ps_lease_take(ps_lease *l, void *redis, char *holder, size_t holder_len);
 
 /* Does this process still hold the lease?  One GET, no renewal.

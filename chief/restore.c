@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "common/pool.h"
@@ -193,6 +194,13 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
     out->found = 1;
     out->step = ck.step;
     snprintf(out->from, sizeof out->from, "%s", ck.name);
+  }
+  /* Tests stand in for a state that takes long to read (it runs on the
+   * chief's main thread; the lease keeper renews meanwhile). */
+  const char *delay = getenv("PS_TEST_RESTORE_DELAY_MS");
+  if (rc == 0 && delay != NULL && atoi(delay) > 0) {
+    struct timespec d = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+    nanosleep(&d, NULL);
   }
   double planned = (double)(ps_now_ns() - t0) * 1e-9;
   if (rc == 0 && load_images(env, im) != 0) {

@@ -1,0 +1,125 @@
+/* The lease keeper (see keeper.h). */
+#include "chief/keeper.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "replica/registry.h"
+
+/* Mark the lease lost, once, with why. */
+static void lose(ps_lease_keeper *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void lose(ps_lease_keeper *k, const char *fmt, ...) {
+  pthread_mutex_lock(&k->mu);
+  if (!k->lost) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->why, sizeof k->why, fmt, ap);
+    va_end(ap);
+    k->lost = 1;
+  }
+  pthread_mutex_unlock(&k->mu);
+}
+
+static void *keeper_main(void *arg) {
+  ps_lease_keeper *k = arg;
+  uint64_t third_ns = (uint64_t)k->lease.ms * 1000000ULL / 3;
+  uint64_t ok_ns = ps_now_ns();
+  uint64_t token = k->lease.token;
+  int said_away = 0;
+  for (;;) {
+    /* Sleep a third of the lease, or until told to stop. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + third_ns;
+    until.tv_sec += (time_t)(ns / 1000000000ULL);
+    until.tv_nsec = (long)(ns % 1000000000ULL);
+    pthread_mutex_lock(&k->mu);
+    while (!k->stop && !k->lost &&
+           pthread_cond_timedwait(&k->cv, &k->mu, &until) != ETIMEDOUT) {
+    }
+    int done = k->stop || k->lost;
+    pthread_mutex_unlock(&k->mu);
+    if (done)
+      return NULL;
+
+    void *c = ps_registry_redis(k->reg, 1);
+    char holder[256] = "";
+    int rc = c != NULL ? ps_lease_take(&k->lease, c, holder, sizeof holder) : -1;
+    uint64_t now = ps_now_ns();
+    if (rc == 1 && k->lease.token != token) {
+      /* It lapsed (this process was paused, or Redis away) and was free
+       * again: another chief may have acted meanwhile. */
+      lose(k, "the lease %s lapsed before it was renewed (token %" PRIu64 ")", k->lease.key,
+           token);
+    } else if (rc == 1) {
+      ok_ns = now;
+      if (said_away)
+        ps_log(PS_LOG_INFO, "lease %s: renewed again", k->lease.key);
+      said_away = 0;
+    } else if (rc == 0) {
+      lose(k, "lost the lease %s to another chief (%s)", k->lease.key, holder);
+    } else {
+      const char *why = holder[0] ? holder : c != NULL ? "no reply" : "no connection";
+      if (c != NULL)
+        ps_registry_lost(k->reg, "lease renewal failed");
+      if (!said_away)
+        ps_log(PS_LOG_WARN, "lease %s: renewal failed (Redis: %s); retrying until %" PRId64
+               " ms after the last renewal", k->lease.key, why, k->lease.ms);
+      said_away = 1;
+      if (now - ok_ns > (uint64_t)k->lease.ms * 1000000ULL)
+        lose(k, "Redis has not confirmed the lease %s for %" PRId64 " ms (last: %s): another "
+             "chief may hold it now", k->lease.key, k->lease.ms, why);
+    }
+  }
+}
+
+int ps_lease_keeper_start(ps_lease_keeper *k, const ps_config *cfg, const ps_lease *held) {
+  memset(k, 0, sizeof *k);
+  k->lease = *held;
+  k->reg = ps_registry_new(cfg, "chief", 0);
+  if (k->reg == NULL)
+    return -1;
+  pthread_mutex_init(&k->mu, NULL);
+  pthread_cond_init(&k->cv, NULL);
+  if (pthread_create(&k->thread, NULL, keeper_main, k) != 0) {
+    pthread_cond_destroy(&k->cv);
+    pthread_mutex_destroy(&k->mu);
+    ps_registry_free(k->reg);
+    k->reg = NULL;
+    return -1;
+  }
+  k->started = 1;
+  return 0;
+}
+
+int ps_lease_keeper_check(ps_lease_keeper *k, char *why, size_t len) {
+  if (!k->started)
+    return 0;  /* not renewing (yet, or any more): nothing to say */
+  pthread_mutex_lock(&k->mu);
+  int lost = k->lost;
+  if (lost)
+    snprintf(why, len, "%s", k->why);
+  pthread_mutex_unlock(&k->mu);
+  return lost ? -1 : 0;
+}
+
+void ps_lease_keeper_stop(ps_lease_keeper *k) {
+  if (!k->started)
+    return;
+  pthread_mutex_lock(&k->mu);
+  k->stop = 1;
+  pthread_cond_signal(&k->cv);
+  pthread_mutex_unlock(&k->mu);
+  pthread_join(k->thread, NULL);
+  pthread_cond_destroy(&k->cv);
+  pthread_mutex_destroy(&k->mu);
+  ps_registry_free(k->reg);
+  k->reg = NULL;
+  k->started = 0;
+}

@@ -37,7 +37,8 @@ void ps_nodes_shards(ps_nodes *n, const int *ok, const ps_msg_stats_reply *stats
       }
       n->shard_up[i] = 1;
     } else if (!ok[i] && n->shard_up[i]) {
-      ps_log(PS_LOG_WARN, "%s lost: %s", node, why);
+      ps_log(PS_LOG_WARN, "%s lost: %s", node,
+             why != NULL && why[0] ? why : "it did not answer the chief's STATS request");
       ps_summary_event(n->sum, gstep, "node_lost", "{s:s}", "node", node);
       n->shard_up[i] = 0;
     }
@@ -75,14 +76,29 @@ void ps_nodes_workers(ps_nodes *n, ps_registry *reg, uint64_t gstep) {
     if (up && n->worker_up[j] == 1 && incarnation != 0 && n->worker_incarnation[j] != 0 &&
         incarnation != n->worker_incarnation[j])
       restarted(n, node, n->worker_incarnation[j], incarnation, gstep);
+    uint64_t was = n->worker_incarnation[j];
     if (incarnation != 0)
       n->worker_incarnation[j] = incarnation;
     if (up == (n->worker_up[j] == 1))
       continue;
-    if (n->worker_up[j] != 0) {  /* 0: not seen yet */
-      ps_log(up ? PS_LOG_INFO : PS_LOG_WARN, "%s %s", node, up ? "is back" : "lost (no heartbeat)");
-      ps_summary_event(n->sum, gstep, up ? "node_back" : "node_lost", "{s:s}", "node", node);
+    if (n->worker_up[j] != 0 && !up) {  /* 0: not seen yet */
+      /* The heartbeat's key expired: a process that stalled (paused,
+       * swapping, cut off from Redis) looks the same as a dead one until
+       * it comes back, as the same incarnation or a new one. */
+      ps_log(PS_LOG_WARN, "%s: no heartbeat for %" PRId64 " ms: stalled or gone", node,
+             3 * n->cfg->heartbeat_ms);
+      n->worker_lost_ns[j] = now;
+    } else if (n->worker_up[j] != 0) {
+      double away = (double)(now - n->worker_lost_ns[j]) * 1e-9;
+      if (incarnation != 0 && incarnation == was)
+        ps_log(PS_LOG_INFO, "%s is back: it had stalled (the same incarnation, %.1f s since its "
+               "heartbeat was found gone)", node, away);
+      else
+        ps_log(PS_LOG_INFO, "%s is back as a new incarnation (%.1f s since its heartbeat was "
+               "found gone)", node, away);
     }
+    if (n->worker_up[j] != 0)
+      ps_summary_event(n->sum, gstep, up ? "node_back" : "node_lost", "{s:s}", "node", node);
     n->worker_up[j] = up ? 1 : -1;
   }
 }

@@ -19,6 +19,7 @@ typedef struct ps_nodes {
   uint64_t shard_incarnation[PS_CONFIG_MAX_NODES];  /* 0: never seen */
   int worker_up[PS_CONFIG_MAX_NODES];               /* 0 not seen yet, 1 up, -1 lost */
   uint64_t worker_incarnation[PS_CONFIG_MAX_NODES];
+  uint64_t worker_lost_ns[PS_CONFIG_MAX_NODES];     /* when its heartbeat was found gone */
   uint64_t workers_checked_ns;
 } ps_nodes;
 

@@ -1,6 +1,7 @@
 /* Shards that hold no state get one from the chief (see restore.h). */
 #include "chief/restore.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,8 +204,12 @@ int ps_chief_restore(const ps_cut_env *env, ps_registry *reg, ps_summary *sum,
     nanosleep(&d, NULL);
   }
   double planned = (double)(ps_now_ns() - t0) * 1e-9;
-  if (rc == 0 && load_images(env, im) != 0) {
-    ps_log(PS_LOG_WARN, "loading the shards' states: %s", ps_client_error(env->client));
+  int lrc = rc == 0 ? load_images(env, im) : 0;
+  if (lrc != 0) {
+    const char *why = ps_client_error(env->client);
+    ps_log(PS_LOG_WARN, "loading the shards' states: %s",
+           why[0] ? why : lrc == -EPERM ? "this chief does not hold the lease any more"
+                                        : strerror(lrc < 0 ? -lrc : lrc));
     rc = -1;
   }
   const char *src = found ? ck.name : "the seeded initialization";

@@ -738,13 +738,15 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_metric_set(s->series[S_RESTORE_SECONDS], ri.seconds);
   }
   if (listen_rc != 0) {
+    char fenced[160] = "";
     if (cfg->replication != PS_REPLICATION_OFF)
-      ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s (epoch %" PRIu64
-             " taken: a stale incarnation holding it is fenced out)", cfg->path, index, addr,
-             uv_strerror(listen_rc), ri.epoch);
-    else
-      ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s", cfg->path, index,
-             addr, uv_strerror(listen_rc));
+      snprintf(fenced, sizeof fenced, "; this start took epoch %" PRIu64 ", so a stale shard "
+               "holding the port is fenced out of Redis", ri.epoch);
+    ps_log(PS_LOG_ERROR, "%s: [cluster] ps entry %d: cannot listen on %s: %s%s", cfg->path, index,
+           addr, listen_rc == UV_EADDRINUSE ? "port in use: another process listens there (a "
+                                              "shard still running, or another program)"
+                                            : uv_strerror(listen_rc),
+           fenced);
     goto out;
   }
 

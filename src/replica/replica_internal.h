@@ -27,6 +27,7 @@ typedef struct snap_job {
   uint64_t next;          /* the next chunk to SET */
   uint64_t pending;       /* chunk SETs issued and not yet answered */
   int failed;
+  char why[240];          /* why it failed, from Redis's reply ("" unknown) */
 } snap_job;
 
 
@@ -69,6 +70,9 @@ struct ps_replica {
   snap_job *job;            /* a snapshot in flight */
   ps_backoff snap_backoff;  /* between snapshots that failed */
   uint64_t snap_next_ns;    /* no new one before this, after a failure */
+  uint64_t snap_said_ns;    /* when a failed snapshot was last reported (0: none since one worked) */
+  uint64_t snap_failures;   /* failed snapshots since that report */
+  int snap_said_held;       /* that report named acknowledgements held */
   int gc_pending;           /* a switch's GC listing not yet answered */
   uint64_t snap_counter;
   char *entry;              /* a log entry's XADD: its head, then the gradient */

@@ -65,6 +65,11 @@ static void snapshot_done(ps_replica *r, int ok) {
   } else {
     ps_backoff_reset(&r->snap_backoff);
     r->snap_next_ns = 0;
+    if (r->snap_said_ns != 0)
+      ps_log(PS_LOG_INFO, "redis: snapshot written again (%" PRIu64 " more had failed since the "
+             "last report)", r->snap_failures);
+    r->snap_said_ns = 0;
+    r->snap_failures = 0;
   }
   job_free(r->job);
   r->job = NULL;
@@ -73,6 +78,29 @@ static void snapshot_done(ps_replica *r, int ok) {
    * for the listing (on_snaps_listed) before disconnecting. */
   if (r->closing && !r->gc_pending)
     ps__replica_snapshots_close(r);
+}
+
+#define SNAP_SAY_NS (30 * 1000000000ULL)
+
+/* A snapshot Redis would not take: said at once with Redis's reason, again
+ * once acknowledgements are held for it, then at most every 30 s with the
+ * count of failures since, until one is written (said too). */
+static void snapshot_failed(ps_replica *r, const char *why) {
+  uint64_t now = ps_now_ns();
+  r->snap_failures++;
+  if (r->snap_said_ns == 0 || now - r->snap_said_ns >= SNAP_SAY_NS ||
+      (r->f.waiting > 0 && !r->snap_said_held)) {
+    char held[96] = "";
+    if (r->f.waiting > 0)
+      snprintf(held, sizeof held, "; %" PRIu64 " acknowledgements held until one is written",
+               r->f.waiting);
+    ps_log(PS_LOG_WARN, "redis: snapshot not written: %s%s (%" PRIu64 " failed since the last "
+           "report; retrying with backoff)", why, held, r->snap_failures);
+    r->snap_said_ns = now;
+    r->snap_said_held = r->f.waiting > 0;
+    r->snap_failures = 0;
+  }
+  snapshot_done(r, 0);
 }
 
 /* Delete the chunks and registrations of every snapshot but `keep`: those
@@ -116,8 +144,9 @@ static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
     snapshot_done(r, 1);
     return;
   }
-  ps_log(PS_LOG_WARN, "redis: snapshot switched on the primary, but %s", failure);
-  snapshot_done(r, 0);
+  char msg[300];
+  snprintf(msg, sizeof msg, "switched on the primary, but %s", failure);
+  snapshot_failed(r, msg);
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
@@ -153,7 +182,11 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   } else if (ps__replica_check_lost(r, rep)) {
     /* The reconnection claims the keys back and writes a full snapshot. */
   } else if (rep != NULL) {
-    ps_log(PS_LOG_WARN, "redis: snapshot switch failed: %s", rep->str);
+    char msg[300];
+    snprintf(msg, sizeof msg, "the switch failed: %s", rep->str);
+    ps__replica_check_readonly(r, rep);
+    snapshot_failed(r, msg);
+    return;
   }
   ps__replica_check_readonly(r, rep);
   snapshot_done(r, 0);
@@ -225,7 +258,7 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   j->pending--;
   if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
     if (!j->failed && rep != NULL)
-      ps_log(PS_LOG_WARN, "redis: snapshot chunk not stored: %s", rep->str);
+      snprintf(j->why, sizeof j->why, "a chunk was not stored: %s", rep->str);
     j->failed = 1;
   }
   if (!j->failed && (r->ac == NULL || ac == NULL || r->state != RS_UP ||
@@ -236,7 +269,10 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
   if (j->pending > 0)
     return;
   if (j->failed) {
-    snapshot_done(r, 0);
+    if (j->why[0])
+      snapshot_failed(r, j->why);
+    else
+      snapshot_done(r, 0);
     return;
   }
   /* Every chunk is stored: switch the meta hash to them, atomically. */
@@ -253,9 +289,13 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
   snap_job *j = r->job;
   if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP ||
       (r->closing && !r->final_started)) {
-    if (rep != NULL && rep->type == REDIS_REPLY_ERROR)
-      ps_log(PS_LOG_DEBUG, "redis: snapshot not registered: %s", rep->str);
-    snapshot_done(r, 0);
+    if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
+      char msg[300];
+      snprintf(msg, sizeof msg, "not registered: %s", rep->str);
+      snapshot_failed(r, msg);
+    } else {
+      snapshot_done(r, 0);
+    }
     return;
   }
   if (j->nchunks == 0) {

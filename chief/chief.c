@@ -48,7 +48,8 @@ typedef struct chief chief;
 
 /* The chief's series (src/common/METRICS.md). */
 enum { C_GLOBAL_STEP, C_CKPT_AGE, C_CKPTS, C_CKPT_FAILURES, C_CKPT_STALL, C_CKPT_BYTES,
-       C_CKPT_STORED, C_LEASE_HELD, C_LEASE_TOKEN, C_SHARDS_UP, C_N };
+       C_CKPT_STORED, C_LEASE_HELD, C_LEASE_TOKEN, C_SHARDS_UP, C_EVAL_STEP, C_EVAL_LOSS,
+       C_EVAL_ACCURACY, C_N };
 static const ps_metric_def chief_series[C_N] = {
     [C_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_chief_global_step",
                        "the global step as shard 0 last reported it"},
@@ -71,6 +72,12 @@ static const ps_metric_def chief_series[C_N] = {
                        "the fencing token of this process's lease (0: never held)"},
     [C_SHARDS_UP] = {PS_METRIC_GAUGE, "paramserv_chief_shards_up",
                      "shards that answered the last STATS"},
+    [C_EVAL_STEP] = {PS_METRIC_GAUGE, "paramserv_chief_eval_step",
+                     "the global step of the last evaluation"},
+    [C_EVAL_LOSS] = {PS_METRIC_GAUGE, "paramserv_chief_eval_loss",
+                     "test loss of the last evaluation"},
+    [C_EVAL_ACCURACY] = {PS_METRIC_GAUGE, "paramserv_chief_eval_accuracy",
+                         "test accuracy of the last evaluation"},
 };
 
 struct chief {
@@ -384,6 +391,9 @@ static void eval_done(chief *ch, const ps_eval_result *e, int final) {
     printf("final test_acc %.4f global_step %" PRIu64 "\n", e->accuracy, e->step);
   fflush(stdout);
   ps_summary_eval(&ch->sum, e->step, e->loss, e->accuracy);
+  ps_metric_set(ch->series[C_EVAL_STEP], (double)e->step);
+  ps_metric_set(ch->series[C_EVAL_LOSS], e->loss);
+  ps_metric_set(ch->series[C_EVAL_ACCURACY], e->accuracy);
 }
 
 /* Pull the weights and evaluate them; wait: here, and report it. */

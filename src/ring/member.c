@@ -301,7 +301,7 @@ static int wait_for_the_end(member *m) {
 
 /* A member's series (src/common/METRICS.md), served as worker `index`'s. */
 enum { R_STEPS, R_SAMPLES, R_RATE, R_GLOBAL_STEP, R_EPOCH, R_VIEWS, R_MEMBERS, R_FETCHED, R_BROKEN,
-       R_REDONE, R_SENT, R_RECEIVED, R_N };
+       R_REDONE, R_SENT, R_RECEIVED, R_LOSS, R_N };
 static const ps_metric_def member_series[R_N] = {
     [R_STEPS] = {PS_METRIC_COUNTER, "paramserv_ring_steps_total",
                  "local steps (batches) this member computed"},
@@ -323,6 +323,8 @@ static const ps_metric_def member_series[R_N] = {
     [R_SENT] = {PS_METRIC_COUNTER, "paramserv_ring_sent_bytes_total", "bytes sent to peers"},
     [R_RECEIVED] = {PS_METRIC_COUNTER, "paramserv_ring_received_bytes_total",
                     "bytes received from peers"},
+    [R_LOSS] = {PS_METRIC_GAUGE, "paramserv_ring_loss",
+                "mean training loss of the last logged interval ([train] log_every steps)"},
 };
 
 static void metrics_update(ps_metric **x, const member *m, uint64_t local, uint64_t samples,
@@ -513,6 +515,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       ps_log(PS_LOG_INFO, "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %"
              PRIu64 " members %d", local, ps_shard_version(state), loss_sum / (double)steps_log,
              (double)samples_log / (now - tlog), t.sampler.pos.epoch, ps_ring_size(ring));
+      ps_metric_set(series[R_LOSS], loss_sum / (double)steps_log);
       tlog = now;
       loss_sum = 0.0;
       steps_log = samples_log = 0;

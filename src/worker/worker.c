@@ -34,7 +34,7 @@
  * client (ps_client_pushes, _duplicates, ...); the loop copies them here
  * after each step. */
 enum { W_STEPS, W_SAMPLES, W_RATE, W_PUSHES, W_DUPLICATES, W_STALE, W_RECONNECTS, W_STALL,
-       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_N };
+       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_LOSS, W_N };
 static const ps_metric_def worker_series[W_N] = {
     [W_STEPS] = {PS_METRIC_COUNTER, "paramserv_worker_steps_total",
                  "local steps (batches) this process computed"},
@@ -57,6 +57,8 @@ static const ps_metric_def worker_series[W_N] = {
                     "bytes received from the shards"},
     [W_GLOBAL_STEP] = {PS_METRIC_GAUGE, "paramserv_worker_global_step",
                        "the global step as of shard 0's last reply"},
+    [W_LOSS] = {PS_METRIC_GAUGE, "paramserv_worker_loss",
+                "mean training loss of the last logged interval ([train] log_every steps)"},
 };
 
 static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t steps,
@@ -244,6 +246,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
              "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %" PRIu64,
              local, ps_client_global_step(client), loss_sum / (double)steps_log,
              (double)samples_log / (now - tlog), t.sampler.pos.epoch);
+      ps_metric_set(series[W_LOSS], loss_sum / (double)steps_log);
       tlog = now;
       loss_sum = 0.0;
       steps_log = samples_log = 0;

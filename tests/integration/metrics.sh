@@ -119,6 +119,10 @@ steps=$(q 'sum(paramserv_worker_steps_total)')
 wait_q "sum(paramserv_worker_steps_total) > $steps" 10
 wait_q 'min(paramserv_ps_staleness_count) > 0' 10
 echo "ok: the workers' steps rise ($steps, then $(q 'sum(paramserv_worker_steps_total)'))"
+# Training loss and the chief's evaluations are series as well as log lines.
+wait_q 'count(paramserv_worker_loss > 0) == 2' 30
+wait_q 'paramserv_chief_eval_step > 0 and paramserv_chief_eval_accuracy > 0 and paramserv_chief_eval_loss > 0' 60
+echo "ok: the workers' loss ($(q 'paramserv_worker_loss' | tr '\n' ' ')) and the chief's evaluation (accuracy $(q 'paramserv_chief_eval_accuracy') at step $(q 'paramserv_chief_eval_step')) are series"
 wait_q 'paramserv_chief_checkpoints_total >= 2' 30
 wait_q 'paramserv_chief_checkpoint_bytes > 0 and paramserv_chief_checkpoint_stored_bytes > 0' 10
 wait_q 'paramserv_chief_checkpoint_stall_seconds > 0' 10

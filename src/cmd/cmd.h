@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+struct ps_config;
+
 /* Each verb takes argv with argv[0] = the verb's name and returns the
  * process's exit status: 0 success, 1 failure, 2 what a restart would not
  * change: bad usage, a config, model, secret or path error, a device asked
@@ -17,6 +19,14 @@ int ps_cmd_ckpt(int argc, char **argv);
 int ps_cmd_chief(int argc, char **argv);
 int ps_cmd_local(int argc, char **argv);
 int ps_cmd_status(int argc, char **argv);
+int ps_cmd_check(int argc, char **argv);
+
+/* paramserv check's checks of the files a config names (the secret, the
+ * model, the data set, the checkpoint directory), one line each on stdout;
+ * errors_only (paramserv local, which reads the data set itself): only the
+ * errors, as ps_cmd_error lines, and not the data set.  @return the number
+ * of errors. */
+int ps_cmd_check_files(const struct ps_config *cfg, int errors_only);
 
 /* Parse the value of option --name as an integer in [lo, hi] (or a number,
  * for _double); on failure print "--name 'v': expected ..." and return -1. */
@@ -26,7 +36,6 @@ int ps_cmd_flag_double(const char *name, const char *v, double lo, double hi, do
 /* Load the config at `path` into *cfg and, with `secrets`, read the
  * cluster secret; the Redis password file is read whenever one is set.
  * On an error print its one line and return 2; else 0. */
-struct ps_config;
 int ps_cmd_load_config(const char *path, struct ps_config *cfg, int secrets);
 
 /* getopt_long returned ':' (a missing value) or '?' (an unknown option):

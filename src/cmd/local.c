@@ -366,15 +366,20 @@ static int setup(run *r) {
                                                                   : "not a directory");
     return 2;
   }
+  if ((rc = mkdirs(r->cfg.checkpoint_dir)) != 0) {
+    ps_cmd_error("[checkpoint] dir %s: cannot create: %s", r->cfg.checkpoint_dir, strerror(-rc));
+    return 2;
+  }
   snprintf(r->conf_path, sizeof r->conf_path, "%s/cluster.conf", r->rundir);
   if (ps_runconf_write(&r->cfg, r->conf_path, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
     return 2;
   }
-  if ((rc = mkdirs(r->cfg.checkpoint_dir)) != 0) {
-    ps_cmd_error("[checkpoint] dir %s: cannot create: %s", r->cfg.checkpoint_dir, strerror(-rc));
+  /* paramserv check's checks of the secret (written by ps_runconf_write
+   * when the run makes its own), the model and the checkpoint directory:
+   * what would otherwise fail in a child, restarted. */
+  if (ps_cmd_check_files(&r->cfg, 1) != 0)
     return 2;
-  }
   if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {
     ps_cmd_error("[cluster] history_dir %s: cannot create: %s", r->cfg.history_dir, strerror(-rc));
     return 2;

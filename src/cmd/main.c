@@ -25,6 +25,7 @@ static const verb verbs[] = {
     {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
     {"ckpt", ps_cmd_ckpt, "list, show, verify and export checkpoints"},
     {"status", ps_cmd_status, "show every node of a cluster, its lease and its checkpoints"},
+    {"check", ps_cmd_check, "check a config before a run: files, model, data, ports, Redis"},
     {"bench-ps", ps_cmd_bench_ps, "time pulls and pushes against a running cluster's shards"},
 };
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Exit status 2 for what a restart would not change: a config that does not
-# load, a secret or Redis password file that is missing or readable by
-# others, from every verb that reads them (the units' RestartPreventExitStatus
-# and paramserv local do not restart a process that exits 2), each in one
-# line naming the file.  And one paramserv local per directory: a second run
-# there refuses in one line naming the first's PID, and --fresh with it
-# deletes nothing of the first run.
+# paramserv check's pre-flight, one line per check (exit 1 without Redis,
+# 2 for a bad secret, 0 with Redis).  Exit status 2 for what a restart
+# would not change: a config that does not load, a secret or Redis password
+# file that is missing, too short or readable by others, from every verb
+# that reads them (the units' RestartPreventExitStatus and paramserv local
+# do not restart a process that exits 2), each in one line naming the file.
+# And one paramserv local per directory: a second run there refuses in one
+# line naming the first's PID, and --fresh with it deletes nothing of the
+# first run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -55,6 +57,40 @@ for v in "${verbs[@]}" status; do
   exit2 "$v, no Redis password file" "password_file $T/no-such-password: cannot open" \
     "$BIN" $v --config "$T/pw.conf"
 done
+
+# paramserv check: one line per check; Redis not running is exit 1 and
+# says that nothing answers there.
+rc=0
+"$BIN" check --config "$conf" >"$T/check.out" 2>&1 || rc=$?
+[ "$rc" = 1 ] || fail "check without Redis: exit $rc, expected 1: $(cat "$T/check.out")"
+for want in "^ok: config " "^ok: secret .*mode 600" "^ok: model mlp " "^ok: \[model\] data_dir .*train set, 60000 images" \
+  "^ok: \[checkpoint\] dir " "^ok: shard 0, 127.0.0.1:[0-9]*: free on this machine" "^error: redis: nothing answers: "; do
+  grep -q -- "$want" "$T/check.out" || fail "check without Redis: no line /$want/: $(cat "$T/check.out")"
+done
+echo "ok: check without Redis: exit 1; $(grep '^error' "$T/check.out")"
+chmod 644 "$T/secret"
+rc=0
+"$BIN" check --config "$conf" >"$T/check.out" 2>&1 || rc=$?
+chmod 600 "$T/secret"
+[ "$rc" = 2 ] || fail "check with a 0644 secret: exit $rc, expected 2: $(cat "$T/check.out")"
+grep -q "^error: secret .* has mode 0644" "$T/check.out" || fail "check with a 0644 secret: $(cat "$T/check.out")"
+echo "ok: check with a 0644 secret: exit 2; $(grep '^error' "$T/check.out" | head -1)"
+start_redis
+write_config "$T/r.conf" 1 1
+rc=0
+"$BIN" check --config "$T/r.conf" >"$T/check.out" 2>&1 || rc=$?
+[ "$rc" = 0 ] || fail "check with Redis: exit $rc: $(cat "$T/check.out")"
+grep -q "^ok: redis 127.0.0.1:$REDIS_PORT answers" "$T/check.out" || fail "check with Redis: $(cat "$T/check.out")"
+grep -q "^warn: redis .* keeps its data in memory only" "$T/check.out" ||
+  fail "check: Redis without persistence not said: $(cat "$T/check.out")"
+echo "ok: check with Redis (no persistence): exit 0, $(grep -c '^ok' "$T/check.out") ok lines, $(grep '^warn' "$T/check.out" | cut -c1-80)..."
+
+# paramserv local runs check's file checks first: a secret too short.
+head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n' | head -c 11 >"$T/short"
+chmod 600 "$T/short"
+printf '[cluster]\nsecret_file = %s/short\n' "$T" >"$T/short.conf"
+exit2 "local, a secret too short" "secret $T/short is 11 bytes: expected at least 16" \
+  "$BIN" local --config "$T/short.conf" --dir "$T/short-run" --ps 1 --workers 1 --last-step 10
 
 # paramserv local with a config that does not load.
 exit2 "local, a misspelt setting" "last_stpe" "$BIN" local --config "$T/typo.conf" --dir "$T/typo-run"

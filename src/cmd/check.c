@@ -1,5 +1,4 @@
 /* paramserv check: the pre-flight of a config, one line per check. */
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <hiredis/hiredis.h>
@@ -194,29 +193,6 @@ static void check_ports(const ps_config *cfg) {
   }
 }
 
-/* A process named redis-server on this machine (read from /proc). */
-static int local_redis_running(void) {
-  DIR *d = opendir("/proc");
-  if (d == NULL)
-    return 0;
-  int found = 0;
-  struct dirent *de;
-  while (!found && (de = readdir(d)) != NULL) {
-    if (de->d_name[0] < '0' || de->d_name[0] > '9')
-      continue;
-    char path[300], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%s/comm", de->d_name);
-    FILE *f = fopen(path, "re");
-    if (f == NULL)
-      continue;
-    if (fgets(comm, sizeof comm, f) != NULL && strncmp(comm, "redis-server", 12) == 0)
-      found = 1;
-    fclose(f);
-  }
-  closedir(d);
-  return found;
-}
-
 static void check_redis(const ps_config *cfg, tally *t) {
   ps_errbuf eb = {0};
   char at[300];
@@ -229,7 +205,7 @@ static void check_redis(const ps_config *cfg, tally *t) {
       return;
     }
     say("error", "redis: nothing answers: %s; %s", eb.msg,
-        local_redis_running() ? "a redis-server runs on this machine: is [redis] address its "
+        ps_redis_running_here() ? "a redis-server runs on this machine: is [redis] address its "
                                 "address and port?"
                               : "no redis-server runs on this machine (systemctl start "
                                 "redis-server, or [redis] address names another machine's)");

@@ -1,12 +1,16 @@
 /* Where things live in Redis, and a blocking connection to it (see keys.h). */
 #include "replica/keys.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
 
 void ps_shard_keys_init(ps_shard_keys *k, const char *cluster, int index) {
   memset(k, 0, sizeof *k);
@@ -172,4 +176,49 @@ void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeo
     return NULL;
   }
   return c;
+}
+
+int ps_redis_running_here(void) {
+  DIR *d = opendir("/proc");
+  if (d == NULL)
+    return 0;
+  int found = 0;
+  struct dirent *de;
+  while (!found && (de = readdir(d)) != NULL) {
+    if (de->d_name[0] < '0' || de->d_name[0] > '9')
+      continue;
+    char path[300], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%s/comm", de->d_name);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+      continue;
+    if (fgets(comm, sizeof comm, f) != NULL && strncmp(comm, "redis-server", 12) == 0)
+      found = 1;
+    fclose(f);
+  }
+  closedir(d);
+  return found;
+}
+
+#define WAIT_SAY_NS (30 * 1000000000ULL)
+
+void ps_redis_wait_failed(ps_redis_wait *w, const char *what, const char *why) {
+  uint64_t now = ps_now_ns();
+  w->attempts++;
+  if (w->first_ns == 0) {
+    w->first_ns = w->said_ns = now;
+    const char *hint = "";
+    if (strstr(why, "Connection refused") != NULL)
+      hint = ps_redis_running_here()
+                 ? "; nothing answers there, though a redis-server runs on this machine: is "
+                   "[redis] address its address and port?"
+                 : "; nothing answers there, and no redis-server runs on this machine "
+                   "(systemctl start redis-server, or [redis] address names another's)";
+    ps_log(PS_LOG_WARN, "waiting for Redis %s: %s%s; retrying, said again every 30 s", what, why,
+           hint);
+  } else if (now - w->said_ns >= WAIT_SAY_NS) {
+    w->said_ns = now;
+    ps_log(PS_LOG_WARN, "still waiting for Redis %s (%.0f s, %u attempts): %s", what,
+           (double)(now - w->first_ns) * 1e-9, w->attempts, why);
+  }
 }

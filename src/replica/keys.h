@@ -73,6 +73,19 @@ int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_
  * the password file unreadable: do not retry). */
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb);
 
+/* What a wait for Redis says: once, at its first failed attempt, what is
+ * known ("nothing answers there" and whether a redis-server runs on this
+ * machine, when the connection was refused), then at most every 30 s how
+ * long and how many attempts.  Zero it before a wait. */
+typedef struct ps_redis_wait {
+  uint64_t first_ns, said_ns;
+  unsigned attempts;
+} ps_redis_wait;
+void ps_redis_wait_failed(ps_redis_wait *w, const char *what, const char *why);
+
+/* Whether a process named redis-server runs on this machine (/proc). */
+int ps_redis_running_here(void);
+
 /* The same, to an address already found with ps_redis_primary (the
  * Sentinels are not asked again). */
 void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeout_ms,

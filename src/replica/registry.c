@@ -54,6 +54,7 @@ struct ps_registry {
   uint64_t clock;    /* saved with the data position */
   uint64_t last_try_ns, last_pos_ns, last_hb_ns;
   int down_logged;
+  char last_why[300];   /* why the last connection failed or was dropped */
   int auth_failed;   /* a refused AUTH is not worth retrying */
   char host[128];
 };
@@ -94,11 +95,12 @@ static const char *redis_name(const ps_registry *r, char *buf, size_t n) {
 static void drop(ps_registry *r, const char *why) {
   char name[400];
   /* ps_redis_connect's messages name the address already. */
+  snprintf(r->last_why, sizeof r->last_why, "%s", why);
   if (!r->down_logged && strncmp(why, "redis ", 6) == 0)
-    ps_log(PS_LOG_WARN, "%s; training on, records not saved until it is back", why);
+    ps_log(PS_LOG_WARN, "%s; this process goes on, its records wait until Redis is back", why);
   else if (!r->down_logged)
-    ps_log(PS_LOG_WARN, "redis %s: %s; training on, records not saved until it is back",
-           redis_name(r, name, sizeof name), why);
+    ps_log(PS_LOG_WARN, "redis %s: %s; this process goes on, its records wait until Redis is "
+           "back", redis_name(r, name, sizeof name), why);
   r->down_logged = 1;
   redisFree(r->c);
   r->c = NULL;
@@ -163,6 +165,7 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
   ps_key_epoch(key, r->cfg->cluster_id, r->role, r->index);
   ps_backoff b;
   ps_backoff_init(&b, PS_REDIS_RETRY_BASE_MS, PS_REDIS_RETRY_CAP_MS, 0);
+  ps_redis_wait wait = {0};
   char name[400];
   while (!*stop) {
     redisContext *c = ctx(r, 1);
@@ -185,9 +188,10 @@ int ps_registry_new_epoch(ps_registry *r, volatile int *stop, uint64_t *epoch, p
         drop(r, eb->msg);  /* lost, or a replica now: the next try finds the primary */
     }
     unsigned ms = ps_backoff_next(&b);
-    ps_log(PS_LOG_WARN, "waiting for Redis %s for this %s's incarnation%s%s; retry in %u ms",
-           redis_name(r, name, sizeof name), r->role, c != NULL ? ": " : "",
-           c != NULL ? eb->msg : "", ms);
+    char what[500];
+    snprintf(what, sizeof what, "%s for this %s's incarnation", redis_name(r, name, sizeof name),
+             r->role);
+    ps_redis_wait_failed(&wait, what, c != NULL ? eb->msg : r->last_why);
     usleep(ms * 1000);
   }
   return ps_err_set(eb, -EINTR, "stopped while waiting for Redis");

@@ -353,6 +353,7 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   int rc = -EINTR;
   ps_backoff b;
   ps_backoff_init(&b, PS_REDIS_RETRY_BASE_MS, PS_REDIS_RETRY_CAP_MS, 0);
+  ps_redis_wait wait = {0};
   while (!*stop) {
     memset(info, 0, sizeof *info);
     redisContext *c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
@@ -368,8 +369,9 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
         break;
     }
     unsigned ms = ps_backoff_next(&b);
-    ps_log(PS_LOG_WARN, "waiting for Redis to restore shard %d: %s; retry in %u ms", index,
-           eb->msg, ms);
+    char what[64];
+    snprintf(what, sizeof what, "to restore shard %d", index);
+    ps_redis_wait_failed(&wait, what, eb->msg);
     usleep(ms * 1000);
   }
   if (*stop && rc == -EIO)

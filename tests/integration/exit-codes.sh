@@ -75,6 +75,18 @@ chmod 600 "$T/secret"
 [ "$rc" = 2 ] || fail "check with a 0644 secret: exit $rc, expected 2: $(cat "$T/check.out")"
 grep -q "^error: secret .* has mode 0644" "$T/check.out" || fail "check with a 0644 secret: $(cat "$T/check.out")"
 echo "ok: check with a 0644 secret: exit 2; $(grep '^error' "$T/check.out" | head -1)"
+# With no Redis, a shard says once that nothing answers there, then waits
+# (said again every 30 s): in 4 s, at most its 3 start lines.
+write_config "$T/nr.conf" 1 1 "replication.mode=log" "replication.self_init=no" \
+  "redis.address=127.0.0.1:$(free_ports 1)"
+timeout 4 "$BIN" ps --config "$T/nr.conf" --index 0 >"$T/nr.log" 2>&1 || true
+grep -q "waiting for Redis to restore shard 0: .*nothing answers there, and no redis-server runs on this machine" "$T/nr.log" ||
+  grep -q "waiting for Redis to restore shard 0: .*nothing answers there, though a redis-server runs on this machine" "$T/nr.log" ||
+  fail "no Redis: the shard did not say that nothing answers: $(cat "$T/nr.log")"
+n=$(grep -c "warn" "$T/nr.log")
+[ "$n" -le 3 ] || fail "no Redis: $n warnings in 4 s, expected at most 3: $(cat "$T/nr.log")"
+echo "ok: no Redis: the shard said it $n times in 4 s: $(grep -o 'nothing answers there[^;]*' "$T/nr.log")"
+
 start_redis
 write_config "$T/r.conf" 1 1
 rc=0

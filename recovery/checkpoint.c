@@ -651,14 +651,18 @@ int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) 
   if ((size_t)snprintf(path, sizeof path, "%s/%s", c->path != NULL ? c->path : ".", s->file) >=
       sizeof path)
     return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", s->file);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO put there is refused below, never waited on. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return ps_err_set(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
   int rc = 0;
   if (fstat(fd, &st) != 0)
     rc = ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
-  else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != s->compressed_size)
+  else if (!S_ISREG(st.st_mode))
+    rc = ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file: expected the shard's LZ4 frame",
+                    path);
+  else if ((uint64_t)st.st_size != s->compressed_size)
     rc = ps_err_set(eb, PS_ECORRUPT, "%s: size mismatch (file %jd bytes, manifest %" PRIu64
                     " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
   size_t dsize = (size_t)s->uncompressed_size;

@@ -347,9 +347,22 @@ static ps_ckpt_entry *entry_get(entry_list *l, const char *name, uint64_t step) 
 static int read_index(const char *dir, entry_list *l, ps_errbuf *eb) {
   char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
-  FILE *f = fopen(path, "re");
-  if (f == NULL)
+  /* O_NONBLOCK and a regular file only: a FIFO there is refused, never
+   * waited on. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
     return errno == ENOENT ? 0 : ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file: expected the checkpoint index",
+                      path);
+  }
+  FILE *f = fdopen(fd, "r");
+  if (f == NULL) {
+    close(fd);
+    return ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
+  }
   char line[256];
   int lineno = 0, rc = 0;
   while (fgets(line, sizeof line, f) != NULL) {

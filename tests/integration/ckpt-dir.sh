@@ -4,7 +4,9 @@
 #    is found at its start: exit 2, one line naming the directory and why;
 #  - a final checkpoint that fails (the directory made read-only during the
 #    run) is retried, then the run ends non-zero and is not done: no
-#    "reached last_step", paramserv local exits with the chief's failure.
+#    "reached last_step", paramserv local exits with the chief's failure;
+#  - a FIFO named like a shard file or the index is refused in one line by
+#    ckpt verify and ckpt ls, never waited on.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -50,3 +52,24 @@ grep -q 'the final checkpoint at global step 4000 failed 5 times' "$run/logs/chi
 ! grep -q 'reached last_step' "$run/logs/chief.log" || fail "the run was marked done without its final checkpoint"
 [ -z "$(ls -d "$run"/checkpoints/ckpt-* 2>/dev/null)" ] || fail "a checkpoint was written into a read-only directory?"
 echo "ok: final checkpoint failed: local exited $rc, $(grep -o 'the final checkpoint at global step 4000 failed 5 times' "$run/logs/chief.log"), not marked done"
+
+# --- FIFOs in a checkpoint directory: refused in one line, never waited on.
+"$BIN" local --dir "$T/fiforun" --fresh --ps 1 --workers 1 --last-step 100 >"$T/fiforun.log" 2>&1 ||
+  fail "a run of 100 steps: $(tail -3 "$T/fiforun.log")"
+cp -r "$T/fiforun/checkpoints" "$T/fifo"
+latest=$(ls -d "$T"/fifo/ckpt-* | sort | tail -1)
+rm "$latest/shard-0.lz4"
+mkfifo "$latest/shard-0.lz4"
+rc=0
+timeout 20 "$BIN" ckpt verify "$latest" >"$T/verify.out" 2>&1 || rc=$?
+[ "$rc" != 124 ] || fail "ckpt verify waited on a FIFO named shard-0.lz4"
+[ "$rc" != 0 ] || fail "ckpt verify accepted a FIFO as shard-0.lz4: $(cat "$T/verify.out")"
+grep -q "shard-0.lz4: not a regular file" "$T/verify.out" || fail "ckpt verify: $(cat "$T/verify.out")"
+echo "ok: a FIFO named shard-0.lz4: ckpt verify exits $rc: $(grep -o '[^ ]*shard-0.lz4: not a regular file[^\"]*' "$T/verify.out" | head -1)"
+rm "$T/fifo/checkpoint"
+mkfifo "$T/fifo/checkpoint"
+rc=0
+timeout 20 "$BIN" ckpt ls "$T/fifo" >"$T/ls.out" 2>&1 || rc=$?
+[ "$rc" != 124 ] || fail "ckpt ls waited on a FIFO named checkpoint (the index)"
+grep -q "checkpoint: not a regular file" "$T/ls.out" || fail "ckpt ls, a FIFO index: exit $rc: $(cat "$T/ls.out")"
+echo "ok: a FIFO as the checkpoint index: ckpt ls exits $rc in one line: $(grep -o 'checkpoint: not a regular file.*' "$T/ls.out")"

@@ -1,9 +1,12 @@
 /* A framed connection on a libuv TCP handle (see conn.h). */
 #include "net/conn.h"
 
+#include "net/conn_internal.h"
+
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/rand.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,24 +17,6 @@
  * be used in place. */
 #define FRAME_BASE 8
 #define READ_CHUNK (256 * 1024)
-
-struct ps_conn {
-  uv_tcp_t tcp;  /* first: the handle's address is the connection's */
-  uv_shutdown_t shutdown;
-  ps_conn_cbs cbs;
-  void *data;
-  uint8_t *rbuf;
-  size_t rcap, rpos, rlen;  /* unread bytes are [rpos, rlen) */
-  uint64_t max_payload;
-  ps_frame_header hdr;
-  int have_hdr;
-  int closing, failing;
-  int held;  /* a handled frame's payload must stay in place until on_release */
-  int err;
-  char why[PS_PROTO_ERROR_MSG_MAX + 64];
-  char peer[64];
-  uint64_t bytes_in, bytes_out;
-};
 
 typedef struct wreq {
   uv_write_t req;
@@ -62,7 +47,6 @@ void ps_conn_set_data(ps_conn *c, void *data) { c->data = data; }
 const char *ps_conn_peer(const ps_conn *c) { return c->peer; }
 uint64_t ps_conn_bytes_in(const ps_conn *c) { return c->bytes_in; }
 uint64_t ps_conn_bytes_out(const ps_conn *c) { return c->bytes_out; }
-void ps_conn_set_max_payload(ps_conn *c, uint64_t max_payload) { c->max_payload = max_payload; }
 
 static void on_closed(uv_handle_t *h) {
   ps_conn *c = h->data;
@@ -78,6 +62,8 @@ static void close_with(ps_conn *c, int err, const char *why) {
     return;
   c->closing = 1;
   c->err = err;
+  if (c->gate != NULL)
+    ps__listener_forget(c);
   if (why != c->why)
     snprintf(c->why, sizeof c->why, "%s", why);
   uv_read_stop((uv_stream_t *)&c->tcp);
@@ -115,7 +101,9 @@ static int reserve(ps_conn *c, size_t need) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   ps_conn *c = h->data;
-  size_t need = READ_CHUNK;
+  /* Until the handshake is done a frame is small (PS_PROTO_SMALL_PAYLOAD_MAX),
+   * and so is the buffer: a peer that never authenticates costs ~2 KiB. */
+  size_t need = c->handshake_done ? READ_CHUNK : PS_PROTO_HEADER_SIZE + PS_PROTO_SMALL_PAYLOAD_MAX;
   if (c->have_hdr) {
     /* Room for the rest of this frame at once, so a large payload is read
      * straight into place. */
@@ -199,8 +187,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   process(c);
 }
 
-int ps_conn_start(ps_conn *c, uint64_t max_payload) {
+void ps_conn_handshake_done(ps_conn *c, uint64_t max_payload) {
   c->max_payload = max_payload;
+  c->handshake_done = 1;
+}
+
+int ps_conn_start(ps_conn *c) {
+  c->max_payload = PS_PROTO_SMALL_PAYLOAD_MAX;
   struct sockaddr_storage ss;
   int len = sizeof ss;
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
@@ -328,6 +321,18 @@ int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id) {
   return ps_conn_send(c, buf, n, NULL, 0, NULL, NULL);
 }
 
+int ps_conn_send_challenge(ps_conn *c, uint8_t nonce[PS_PROTO_NONCE_SIZE], int role,
+                           uint32_t index, uint64_t incarnation) {
+  ps_msg m = {.type = PS_MSG_CHALLENGE};
+  if (RAND_bytes(nonce, PS_PROTO_NONCE_SIZE) != 1)
+    return UV_EIO;
+  memcpy(m.u.challenge.nonce, nonce, PS_PROTO_NONCE_SIZE);
+  m.u.challenge.role = (uint8_t)role;
+  m.u.challenge.index = index;
+  m.u.challenge.incarnation = incarnation;
+  return ps_conn_send_msg(c, &m, 0);
+}
+
 int ps_conn_send_pong(ps_conn *c, uint64_t request_id, uint64_t token) {
   ps_msg m = {.type = PS_MSG_PONG};
   m.u.ping.token = token;
@@ -382,17 +387,4 @@ int ps_net_resolve(uv_loop_t *loop, const ps_addr *a, struct sockaddr_storage *s
   memcpy(ss, req.addrinfo->ai_addr, req.addrinfo->ai_addrlen);
   uv_freeaddrinfo(req.addrinfo);
   return 0;
-}
-
-int ps_net_listen(uv_loop_t *loop, uv_tcp_t *tcp, const ps_addr *a, uv_connection_cb cb) {
-  int rc = uv_tcp_init(loop, tcp);
-  if (rc != 0)
-    return rc;
-  struct sockaddr_storage ss;
-  rc = ps_net_resolve(loop, a, &ss);
-  if (rc == 0)
-    rc = uv_tcp_bind(tcp, (const struct sockaddr *)&ss, 0);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)tcp, 128, cb);
-  return rc;
 }

@@ -38,11 +38,19 @@ uv_tcp_t *ps_conn_tcp(ps_conn *c);
 void *ps_conn_data(const ps_conn *c);
 void ps_conn_set_data(ps_conn *c, void *data);
 
-/* Start reading frames; `max_payload` caps the float-carrying frames (see
- * ps_proto_decode_header).  Records the peer's address for messages.
- * @return 0 or a libuv error. */
-int ps_conn_start(ps_conn *c, uint64_t max_payload);
-void ps_conn_set_max_payload(ps_conn *c, uint64_t max_payload);
+/* Start reading frames.  Until ps_conn_handshake_done every frame, of any
+ * type, is capped at PS_PROTO_SMALL_PAYLOAD_MAX (the handshake's frames
+ * are small; a larger one is refused from its header) and the read buffer
+ * is that small too, so that a peer that never authenticates cannot make
+ * this side hold a frame of the full payload cap.  Records the peer's
+ * address for messages.  @return 0 or a libuv error. */
+int ps_conn_start(ps_conn *c);
+
+/* The handshake succeeded (the server sent WELCOME, or the client read
+ * it): float-carrying frames up to `max_payload` are read from now on
+ * (see ps_proto_decode_header), and a connection accepted by a listener
+ * counts as authenticated (listener.h). */
+void ps_conn_handshake_done(ps_conn *c, uint64_t max_payload);
 
 /* A deadline on a silent peer (a dead host, a dropped link): TCP keepalive
  * and TCP_USER_TIMEOUT on the connected socket, so that the connection is
@@ -90,6 +98,12 @@ int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void
 /* Encode and queue a message without floats (copied).  @return 0 or an error. */
 int ps_conn_send_msg(ps_conn *c, const ps_msg *m, uint64_t request_id);
 
+/* The server's first frame: CHALLENGE with a fresh random nonce, kept in
+ * `nonce` for the HELLO's proof, and the server's identity.  @return as
+ * ps_conn_send_msg. */
+int ps_conn_send_challenge(ps_conn *c, uint8_t nonce[PS_PROTO_NONCE_SIZE], int role,
+                           uint32_t index, uint64_t incarnation);
+
 /* A PONG with `token`: the answer to a PING, and to the chief's RESUME,
  * LOAD and STOP.  @return as ps_conn_send_msg. */
 int ps_conn_send_pong(ps_conn *c, uint64_t request_id, uint64_t token);
@@ -100,11 +114,6 @@ void ps_conn_fail(ps_conn *c, int code, uint32_t flags, const char *fmt, ...)
 
 /* Close now (pending writes are cancelled: their done gets an error). */
 void ps_conn_close(ps_conn *c);
-
-/* Listen on `a` (resolved with ps_net_resolve) with `tcp`, which this
- * initializes on `loop`; connections go to `cb`.  @return 0 or a libuv
- * error (the handle is initialized either way: close it). */
-int ps_net_listen(uv_loop_t *loop, uv_tcp_t *tcp, const ps_addr *a, uv_connection_cb cb);
 
 /* The socket address of `a`: an IP literal, or a host name resolved now
  * (blocking, on `loop`).  @return 0 or a libuv error. */

@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +33,6 @@
 #include "replica/replica.h"
 #include "ps/server_internal.h"
 
-#define HANDSHAKE_TIMEOUT_MS 10000
 #define TICK_MS 50
 
 void client_unref(client *cl) {
@@ -142,6 +140,7 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   if (h->role == PS_ROLE_WORKER && one_incarnation(cl))
     return;
   cl->state = C_READY;
+  ps_conn_handshake_done(cl->conn, s->max_payload);
   ps_consistency_joined(cl);
   ps_msg m = {.type = PS_MSG_WELCOME};
   m.u.welcome.index = (uint32_t)s->index;
@@ -382,14 +381,17 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
 static void on_conn_close(ps_conn *conn, int err, const char *why) {
   client *cl = ps_conn_data(conn);
   server *s = cl->srv;
-  if (cl->refused || s->stopping)
+  /* The frame header was refused by the connection itself (UV_EOF, -4095,
+   * is in the range of the project's codes, and is no refusal). */
+  int refused = err <= PS_EFORMAT && err > -5000 && err != UV_EOF;
+  int lost = err != 0 && err != UV_EOF, left = cl->state == C_READY && err == UV_EOF;
+  if (cl->refused || s->stopping || !(refused || lost || left) || !ps_listener_may_log(conn))
     ;
-  else if (err <= PS_EFORMAT && err > -5000)
-    /* The frame header was refused by the connection itself. */
+  else if (refused)
     ps_log(PS_LOG_WARN, "%s: %s; closing", cl->name, why);
-  else if (cl->state == C_READY && err == UV_EOF)
+  else if (left)
     ps_log(PS_LOG_INFO, "%s: disconnected", cl->name);
-  else if (err != 0 && err != UV_EOF)
+  else
     ps_log(PS_LOG_INFO, "%s: connection lost: %s", cl->name, why);
   s->bytes_in_closed += ps_conn_bytes_in(conn);
   s->bytes_out_closed += ps_conn_bytes_out(conn);
@@ -418,45 +420,36 @@ static void on_conn_release(ps_conn *conn) {
 static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_release = on_conn_release,
                                      .on_close = on_conn_close};
 
-static void on_connection(uv_stream_t *listener, int status) {
-  server *s = listener->data;
-  if (status != 0) {
-    ps_log(PS_LOG_WARN, "accept: %s", uv_strerror(status));
-    return;
-  }
+/* The listener's (net/listener.h): a client for the next connection.  If
+ * the accept fails it is closed: on_conn_close unlinks and frees it. */
+static ps_conn *new_client(ps_listener *l) {
+  server *s = l->data;
   client *cl = calloc(1, sizeof *cl);
   ps_conn *conn = cl ? ps_conn_new(&s->loop, &conn_cbs, cl) : NULL;
   if (conn == NULL) {
     free(cl);
-    ps_log(PS_LOG_ERROR, "accept: out of memory");
-    return;
+    return NULL;
   }
   cl->srv = s;
   cl->conn = conn;
+  snprintf(cl->name, sizeof cl->name, "peer ?");
   cl->next = s->clients;
   if (s->clients)
     s->clients->prev = cl;
   s->clients = cl;
   s->nclients++;
-  if (uv_accept(listener, (uv_stream_t *)ps_conn_tcp(conn)) != 0 ||
-      ps_conn_start(conn, s->max_payload) != 0) {
-    ps_conn_close(conn);  /* on_conn_close unlinks and frees cl */
-    return;
-  }
-  cl->accepted_ns = ps_now_ns();
-  snprintf(cl->name, sizeof cl->name, "peer %s", ps_conn_peer(conn));
-  int rc = ps_conn_set_peer_timeout(conn, (unsigned)s->cfg->peer_timeout_ms);
-  if (rc != 0)
-    ps_log(PS_LOG_WARN, "%s: no keepalive (%s): a silent drop of this peer goes unnoticed",
-           cl->name, uv_strerror(rc));
-  ps_msg m = {.type = PS_MSG_CHALLENGE};
-  RAND_bytes(cl->nonce, sizeof cl->nonce);
-  memcpy(m.u.challenge.nonce, cl->nonce, sizeof cl->nonce);
-  m.u.challenge.role = PS_ROLE_PS;
-  m.u.challenge.index = (uint32_t)s->index;
-  m.u.challenge.incarnation = s->incarnation;
-  ps_conn_send_msg(conn, &m, 0);
+  return conn;
 }
+
+static void on_accepted(ps_listener *l, ps_conn *conn) {
+  server *s = l->data;
+  client *cl = ps_conn_data(conn);
+  snprintf(cl->name, sizeof cl->name, "peer %s", ps_conn_peer(conn));
+  if (ps_conn_send_challenge(conn, cl->nonce, PS_ROLE_PS, (uint32_t)s->index, s->incarnation) != 0)
+    ps_conn_close(conn);
+}
+
+static const ps_listener_cbs listener_cbs = {.make = new_client, .accepted = on_accepted};
 
 /* ------------------------------------------------------------- metrics */
 
@@ -524,9 +517,6 @@ static void on_tick(uv_timer_t *t) {
   uint64_t now = ps_now_ns();
   metrics_update(s);
   control_outcome(s, ps_control_tick(s, now));
-  for (client *c = s->clients; c != NULL; c = c->next)
-    if (c->state == C_HANDSHAKE && now - c->accepted_ns > HANDSHAKE_TIMEOUT_MS * 1000000ULL)
-      REFUSE(c, -ETIMEDOUT, 0, "no HELLO within %d ms", HANDSHAKE_TIMEOUT_MS);
   ps_consistency_tick(s, now);
 }
 
@@ -549,7 +539,7 @@ void ps_server_stop(server *s, const char *why) {
     ps_replica_close(s->replica, NULL, NULL);
     s->replica = NULL;
   }
-  uv_close((uv_handle_t *)&s->listener, NULL);
+  ps_listener_close(&s->listener);
   uv_close((uv_handle_t *)&s->tick, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
   uv_close((uv_handle_t *)&s->sigint, NULL);
@@ -588,9 +578,8 @@ int ps_server_start_replica(server *s) {
 }
 
 static int listen_on(server *s, const ps_addr *a) {
-  int rc = ps_net_listen(&s->loop, &s->listener, a, on_connection);
-  s->listener.data = s; /* read by on_connection, which runs in the loop */
-  return rc;
+  return ps_listener_start(&s->listener, &s->loop, a, (int)s->cfg->max_connections,
+                           (unsigned)s->cfg->peer_timeout_ms, &listener_cbs, s);
 }
 
 /* A shard started after the chief ended the run has nothing to serve.
@@ -786,6 +775,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   status = s->status;
 out:
   if (loop_open) {  /* the listener, when the start-up ended early */
+    ps_listener_close(&s->listener);
     uv_walk(&s->loop, close_walk, NULL);
     uv_run(&s->loop, UV_RUN_DEFAULT);
   }

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "layout/layout.h"
 #include "net/conn.h"
+#include "net/listener.h"
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/consistency.h"
@@ -30,7 +31,7 @@ typedef struct reply_buf reply_buf;
 
 typedef struct server {
   uv_loop_t loop;
-  uv_tcp_t listener;
+  ps_listener listener;
   uv_signal_t sigterm, sigint;
   uv_timer_t tick;
   const ps_config *cfg;
@@ -85,7 +86,6 @@ struct client {
   ps_conn *conn;
   client *prev, *next;
   int state;
-  uint64_t accepted_ns;
   uint8_t nonce[PS_PROTO_NONCE_SIZE];
   int role;
   uint32_t index;
@@ -99,12 +99,14 @@ struct client {
 
 void client_unref(client *cl);
 
-/* Log, answer with ERROR, close.  The shard's state is not touched. */
+/* Log, answer with ERROR, close.  The shard's state is not touched.  Lines
+ * about peers that have not authenticated are rationed (listener.h). */
 #define REFUSE(cl, code, flags, ...)                                                     \
   do {                                                                                   \
     char why_[512];                                                                      \
     snprintf(why_, sizeof why_, __VA_ARGS__);                                            \
-    ps_log(PS_LOG_WARN, "%s: %s; closing", (cl)->name, why_);                            \
+    if (ps_listener_may_log((cl)->conn))                                                 \
+      ps_log(PS_LOG_WARN, "%s: %s; closing", (cl)->name, why_);                          \
     (cl)->refused = 1;                                                                   \
     ps_conn_fail((cl)->conn, (code), (flags), "%s", why_);                               \
   } while (0)

@@ -12,7 +12,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <openssl/rand.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,7 +77,7 @@ static void on_connected(uv_connect_t *req, int status) {
   }
   l->state = L_HANDSHAKE;
   (void)ps_conn_set_peer_timeout(l->conn, (unsigned)l->r->cfg->peer_timeout_ms);
-  if (ps_conn_start(l->conn, ps_proto_max_payload(FETCH_FLOATS)) != 0)
+  if (ps_conn_start(l->conn) != 0)
     ps_conn_close(l->conn);
 }
 
@@ -142,7 +141,8 @@ void ring_refuse(link *l, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  ps_log(PS_LOG_WARN, "ring: %s: %s", ps_conn_peer(l->conn), msg);
+  if (ps_listener_may_log(l->conn))
+    ps_log(PS_LOG_WARN, "ring: %s: %s", ps_conn_peer(l->conn), msg);
   ps_conn_fail(l->conn, code, 0, "%s", msg);
 }
 
@@ -357,6 +357,7 @@ static void on_dialed_frame(link *l, const ps_msg *m) {
       return;
     }
     l->state = L_READY;
+    ps_conn_handshake_done(l->conn, ps_proto_max_payload(FETCH_FLOATS));
     if (l->kind == K_SUCC) {
       for (size_t i = 0; i < r->nsendq && l == r->succ; i++)
         send_piece(r, r->sendq[i].phase, r->sendq[i].off, r->sendq[i].count);
@@ -403,7 +404,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     on_hello(l, &m.u.hello);
     /* Members send pieces; the chief LOADs pieces of at most a slice. */
     if (l->state == L_READY)
-      ps_conn_set_max_payload(
+      ps_conn_handshake_done(
           conn,
           ps_proto_max_payload(l->role == PS_ROLE_WORKER ? PIECE_FLOATS
                                                          : ps_shard_options(r->state)->nfloats));
@@ -490,28 +491,22 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
   }
 }
 
-static void on_connection(uv_stream_t *listener, int status) {
-  ps_ring *r = listener->data;
-  if (status != 0)
-    return;
-  link *l = link_new(r, K_ACCEPTED, -1);
-  if (l == NULL)
-    return;
-  if (uv_accept(listener, (uv_stream_t *)ps_conn_tcp(l->conn)) != 0 ||
-      ps_conn_start(l->conn, PS_PROTO_SMALL_PAYLOAD_MAX) != 0) {
-    ps_conn_close(l->conn);
-    return;
-  }
-  (void)ps_conn_set_peer_timeout(l->conn, (unsigned)r->cfg->peer_timeout_ms);
-  l->state = L_HANDSHAKE;
-  ps_msg m = {.type = PS_MSG_CHALLENGE};
-  RAND_bytes(l->nonce, sizeof l->nonce);
-  memcpy(m.u.challenge.nonce, l->nonce, sizeof l->nonce);
-  m.u.challenge.role = PS_ROLE_WORKER;
-  m.u.challenge.index = (uint32_t)r->rank;
-  m.u.challenge.incarnation = r->incarnation;
-  ps_conn_send_msg(l->conn, &m, 0);
+/* The listener's (net/listener.h): a link for the next connection, closed
+ * (and freed by on_close) if the accept fails. */
+static ps_conn *new_link(ps_listener *listener) {
+  link *l = link_new(listener->data, K_ACCEPTED, -1);
+  return l != NULL ? l->conn : NULL;
 }
+
+static void on_accepted(ps_listener *listener, ps_conn *conn) {
+  ps_ring *r = listener->data;
+  link *l = ps_conn_data(conn);
+  l->state = L_HANDSHAKE;
+  if (ps_conn_send_challenge(conn, l->nonce, PS_ROLE_WORKER, (uint32_t)r->rank, r->incarnation) != 0)
+    ps_conn_close(conn);
+}
+
+static const ps_listener_cbs listener_cbs = {.make = new_link, .accepted = on_accepted};
 
 /* --------------------------------------------------------------- API */
 
@@ -554,8 +549,9 @@ ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint6
   }
   uv_timer_init(&r->loop, &r->tick);
   r->tick.data = r;
-  int rc = ps_net_listen(&r->loop, &r->listener, &cfg->workers[rank], on_connection);
-  r->listener.data = r;
+  int rc = ps_listener_start(&r->listener, &r->loop, &cfg->workers[rank],
+                             (int)cfg->max_connections, (unsigned)cfg->peer_timeout_ms,
+                             &listener_cbs, r);
   if (rc != 0) {
     char a[300];
     ps_addr_format(&cfg->workers[rank], a, sizeof a);
@@ -575,7 +571,7 @@ void ps_ring_free(ps_ring *r) {
   for (link *l = r->links; l != NULL; l = l->next)
     ps_conn_close(l->conn);
   r->succ = r->fetch = NULL;
-  uv_close((uv_handle_t *)&r->listener, NULL);
+  ps_listener_close(&r->listener);
   uv_close((uv_handle_t *)&r->tick, NULL);
   uv_run(&r->loop, UV_RUN_DEFAULT);
   uv_loop_close(&r->loop);

@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include "net/conn.h"
+#include "net/listener.h"
 #include "proto/proto.h"
 #include "ring/ring.h"
 
@@ -63,7 +64,7 @@ struct ps_ring {
   size_t secret_len;
   ps_shard *state;
   uv_loop_t loop;
-  uv_tcp_t listener;
+  ps_listener listener;
   uv_timer_t tick;
   volatile sig_atomic_t *stop;
   link *links;

@@ -311,7 +311,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
         ps_conn_close(conn);
         return;
       }
-      ps_conn_set_max_payload(conn, ps_proto_max_payload(c->layout.shard_floats[l->index]));
+      ps_conn_handshake_done(conn, ps_proto_max_payload(c->layout.shard_floats[l->index]));
       l->state = L_READY;
       l->version = m.u.welcome.version;
       l->global_step = m.u.welcome.global_step;
@@ -390,7 +390,7 @@ static void on_connected(uv_connect_t *req, int status) {
   if (rc != 0)
     ps_log(PS_LOG_WARN, "shard %d: no keepalive (%s): a silent drop of this shard goes unnoticed",
            l->index, uv_strerror(rc));
-  if (ps_conn_start(l->conn, PS_PROTO_SMALL_PAYLOAD_MAX) != 0)
+  if (ps_conn_start(l->conn) != 0)
     ps_conn_close(l->conn);
 }
 

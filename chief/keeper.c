@@ -53,10 +53,19 @@ static void *keeper_main(void *arg) {
     int rc = c != NULL ? ps_lease_take(&k->lease, c, holder, sizeof holder) : -1;
     uint64_t now = ps_now_ns();
     if (rc == 1 && k->lease.token != token) {
-      /* It lapsed (this process was paused, or Redis away) and was free
-       * again: another chief may have acted meanwhile. */
-      lose(k, "the lease %s lapsed before it was renewed (token %" PRIu64 ")", k->lease.key,
-           token);
+      /* It was free again, and this take gave it a new token: give that
+       * back, so that the restart takes it at once.  Another chief may have
+       * acted meanwhile: this one exits and its restart reads the cluster
+       * again. */
+      ps_lease_release(&k->lease, c);
+      double since = (double)(now - ok_ns) * 1e-9;
+      if (since * 1000.0 < (double)k->lease.ms)
+        lose(k, "the lease %s was gone from Redis %.1f s after its last renewal, before its %"
+             PRId64 " ms ran out: Redis lost it (FLUSHALL, FLUSHDB, a failover to a node "
+             "without it); restarting reads the cluster again", k->lease.key, since, k->lease.ms);
+      else
+        lose(k, "the lease %s lapsed before it was renewed (token %" PRIu64 ", %.1f s since its "
+             "last renewal)", k->lease.key, token, since);
     } else if (rc == 1) {
       ok_ns = now;
       if (said_away)

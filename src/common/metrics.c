@@ -254,9 +254,11 @@ int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb) {
                       "a free port: each process takes the port plus its slot)", m->cfg->path,
                       base, m->who, a, strerror(e));
   }
-  m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, answer, m,
-                               MHD_OPTION_LISTEN_SOCKET, m->fd, MHD_OPTION_CONNECTION_TIMEOUT,
-                               (unsigned)10, MHD_OPTION_END);
+  m->daemon = MHD_start_daemon(
+      MHD_USE_AUTO_INTERNAL_THREAD, 0, NULL, NULL, answer, m, MHD_OPTION_LISTEN_SOCKET, m->fd,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)PS_METRICS_MAX_CONNECTIONS,
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PS_METRICS_MAX_PER_IP,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PS_METRICS_TIMEOUT_S, MHD_OPTION_END);
   if (m->daemon == NULL) {
     close(m->fd);
     m->fd = -1;

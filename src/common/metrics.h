@@ -53,11 +53,20 @@ typedef struct ps_metric_def {
  * it points to) must outlive the registry: a static table. */
 void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_metric **out);
 
+/* What the endpoint gives its clients, so that no client (a slow one, or
+ * a thousand) takes more: connections open at once, from any one address,
+ * and the seconds a connection may stay idle (a request sent byte by byte
+ * holds one of the connections of its address, not the process's
+ * descriptors).  Over a limit a connection is closed at once. */
+#define PS_METRICS_MAX_CONNECTIONS 64
+#define PS_METRICS_MAX_PER_IP 8
+#define PS_METRICS_TIMEOUT_S 10
+
 /* Start serving on ps_metrics_addr's address (an internal thread of
- * libmicrohttpd).  @return 0, or a negative errno with a one-line message
- * in eb naming the config file, the setting, the process and the address
- * (e.g. the port is in use).  The config given to ps_metrics_new must
- * outlive the registry. */
+ * libmicrohttpd, polling with epoll: no descriptor is too high for it).
+ * @return 0, or a negative errno with a one-line message in eb naming the
+ * config file, the setting, the process and the address (e.g. the port is
+ * in use).  The config given to ps_metrics_new must outlive the registry. */
 int ps_metrics_serve(ps_metrics *m, ps_errbuf *eb);
 
 /* A process's metrics in one call: ps_metrics_new, ps_metrics_register

@@ -45,6 +45,30 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 PY
 }
 
+# free_port_run N: the first of N consecutive TCP ports on 127.0.0.1 that
+# nothing listens on now (for [metrics] listen: each process takes the base
+# port plus its slot); nothing when there are none.
+free_port_run() {
+  /usr/bin/python3 - "$1" <<'PY'
+import socket, sys
+n = int(sys.argv[1])
+for base in range(20000, 60000, 7):
+    socks = []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", p))
+            socks.append(s)
+    except OSError:
+        continue
+    finally:
+        for s in socks:
+            s.close()
+    print(base)
+    break
+PY
+}
+
 # write_config FILE NPS NWORKERS [key=value in section form "section.key=value"]...
 write_config() {
   local file=$1 nps=$2 nw=$3

@@ -39,22 +39,7 @@ echo "ok: calm ring of 3: test accuracy $acc; $(sed -n 's/.*done: //p' "$T/calm-
 # hold the same bytes, so each ends at the same step.
 command -v curl >/dev/null || fail "curl: not found (make deps installs it)"
 # Metrics at base + 1 + j for member j: 4 consecutive free ports.
-mbase=$(/usr/bin/python3 -c '
-import socket
-for base in range(20000, 60000, 7):
-    socks = []
-    try:
-        for p in range(base, base + 4):
-            s = socket.socket()
-            s.bind(("127.0.0.1", p))
-            socks.append(s)
-    except OSError:
-        continue
-    finally:
-        for s in socks:
-            s.close()
-    print(base)
-    break')
+mbase=$(free_port_run 4)
 [ -n "$mbase" ] || fail "no 4 consecutive free ports for the members' metrics"
 # redone J: member J's paramserv_ring_redone_steps_total, "" while it does not answer.
 redone() {

@@ -44,6 +44,13 @@ void ps_notify_ready(const char *fmt, ...) {
   va_end(ap);
 }
 
+void ps_notify_done(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  notify_status("READY=1\nSTOPPING=1\n", fmt, ap);
+  va_end(ap);
+}
+
 void ps_notify_status(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -10,6 +10,12 @@
  * The text is formatted with printf rules; newlines become spaces. */
 void ps_notify_ready(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* "READY=1", "STOPPING=1" and "STATUS=<text>" at once: a process that
+ * finds nothing to do (the run already ended) and exits 0 before it
+ * served; without READY=1, systemd would count that exit as a failed start
+ * (result 'protocol') and restart it. */
+void ps_notify_done(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* "STATUS=<text>", shown by `systemctl status`: call on phase changes
  * (waiting for Redis, restoring, training, checkpointing), not per step. */
 void ps_notify_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

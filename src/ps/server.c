@@ -660,6 +660,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     goto out;
   }
   if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
+    ps_notify_done("shard %d: the run has ended", index);
     status = 0;
     goto out;
   }

@@ -393,6 +393,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     goto out;
   }
   if (ps_registry_run_ended(reg)) {
+    ps_notify_done("ring member %d: the run has ended", index);
     status = 0;
     goto out;
   }

@@ -132,6 +132,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     }
     ps_client_set_incarnation(client, epoch);
     if (ps_registry_run_ended(registry)) {
+      ps_notify_done("worker %d: the run has ended", index);
       status = 0;
       goto out;
     }

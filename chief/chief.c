@@ -528,12 +528,14 @@ static int stop_checkpoint(chief *ch) {
   uint64_t deadline = ps_now_ns() + (uint64_t)secs * 1000000000ULL;
   uint64_t before = ch->wrote_step;
   if (checkpoint(ch, 0) != 0) {
-    /* The shards are stopping too (systemctl stop paramserv.target stops a
-     * machine's units at once): each keeps its state in Redis, so nothing
-     * is lost; only the checkpoint directory stays where it was. */
-    ps_log(PS_LOG_WARN, "%s: no final checkpoint: the shards did not take the cut (%s); the "
-           "newest checkpoint is %s (stop the chief before the shards to have one)", sig,
-           ps_client_error(ch->client), ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
+    /* The cut said why (the shards stopping too, as systemctl stop
+     * paramserv.target stops a machine's units at once; a worker that has
+     * not saved a data position yet): the shards keep their states in
+     * Redis, so nothing is lost; only the checkpoint directory stays where
+     * it was. */
+    ps_log(PS_LOG_WARN, "%s: no final checkpoint (the cut failed, said above); the newest "
+           "checkpoint is %s (stop the chief before the shards to have one)", sig,
+           ch->last_ckpt_name[0] ? ch->last_ckpt_name : "none");
     return 0;
   }
   while (ps_bg_busy(&ch->writer)) {
@@ -696,6 +698,7 @@ int ps_chief_run(const ps_config *cfg) {
     if (cfg->last_step == 0 || (uint64_t)cfg->last_step <= done_step) {
       ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
              "nothing to do; raise [train] last_step to train on", done_step, cfg->cluster_id);
+      ps_notify_done("the run ended at global step %" PRIu64, done_step);
       ch->status = PS_CHIEF_DONE;
       goto done;
     }

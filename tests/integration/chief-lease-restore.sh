@@ -24,7 +24,10 @@ run() {
   start "$1-w" "$BIN" worker --config "$T/c.conf" --index 0
   PS_TEST_RESTORE_DELAY_MS=3000 start "$1-chief" "$BIN" chief --config "$T/c.conf"
   wait_exit "${!v}" 120 || rc=$?
-  stop_shards "$1-ps" 1
+  # At last_step the chief stops the cluster: the shard and the worker end.
+  local ps="PID_${1}_ps0" w="PID_${1}_w"
+  wait_exit "${!ps}" 60 || fail "$1: the shard exited $? at the end of the run"
+  wait_exit "${!w}" 60 || fail "$1: the worker exited $? at the end of the run"
   if grep -Eq "lapsed|lost the lease|has not confirmed the lease" "$log"; then
     fail "$1: the chief's lease went during the restore: $(grep -Em1 'lapsed|lost the lease|has not confirmed' "$log")"
   fi

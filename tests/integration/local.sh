@@ -59,7 +59,8 @@ echo "ok: shard 1 (pid $pid) killed: $(grep -h -o 'ps 1 back after [0-9.]* s' "$
 # --- SIGTERM mid-run -------------------------------------------------------
 run="$T/run3"
 start local3 "$BIN" local --dir "$run" --fresh --last-step 100000
-wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+# Step 100 or later: every worker has saved a data position, which a cut needs.
+wait_for "$run/logs/chief.log" "global step [1-9][0-9][0-9][0-9]* of 100000" 120
 kill -TERM "$PID_local3"
 set +e
 wait_exit "$PID_local3" 30

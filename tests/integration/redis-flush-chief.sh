@@ -46,6 +46,6 @@ grep -q "reached last_step $LAST" "$T/chief.log" || fail "no 'reached last_step 
 new=$(grep -o "holding the lease [^ ]* (token [0-9]*" "$T/chief.log" | tail -1 | awk '{print $NF}')
 [ -n "$new" ] && [ "$new" -gt "$token" ] || fail "the restarted chief's token ($new) is not above the first's ($token)"
 wait_exit "$PID_w0" 60 || fail "worker 0 exited $? at the end of the run"
-stop_shards ps 1
+wait_exit "$PID_ps0" 60 || fail "shard 0 exited $? at the end of the run"
 verdict=$(scripts/check-history "$hist") || fail "$verdict"
 echo "ok: FLUSHALL under the chief: '$line'; restarted once, token $token -> $new, reached step $LAST; $(tail -n 1 <<<"$verdict")"

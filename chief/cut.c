@@ -187,6 +187,7 @@ void ps_cut_write(ps_cut *job) {
   ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
   ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);
   ps_shard_opts so = ps_shard_opts_for(cfg, env->layout, 0);
+  ps_data_norm norm = PS_DATA_NORM;
   ps_ckpt_write_opts o = {
       .step = job->step,
       .cluster_id = cfg->cluster_id,
@@ -200,6 +201,10 @@ void ps_cut_write(ps_cut *job) {
       .nworkers = cfg->nworkers,
       .data_pos = job->pos,
       .global_step = job->step,
+      /* What every worker trains: the model's layers and the inputs'
+       * normalization (none for a model of variables only). */
+      .network = env->model->nlayers > 0 ? &env->model->spec : NULL,
+      .norm = &norm,
       .max_to_keep = cfg->max_to_keep,
       .keep_every_n_hours = cfg->keep_every_n_hours,
       .owner = env->owner,

@@ -300,6 +300,15 @@ static int check_write_opts(const char *dir, const ps_ckpt_write_opts *o, ps_err
       (o->nworkers > 0 && o->data_pos == NULL) || o->max_to_keep < 0 ||
       !(o->keep_every_n_hours >= 0) || !isfinite(o->keep_every_n_hours))
     return ps_err_set(eb, PS_EUSAGE, "checkpoint: wall time, workers or retention out of range");
+  if (o->network != NULL && strcmp(o->network->desc, o->model) != 0)
+    return ps_err_set(eb, PS_EUSAGE, "checkpoint: the network is the model '%s', the model "
+                      "text '%s'", o->network->desc, o->model);
+  if (o->network != NULL && o->norm != NULL &&
+      !(o->norm->divide > 0 && o->norm->std > 0 && isfinite(o->norm->mean) &&
+        isfinite(o->norm->divide) && isfinite(o->norm->std)))
+    return ps_err_set(eb, PS_EUSAGE, "checkpoint: normalization divide %g mean %g std %g: "
+                      "expected finite, divide and std > 0", (double)o->norm->divide,
+                      (double)o->norm->mean, (double)o->norm->std);
   const ps_layout *l = o->layout;
   int nslots = ps_optim_nslots(o->optim.kind);
   if (l->nshards < 1)

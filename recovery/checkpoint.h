@@ -1,4 +1,4 @@
-/* The checkpoint format (recovery/FORMAT.md, version 1): writing a
+/* The checkpoint format (recovery/FORMAT.md, version 2): writing a
  * consistent cut of every shard's state into DIR/ckpt-<step>/ with a
  * crash-safe commit, reading and verifying it back, finding the newest
  * valid one, and retention. */
@@ -8,15 +8,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/idx.h"
 #include "data/sampler.h"
 #include "layout/layout.h"
+#include "nn/model.h"
 #include "optim/optim.h"
 #include "paramserv/error.h"
 #include "paramserv/vartable.h"
 #include "ps/state.h"
 
-/* The version this build writes and the only one it reads. */
-#define PS_CKPT_FORMAT_VERSION 1
+/* The version this build writes; it reads every version from
+ * PS_CKPT_FORMAT_VERSION_MIN up to it (FORMAT.md section 9). */
+#define PS_CKPT_FORMAT_VERSION 2
+#define PS_CKPT_FORMAT_VERSION_MIN 1
 
 /* "ckpt-" + at least 9 digits + NUL fits. */
 #define PS_CKPT_NAME_MAX 32
@@ -78,6 +82,12 @@ typedef struct ps_ckpt_write_opts {
   int nworkers;
   const ps_data_pos *data_pos;    /* nworkers entries (NULL when nworkers is 0) */
   uint64_t global_step;
+  /* What the model is (FORMAT.md 4.1 `network`, `builtin`,
+   * `normalization`): its layers, NULL for a model of variables only (the
+   * manifest then says null); and the normalization its inputs get, NULL
+   * for none (null). */
+  const ps_model_spec *network;
+  const ps_data_norm *norm;
   /* Retention applied after the commit (ps_ckpt_retain). */
   int64_t max_to_keep;            /* newest checkpoints kept; 0 = all */
   double keep_every_n_hours;      /* 0 = off */
@@ -159,6 +169,15 @@ typedef struct ps_ckpt {
   char cluster_id[64];
   uint64_t layout_hash;
   char model[128];
+  /* What the model is: version 2 manifests say it (FORMAT.md 4.1); for a
+   * version 1 manifest has_network and has_norm are 0 (ps_ckpt_model
+   * derives what it can). */
+  int has_network;               /* `network` is not null */
+  ps_model_spec network;         /* its layers, checked; desc is `model` */
+  char builtin[8];               /* `builtin.name`: "mlp", "cnn", or "" when null */
+  char builtin_hidden[128];      /* `builtin.hidden` ("256,128"), "" for none */
+  int has_norm;                  /* `normalization` is not null */
+  ps_data_norm norm;
   ps_optim optim;
   int consistency;               /* ps_consistency */
   ps_ckpt_filter filter;
@@ -174,8 +193,9 @@ typedef struct ps_ckpt {
 /* Parse and validate MANIFEST.json text (len bytes, no NUL needed) into
  * *out.  Every field of FORMAT.md section 4 must be present and well typed,
  * and the variables' parts must tile both the variables and the shards.
- * @return 0; PS_EVERSION for a format_version other than
- * PS_CKPT_FORMAT_VERSION (the message names both); PS_ECORRUPT for anything
+ * @return 0; PS_EVERSION for a format_version outside
+ * [PS_CKPT_FORMAT_VERSION_MIN, PS_CKPT_FORMAT_VERSION] (the message names
+ * both); PS_ECORRUPT for anything
  * else, the message naming the field ("shards[1].xxh64: expected 16 hex
  * digits"); -ENOMEM.  On error *out is left empty (ps_ckpt_close on it is
  * harmless).  `json` is not kept. */
@@ -189,6 +209,19 @@ int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb);
 
 /* Free everything *c owns and leave it empty; NULL does nothing. */
 void ps_ckpt_close(ps_ckpt *c);
+
+/* Build the model checkpoint c is of (free with ps_model_close) and give
+ * the normalization its inputs get: from the manifest's `network` and
+ * `normalization` (version 2); for a version 1 manifest, from a built-in's
+ * `model` text ("mlp 784-256-128-10") or else from model_file, and the one
+ * normalization version 1 writers applied (PS_DATA_NORM).  model_file
+ * (NULL: none) given for a checkpoint that holds its network must be that
+ * network.  The model's variables must be the manifest's (names, shapes,
+ * order).  @return 0, or PS_EUSAGE / -errno with one line naming the
+ * checkpoint: no layers (a variables model), a version 1 checkpoint of a
+ * model file without model_file, another model, other variables. */
+int ps_ckpt_model(const ps_ckpt *c, const char *model_file, ps_model *m, ps_data_norm *norm,
+                  ps_errbuf *eb);
 
 /* Is this checkpoint of the running cluster's model and placement?
  * @return 0, or PS_ELAYOUT with a message naming both sides (model text and

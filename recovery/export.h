@@ -6,26 +6,37 @@
 #include "paramserv/error.h"
 #include "recovery/checkpoint.h"
 
+/* The files an npy export writes beside the arrays. */
+#define PS_EXPORT_MODEL_FILE "model.json"
+#define PS_EXPORT_NORM_FILE "normalization.json"
+
 /* Reassemble every variable of `c` from its shard files (each verified as
  * ps_ckpt_read_shard does) and write them, in manifest order, as
  *   "safetensors": one file `out` (written to out.tmp, fsynced, renamed);
  *                  dtype F32, the shapes of the manifest, and __metadata__
- *                  naming the checkpoint (step, model, layout hash, ...);
+ *                  naming the checkpoint (step, model, layout hash, ...)
+ *                  and holding what the model is: paramserv.network (the
+ *                  model file) and paramserv.normalization, JSON texts;
  *   "npy":         a directory `out` (created if missing) holding
- *                  <name>.npy per variable, NPY format 1.0, '<f4', C order.
+ *                  <name>.npy per variable, NPY format 1.0, '<f4', C order,
+ *                  and beside them model.json (the model file,
+ *                  src/nn/MODELFILE.md) and normalization.json.
+ * The model file and normalization come from ps_ckpt_model: none for a
+ * model of variables only, or a version 1 checkpoint of a model file.
+ * `out` must not exist, or be an empty directory (npy), unless `force`:
+ * then a file is replaced, a directory written into (files of the same
+ * names replaced, others left).  note (NULL: not wanted) gets what was
+ * written beside the arrays, or why nothing was.
  * Only the values are exported, not the optimizer slots.
- * @return 0; PS_EUSAGE for another format, or a variable name that cannot
- * be a file name ("npy": empty, ".", "..", or containing '/') or is
- * reserved ("safetensors": "__metadata__"); the shard files' errors
- * (ps_ckpt_read_shard); -errno from writing; -ENOMEM.  The message names
- * the path.  Nothing is kept after the call; a failed export can leave a
- * partial npy directory (never a partial safetensors file). */
-int ps_ckpt_export(const ps_ckpt *c, const char *format, const char *out, ps_errbuf *eb);
-
-/* The same from an arena already in memory (c->total_floats floats, the
- * caller's): what ps_ckpt_export does after reading the shards. */
-int ps_ckpt_export_safetensors(const ps_ckpt *c, const float *arena, const char *path,
-                               ps_errbuf *eb);
-int ps_ckpt_export_npy(const ps_ckpt *c, const float *arena, const char *dir, ps_errbuf *eb);
+ * @return 0; -EEXIST (out exists, not empty), -EISDIR, -ENOTDIR (out of
+ * the wrong kind), before anything is read or written; PS_EUSAGE for
+ * another format, or a variable name that cannot be a file name ("npy":
+ * empty, ".", "..", or containing '/') or is reserved ("safetensors":
+ * "__metadata__"); the shard files' errors (ps_ckpt_read_shard); -errno
+ * from writing; -ENOMEM.  The message names the path.  Nothing is kept
+ * after the call; a failed export can leave a partial npy directory (never
+ * a partial safetensors file). */
+int ps_ckpt_export(const ps_ckpt *c, const char *format, const char *out, int force,
+                   char *note, size_t note_len, ps_errbuf *eb);
 
 #endif

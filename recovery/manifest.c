@@ -16,6 +16,9 @@
 
 #include <jansson.h>
 
+#include "common/parse.h"
+#include "nn/modelfile.h"
+
 #define JSON_SAFE ((int64_t)1 << 53)
 
 /* Indexed by ps_consistency (common/config.h). */
@@ -75,12 +78,7 @@ static json_t *json_hex64(uint64_t v) {
  * manifest says "0.001" rather than 0.0010000000474974513. */
 static json_t *json_float(float f) {
   char b[32];
-  for (int prec = 1; prec <= 9; prec++) {
-    snprintf(b, sizeof b, "%.*g", prec, (double)f);
-    if ((float)strtod(b, NULL) == f)
-      break;
-  }
-  return json_real(strtod(b, NULL));
+  return json_real(strtod(ps_float_format(f, b, sizeof b), NULL));
 }
 
 static json_t *json_pair_u64(uint64_t a, uint64_t b) {
@@ -91,6 +89,84 @@ static json_t *json_pair_u64(uint64_t a, uint64_t b) {
     return NULL;
   }
   return p;
+}
+
+/* ------------------------------------------------------------------ */
+/* What the model is                                                  */
+/* ------------------------------------------------------------------ */
+
+int ps__ckpt_builtin_of(const char *model, char *name, size_t name_cap, char *hidden,
+                        size_t hidden_cap) {
+  const char *mid = NULL;
+  size_t n = strlen(model);
+  if (strncmp(model, "cnn ", 4) == 0) {
+    snprintf(name, name_cap, "cnn");
+    hidden[0] = '\0';
+  } else if (strncmp(model, "mlp 784-", 8) == 0 && n > 11 && strcmp(model + n - 3, "-10") == 0) {
+    /* "mlp 784-256-128-10": the sizes between the input's and the classes'. */
+    mid = model + 8;
+    size_t len = (size_t)(model + n - 3 - mid);
+    if (len + 1 > hidden_cap || strspn(mid, "0123456789-") < len)
+      return -1;
+    for (size_t i = 0; i < len; i++)
+      hidden[i] = mid[i] == '-' ? ',' : mid[i];
+    hidden[len] = '\0';
+    snprintf(name, name_cap, "mlp");
+  } else {
+    return -1;
+  }
+  /* Only a text the built-in gives back is one. */
+  ps_model_spec spec;
+  ps_errbuf eb = {0};
+  if (ps_model_spec_parse(name, mid != NULL ? hidden : NULL, &spec, &eb) != 0 ||
+      strcmp(spec.desc, model) != 0)
+    return -1;
+  return 0;
+}
+
+/* `network`: the layers as a model file (MODELFILE.md), or null. */
+static json_t *network_json(const ps_model_spec *spec) {
+  if (spec == NULL)
+    return json_null();
+  char *text = ps_modelfile_text(spec, NULL, 0);
+  json_t *j = text != NULL ? json_loads(text, 0, NULL) : NULL;
+  free(text);
+  return j;
+}
+
+/* `builtin`: {"name", "hidden"} when the model is a built-in, else null. */
+static json_t *builtin_json(const ps_model_spec *spec) {
+  char name[8], hidden[128];
+  if (spec == NULL || ps__ckpt_builtin_of(spec->desc, name, sizeof name, hidden, sizeof hidden) != 0)
+    return json_null();
+  return json_pack("{s:s, s:s?}", "name", name, "hidden", hidden[0] ? hidden : NULL);
+}
+
+/* `normalization`: {"divide", "mean", "std"}, or null. */
+static json_t *norm_json(const ps_data_norm *n) {
+  if (n == NULL)
+    return json_null();
+  json_t *o = json_object();
+  if (o == NULL || json_object_set_new(o, "divide", json_float(n->divide)) != 0 ||
+      json_object_set_new(o, "mean", json_float(n->mean)) != 0 ||
+      json_object_set_new(o, "std", json_float(n->std)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
+char *ps__ckpt_norm_text(const ps_data_norm *n, const char *comment, int indent) {
+  json_t *o = norm_json(n);
+  if (o != NULL && comment != NULL && json_object_set_new(o, "comment", json_string(comment)) != 0) {
+    json_decref(o);
+    return NULL;
+  }
+  size_t flags = JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(16) |
+                 (indent > 0 ? JSON_INDENT(indent) : JSON_COMPACT);
+  char *text = o != NULL ? json_dumps(o, flags) : NULL;
+  json_decref(o);
+  return text;
 }
 
 /* Every json_*_set_new / append_new steals its value, also on failure, and
@@ -113,6 +189,9 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
   SET(root, "cluster_id", json_string(o->cluster_id));
   SET(root, "model", json_string(o->model));
   SET(root, "layout_hash", json_hex64(l->hash));
+  SET(root, "network", network_json(o->network));
+  SET(root, "builtin", builtin_json(o->network));
+  SET(root, "normalization", norm_json(o->network != NULL ? o->norm : NULL));
 
   json_t *opt = json_object();
   SET(opt, "name", json_string(ps_optim_name(&o->optim)));
@@ -619,6 +698,75 @@ static int parse_variables(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   return rc;
 }
 
+/* The same layers (what the model file of each says). */
+static int same_layers(const ps_model_spec *a, const ps_model_spec *b) {
+  char *x = ps_modelfile_text(a, NULL, 0), *y = ps_modelfile_text(b, NULL, 0);
+  int same = x != NULL && y != NULL && strcmp(x, y) == 0;
+  free(x);
+  free(y);
+  return same;
+}
+
+/* Version 2's `network`, `builtin` and `normalization` (FORMAT.md 4.1). */
+static int parse_model_def(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
+  json_t *net = json_object_get(root, "network"), *bi = json_object_get(root, "builtin"),
+         *norm = json_object_get(root, "normalization");
+  if (net == NULL || !(json_is_null(net) || json_is_object(net)))
+    return bad(eb, "network", "a model file's object or null", net);
+  if (bi == NULL || !(json_is_null(bi) || json_is_object(bi)))
+    return bad(eb, "builtin", "an object or null", bi);
+  if (norm == NULL || !(json_is_null(norm) || json_is_object(norm)))
+    return bad(eb, "normalization", "an object or null", norm);
+  if (json_is_object(net)) {
+    char *text = json_dumps(net, JSON_COMPACT);
+    if (text == NULL)
+      return ps_err_set(eb, -ENOMEM, "out of memory");
+    ps_errbuf why = {0};
+    int rc = ps_modelfile_parse(text, strlen(text), "network", &c->network, &why);
+    free(text);
+    if (rc != 0)
+      return ps_err_set(eb, rc == -ENOMEM ? -ENOMEM : PS_ECORRUPT, "%s", why.msg);
+    c->has_network = 1;
+  } else if (!json_is_null(bi)) {
+    return bad(eb, "builtin", "null with a null network", bi);
+  }
+  if (json_is_object(bi)) {
+    const char *name, *hidden = NULL;
+    json_t *h = json_object_get(bi, "hidden");
+    if (get_str(bi, "builtin", "name", 1, sizeof c->builtin - 1, &name, eb) != 0)
+      return PS_ECORRUPT;
+    if (h == NULL || !(json_is_null(h) || json_is_string(h)))
+      return bad(eb, "builtin.hidden", "a string or null", h);
+    if (json_is_string(h) &&
+        get_str(bi, "builtin", "hidden", 1, sizeof c->builtin_hidden - 1, &hidden, eb) != 0)
+      return PS_ECORRUPT;
+    ps_model_spec spec;
+    ps_errbuf why = {0};
+    if (ps_model_spec_parse(name, hidden, &spec, &why) != 0)
+      return ps_err_set(eb, PS_ECORRUPT, "builtin: %s", why.msg);
+    if (strcmp(spec.desc, c->model) != 0 || !same_layers(&spec, &c->network))
+      return ps_err_set(eb, PS_ECORRUPT, "builtin: %s%s%s is the model '%s' with its own "
+                        "layers: expected the manifest's model '%s' with the network's layers",
+                        name, hidden ? " " : "", hidden ? hidden : "", spec.desc, c->model);
+    c->network = spec;
+    snprintf(c->builtin, sizeof c->builtin, "%s", name);
+    snprintf(c->builtin_hidden, sizeof c->builtin_hidden, "%s", hidden ? hidden : "");
+  } else if (c->has_network && strcmp(c->network.desc, c->model) != 0) {
+    return ps_err_set(eb, PS_ECORRUPT, "network: its layers are the model '%s': expected the "
+                      "manifest's model '%s'", c->network.desc, c->model);
+  }
+  if (json_is_object(norm)) {
+    double d, m, sd;
+    if (get_number(norm, "normalization", "divide", FLT_MIN, FLT_MAX, &d, eb) != 0 ||
+        get_number(norm, "normalization", "mean", -FLT_MAX, FLT_MAX, &m, eb) != 0 ||
+        get_number(norm, "normalization", "std", FLT_MIN, FLT_MAX, &sd, eb) != 0)
+      return PS_ECORRUPT;
+    c->norm = (ps_data_norm){(float)d, (float)m, (float)sd};
+    c->has_norm = 1;
+  }
+  return 0;
+}
+
 static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   if (!json_is_object(root))
     return bad(eb, "the manifest", "a JSON object", root);
@@ -631,12 +779,14 @@ static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   json_t *ver = json_object_get(root, "format_version");
   if (ver == NULL || !json_is_integer(ver))
     return bad(eb, "format_version", "an integer", ver);
-  if (json_integer_value(ver) != PS_CKPT_FORMAT_VERSION)
+  if (json_integer_value(ver) < PS_CKPT_FORMAT_VERSION_MIN ||
+      json_integer_value(ver) > PS_CKPT_FORMAT_VERSION)
     return ps_err_set(eb, PS_EVERSION,
                       "format_version %" JSON_INTEGER_FORMAT " is not supported: this build "
-                      "reads version %d",
-                      json_integer_value(ver), PS_CKPT_FORMAT_VERSION);
-  c->format_version = PS_CKPT_FORMAT_VERSION;
+                      "reads versions %d to %d",
+                      json_integer_value(ver), PS_CKPT_FORMAT_VERSION_MIN,
+                      PS_CKPT_FORMAT_VERSION);
+  c->format_version = (int)json_integer_value(ver);
   if (get_u64(root, "", "step", &c->step, eb) != 0 ||
       get_u64(root, "", "global_step", &c->global_step, eb) != 0 ||
       get_number(root, "", "wall_time", 0, 1e12, &c->wall_time, eb) != 0 ||
@@ -646,8 +796,14 @@ static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   if (get_str(root, "", "model", 1, sizeof c->model - 1, &s, eb) != 0)
     return PS_ECORRUPT;
   snprintf(c->model, sizeof c->model, "%s", s);
-  if (get_hex64(root, "", "layout_hash", &c->layout_hash, eb) != 0 ||
-      parse_optimizer(root, c, eb) != 0 || get_str(root, "", "consistency", 1, 8, &s, eb) != 0)
+  if (get_hex64(root, "", "layout_hash", &c->layout_hash, eb) != 0)
+    return PS_ECORRUPT;
+  if (c->format_version >= 2) {
+    int rc = parse_model_def(root, c, eb);
+    if (rc != 0)
+      return rc;
+  }
+  if (parse_optimizer(root, c, eb) != 0 || get_str(root, "", "consistency", 1, 8, &s, eb) != 0)
     return PS_ECORRUPT;
   c->consistency = -1;
   for (int i = 0; i < 3; i++)

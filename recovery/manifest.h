@@ -43,6 +43,18 @@ typedef struct ps__ckpt_shard_rec {
 char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_rec *recs,
                               double wall);
 
+/* Is `model` (a ps_model_spec_format text) a built-in model's?  Then its
+ * name ("mlp", "cnn") into name and its mlp hidden sizes ("256,128"; ""
+ * for cnn) into hidden, as ps_model_spec_parse takes them.  @return 0, or
+ * -1 for another model's text. */
+int ps__ckpt_builtin_of(const char *model, char *name, size_t name_cap, char *hidden,
+                        size_t hidden_cap);
+
+/* A normalization as the manifest writes it, {"divide", "mean", "std"},
+ * then "comment" when not NULL; indented by `indent` spaces or on one line
+ * (0).  @return text to free(), or NULL when out of memory. */
+char *ps__ckpt_norm_text(const ps_data_norm *n, const char *comment, int indent);
+
 /* A u64 as FORMAT.md writes it: 1 to 20 decimal digits, no leading zero,
  * at most UINT64_MAX.  @return 0, or -1 leaving *out. */
 int ps__ckpt_parse_u64(const char *s, uint64_t *out);

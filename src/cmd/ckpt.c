@@ -1,5 +1,6 @@
 /* `paramserv ckpt`: list, show, verify and export the checkpoints of a
  * checkpoint directory (recovery/FORMAT.md). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,20 +22,24 @@ static void ckpt_usage(FILE *f) {
       "usage: paramserv ckpt ls DIR\n"
       "       paramserv ckpt show CKPT\n"
       "       paramserv ckpt verify CKPT\n"
-      "       paramserv ckpt export CKPT --format safetensors|npy OUT\n"
+      "       paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n"
       "\n"
       "Inspect the checkpoints a chief wrote (format: recovery/FORMAT.md).\n"
       "\n"
       "  ls DIR      every checkpoint of the directory DIR: step, time, size, model, and\n"
       "              whether the index lists it (manifests only: use verify for the files)\n"
-      "  show CKPT   a checkpoint's manifest: model, optimizer, variables, shards, workers\n"
+      "  show CKPT   a checkpoint's manifest: model (its layers and input normalization),\n"
+      "              optimizer, variables, shards, workers\n"
       "  verify CKPT check every shard file: size, LZ4 frame and checksum, XXH64\n"
-      "  export CKPT the variables' values as one .safetensors file or a directory of .npy\n"
+      "  export CKPT the variables' values as one .safetensors file or a directory of .npy,\n"
+      "              with the model file and the input normalization\n"
       "\n"
       "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
       "checkpoints: then show and export take its newest valid checkpoint and verify\n"
       "checks every one.  `paramserv ckpt VERB --help` describes a verb.\n"
-      "Exit status: 0 success, 1 failure (damaged or unreadable), 2 bad usage.\n");
+      "`paramserv eval CKPT` evaluates a checkpoint on the test set.\n"
+      "Exit status: 0 success, 1 failure (damaged or unreadable), 2 bad usage\n"
+      "(export: also a target that exists and is not empty).\n");
 }
 
 static void sub_usage(FILE *f, const char *verb) {
@@ -59,21 +64,34 @@ static void sub_usage(FILE *f, const char *verb) {
                "directory of checkpoints: every one is verified, one line each.\n"
                "Exit status 1 if any fails.\n");
   else
-    fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy OUT\n\n"
+    fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n\n"
                "Reassemble every variable from the shard files (verified on the way) and\n"
-               "write its values, float32 in the manifest's shapes:\n"
-               "  --format safetensors  one file OUT (metadata: step, model, layout hash)\n"
-               "  --format npy          a directory OUT with one <variable>.npy per variable\n"
+               "write its values, float32 in the manifest's shapes, with what the model is:\n"
+               "  --format safetensors  one file OUT; its metadata: step, model, layout hash,\n"
+               "                        paramserv.network (the model file, JSON) and\n"
+               "                        paramserv.normalization (JSON)\n"
+               "  --format npy          a directory OUT with one <variable>.npy per variable,\n"
+               "                        model.json (a model file: src/nn/MODELFILE.md, which\n"
+               "                        paramserv train --model-file takes) and\n"
+               "                        normalization.json: each input byte b becomes\n"
+               "                        (b / divide - mean) / std\n"
+               "  --force               write into a directory OUT that is not empty (files\n"
+               "                        of the same names replaced, others left), or over an\n"
+               "                        existing file OUT; without it either is refused\n"
+               "                        (exit 2), so that two exports never mix\n"
+               "A checkpoint of a model of variables only has no model file to write.\n"
                "Optimizer slots are not exported.  CKPT may be a directory of checkpoints:\n"
                "its newest valid one is exported.\n");
 }
 
-/* Parse the verb's options: only --help, plus --format for export.
+/* Parse the verb's options: only --help, plus --format and --force for
+ * export (format and force NULL for the others).
  * @return 0, 1 for --help (printed), 2 after a usage error. */
-static int sub_opts(int argc, char **argv, const char **format) {
-  enum { O_FORMAT = 256 };
+static int sub_opts(int argc, char **argv, const char **format, int *force) {
+  enum { O_FORMAT = 256, O_FORCE };
   static const struct option longopts[] = {
       {"format", required_argument, 0, O_FORMAT},
+      {"force", no_argument, 0, O_FORCE},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0},
   };
@@ -90,6 +108,14 @@ static int sub_opts(int argc, char **argv, const char **format) {
         break;
       }
       ps_cmd_error("ckpt %s: unknown option '--format' (see paramserv ckpt %s --help)", verb,
+                   verb);
+      return 2;
+    case O_FORCE:
+      if (force != NULL) {
+        *force = 1;
+        break;
+      }
+      ps_cmd_error("ckpt %s: unknown option '--force' (see paramserv ckpt %s --help)", verb,
                    verb);
       return 2;
     case ':': ps_cmd_error("ckpt %s: %s: expected a value", verb, argv[optind - 1]); return 2;
@@ -134,13 +160,21 @@ static int has_manifest(const char *path) {
   char m[4096];
   struct stat st;
   snprintf(m, sizeof m, "%s/MANIFEST.json", path);
-  return stat(m, &st) == 0;
+  return lstat(m, &st) == 0;
 }
 
-/* Open CKPT: a checkpoint directory, or the newest valid checkpoint of a
- * directory of them.  @return 0 or 1 after printing the error. */
-static int open_ckpt(const char *path, ps_ckpt *c) {
+int ps_cmd_open_ckpt(const char *path, ps_ckpt *c) {
   ps_errbuf eb = {0};
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    ps_cmd_error("%s: %s: expected a checkpoint directory", path, strerror(errno));
+    return 1;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    ps_cmd_error("%s: not a directory: expected a checkpoint directory (DIR/ckpt-<step>) or a "
+                 "directory of them", path);
+    return 1;
+  }
   if (has_manifest(path)) {
     if (ps_ckpt_open(c, path, &eb) == 0)
       return 0;
@@ -153,15 +187,15 @@ static int open_ckpt(const char *path, ps_ckpt *c) {
   if (rc < 0)
     ps_cmd_error("%s", eb.msg);
   else
-    ps_cmd_error("%s: no valid checkpoint (no MANIFEST.json, and no ckpt-<step> directory "
-                 "that verifies)", path);
+    ps_cmd_error("%s: not a checkpoint (no MANIFEST.json) and no ckpt-<step> directory in it "
+                 "that verifies", path);
   return 1;
 }
 
 /* ------------------------------------------------------------------ */
 
 static int cmd_ls(int argc, char **argv) {
-  int rc = sub_opts(argc, argv, NULL);
+  int rc = sub_opts(argc, argv, NULL, NULL);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if ((rc = want_args(argc, argv, 1, "DIR")) != 0)
@@ -209,13 +243,13 @@ static int cmd_ls(int argc, char **argv) {
 }
 
 static int cmd_show(int argc, char **argv) {
-  int rc = sub_opts(argc, argv, NULL);
+  int rc = sub_opts(argc, argv, NULL, NULL);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
     return rc;
   ps_ckpt c;
-  if (open_ckpt(argv[optind], &c) != 0)
+  if (ps_cmd_open_ckpt(argv[optind], &c) != 0)
     return 1;
   char tbuf[32], b1[32], b2[32];
   const ps_optim *o = &c.optim;
@@ -225,6 +259,23 @@ static int cmd_show(int argc, char **argv) {
   printf("time         %s (%.3f)\n", utc(c.wall_time, tbuf, sizeof tbuf), c.wall_time);
   printf("cluster      %s\n", c.cluster_id);
   printf("model        %s\n", c.model);
+  if (c.has_network) {
+    const ps_model_spec *n = &c.network;
+    printf("network      input %dx%dx%d, %d layers:", n->in_c, n->in_h, n->in_w, n->nlayers);
+    for (int i = 0; i < n->nlayers; i++)
+      printf("%s %s%s%s", i ? "," : "", ps_layer_type_name(n->layers[i].type),
+             n->layers[i].name[0] ? " " : "", n->layers[i].name);
+    printf("\n");
+  } else {
+    printf("network      %s\n", c.format_version < 2 ? "not recorded (format version 1)"
+                                                       : "none (a model of variables only)");
+  }
+  if (c.builtin[0])
+    printf("builtin      %s%s%s\n", c.builtin, c.builtin_hidden[0] ? " --hidden " : "",
+           c.builtin_hidden);
+  if (c.has_norm)
+    printf("normalize    (b / %g - %g) / %g\n", (double)c.norm.divide, (double)c.norm.mean,
+           (double)c.norm.std);
   printf("layout       %016" PRIx64 " (%d shards)\n", c.layout_hash, c.nshards);
   printf("optimizer    %s lr %g momentum %g weight_decay %g beta1 %g beta2 %g eps %g "
          "initial_accumulator %g\n", ps_optim_name(o), (double)o->lr, (double)o->momentum,
@@ -293,7 +344,7 @@ static int verify_one(const char *path) {
 }
 
 static int cmd_verify(int argc, char **argv) {
-  int rc = sub_opts(argc, argv, NULL);
+  int rc = sub_opts(argc, argv, NULL, NULL);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
@@ -330,7 +381,8 @@ static int cmd_verify(int argc, char **argv) {
 
 static int cmd_export(int argc, char **argv) {
   const char *format = NULL;
-  int rc = sub_opts(argc, argv, &format);
+  int force = 0;
+  int rc = sub_opts(argc, argv, &format, &force);
   if (rc != 0)
     return rc == 1 ? 0 : rc;
   if ((rc = want_args(argc, argv, 2, "CKPT and OUT")) != 0)
@@ -341,18 +393,20 @@ static int cmd_export(int argc, char **argv) {
     return 2;
   }
   ps_ckpt c;
-  if (open_ckpt(argv[optind], &c) != 0)
+  if (ps_cmd_open_ckpt(argv[optind], &c) != 0)
     return 1;
   ps_errbuf eb = {0};
   const char *out = argv[optind + 1];
-  rc = ps_ckpt_export(&c, format, out, &eb);
+  char note[512];
+  rc = ps_ckpt_export(&c, format, out, force, note, sizeof note, &eb);
   if (rc != 0)
-    ps_cmd_error("%s", eb.msg);
+    ps_cmd_error("ckpt export: %s", eb.msg);
   else
-    printf("exported %d variables (%zu floats) of %s to %s (%s)\n", c.nvars, c.total_floats,
-           c.path, out, format);
+    printf("exported %d variables (%zu floats) of %s to %s (%s); %s\n", c.nvars,
+           c.total_floats, c.path, out, format, note);
   ps_ckpt_close(&c);
-  return rc != 0;
+  /* A target in the way is the user's to move: 2, as bad usage. */
+  return rc == 0 ? 0 : rc == -EEXIST || rc == -EISDIR || rc == -ENOTDIR ? 2 : 1;
 }
 
 int ps_cmd_ckpt(int argc, char **argv) {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 struct ps_config;
+struct ps_ckpt;
 
 /* Each verb takes argv with argv[0] = the verb's name and returns the
  * process's exit status: 0 success, 1 failure, 2 what a restart would not
@@ -16,6 +17,7 @@ int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
 int ps_cmd_bench_ps(int argc, char **argv);
 int ps_cmd_ckpt(int argc, char **argv);
+int ps_cmd_eval(int argc, char **argv);
 int ps_cmd_chief(int argc, char **argv);
 int ps_cmd_local(int argc, char **argv);
 int ps_cmd_status(int argc, char **argv);
@@ -45,6 +47,12 @@ int ps_cmd_bad_option(int c, char **argv, const char *verb);
 /* argv[optind] is an operand the verb does not take: print the one-line
  * error and return 2; 0 when there is none. */
 int ps_cmd_no_operands(int argc, char **argv, const char *verb);
+
+/* Open CKPT for ckpt show/export and eval: a checkpoint directory
+ * (DIR/ckpt-<step>), or the newest valid checkpoint of a directory of them.
+ * @return 0, or 1 after printing one line: no such path, not a directory,
+ * a manifest that cannot be read, no valid checkpoint in it. */
+int ps_cmd_open_ckpt(const char *path, struct ps_ckpt *c);
 
 /* Print "paramserv: error: <msg>" on one line to stderr. */
 void ps_cmd_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -23,6 +23,7 @@ static const verb verbs[] = {
     {"ps", ps_cmd_ps, "run one parameter-server shard of a cluster"},
     {"worker", ps_cmd_worker, "run one worker of a cluster"},
     {"train", ps_cmd_train, "train a model in one process, no parameter server (the reference)"},
+    {"eval", ps_cmd_eval, "evaluate a checkpoint on the test set (loss and accuracy)"},
     {"ckpt", ps_cmd_ckpt, "list, show, verify and export checkpoints"},
     {"status", ps_cmd_status, "show every node of a cluster, its lease and its checkpoints"},
     {"check", ps_cmd_check, "check a config before a run: files, model, data, ports, Redis"},

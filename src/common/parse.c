@@ -54,3 +54,12 @@ const char *ps_device_format(int device, char *buf, size_t len) {
     snprintf(buf, len, "cuda:%d", device);
   return buf;
 }
+
+const char *ps_float_format(float f, char *buf, size_t len) {
+  for (int prec = 1; prec <= 9; prec++) {
+    snprintf(buf, len, "%.*g", prec, (double)f);
+    if ((float)strtod(buf, NULL) == f)
+      break;
+  }
+  return buf;
+}

@@ -23,4 +23,9 @@ int ps_parse_device(const char *s, int *device);
 /* The inverse: "cpu" or "cuda:N" into buf[len].  @return buf. */
 const char *ps_device_format(int device, char *buf, size_t len);
 
+/* The shortest decimal (%g, 1 to 9 digits) that reads back as the same
+ * float: "0.001" rather than 0.0010000000474974513; buf of at least 32
+ * bytes.  @return buf. */
+const char *ps_float_format(float f, char *buf, size_t len);
+
 #endif

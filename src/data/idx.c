@@ -375,9 +375,15 @@ static void bytes_to_f32(const uint8_t *restrict src, float *restrict dst, size_
 
 void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t count,
                            float mean, float std, float *out) {
-  /* (b/255 - mean)/std folded into one multiply-add; it differs from the
+  ps_data_norm n = {255.0f, mean, std};
+  ps_dataset_images_norm(ds, index, count, &n, out);
+}
+
+void ps_dataset_images_norm(const ps_dataset *ds, const size_t *index, size_t count,
+                            const ps_data_norm *norm, float *out) {
+  /* (b/divide - mean)/std folded into one multiply-add; it differs from the
    * two-step form by an ulp or two. */
-  const float a = 1.0f / (255.0f * std), c = -mean / std;
+  const float a = 1.0f / (norm->divide * norm->std), c = -norm->mean / norm->std;
   const size_t px = (size_t)ds->rows * ds->cols;
   for (size_t k = 0; k < count; k++) {
     size_t i = index != NULL ? index[k] : k;

@@ -17,6 +17,17 @@
 #define PS_DATA_MEAN 0.2860f
 #define PS_DATA_STD 0.3530f
 
+/* An input normalization: each pixel byte b becomes (b / divide - mean) /
+ * std.  A checkpoint's manifest records it (recovery/FORMAT.md), so that
+ * `paramserv eval` and an export's reader feed the model what it trained
+ * on. */
+typedef struct ps_data_norm {
+  float divide, mean, std;
+} ps_data_norm;
+
+/* The one every process applies: (b / 255 - PS_DATA_MEAN) / PS_DATA_STD. */
+#define PS_DATA_NORM ((ps_data_norm){255.0f, PS_DATA_MEAN, PS_DATA_STD})
+
 /* One IDX file of unsigned bytes: dims[0] items, each dims[1]*...*dims[ndim-1]. */
 typedef struct ps_idx {
   int ndim;            /* 1 (labels) or 3 (images) */
@@ -70,6 +81,11 @@ void ps_dataset_close(ps_dataset *ds);
  * relative of the two-step formula. */
 void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t count,
                            float mean, float std, float *out);
+
+/* The same with any normalization: (b / norm->divide - mean) / std,
+ * divide > 0 and std > 0, as one multiply-add per pixel. */
+void ps_dataset_images_norm(const ps_dataset *ds, const size_t *index, size_t count,
+                            const ps_data_norm *norm, float *out);
 
 /* The sampler's next batch of at most `batch` samples: their indices into
  * idx, their images normalized (PS_DATA_MEAN, PS_DATA_STD) into x, their

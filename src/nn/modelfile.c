@@ -13,6 +13,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "common/parse.h"
+
 /* Where a value sits, for messages: "model.json: layer 3 (conv2d)". */
 typedef struct where {
   const char *file;
@@ -220,6 +222,47 @@ int ps_modelfile_parse(const char *text, size_t len, const char *what, ps_model_
 int ps_modelfile_load(const char *path, ps_model_spec *spec, ps_errbuf *eb) {
   WITH_DOC(json_load_file(path, JSON_REJECT_DUPLICATES, &je), path,
            layers_from(doc, path, spec, eb));
+}
+
+/* Each key a reader would default, written out, so that the file says
+ * everything; numbers as the shortest decimal of their float. */
+char *ps_modelfile_text(const ps_model_spec *spec, const char *comment, int indent) {
+  int ok = 1;
+  json_t *doc = json_object(), *in = json_array(), *layers = json_array();
+#define SET(o, k, v) (ok &= json_object_set_new((o), (k), (v)) == 0)
+  if (comment != NULL)
+    SET(doc, "comment", json_string(comment));
+  ok &= json_array_append_new(in, json_integer(spec->in_c)) == 0;
+  ok &= json_array_append_new(in, json_integer(spec->in_h)) == 0;
+  ok &= json_array_append_new(in, json_integer(spec->in_w)) == 0;
+  SET(doc, "input", in);
+  for (int i = 0; i < spec->nlayers; i++) {
+    const ps_layer_spec *l = &spec->layers[i];
+    json_t *o = json_object();
+    SET(o, "type", json_string(ps_layer_type_name(l->type)));
+    if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D) {
+      SET(o, "name", json_string(l->name));
+      SET(o, "out", json_integer(l->out));
+    }
+    if (l->type == PS_LT_CONV2D || l->type == PS_LT_MAXPOOL) {
+      SET(o, "kernel", json_integer(l->kernel));
+      SET(o, "stride", json_integer(l->stride));
+      SET(o, "padding", json_integer(l->padding));
+    }
+    if (l->type == PS_LT_DROPOUT) {
+      char b[32];
+      SET(o, "p", json_real(strtod(ps_float_format(l->p, b, sizeof b), NULL)));
+      SET(o, "channels", json_boolean(l->channels));
+    }
+    ok &= json_array_append_new(layers, o) == 0;
+  }
+  SET(doc, "layers", layers);
+#undef SET
+  size_t flags = JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(16) |
+                 (indent > 0 ? JSON_INDENT(indent) : JSON_COMPACT);
+  char *text = ok ? json_dumps(doc, flags) : NULL;
+  json_decref(doc);
+  return text;
 }
 
 /* ---------------------------------------------------------- variables */

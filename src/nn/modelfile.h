@@ -21,6 +21,13 @@ int ps_modelfile_load(const char *path, ps_model_spec *spec, ps_errbuf *eb);
 int ps_modelfile_parse(const char *text, size_t len, const char *what, ps_model_spec *spec,
                        ps_errbuf *eb);
 
+/* The model file of spec's layers (MODELFILE.md), every key written
+ * (defaults too), with a "comment" when comment is not NULL; indented by
+ * `indent` spaces, or on one line when 0.  ps_modelfile_parse reads it back
+ * to the same layers.  @return NUL-terminated text the caller frees with
+ * free(), or NULL when out of memory. */
+char *ps_modelfile_text(const ps_model_spec *spec, const char *comment, int indent);
+
 /* Read the variables file at `path`: appends its variables to t (an
  * initialized, empty table) and writes its canonical text ("variables
  * N #<xxh64>") into desc.  @return 0, or PS_EUSAGE / -errno with one line

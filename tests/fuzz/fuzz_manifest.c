@@ -1,5 +1,6 @@
-/* libFuzzer target for the checkpoint manifest parser: any bytes parse into a
- * checkpoint whose promises hold, or are refused with one clean line. */
+/* libFuzzer target for the checkpoint manifest parser (versions 1 and 2,
+ * the model file in `network` included): any bytes parse into a checkpoint
+ * whose promises hold, or are refused with one clean line. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,9 +13,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* What a parsed manifest promises ps_ckpt_read_shard and the export. */
 static void check(const ps_ckpt *c) {
-  if (c->format_version != PS_CKPT_FORMAT_VERSION || c->nshards < 1 ||
+  if (c->format_version < PS_CKPT_FORMAT_VERSION_MIN ||
+      c->format_version > PS_CKPT_FORMAT_VERSION || c->nshards < 1 ||
       c->nshards > PS_LAYOUT_MAX_SHARDS || c->nvars < 1 || c->path != NULL ||
       (c->nworkers > 0 && c->data_pos == NULL))
+    __builtin_trap();
+  /* What the model is: layers that are the manifest's model, a
+   * normalization that divides by nothing but positive numbers. */
+  if (c->has_network && (c->network.nlayers < 1 || c->network.nlayers > PS_MODEL_MAX_LAYERS ||
+                         strcmp(c->network.desc, c->model) != 0 ||
+                         c->network.layers[c->network.nlayers - 1].type != PS_LT_LOG_SOFTMAX))
+    __builtin_trap();
+  if (c->builtin[0] != '\0' && !c->has_network)
+    __builtin_trap();
+  if (c->has_norm && !(c->norm.divide > 0 && c->norm.std > 0 && c->norm.mean == c->norm.mean))
+    __builtin_trap();
+  if (c->format_version < 2 && (c->has_network || c->has_norm))
     __builtin_trap();
   size_t total = 0;
   for (int v = 0; v < c->nvars; v++) {

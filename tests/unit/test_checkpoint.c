@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "layout/layout.h"
 #include "nn/model.h"
+#include "nn/modelfile.h"
 #include "recovery/checkpoint.h"
 #include "recovery/commit.h"
 #include "recovery/export.h"
@@ -31,6 +32,9 @@
 #define NWORKERS 3
 #define NSLOTS 2 /* adam */
 #define GOLDEN "tests/fuzz/seeds/fuzz_manifest/mlp-784-16-10.json"
+#define GOLDEN2 "tests/fuzz/seeds/fuzz_manifest/mlp-784-16-10-v2.json"
+
+static const ps_data_norm NORM = {255.0f, 0.2860f, 0.3530f};
 
 /* A small cluster's state: mlp 784-16-10 on 2 shards, adam. */
 typedef struct fx {
@@ -153,7 +157,8 @@ static ps_ckpt_write_opts opts(fx *f, uint64_t step, ps_ckpt_filter filter, int6
       .step = step, .wall_time = wall, .cluster_id = "test-cluster", .model = f->desc,
       .vars = &f->model.vars, .layout = &f->layout, .optim = f->optim,
       .consistency = f->consistency, .filter = filter, .shards = f->st, .nworkers = NWORKERS,
-      .data_pos = f->pos, .global_step = step, .max_to_keep = keep};
+      .data_pos = f->pos, .global_step = step, .network = &f->model.spec, .norm = &NORM,
+      .max_to_keep = keep};
 }
 
 /* Fill from `step` and write checkpoint `step`. */
@@ -254,7 +259,7 @@ static void roundtrip(fx *f, const char *name, ps_ckpt_filter filter, int consis
   ps_ckpt c;
   ps_errbuf eb = {0};
   open_ok(path, &c);
-  assert_int_equal(c.format_version, 1);
+  assert_int_equal(c.format_version, PS_CKPT_FORMAT_VERSION);
   assert_string_equal(c.name, "ckpt-000000100");
   assert_int_equal(c.step, 100);
   assert_int_equal(c.global_step, 100);
@@ -262,6 +267,14 @@ static void roundtrip(fx *f, const char *name, ps_ckpt_filter filter, int consis
   assert_string_equal(c.cluster_id, "test-cluster");
   assert_string_equal(c.model, "mlp 784-16-10");
   assert_int_equal(c.layout_hash, f->layout.hash);
+  /* What the model is: the built-in's layers, name and options, and the
+   * normalization, each as written. */
+  assert_true(c.has_network && c.has_norm);
+  assert_string_equal(c.network.desc, "mlp 784-16-10");
+  assert_int_equal(c.network.nlayers, f->model.spec.nlayers);
+  assert_string_equal(c.builtin, "mlp");
+  assert_string_equal(c.builtin_hidden, "16");
+  assert_true(c.norm.divide == 255.0f && c.norm.mean == 0.2860f && c.norm.std == 0.3530f);
   assert_int_equal(c.optim.kind, PS_OPTIM_ADAM);
   assert_true(c.optim.lr == f->optim.lr && c.optim.beta1 == f->optim.beta1 &&
               c.optim.beta2 == f->optim.beta2 && c.optim.eps == f->optim.eps);
@@ -487,9 +500,9 @@ static void test_damage_version(void **state) {
   char dir[256], newer[512], path[600];
   damaged(f, "dmg-version", dir, sizeof dir, newer, sizeof newer);
   snprintf(path, sizeof path, "%s/MANIFEST.json", newer);
-  edit_file(path, "\"format_version\": 1,", "\"format_version\": 2,");
+  edit_file(path, "\"format_version\": 2,", "\"format_version\": 3,");
   expect_damage(f, dir, newer, PS_EVERSION, PS_EVERSION,
-                "format_version 2 is not supported: this build reads version 1");
+                "format_version 3 is not supported: this build reads versions 1 to 2");
 }
 
 /* The newer checkpoint is of another layout (3 shards): skipped with PS_ELAYOUT. */
@@ -910,6 +923,12 @@ static const char *const py_check =
     "meta = h.pop('__metadata__')\n"
     "assert meta['paramserv.step'] == '100', meta\n"
     "assert meta['paramserv.model'] == 'mlp 784-16-10', meta\n"
+    "net = json.loads(meta['paramserv.network'])\n"
+    "assert [l['type'] for l in net['layers']] == ['flatten', 'dense', 'relu', 'dense', 'log_softmax'], net\n"
+    "assert json.loads(meta['paramserv.normalization'])['std'] == 0.353, meta\n"
+    "norm = json.load(open(d + '/npy/normalization.json'))\n"
+    "assert (norm['divide'], norm['mean'], norm['std']) == (255, 0.286, 0.353), norm\n"
+    "assert json.load(open(d + '/npy/model.json'))['input'] == [1, 28, 28]\n"
     "data = b[8 + n:]\n"
     "end = 0\n"
     "for line in open(d + '/expect/list.txt'):\n"
@@ -965,12 +984,31 @@ static void test_export(void **state) {
   ps_ckpt c;
   ps_errbuf eb = {0};
   open_ok(path, &c);
+  char note[256];
   snprintf(out, sizeof out, "%s/model.safetensors", dir);
-  assert_int_equal(ps_ckpt_export(&c, "safetensors", out, &eb), 0);
+  assert_int_equal(ps_ckpt_export(&c, "safetensors", out, 0, note, sizeof note, &eb), 0);
+  assert_non_null(strstr(note, "paramserv.network"));
+  /* An existing file is replaced only with force. */
+  assert_int_equal(ps_ckpt_export(&c, "safetensors", out, 0, NULL, 0, &eb), -EEXIST);
+  assert_non_null(strstr(eb.msg, "model.safetensors: exists: expected a new file"));
+  assert_int_equal(ps_ckpt_export(&c, "safetensors", out, 1, NULL, 0, &eb), 0);
   snprintf(out, sizeof out, "%s/npy", dir);
-  assert_int_equal(ps_ckpt_export(&c, "npy", out, &eb), 0);
-  assert_int_equal(ps_ckpt_export(&c, "onnx", out, &eb), PS_EUSAGE);
+  assert_int_equal(mkdir(out, 0755), 0); /* an empty directory is fine */
+  assert_int_equal(ps_ckpt_export(&c, "npy", out, 0, note, sizeof note, &eb), 0);
+  assert_string_equal(note, "the model file model.json and the normalization normalization.json");
+  /* A second export into it would mix two: refused, unless forced. */
+  assert_int_equal(ps_ckpt_export(&c, "npy", out, 0, NULL, 0, &eb), -EEXIST);
+  assert_non_null(strstr(eb.msg, "npy: not empty ("));
+  assert_int_equal(ps_ckpt_export(&c, "npy", out, 1, NULL, 0, &eb), 0);
+  assert_int_equal(ps_ckpt_export(&c, "onnx", out, 1, NULL, 0, &eb), PS_EUSAGE);
   ps_ckpt_close(&c);
+  /* The exported model file builds the checkpoint's layers. */
+  ps_model_spec spec;
+  snprintf(out, sizeof out, "%s/npy/model.json", dir);
+  if (ps_modelfile_load(out, &spec, &eb) != 0)
+    fail_msg("%s: %s", out, eb.msg);
+  assert_int_equal(spec.nlayers, f->model.spec.nlayers);
+  assert_int_equal(spec.classes, 10);
 
   snprintf(out, sizeof out, "%s/check.py", dir);
   write_text(out, py_check, strlen(py_check));
@@ -1002,21 +1040,31 @@ static void test_golden_manifest(void **state) {
   free(text);
 }
 
-/* One edit of the golden manifest and the error it must give. */
-static void expect_parse_error(const char *from, const char *to, int code, const char *msg) {
-  size_t len;
-  char *text = read_file(GOLDEN, &len);
-  char *at = strstr(text, from);
+/* text[0..*len) with its first `from` replaced by `to`; *len becomes the
+ * new length.  Free with free(). */
+static char *replaced(const char *text, size_t *len, const char *from, const char *to) {
+  const char *at = strstr(text, from);
   if (at == NULL)
     fail_msg("golden manifest lacks '%s'", from);
   size_t nf = strlen(from), nt = strlen(to);
-  char *edited = malloc(len - nf + nt + 1);
+  char *edited = malloc(*len - nf + nt + 1);
+  assert_non_null(edited);
   memcpy(edited, text, (size_t)(at - text));
   memcpy(edited + (at - text), to, nt);
-  memcpy(edited + (at - text) + nt, at + nf, len - (size_t)(at - text) - nf + 1);
+  memcpy(edited + (at - text) + nt, at + nf, *len - (size_t)(at - text) - nf + 1);
+  *len = *len - nf + nt;
+  return edited;
+}
+
+/* One edit of a golden manifest and the error it must give. */
+static void expect_parse_error_in(const char *golden, const char *from, const char *to, int code,
+                                  const char *msg) {
+  size_t len;
+  char *text = read_file(golden, &len);
+  char *edited = replaced(text, &len, from, to);
   ps_ckpt c;
   ps_errbuf eb = {0};
-  int rc = ps_ckpt_parse_manifest(edited, len - nf + nt, &c, &eb);
+  int rc = ps_ckpt_parse_manifest(edited, len, &c, &eb);
   if (rc != code || strstr(eb.msg, msg) == NULL)
     fail_msg("'%s' -> '%s': got %d '%s', expected %d '%s'", from, to, rc, eb.msg, code, msg);
   assert_null(c.vars);
@@ -1025,10 +1073,93 @@ static void expect_parse_error(const char *from, const char *to, int code, const
   free(text);
 }
 
+static void expect_parse_error(const char *from, const char *to, int code, const char *msg) {
+  expect_parse_error_in(GOLDEN, from, to, code, msg);
+}
+
+/* The golden version-2 manifest: the built-in's layers, name and options and
+ * the normalization; ps_ckpt_model builds the fixture's model from it, and
+ * from the version-1 golden by its model text alone. */
+static void test_golden_manifest_v2(void **state) {
+  fx *f = *state;
+  const char *const files[] = {GOLDEN2, GOLDEN};
+  for (int i = 0; i < 2; i++) {
+    size_t len;
+    char *text = read_file(files[i], &len);
+    ps_ckpt c;
+    ps_errbuf eb = {0};
+    if (ps_ckpt_parse_manifest(text, len, &c, &eb) != 0)
+      fail_msg("%s: %s", files[i], eb.msg);
+    assert_int_equal(c.format_version, 2 - i);
+    assert_int_equal(c.has_network, i == 0);
+    assert_int_equal(c.has_norm, i == 0);
+    if (i == 0) {
+      assert_string_equal(c.builtin, "mlp");
+      assert_string_equal(c.builtin_hidden, "16");
+      assert_string_equal(c.network.desc, f->desc);
+      assert_true(c.norm.divide == 255.0f && c.norm.mean == 0.286f && c.norm.std == 0.353f);
+    }
+    ps_model m;
+    ps_data_norm norm;
+    if (ps_ckpt_model(&c, NULL, &m, &norm, &eb) != 0)
+      fail_msg("%s: ps_ckpt_model: %s", files[i], eb.msg);
+    assert_int_equal(m.vars.total, f->model.vars.total);
+    assert_int_equal(m.nlayers, f->model.nlayers);
+    assert_true(norm.divide == 255.0f && norm.mean == 0.286f && norm.std == 0.353f);
+    ps_model_close(&m);
+    /* A model file that is not the checkpoint's is refused. */
+    assert_int_equal(ps_ckpt_model(&c, "models/cnn.json", &m, &norm, &eb), PS_EUSAGE);
+    assert_non_null(strstr(eb.msg, i == 0 ? "not the checkpoint's model" : "mlp 784-16-10"));
+    ps_ckpt_close(&c);
+    free(text);
+  }
+  /* Version 1 of a model file: its text alone cannot say the layers. */
+  size_t len;
+  char *text = read_file(GOLDEN, &len);
+  char *edited = replaced(text, &len, "\"mlp 784-16-10\"",
+                          "\"model 1x28x28-10 #0123456789abcdef\"");
+  ps_ckpt c;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_parse_manifest(edited, len, &c, &eb), 0);
+  ps_model m;
+  ps_data_norm norm;
+  assert_int_equal(ps_ckpt_model(&c, NULL, &m, &norm, &eb), PS_EUSAGE);
+  assert_non_null(strstr(eb.msg, "a format version 1 checkpoint names its model only as "
+                                 "'model 1x28x28-10 #0123456789abcdef'"));
+  ps_ckpt_close(&c);
+  free(edited);
+  free(text);
+}
+
+/* Version 2's fields: each required, typed, and consistent with `model`. */
+static void test_manifest_errors_v2(void **state) {
+  (void)state;
+  expect_parse_error_in(GOLDEN2, "\"network\":", "\"networx\":", PS_ECORRUPT,
+                        "network: expected a model file's object or null, found nothing");
+  expect_parse_error_in(GOLDEN2, "\"normalization\":", "\"normalisation\":", PS_ECORRUPT,
+                        "normalization: expected an object or null, found nothing");
+  expect_parse_error_in(GOLDEN2, "\"log_softmax\"", "\"softmax\"", PS_ECORRUPT,
+                        "network: layer 5: type: found \"softmax\"");
+  expect_parse_error_in(GOLDEN2, "\"out\": 16}", "\"out\": 17}", PS_ECORRUPT,
+                        "builtin: mlp 16 is the model 'mlp 784-16-10' with its own layers");
+  expect_parse_error_in(GOLDEN2, "\"hidden\": \"16\"", "\"hidden\": \"32\"", PS_ECORRUPT,
+                        "builtin: mlp 32 is the model 'mlp 784-32-10'");
+  expect_parse_error_in(GOLDEN2, "\"hidden\": \"16\"", "\"hidden\": 16", PS_ECORRUPT,
+                        "builtin.hidden: expected a string or null, found an integer 16");
+  expect_parse_error_in(GOLDEN2, "\"builtin\": {", "\"builtin\": null, \"x\": {", PS_ECORRUPT,
+                        "network: its layers are the model 'model 1x28x28-10 #");
+  expect_parse_error_in(GOLDEN2, "\"network\": {", "\"network\": null, \"x\": {", PS_ECORRUPT,
+                        "builtin: expected null with a null network");
+  expect_parse_error_in(GOLDEN2, "\"std\": 0.353", "\"std\": 0", PS_ECORRUPT,
+                        "normalization.std: expected a number in");
+  expect_parse_error_in(GOLDEN2, "\"divide\": 255.0", "\"divide\": \"255\"", PS_ECORRUPT,
+                        "normalization.divide: expected a number in");
+}
+
 static void test_manifest_errors(void **state) {
   (void)state;
   expect_parse_error("\"format_version\": 1", "\"format_version\": 7", PS_EVERSION,
-                     "format_version 7 is not supported: this build reads version 1");
+                     "format_version 7 is not supported: this build reads versions 1 to 2");
   expect_parse_error("\"format_version\": 1", "\"format_version\": \"1\"", PS_ECORRUPT,
                      "format_version: expected an integer, found a string \"1\"");
   expect_parse_error("\"paramserv-checkpoint\"", "\"other\"", PS_ECORRUPT,
@@ -1094,6 +1225,8 @@ int main(void) {
       cmocka_unit_test(test_export),
       cmocka_unit_test(test_golden_manifest),
       cmocka_unit_test(test_manifest_errors),
+      cmocka_unit_test(test_golden_manifest_v2),
+      cmocka_unit_test(test_manifest_errors_v2),
       cmocka_unit_test(test_filter_names),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -113,6 +113,11 @@ help:
 deps:
 	@scripts/deps
 
+# PAR: -jN (N cores) for a build that make test or cuda-check starts, unless
+# this make already has a jobserver (make -jN test): read in the recipe,
+# where MAKEFLAGS says so.
+PAR = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
+
 # V=1 shows the full commands.
 ifneq ($(V),1)
 Q := @
@@ -177,7 +182,7 @@ cuda-check:
 	if [ ! -x "$(NVCC)" ]; then \
 	  echo "skip: cuda-check: no nvcc ($(NVCC) not found; set CUDA_HOME or NVCC)"; \
 	  echo "skip cuda-check: no nvcc ($(NVCC) not found)" >>$(RESULTS)/cuda-check; \
-	elif $(MAKE) --no-print-directory CUDA=1 SAN=0 all gpu-tests; then \
+	elif $(MAKE) --no-print-directory $(PAR) CUDA=1 SAN=0 all gpu-tests; then \
 	  echo "pass cuda-build" >>$(RESULTS)/cuda-check; \
 	  for t in $(GPU_TESTS); do $(RUN) $(RESULTS)/cuda-check $$t $$t; done; \
 	else echo "fail cuda-build exit 1" >>$(RESULTS)/cuda-check; fi; \
@@ -206,13 +211,17 @@ integration: $(BIN) $(INTEG_BIN)
 	  PARAMSERV=$(BIN) $(RUN) $(RESULTS)/integration $$t $$t; done; \
 	tests/summary $(RESULTS) integration
 
-# Every group runs even when one fails; the build must succeed first.
+# Every group runs even when one fails; the build must succeed first.  The
+# builds use every core (PAR) unless make already runs with -j: the test
+# programs are built before the groups run (one that does not compile
+# fails its group, which tries again), and the tests run one at a time.
 test: deps
 	@rm -rf $(RESULTS)
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(PAR) all
+	@$(MAKE) --no-print-directory $(PAR) -k $(UNIT_BIN) $(INTEG_BIN) || true
 	@for g in unit cuda-check integration systemd-test; do \
 	  $(MAKE) --no-print-directory $$g || true; done
-	@$(MAKE) --no-print-directory fuzz-smoke SAN=0 RESULTS=$(abspath $(RESULTS)) || true
+	@$(MAKE) --no-print-directory $(PAR) fuzz-smoke SAN=0 RESULTS=$(abspath $(RESULTS)) || true
 	@echo "== make$(if $(filter 1,$(SAN)), SAN=1,) test"; tests/summary $(RESULTS) $(TEST_GROUPS)
 
 # The units under a real systemd (tests/systemd/run, through
@@ -224,13 +233,27 @@ systemd-test: $(BIN)
 	tests/summary $(RESULTS) systemd-test
 
 # libFuzzer targets, built with clang (its runtime from libclang-rt-14-dev).
+comma := ,
 FUZZ_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -g -O1 -Iinclude -Isrc -I. \
                -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 FUZZ_LIB_SRC := $(filter-out src/cmd/%,$(LIB_SRC))
-build/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB_SRC)
+# The library is compiled once for every target (build/fuzz/obj, with the
+# same coverage instrumentation: fuzzer-no-link is -fsanitize=fuzzer less
+# libFuzzer's main), not once per target: 7 targets had compiled it 7 times.
+FUZZ_OBJ := $(FUZZ_LIB_SRC:%.c=build/fuzz/obj/%.o)
+FUZZ_STAMP := build/fuzz/.flags
+$(shell mkdir -p build/fuzz && echo '$(FUZZ_CFLAGS)' | cmp -s - $(FUZZ_STAMP) || \
+        echo '$(FUZZ_CFLAGS)' >$(FUZZ_STAMP))
+build/fuzz/obj/%.o: %.c $(FUZZ_STAMP)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)clang $(subst -fsanitize=fuzzer$(comma),-fsanitize=fuzzer-no-link$(comma),$(FUZZ_CFLAGS)) \
+	  -MMD -MP -c $< -o $@
+
+$(FUZZ_BIN): build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ)
 	@mkdir -p build/fuzz
 	@$(if $(Q),echo "  FUZZ    $@")
-	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_LIB_SRC) $(LDLIBS)
+	$(Q)clang $(FUZZ_CFLAGS) -MMD -MP -MF build/fuzz/obj/$*.d -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
 fuzz-smoke: $(FUZZ_BIN)
 	@rm -f $(RESULTS)/fuzz-smoke; mkdir -p $(RESULTS); \

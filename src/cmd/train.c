@@ -65,7 +65,11 @@ static void train_usage(FILE *f) {
       "  -h, --help            this help\n"
       "\n"
       "The last line is machine-readable:\n"
-      "  done steps S samples N seconds T samples/s R test_acc A\n");
+      "  done steps S samples N seconds T samples/s R test_acc A ms/step M\n"
+      "S steps and N samples in all; T seconds of training, R samples/s and M ms\n"
+      "per step from step 2 on: step 1 (the warm-up: a GPU loads its kernels and\n"
+      "cuBLAS picks its algorithms there) is not timed, unless it is the only one.\n"
+      "The epoch lines' samples/s and seconds leave step 1 out the same way.\n");
 }
 
 /* @return 0, 1 for --help (printed), or -1 after printing an error. */
@@ -199,7 +203,7 @@ int ps_cmd_train(int argc, char **argv) {
   ps_model model = {0};
   ps_sampler sampler = {0};
   ps_compute *compute = NULL;
-  float *params = NULL, *grad = NULL, *slots[PS_OPTIM_MAX_SLOTS] = {0}, *x = NULL;
+  float *params = NULL, *x = NULL;
   float *test_x = NULL;
   uint8_t *y = NULL;
   size_t *index = NULL;
@@ -235,21 +239,15 @@ int ps_cmd_train(int argc, char **argv) {
   if (o.train_limit > 0 && (size_t)o.train_limit < train.n)
     train.n = (size_t)o.train_limit;
   size_t total = model.vars.total;
-  int nslots = ps_optim_nslots(o.optim.kind);
-  /* What goes to and from the device every step lives in its fastest
-   * host memory (pinned, on a GPU). */
-  params = ps_compute_host_alloc(compute, total * sizeof *params);
-  grad = ps_compute_host_alloc(compute, total * sizeof *grad);
+  /* The parameters, their gradient and the optimizer's slots live where the
+   * computation runs (ps_compute_train_init: on a GPU, in its memory);
+   * params holds their initial values.  The batch goes to the device every
+   * step: it lives in the device's fastest host memory (pinned, on a GPU). */
+  params = malloc(total * sizeof *params);
   x = ps_compute_host_alloc(compute, (size_t)o.batch * model.in_size * sizeof *x);
   y = malloc((size_t)o.batch);
   index = malloc((size_t)o.batch * sizeof *index);
-  int failed = params == NULL || grad == NULL || x == NULL || y == NULL || index == NULL;
-  for (int i = 0; i < nslots && !failed; i++) {
-    slots[i] = malloc(total * sizeof *slots[i]);
-    failed = slots[i] == NULL;
-    for (size_t j = 0; !failed && j < total; j++)
-      slots[i][j] = ps_optim_slot_init(&o.optim, i);
-  }
+  int failed = params == NULL || x == NULL || y == NULL || index == NULL;
   if (failed || ps_sampler_init(&sampler, train.n, 0, 1, o.seed) != 0) {
     ps_cmd_error("out of memory for the %s model at batch %" PRId64, spec.desc, o.batch);
     goto out;
@@ -263,6 +261,11 @@ int ps_cmd_train(int argc, char **argv) {
     ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
   }
   ps_vartable_init_arena(&model.vars, o.seed, params);
+  if (ps_compute_train_init(compute, params, &o.optim) != 0) {
+    ps_cmd_error("out of %s memory for the %s model's parameters and optimizer slots",
+                 o.device >= 0 ? "GPU" : "host", spec.desc);
+    goto out;
+  }
 
   size_t part = ps_sampler_part_size(&sampler);
   uint64_t steps_per_epoch = (part + (size_t)o.batch - 1) / (size_t)o.batch;
@@ -283,66 +286,82 @@ int ps_cmd_train(int argc, char **argv) {
          ps_compute_describe(compute));
   fflush(stdout);
 
-  uint64_t step = 0, samples = 0;
-  double train_seconds = 0.0, test_acc = -1.0;
+  /* Timed from the end of step 1 (see train_usage): the step counts and
+   * samples of the timed steps, in all and in the epoch. */
+  uint64_t step = 0, samples = 0, timed_steps = 0, timed_samples = 0;
+  double train_seconds = 0.0, first_step_seconds = 0.0, test_acc = -1.0;
   int stopped = 0;
   for (int64_t epoch = 0; epoch < o.epochs && !stopped; epoch++) {
     double t0 = ps_now_s(), loss_sum = 0.0;
-    size_t correct = 0, seen = 0;
+    size_t correct = 0, seen = 0, epoch_timed = 0;
     for (uint64_t s = 0; s < steps_per_epoch; s++) {
       if (o.max_steps > 0 && step >= (uint64_t)o.max_steps) {
         stopped = 1;
         break;
       }
       size_t n = ps_dataset_batch(&train, &sampler, index, (size_t)o.batch, x, y);
-      double loss = ps_compute_grad(compute, params, x, y, (int)n, o.seed, samples, grad,
-                                    &correct);
+      float lr = ps_sched_lr(&o.sched, o.optim.lr, step);
+      double loss = ps_compute_train_step(compute, x, y, (int)n, o.seed, samples, lr, step + 1,
+                                          &correct);
       if (!(loss == loss) || loss > 1e30) {
         ps_cmd_error("step %" PRIu64 ": loss is %g; stopping (lower --lr?)", step, loss);
         goto out;
       }
-      float lr = ps_sched_lr(&o.sched, o.optim.lr, step);
-      ps_optim_apply(&o.optim, lr, step + 1, params, grad, slots, total);
       loss_sum += loss * (double)n;
       seen += n;
       samples += n;
       step++;
+      if (step == 1) {
+        double t1 = ps_now_s();
+        first_step_seconds = t1 - t0;
+        t0 = t1;  /* the clock starts after the warm-up step */
+      } else {
+        timed_steps++;
+        timed_samples += n;
+        epoch_timed += n;
+      }
     }
     double secs = ps_now_s() - t0;
-    train_seconds += secs;
+    if (epoch_timed == 0) /* only the warm-up step: time that one */
+      secs = first_step_seconds, epoch_timed = seen;
+    else
+      train_seconds += secs;
     if (seen == 0)
       break;
     char acc[32] = "-";
     if (o.eval) {
       size_t right = 0;
-      ps_compute_eval(compute, params, test_x, test.labels, test.n, &right);
+      ps_compute_eval(compute, NULL, test_x, test.labels, test.n, &right);
       test_acc = (double)right / (double)test.n;
       snprintf(acc, sizeof acc, "%.4f", test_acc);
     }
     printf("epoch %" PRId64 "/%" PRId64 " loss %.4f train_acc %.4f test_acc %s samples/s %.1f "
-           "seconds %.2f\n",
+           "seconds %.3f\n",
            epoch + 1, o.epochs, loss_sum / (double)seen, (double)correct / (double)seen, acc,
-           (double)seen / secs, secs);
+           secs > 0 ? (double)epoch_timed / secs : 0.0, secs);
     fflush(stdout);
   }
   char acc[32] = "-";
   if (test_acc >= 0)
     snprintf(acc, sizeof acc, "%.4f", test_acc);
-  printf("done steps %" PRIu64 " samples %" PRIu64 " seconds %.2f samples/s %.1f test_acc %s\n",
-         step, samples, train_seconds, train_seconds > 0 ? (double)samples / train_seconds : 0.0,
-         acc);
+  if (timed_steps == 0 && step > 0) { /* only the warm-up step ran: time that one */
+    train_seconds = first_step_seconds;
+    timed_steps = step;
+    timed_samples = samples;
+  }
+  printf("done steps %" PRIu64 " samples %" PRIu64 " seconds %.3f samples/s %.1f test_acc %s "
+         "ms/step %.4f\n",
+         step, samples, train_seconds,
+         train_seconds > 0 ? (double)timed_samples / train_seconds : 0.0, acc,
+         timed_steps > 0 ? train_seconds * 1e3 / (double)timed_steps : 0.0);
   status = 0;
 out:
   free(index);
   free(y);
   free(test_x);
-  for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
-    free(slots[i]);
-  if (compute != NULL) {
+  free(params);
+  if (compute != NULL)
     ps_compute_host_free(compute, x);
-    ps_compute_host_free(compute, grad);
-    ps_compute_host_free(compute, params);
-  }
   ps_compute_free(compute);
   ps_sampler_close(&sampler);
   ps_model_close(&model);

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optim/optim.h"
 #include "paramserv/error.h"
 
 /* Geometry of a 2-d convolution or pooling window over one sample. */
@@ -70,11 +71,26 @@ typedef struct ps_backend_ops {
   void (*relu_fwd)(ps_backend *b, size_t n, const float *x, float *y);
   void (*relu_bwd)(ps_backend *b, size_t n, const float *y, const float *dy, float *dx);
 
-  /* One sample: col[(c*kh*kw) x (oh*ow)] from x[c][h][w]. */
-  void (*im2col)(ps_backend *b, const ps_conv_geom *g, const float *x, float *col);
-  /* One sample: dx[c][h][w] = the sum of col's entries that im2col took from
-   * each input position (overwrites dx). */
-  void (*col2im)(ps_backend *b, const ps_conv_geom *g, const float *col, float *dx);
+  /* Convolution of n samples, without the bias, in one call, so that the
+   * backend chooses how to batch it (the CUDA backend: a few gemms over the
+   * whole batch; the CPU's: sample by sample, which is faster there).  With
+   * k = c*kh*kw, plane = oh*ow and col(x) the im2col matrix of a sample
+   * x[c][h][w] (row (c*kh + ki)*kw + kj, column oy*ow + ox: the input pixel
+   * that output position's window takes there, 0 in the padding),
+   *   y[s] = w col(x[s])   for x [n][c][h][w], w [oc][k] (PyTorch's
+   *                        [oc][c][kh][kw]), y [n][oc][plane].
+   * ws: scratch of conv_ws(b, n', g, oc) floats of backend memory for some
+   * n' >= n (the size grows with n, so one workspace for the largest batch
+   * serves every smaller one). */
+  size_t (*conv_ws)(ps_backend *b, int n, const ps_conv_geom *g, int oc);
+  void (*conv_fwd)(ps_backend *b, int n, const ps_conv_geom *g, int oc, const float *w,
+                   const float *x, float *y, float *ws);
+  /* Its backward pass from dy [n][oc][plane]: dw = the sum over samples of
+   * dy[s] col(x[s])^T (overwrites dw); when dx is not NULL, dx[s] = col2im
+   * of w^T dy[s], each input position getting the sum of the entries col
+   * took from it (overwrites dx). */
+  void (*conv_bwd)(ps_backend *b, int n, const ps_conv_geom *g, int oc, const float *w,
+                   const float *x, const float *dy, float *dw, float *dx, float *ws);
 
   /* n samples of max pooling; idx records the argmax (index within the
    * input plane) of each output for the backward pass. */
@@ -103,6 +119,14 @@ typedef struct ps_backend_ops {
    * rows of the NLL, and adds to *correct the rows whose argmax is the label. */
   double (*nll)(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,
                 float scale, float *dlogits, size_t *correct);
+
+  /* One optimizer update of w[0..count) with gradient g: what
+   * ps_optim_apply (optim/optim.h) computes, the same float operations in
+   * the same order, so the results are equal to the bit.  slots: a host
+   * array of ps_optim_nslots(o->kind) pointers to count floats each of
+   * backend memory (NULL when there are none); o: host memory. */
+  void (*optim)(ps_backend *b, const ps_optim *o, float lr, uint64_t t, float *w,
+                const float *g, float *const *slots, size_t count);
 } ps_backend_ops;
 
 struct ps_backend {
@@ -119,16 +143,38 @@ ps_backend *ps_backend_cpu_new(void);
 /* The CUDA backend on GPU `device` (0, 1, ...): cuBLAS and its own kernels
  * on one stream, device memory from a cache of the blocks it freed (see
  * backend_cuda.cu).  @return NULL with one line in eb naming what is
- * missing, eb->code -ENODEV for an unusable device ("cuda: no GPU:
- * cudaGetDeviceCount: ...", "cuda:3: device 3 not present, this machine has
- * 1", and in a build without CUDA "cuda: this paramserv was built without
- * CUDA (make CUDA=1)") or -ENOMEM.  Free with ps_backend_free. */
+ * missing or the CUDA call that failed and its error, eb->code -ENODEV for
+ * an unusable device ("cuda: no GPU: cudaGetDeviceCount: ...", "cuda: CUDA
+ * cannot use this machine's GPU: cudaGetDeviceCount: ...", "cuda:3: device
+ * 3 not present, this machine has 1", "cuda:0: cublasCreate: ...", and in a
+ * build without CUDA "cuda: this paramserv was built without CUDA (make
+ * CUDA=1)") or -ENOMEM.  Free with ps_backend_free.
+ *
+ * Its ops stop the process (abort, after one line on stderr naming the
+ * call or op and the CUDA error) on any CUDA or cuBLAS failure but out of
+ * memory, which alloc and host_alloc answer with NULL.  A kernel's fault
+ * surfaces at the next wait (to_host, nll) naming the last op queued;
+ * PS_CUDA_SYNC=1 waits after every op, so that the op named is the one
+ * that faulted. */
 ps_backend *ps_backend_cuda_new(int device, ps_errbuf *eb);
 
-/* How many CUDA devices answer: >= 1, or -ENODEV with the reason in eb
- * ("cudaGetDeviceCount: <the runtime's error string>", or that this build
- * has no CUDA).  What a GPU test asks before it runs. */
+/* How many CUDA devices answer: >= 1; -ENODEV where there is no GPU to use
+ * (cudaGetDeviceCount finds no device, or no NVIDIA driver is installed, or
+ * this build has no CUDA); -EIO where CUDA fails otherwise (a driver too old
+ * for the runtime, a device that does not initialize): a GPU may be there.
+ * The reason in eb names the call and the error ("cudaGetDeviceCount:
+ * cudaErrorNoDevice: no CUDA-capable device is detected").  What a GPU test
+ * asks before it runs (tests/gpu/gpu_present.h: only -ENODEV may skip). */
 int ps_backend_cuda_devices(ps_errbuf *eb);
+
+/* With PS_CUDA_PROFILE=1 (nn/cuda_profile.h): the calls of one gemm shape a
+ * CUDA backend has timed so far and their total device milliseconds, timed
+ * as every op is (read at the backend's last to_host or nll).  What
+ * tests/gpu/bench_sgemm reports, so that cuBLAS alone is timed as the
+ * step's GEMMs are.  @return 0, or -ENOENT (no profile, not a CUDA
+ * backend, or no call of that shape timed). */
+int ps_backend_cuda_profile_gemm(ps_backend *b, int m, int n, int k, int ta, int tb,
+                                 unsigned long long *timed, double *gpu_ms);
 
 /* The backend for `device`: the CPU when device < 0, else that CUDA device.
  * @return NULL with a message in eb, as the constructors above. */

@@ -1,18 +1,21 @@
-/* The CUDA compute backend: cuBLAS's sgemm for gemm and a kernel for every
- * other op of backend.h, queued on one stream per backend object, on device
- * memory from a per-backend cache of freed blocks; PS_CUDA_PROFILE=1 times
- * every op (cuda_profile.cu).  Built with make CUDA=1.
+/* The CUDA compute backend: cuBLAS's sgemm for gemm, kernels for the other
+ * ops of backend.h (the convolution: kernels around sgemms over the whole
+ * batch), queued on one stream per backend object, on device memory from a
+ * per-backend cache of freed blocks; PS_CUDA_PROFILE=1 times every op
+ * (cuda_profile.cu).  Built with make CUDA=1.
  *
  * The kernels compute what backend_cpu.c computes, in the same order where
  * the CPU's order decides the last bit (col2im and max-pool backward gather
- * their sums in the CPU's scatter order), and dropout draws its masks from
- * the one definition in nn/dropout.h: tests/gpu/test_backend_cuda.c checks
- * each op against the CPU backend. */
+ * their sums in the CPU's scatter order; the optimizers do optim.c's float
+ * operations, none fused), and dropout draws its masks from the one
+ * definition in nn/dropout.h: tests/gpu/test_backend_cuda.c checks each op
+ * against the CPU backend. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +47,8 @@ typedef struct cuda_impl {
   uint8_t *d_labels, *h_labels, *d_right, *h_right;
   double *d_loss, *h_loss;
   ps__cuda_profile *prof;  /* NULL unless PS_CUDA_PROFILE=1 */
+  int sync;                /* PS_CUDA_SYNC=1: wait for every op, naming it */
+  int last_op;             /* the kind of the last op queued (PS_CUDA_OP_...), -1 */
   char desc[256];
 } cuda_impl;
 
@@ -55,35 +60,110 @@ static void die(const cuda_impl *I, const char *what, const char *why) {
   abort();
 }
 
+/* "cudaErrorIllegalAddress: an illegal memory access was encountered" */
+static const char *cuda_why(cudaError_t e, char *buf, size_t size) {
+  snprintf(buf, size, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+  return buf;
+}
+
+/* A kernel's fault (sticky: every later call returns it). */
+static int is_fault(cudaError_t e) {
+  switch (e) {
+  case cudaErrorIllegalAddress: case cudaErrorLaunchFailure: case cudaErrorLaunchTimeout:
+  case cudaErrorIllegalInstruction: case cudaErrorMisalignedAddress:
+  case cudaErrorInvalidAddressSpace: case cudaErrorInvalidPc: case cudaErrorHardwareStackError:
+  case cudaErrorAssert:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
 static void check(const cuda_impl *I, cudaError_t e, const char *what) {
+  char why[512], err[256];
+  if (e == cudaSuccess)
+    return;
+  /* A fault shows at whatever call comes next: say which op came before. */
+  if (is_fault(e) && !I->sync)
+    snprintf(why, sizeof why,
+             "%s (a fault of an op queued before, the last one: %s; PS_CUDA_SYNC=1 names "
+             "the op that faulted)",
+             cuda_why(e, err, sizeof err), ps__cuda_op_name(I->last_op));
+  else
+    cuda_why(e, why, sizeof why);
+  die(I, what, why);
+}
+
+/* Where nothing is left to protect (closing): say it and go on. */
+static void warn(const cuda_impl *I, cudaError_t e, const char *what) {
+  char why[256];
   if (e != cudaSuccess)
-    die(I, what, cudaGetErrorString(e));
+    fprintf(stderr, "paramserv: cuda:%d: %s: %s\n", I->device, what, cuda_why(e, why, sizeof why));
 }
 
 /* The runtime's current device is per host thread; the ops of one backend
- * may come from different threads (one at a time), so each makes sure its
- * device is current, remembering per thread which one is. */
-static thread_local int current_device = -1;
-
+ * may come from different threads (one at a time), and a library user may
+ * call cudaSetDevice between them, so each asks the runtime which device is
+ * current (a thread-local read, no driver call) and sets its own when it is
+ * not. */
 static cuda_impl *use(ps_backend *b) {
   cuda_impl *I = (cuda_impl *)b->impl;
-  if (current_device != I->device) {
+  int current = -1;
+  check(I, cudaGetDevice(&current), "cudaGetDevice");
+  if (current != I->device)
     check(I, cudaSetDevice(I->device), "cudaSetDevice");
-    current_device = I->device;
-  }
   return I;
 }
 
-/* -------------------------------------------------------------- profile */
+/* -------------------------------------------------------- profile, sync */
 
-static void prof_begin(cuda_impl *I) {
+/* Wait for the stream.  A fault of an op queued since the last wait shows
+ * here; `what` says which wait, and the message names the last op queued
+ * (PS_CUDA_SYNC=1 waits after every op, so that the op named is the one
+ * that faulted). */
+static void stream_sync(cuda_impl *I, const char *what) {
+  cudaError_t e = cudaStreamSynchronize(I->stream);
+  if (e != cudaSuccess) {
+    char why[512], err[256];
+    snprintf(why, sizeof why, "%s (in an op queued since the last wait; the last one: %s%s)",
+             cuda_why(e, err, sizeof err), ps__cuda_op_name(I->last_op),
+             I->sync ? "" : "; PS_CUDA_SYNC=1 names the op that faulted");
+    die(I, what, why);
+  }
   if (I->prof != NULL)
-    check(I, ps__cuda_profile_begin(I->prof, I->stream), "cudaEventRecord");
+    check(I, ps__cuda_profile_synced(I->prof), "cudaEventElapsedTime");
 }
 
-static void prof_end(cuda_impl *I, int op, int shape) {
+/* Before a kernel or cuBLAS call: with PS_CUDA_PROFILE=1, the gate and the
+ * start event (cuda_profile.h).  Nothing between it and prof_end may wait
+ * for the stream. */
+static void prof_begin(cuda_impl *I) {
   if (I->prof != NULL)
-    check(I, ps__cuda_profile_end(I->prof, I->stream, op, shape), "cudaEventRecord");
+    check(I, ps__cuda_profile_begin(I->prof, I->stream, 1), "PS_CUDA_PROFILE: begin");
+}
+
+/* Before a copy between the host and the device, which may wait for the
+ * stream (pageable host memory): no gate. */
+static void prof_begin_copy(cuda_impl *I) {
+  if (I->prof != NULL)
+    check(I, ps__cuda_profile_begin(I->prof, I->stream, 0), "PS_CUDA_PROFILE: begin");
+}
+
+/* After every op's launch: the end event (PS_CUDA_PROFILE=1), and with
+ * PS_CUDA_SYNC=1 a wait that names the op when it faulted. */
+static void prof_end(cuda_impl *I, int op, int shape) {
+  I->last_op = op;
+  if (I->prof != NULL)
+    check(I, ps__cuda_profile_end(I->prof, I->stream, op, shape), "PS_CUDA_PROFILE: end");
+  if (I->sync) {
+    cudaError_t e = cudaStreamSynchronize(I->stream);
+    char why[320], err[256];
+    if (e != cudaSuccess) {
+      snprintf(why, sizeof why, "%s (PS_CUDA_SYNC=1: this op faulted)",
+               cuda_why(e, err, sizeof err));
+      die(I, ps__cuda_op_name(op), why);
+    }
+  }
 }
 
 /* --------------------------------------------------------------- memory */
@@ -103,13 +183,39 @@ static void release_cached(cuda_impl *I) {
     if (I->blocks[i].used)
       I->blocks[kept++] = I->blocks[i];
     else
-      cudaFree(I->blocks[i].p);
+      check(I, cudaFree(I->blocks[i].p), "cudaFree of a cached block");
   }
   I->nblocks = kept;
 }
 
+/* A new block of need bytes, or NULL when the device is out of memory
+ * (cudaErrorMemoryAllocation, also after the cached blocks went back).  Any
+ * other error is not a lack of memory but a fault or a misuse: it stops,
+ * naming it. */
+static void *device_malloc(cuda_impl *I, size_t need) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, need);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  /* out of memory is not sticky: clear it */
+    release_cached(I);
+    e = cudaMalloc(&p, need);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      return NULL;
+    }
+  }
+  if (e != cudaSuccess) {
+    char what[64];
+    snprintf(what, sizeof what, "cudaMalloc of %zu bytes", need);
+    check(I, e, what);
+  }
+  return p;
+}
+
 static void *cu_alloc(ps_backend *b, size_t bytes) {
   cuda_impl *I = use(b);
+  if (bytes > SIZE_MAX - 255)
+    return NULL;
   size_t need = bytes == 0 ? 256 : (bytes + 255) & ~(size_t)255;
   block *best = NULL;
   for (size_t i = 0; i < I->nblocks; i++) {
@@ -130,15 +236,9 @@ static void *cu_alloc(ps_backend *b, size_t bytes) {
     I->blocks = grown;
     I->cap = cap;
   }
-  void *p = NULL;
-  if (cudaMalloc(&p, need) != cudaSuccess) {
-    (void)cudaGetLastError();  /* out of memory is not sticky: clear it */
-    release_cached(I);
-    if (cudaMalloc(&p, need) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return NULL;
-    }
-  }
+  void *p = device_malloc(I, need);
+  if (p == NULL)
+    return NULL;
   I->blocks[I->nblocks++] = block{p, need, 1};
   return p;
 }
@@ -158,23 +258,27 @@ static void cu_free(ps_backend *b, void *p) {
 /* Pinned host memory: the copies from and to it run as DMA, without the
  * driver's staging copy, and a copy to the device returns at once. */
 static void *cu_host_alloc(ps_backend *b, size_t bytes) {
-  (void)use(b);
+  cuda_impl *I = use(b);
   void *p = NULL;
-  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+  cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+  if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     return NULL;
   }
+  check(I, e, "cudaHostAlloc");
   return p;
 }
 
 static void cu_host_free(ps_backend *b, void *p) {
-  if (p != NULL)
-    check((cuda_impl *)b->impl, cudaFreeHost(p), "cudaFreeHost");
+  if (p != NULL) {
+    cuda_impl *I = use(b);
+    check(I, cudaFreeHost(p), "cudaFreeHost");
+  }
 }
 
 static void cu_to_device(ps_backend *b, void *dst, const void *host_src, size_t bytes) {
   cuda_impl *I = use(b);
-  prof_begin(I);
+  prof_begin_copy(I);
   check(I, cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, I->stream),
         "cudaMemcpyAsync to the device");
   prof_end(I, PS_CUDA_OP_H2D, -1);
@@ -182,11 +286,11 @@ static void cu_to_device(ps_backend *b, void *dst, const void *host_src, size_t 
 
 static void cu_to_host(ps_backend *b, void *host_dst, const void *src, size_t bytes) {
   cuda_impl *I = use(b);
-  prof_begin(I);
+  prof_begin_copy(I);
   check(I, cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, I->stream),
         "cudaMemcpyAsync to the host");
   prof_end(I, PS_CUDA_OP_D2H, -1);
-  check(I, cudaStreamSynchronize(I->stream), "cudaStreamSynchronize");
+  stream_sync(I, "cudaStreamSynchronize after a copy to the host");
 }
 
 static void cu_copy(ps_backend *b, void *dst, const void *src, size_t bytes) {
@@ -283,26 +387,52 @@ __global__ void k_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
   GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-/* One thread per entry of col: the input pixel it takes, or 0 in padding. */
-__global__ void k_im2col(size_t total, ps_conv_geom g, const float *x, float *col) {
-  const size_t plane = (size_t)g.oh * g.ow;
-  GRID_STRIDE(t, total) {
-    int pos = (int)(t % plane), row = (int)(t / plane);
-    int kj = row % g.kw, ki = (row / g.kw) % g.kh, c = row / (g.kw * g.kh);
-    int iy = (pos / g.ow) * g.stride - g.pad + ki, ix = (pos % g.ow) * g.stride - g.pad + kj;
-    col[t] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w) ? x[((size_t)c * g.h + iy) * g.w + ix]
-                                                          : 0.0f;
+/* The convolution's kernels index with Ix: uint32_t, whose divisions cost a
+ * fraction of 64-bit ones, whenever every index they compute is below 2^31
+ * (then i + the grid's stride stays below 2^32), else size_t (LAUNCH_IX). */
+#define GRID_STRIDE_IX(Ix, i, n)                                                       \
+  for (Ix i = (Ix)(blockIdx.x * (size_t)blockDim.x + threadIdx.x); i < (Ix)(n);        \
+       i += (Ix)gridDim.x * (Ix)blockDim.x)
+
+#define LAUNCH_IX(I, op, n, largest, kernel, ...)                                      \
+  do {                                                                                 \
+    if ((size_t)(largest) < ((size_t)1 << 31))                                         \
+      LAUNCH(I, op, n, kernel<uint32_t>, (uint32_t)(n), __VA_ARGS__);                  \
+    else                                                                               \
+      LAUNCH(I, op, n, kernel<size_t>, (size_t)(n), __VA_ARGS__);                      \
+  } while (0)
+
+/* The im2col matrices of m samples side by side, col[k][m * plane] (sample
+ * s's columns at s * plane; ld = m * plane): one thread per entry of col,
+ * the input pixel it takes or 0 in the padding. */
+template <typename Ix>
+__global__ void k_im2col(Ix total, ps_conv_geom g, Ix ld, const float *x, float *col) {
+  const Ix plane = (Ix)g.oh * (Ix)g.ow, in = (Ix)g.c * (Ix)g.h * (Ix)g.w;
+  GRID_STRIDE_IX(Ix, t, total) {
+    Ix row = t / ld, r = t - row * ld, s = r / plane, pos = r - s * plane;
+    int kj = (int)(row % (Ix)g.kw), ki = (int)(row / (Ix)g.kw % (Ix)g.kh);
+    int c = (int)(row / ((Ix)g.kw * (Ix)g.kh));
+    int oy = (int)(pos / (Ix)g.ow), ox = (int)(pos - (Ix)oy * (Ix)g.ow);
+    int iy = oy * g.stride - g.pad + ki, ix = ox * g.stride - g.pad + kj;
+    col[t] = (iy >= 0 && iy < g.h && ix >= 0 && ix < g.w)
+                 ? x[s * in + ((Ix)c * (Ix)g.h + (Ix)iy) * (Ix)g.w + (Ix)ix]
+                 : 0.0f;
   }
 }
 
-/* One thread per input pixel, gathering the col entries im2col made of it.
- * The CPU scatters them in (ki, kj) order; the gather adds them in the same
- * order, so the sums match to the bit and no atomics are needed. */
-__global__ void k_col2im(size_t total, ps_conv_geom g, const float *col, float *dx) {
-  const size_t plane = (size_t)g.oh * g.ow;
-  GRID_STRIDE(t, total) {
-    int ix = (int)(t % g.w), iy = (int)(t / g.w % g.h), c = (int)(t / ((size_t)g.w * g.h));
-    float s = 0.0f;
+/* dx of m samples from their col [k][ld] (k_im2col's layout): one thread per
+ * input pixel, gathering the col entries im2col made of it.  The CPU
+ * scatters them in (ki, kj) order; the gather adds them in the same order,
+ * so the sums match to the bit and no atomics are needed. */
+template <typename Ix>
+__global__ void k_col2im(Ix total, ps_conv_geom g, Ix ld, const float *col, float *dx) {
+  const Ix plane = (Ix)g.oh * (Ix)g.ow, in = (Ix)g.c * (Ix)g.h * (Ix)g.w;
+  GRID_STRIDE_IX(Ix, t, total) {
+    Ix s = t / in, r = t - s * in;
+    int ix = (int)(r % (Ix)g.w), iy = (int)(r / (Ix)g.w % (Ix)g.h);
+    int c = (int)(r / ((Ix)g.w * (Ix)g.h));
+    const float *cs = col + s * plane;
+    float sum = 0.0f;
     for (int ki = 0; ki < g.kh; ki++) {
       int ty = iy + g.pad - ki;
       if (ty < 0 || ty % g.stride != 0 || ty / g.stride >= g.oh)
@@ -311,11 +441,21 @@ __global__ void k_col2im(size_t total, ps_conv_geom g, const float *col, float *
         int tx = ix + g.pad - kj;
         if (tx < 0 || tx % g.stride != 0 || tx / g.stride >= g.ow)
           continue;
-        size_t row = (size_t)(c * g.kh + ki) * g.kw + kj;
-        s += col[row * plane + (size_t)(ty / g.stride) * g.ow + tx / g.stride];
+        Ix row = (Ix)((c * g.kh + ki) * g.kw + kj);
+        sum += cs[row * ld + (Ix)(ty / g.stride) * (Ix)g.ow + (Ix)(tx / g.stride)];
       }
     }
-    dx[t] = s;
+    dx[t] = sum;
+  }
+}
+
+/* dst[j][i][p] = src[i][j][p] for i < a, j < b, p < plane: the convolution's
+ * gemm output [oc][m][plane] into y's [m][oc][plane], and dy the other way. */
+template <typename Ix>
+__global__ void k_permute(Ix total, Ix a, Ix b, Ix plane, const float *src, float *dst) {
+  GRID_STRIDE_IX(Ix, t, total) {
+    Ix r = t / plane, p = t - r * plane, j = r / a, i = r - j * a;
+    dst[t] = src[(i * b + j) * plane + p];
   }
 }
 
@@ -375,37 +515,81 @@ __global__ void k_maxpool_bwd(size_t total, ps_conv_geom g, const int32_t *idx, 
   }
 }
 
-#define DROPOUT_CHUNK 4096  /* groups decided per round, in shared memory */
-
-/* One block per sample.  A sample's decisions are one sequential stream
- * (nn/dropout.h), so thread 0 draws them, DROPOUT_CHUNK groups at a time,
- * and the block applies them to the values.  group must divide per. */
-__global__ void k_dropout_fwd(size_t per, size_t group, uint32_t keep_below, float scale,
-                              uint64_t seed, uint64_t first, const float *x, float *y,
-                              uint8_t *mask) {
-  __shared__ uint8_t keep[DROPOUT_CHUNK];
-  const size_t groups = per / group, base = blockIdx.x * per;
-  ps_dropout_draws d;
-  ps_dropout_begin(&d, seed, first + blockIdx.x);
-  for (size_t g0 = 0; g0 < groups; g0 += DROPOUT_CHUNK) {
-    size_t ng = groups - g0 < DROPOUT_CHUNK ? groups - g0 : DROPOUT_CHUNK;
-    if (threadIdx.x == 0)
-      for (size_t j = 0; j < ng; j++)
-        keep[j] = ps_dropout_next(&d, keep_below);
-    __syncthreads();
-    for (size_t v = threadIdx.x; v < ng * group; v += blockDim.x) {
-      size_t at = base + g0 * group + v;
-      uint8_t m = keep[v / group];
-      mask[at] = m;
-      y[at] = x[at] * ((float)m * scale);
+/* One thread per value, samples along the grid's y: each thread takes its
+ * group's decision from nn/dropout.h's counter-based definition on its own,
+ * so the draws spread over the grid and no thread waits for another's.
+ * group must divide per; per < 2^32 (a model's activations are below 2^26
+ * values a sample). */
+__global__ void k_dropout_fwd(int n, uint32_t per, uint32_t group, uint32_t keep_below,
+                              float scale, uint64_t seed, uint64_t first, const float *x,
+                              float *y, uint8_t *mask) {
+  for (int s = blockIdx.y; s < n; s += gridDim.y) {
+    const uint64_t key = ps_dropout_key(seed, first + (uint64_t)s);
+    const size_t base = (size_t)s * per;
+    for (uint32_t v = blockIdx.x * blockDim.x + threadIdx.x; v < per;
+         v += gridDim.x * blockDim.x) {
+      uint32_t j = v / group;
+      uint8_t m = ps_dropout_decide(ps_dropout_word(key, j / 4), j, keep_below);
+      mask[base + v] = m;
+      y[base + v] = x[base + v] * ((float)m * scale);
     }
-    __syncthreads();
   }
 }
 
 __global__ void k_dropout_bwd(size_t n, float scale, const uint8_t *mask, const float *dy,
                               float *dx) {
   GRID_STRIDE(i, n) dx[i] = dy[i] * ((float)mask[i] * scale);
+}
+
+/* The optimizers of optim.c, one thread per value, with its constants
+ * (ps_optim_coefs).  Every float operation is a round-to-nearest intrinsic,
+ * which nvcc never contracts into an FMA (the C build contracts none,
+ * -std=c11), in optim.c's order, and division and sqrt are IEEE's as on
+ * the CPU: the results equal ps_optim_apply's to the bit. */
+#define OPT_SGD 0
+#define OPT_MOMENTUM 1
+#define OPT_NESTEROV 2
+#define OPT_ADAGRAD 3
+#define OPT_ADAM 4
+
+__global__ void k_optim(size_t n, int rule, ps_optim_coef c, float *w, const float *g, float *s0,
+                        float *s1) {
+  GRID_STRIDE(i, n) {
+    float gi = g[i], wi = w[i];
+    if (c.wd != 0.0f)
+      gi = __fadd_rn(gi, __fmul_rn(c.wd, wi));  /* g + wd * w */
+    switch (rule) {
+    case OPT_SGD:
+      wi = __fsub_rn(wi, __fmul_rn(c.lr, gi));
+      break;
+    case OPT_MOMENTUM:
+    case OPT_NESTEROV: {
+      float v = __fadd_rn(__fmul_rn(c.mu, s0[i]), gi);  /* v = mu * v + g */
+      s0[i] = v;
+      float d = rule == OPT_MOMENTUM ? v : __fadd_rn(gi, __fmul_rn(c.mu, v));
+      wi = __fsub_rn(wi, __fmul_rn(c.lr, d));
+      break;
+    }
+    case OPT_ADAGRAD: {
+      float acc = __fadd_rn(s0[i], __fmul_rn(gi, gi));
+      s0[i] = acc;
+      /* w -= lr * g / (sqrt(acc) + eps) */
+      wi = __fsub_rn(wi, __fdiv_rn(__fmul_rn(c.lr, gi), __fadd_rn(__fsqrt_rn(acc), c.eps)));
+      break;
+    }
+    case OPT_ADAM: {
+      float m = __fadd_rn(__fmul_rn(c.b1, s0[i]), __fmul_rn(c.c1, gi));
+      float v = __fadd_rn(__fmul_rn(c.b2, s1[i]), __fmul_rn(__fmul_rn(c.c2, gi), gi));
+      s0[i] = m;
+      s1[i] = v;
+      /* w -= step * m / (sqrt(v) * isb + eps) */
+      wi = __fsub_rn(wi, __fdiv_rn(__fmul_rn(c.step, m),
+                                   __fadd_rn(__fmul_rn(__fsqrt_rn(v), c.inv_sqrt_bc2), c.eps)));
+      break;
+    }
+    }
+    w[i] = wi;
+  }
 }
 
 /* One thread per row, in double as on the CPU; each row's loss and hit go
@@ -454,8 +638,12 @@ static void cu_gemm(ps_backend *b, int ta, int tb, int m, int n, int k, float al
   cublasStatus_t st = cublasSgemm(I->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, bm, ldb, a,
                                   lda, &beta, c, ldc);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    die(I, "cublasSgemm", cublasGetStatusString(st));
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    char what[160];
+    snprintf(what, sizeof what, "cublasSgemm (m %d n %d k %d ta %d tb %d lda %d ldb %d ldc %d)", m,
+             n, k, ta, tb, lda, ldb, ldc);
+    die(I, what, cublasGetStatusString(st));
+  }
   prof_end(I, PS_CUDA_OP_GEMM, shape);
 }
 
@@ -486,16 +674,82 @@ static void cu_relu_bwd(ps_backend *b, size_t n, const float *y, const float *dy
   LAUNCH(I, PS_CUDA_OP_RELU_BWD, n, k_relu_bwd, n, y, dy, dx);
 }
 
-static void cu_im2col(ps_backend *b, const ps_conv_geom *g, const float *x, float *col) {
-  cuda_impl *I = use(b);
-  size_t total = (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
-  LAUNCH(I, PS_CUDA_OP_IM2COL, total, k_im2col, total, *g, x, col);
+/* The batched convolution: a chunk of m samples (the whole batch unless its
+ * scratch would pass CONV_WS_MAX floats) goes through
+ *   forward:  im2col of the chunk into col [k][m * plane], one gemm
+ *             w [oc x k] col -> [oc][m * plane], one permutation into y's
+ *             [m][oc][plane] (the gemm writes y itself when m = 1);
+ *   backward: dy permuted to [oc][m * plane], im2col again, one gemm for dw
+ *             (its K = m * plane, accumulated over chunks), one for
+ *             dcol = w^T dy (into col's place: the dw gemm was col's last
+ *             reader), and one col2im of the chunk,
+ * 4 or 5 launches a chunk where the per-sample loop made 2 to 4 a sample.
+ * The scratch: col, then the permuted activations [oc][m * plane]. */
+/* 128 MiB: the cnn's conv2 takes 165 samples a chunk (811 KB of scratch
+ * each), and gemms of 95,000 columns keep a GPU as busy as larger ones. */
+#define CONV_WS_MAX ((size_t)1 << 25)  /* floats */
+
+static int conv_chunk(int n, const ps_conv_geom *g, int oc) {
+  size_t plane = (size_t)g->oh * g->ow, k = (size_t)g->c * g->kh * g->kw;
+  size_t s = CONV_WS_MAX / (plane * (k + (size_t)oc));
+  /* gemm dimensions are ints */
+  if (s > (size_t)INT_MAX / plane)
+    s = (size_t)INT_MAX / plane;
+  if (s < 1)
+    s = 1;
+  return s < (size_t)n ? (int)s : (n > 1 ? n : 1);
 }
 
-static void cu_col2im(ps_backend *b, const ps_conv_geom *g, const float *col, float *dx) {
+static size_t cu_conv_ws(ps_backend *b, int n, const ps_conv_geom *g, int oc) {
+  (void)b;
+  size_t plane = (size_t)g->oh * g->ow, k = (size_t)g->c * g->kh * g->kw;
+  return (size_t)conv_chunk(n, g, oc) * plane * (k + (size_t)oc);
+}
+
+static void cu_conv_fwd(ps_backend *b, int n, const ps_conv_geom *g, int oc, const float *w,
+                        const float *x, float *y, float *ws) {
   cuda_impl *I = use(b);
-  size_t total = (size_t)g->c * g->h * g->w;
-  LAUNCH(I, PS_CUDA_OP_COL2IM, total, k_col2im, total, *g, col, dx);
+  const int k = g->c * g->kh * g->kw, plane = g->oh * g->ow, chunk = conv_chunk(n, g, oc);
+  const size_t in = (size_t)g->c * g->h * g->w, out = (size_t)oc * plane;
+  float *col = ws, *tmp = ws + (size_t)chunk * plane * k;
+  for (int s0 = 0; s0 < n; s0 += chunk) {
+    const int m = n - s0 < chunk ? n - s0 : chunk, ld = m * plane;
+    const size_t ncol = (size_t)k * ld, nx = (size_t)m * in, ny = (size_t)m * out;
+    LAUNCH_IX(I, PS_CUDA_OP_IM2COL, ncol, ncol > nx ? ncol : nx, k_im2col, *g, ld,
+              x + (size_t)s0 * in, col);
+    float *c = m == 1 ? y + (size_t)s0 * out : tmp;
+    cu_gemm(b, 0, 0, oc, ld, k, 1.0f, w, k, col, ld, 0.0f, c, ld);
+    if (m > 1)
+      LAUNCH_IX(I, PS_CUDA_OP_TRANSPOSE, ny, ny, k_permute, oc, m, plane, tmp,
+                y + (size_t)s0 * out);
+  }
+}
+
+static void cu_conv_bwd(ps_backend *b, int n, const ps_conv_geom *g, int oc, const float *w,
+                        const float *x, const float *dy, float *dw, float *dx, float *ws) {
+  cuda_impl *I = use(b);
+  const int k = g->c * g->kh * g->kw, plane = g->oh * g->ow, chunk = conv_chunk(n, g, oc);
+  const size_t in = (size_t)g->c * g->h * g->w, out = (size_t)oc * plane;
+  float *col = ws, *tmp = ws + (size_t)chunk * plane * k;
+  if (n <= 0)
+    cu_zero(b, dw, (size_t)oc * k);
+  for (int s0 = 0; s0 < n; s0 += chunk) {
+    const int m = n - s0 < chunk ? n - s0 : chunk, ld = m * plane;
+    const size_t ncol = (size_t)k * ld, nx = (size_t)m * in, ny = (size_t)m * out;
+    const float *d = dy + (size_t)s0 * out;
+    if (m > 1) {
+      LAUNCH_IX(I, PS_CUDA_OP_TRANSPOSE, ny, ny, k_permute, m, oc, plane, d, tmp);
+      d = tmp;
+    }
+    LAUNCH_IX(I, PS_CUDA_OP_IM2COL, ncol, ncol > nx ? ncol : nx, k_im2col, *g, ld,
+              x + (size_t)s0 * in, col);
+    cu_gemm(b, 0, 1, oc, k, ld, 1.0f, d, ld, col, ld, s0 ? 1.0f : 0.0f, dw, k);
+    if (dx == NULL)
+      continue;
+    cu_gemm(b, 1, 0, k, ld, oc, 1.0f, w, k, d, ld, 0.0f, col, ld);
+    LAUNCH_IX(I, PS_CUDA_OP_COL2IM, nx, ncol > nx ? ncol : nx, k_col2im, *g, ld, col,
+              dx + (size_t)s0 * in);
+  }
 }
 
 static void cu_maxpool_fwd(ps_backend *b, int n, const ps_conv_geom *g, const float *x, float *y,
@@ -518,9 +772,12 @@ static void cu_dropout_fwd(ps_backend *b, int n, size_t per, size_t group, float
   cuda_impl *I = use(b);
   if (n <= 0 || per == 0)
     return;
+  size_t bx = (per + THREADS - 1) / THREADS;
+  dim3 grid(bx < 1024 ? (unsigned)bx : 1024, n < 65535 ? (unsigned)n : 65535);
   prof_begin(I);
-  k_dropout_fwd<<<n, THREADS, 0, I->stream>>>(per, group, ps_dropout_keep_below(p),
-                                               ps_dropout_scale(p), seed, first, x, y, mask);
+  k_dropout_fwd<<<grid, THREADS, 0, I->stream>>>(n, (uint32_t)per, (uint32_t)group,
+                                                  ps_dropout_keep_below(p), ps_dropout_scale(p),
+                                                  seed, first, x, y, mask);
   check(I, cudaGetLastError(), "k_dropout_fwd");
   prof_end(I, PS_CUDA_OP_DROPOUT_FWD, -1);
 }
@@ -530,6 +787,23 @@ static void cu_dropout_bwd(ps_backend *b, size_t count, float p, const uint8_t *
   cuda_impl *I = use(b);
   LAUNCH(I, PS_CUDA_OP_DROPOUT_BWD, count, k_dropout_bwd, count, ps_dropout_scale(p), mask, dy,
          dx);
+}
+
+static void cu_optim(ps_backend *b, const ps_optim *o, float lr, uint64_t t, float *w,
+                     const float *g, float *const *slots, size_t count) {
+  cuda_impl *I = use(b);
+  int rule;
+  switch (o->kind) {
+  case PS_OPTIM_SGD: rule = OPT_SGD; break;
+  case PS_OPTIM_MOMENTUM: rule = o->nesterov ? OPT_NESTEROV : OPT_MOMENTUM; break;
+  case PS_OPTIM_ADAGRAD: rule = OPT_ADAGRAD; break;
+  case PS_OPTIM_ADAM: rule = OPT_ADAM; break;
+  default: return;  /* as ps_optim_apply */
+  }
+  int nslots = ps_optim_nslots(o->kind);
+  float *s0 = nslots > 0 ? slots[0] : NULL, *s1 = nslots > 1 ? slots[1] : NULL;
+  LAUNCH(I, PS_CUDA_OP_OPTIM, count, k_optim, count, rule, ps_optim_coefs(o, lr, t), w, g, s0,
+         s1);
 }
 
 static void nll_scratch_free(ps_backend *b) {
@@ -587,7 +861,7 @@ static double cu_nll(ps_backend *b, int n, int k, const float *logits, const uin
   check(I, cudaMemcpyAsync(I->h_right, I->d_right, (size_t)n, cudaMemcpyDeviceToHost, I->stream),
         "cudaMemcpyAsync hits");
   prof_end(I, PS_CUDA_OP_NLL, -1);
-  check(I, cudaStreamSynchronize(I->stream), "cudaStreamSynchronize");
+  stream_sync(I, "cudaStreamSynchronize after nll");
   double loss = 0.0;
   size_t right = 0;
   for (int i = 0; i < n; i++) {
@@ -608,22 +882,37 @@ static void cu_close(ps_backend *b) {
   cuda_impl *I = (cuda_impl *)b->impl;
   if (I == NULL)
     return;
+  /* What fails here is said on stderr; nothing is left to protect. */
+  cudaError_t e = cudaSuccess;
   if (I->stream != NULL) {
-    cudaSetDevice(I->device);
-    current_device = I->device;
-    cudaStreamSynchronize(I->stream);
+    warn(I, cudaSetDevice(I->device), "cudaSetDevice");
+    e = cudaStreamSynchronize(I->stream);
+    if (e != cudaSuccess) {
+      char what[160];
+      snprintf(what, sizeof what, "cudaStreamSynchronize at close (the last op: %s)",
+               ps__cuda_op_name(I->last_op));
+      warn(I, e, what);
+    }
   }
-  if (I->prof != NULL && I->stream != NULL)
-    check(I, ps__cuda_profile_report(I->prof, stderr), "cudaEventElapsedTime");
+  if (I->prof != NULL && I->stream != NULL && e == cudaSuccess)
+    warn(I, ps__cuda_profile_report(I->prof, stderr), "PS_CUDA_PROFILE: report");
   ps__cuda_profile_free(I->prof);
-  nll_scratch_free(b);
-  for (size_t i = 0; i < I->nblocks; i++)
-    cudaFree(I->blocks[i].p);
+  /* After a fault the context is gone with its memory: nothing to free
+   * there (and the frees would fail). */
+  if (e == cudaSuccess) {
+    nll_scratch_free(b);
+    for (size_t i = 0; i < I->nblocks; i++)
+      warn(I, cudaFree(I->blocks[i].p), "cudaFree");
+  }
   free(I->blocks);
-  if (I->blas != NULL)
-    cublasDestroy(I->blas);
+  if (I->blas != NULL) {
+    cublasStatus_t st = cublasDestroy(I->blas);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      fprintf(stderr, "paramserv: cuda:%d: cublasDestroy: %s\n", I->device,
+              cublasGetStatusString(st));
+  }
   if (I->stream != NULL)
-    cudaStreamDestroy(I->stream);
+    warn(I, cudaStreamDestroy(I->stream), "cudaStreamDestroy");
   free(I);
   b->impl = NULL;
 }
@@ -646,44 +935,61 @@ static const ps_backend_ops cuda_ops = {
     .bias_grad = cu_bias_grad,
     .relu_fwd = cu_relu_fwd,
     .relu_bwd = cu_relu_bwd,
-    .im2col = cu_im2col,
-    .col2im = cu_col2im,
+    .conv_ws = cu_conv_ws,
+    .conv_fwd = cu_conv_fwd,
+    .conv_bwd = cu_conv_bwd,
     .maxpool_fwd = cu_maxpool_fwd,
     .maxpool_bwd = cu_maxpool_bwd,
     .dropout_fwd = cu_dropout_fwd,
     .dropout_bwd = cu_dropout_bwd,
     .nll = cu_nll,
+    .optim = cu_optim,
 };
+
+int ps_backend_cuda_profile_gemm(ps_backend *b, int m, int n, int k, int ta, int tb,
+                                 unsigned long long *timed, double *gpu_ms) {
+  *timed = 0;
+  *gpu_ms = 0.0;
+  if (b == NULL || b->ops != &cuda_ops || ((cuda_impl *)b->impl)->prof == NULL)
+    return -ENOENT;
+  return ps__cuda_profile_gemm(((cuda_impl *)b->impl)->prof, m, n, k, ta, tb, timed, gpu_ms) == 0
+             ? 0
+             : -ENOENT;
+}
 
 int ps_backend_cuda_devices(ps_errbuf *eb) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    /* "driver version is insufficient" is also what a machine with no
-     * driver at all gets: say which of the two it is. */
-    int driver = 0, runtime = 0;
-    char why[96] = "";
-    if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
-        cudaRuntimeGetVersion(&runtime) == cudaSuccess) {
-      if (driver == 0)
-        snprintf(why, sizeof why, " (no NVIDIA driver is installed)");
-      else
-        snprintf(why, sizeof why, " (the driver gives CUDA %d.%d, this runtime needs %d.%d)",
-                 driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
-    }
-    return ps_err_set(eb, -ENODEV, "cudaGetDeviceCount: %s%s", cudaGetErrorString(e), why);
-  }
-  if (count < 1)
+  if (e == cudaSuccess && count >= 1)
+    return count;
+  (void)cudaGetLastError();
+  char err[256];
+  if (e == cudaSuccess)
     return ps_err_set(eb, -ENODEV, "cudaGetDeviceCount: 0 devices");
-  return count;
+  /* No device at all (none visible): no GPU here. */
+  if (e == cudaErrorNoDevice)
+    return ps_err_set(eb, -ENODEV, "cudaGetDeviceCount: %s", cuda_why(e, err, sizeof err));
+  /* "Driver version is insufficient" is also what a machine with no driver
+   * at all gets: that is no GPU here; a driver too old is a failure. */
+  int driver = -1, runtime = 0;
+  if (e == cudaErrorInsufficientDriver && cudaDriverGetVersion(&driver) == cudaSuccess &&
+      driver == 0)
+    return ps_err_set(eb, -ENODEV, "cudaGetDeviceCount: %s (no NVIDIA driver is installed)",
+                      cuda_why(e, err, sizeof err));
+  char why[96] = "";
+  if (e == cudaErrorInsufficientDriver && driver > 0 &&
+      cudaRuntimeGetVersion(&runtime) == cudaSuccess)
+    snprintf(why, sizeof why, " (the driver gives CUDA %d.%d, this runtime needs %d.%d)",
+             driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+  return ps_err_set(eb, -EIO, "cudaGetDeviceCount: %s%s", cuda_why(e, err, sizeof err), why);
 }
 
 ps_backend *ps_backend_cuda_new(int device, ps_errbuf *eb) {
   ps_errbuf why = {0, {0}};
   int count = ps_backend_cuda_devices(&why);
   if (count < 0) {
-    ps_err_set(eb, -ENODEV, "cuda: no GPU: %s", why.msg);
+    ps_err_set(eb, -ENODEV, "cuda: %s: %s",
+               count == -ENODEV ? "no GPU" : "CUDA cannot use this machine's GPU", why.msg);
     return NULL;
   }
   if (device < 0 || device >= count) {
@@ -703,46 +1009,53 @@ ps_backend *ps_backend_cuda_new(int device, ps_errbuf *eb) {
   b->host_memory = 0;
   b->impl = I;
   I->device = device;
+  I->last_op = -1;
+  const char *sync = getenv("PS_CUDA_SYNC");
+  I->sync = sync != NULL && *sync != '\0' && strcmp(sync, "0") != 0;
   cudaError_t e;
   cublasStatus_t st;
   cudaDeviceProp prop;
   int runtime = 0, blas_version = 0;
-  if ((e = cudaSetDevice(device)) != cudaSuccess) {
-    ps_err_set(eb, -ENODEV, "cuda:%d: cudaSetDevice: %s", device, cudaGetErrorString(e));
-    goto fail;
+  const char *call = "";
+  char err[256];
+  /* Each CUDA and cuBLAS call named in its failure, with the error. */
+#define TRY_CUDA(name, expr)  \
+  if ((e = (expr)) != cudaSuccess) { \
+    call = name;              \
+    goto cuda_fail;           \
   }
-  current_device = device;
+#define TRY_BLAS(name, expr)           \
+  if ((st = (expr)) != CUBLAS_STATUS_SUCCESS) { \
+    call = name;                       \
+    goto blas_fail;                    \
+  }
+  TRY_CUDA("cudaSetDevice", cudaSetDevice(device));
   /* Non-blocking: the stream does not wait for the legacy default stream,
    * which other code in the process may use. */
-  if ((e = cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking)) != cudaSuccess) {
-    ps_err_set(eb, -ENODEV, "cuda:%d: cudaStreamCreate: %s", device, cudaGetErrorString(e));
-    goto fail;
-  }
-  if ((st = cublasCreate(&I->blas)) != CUBLAS_STATUS_SUCCESS ||
-      (st = cublasSetStream(I->blas, I->stream)) != CUBLAS_STATUS_SUCCESS) {
-    ps_err_set(eb, -ENODEV, "cuda:%d: cuBLAS: %s", device, cublasGetStatusString(st));
-    goto fail;
-  }
-  if ((e = ps__cuda_profile_new(&I->prof)) != cudaSuccess) {
-    ps_err_set(eb, -ENODEV, "cuda:%d: PS_CUDA_PROFILE: %s", device, cudaGetErrorString(e));
-    goto fail;
-  }
+  TRY_CUDA("cudaStreamCreateWithFlags",
+           cudaStreamCreateWithFlags(&I->stream, cudaStreamNonBlocking));
+  TRY_BLAS("cublasCreate", cublasCreate(&I->blas));
+  TRY_BLAS("cublasSetStream", cublasSetStream(I->blas, I->stream));
+  TRY_BLAS("cublasGetVersion", cublasGetVersion(I->blas, &blas_version));
+  TRY_CUDA("PS_CUDA_PROFILE", ps__cuda_profile_new(&I->prof, I->stream));
+  TRY_CUDA("cudaGetDeviceProperties", cudaGetDeviceProperties(&prop, device));
+  TRY_CUDA("cudaRuntimeGetVersion", cudaRuntimeGetVersion(&runtime));
+#undef TRY_CUDA
+#undef TRY_BLAS
   if (nll_room(b, 1024) != 0) {
     ps_err_set(eb, -ENOMEM, "cuda:%d: out of memory for a backend", device);
     goto fail;
   }
-  if ((e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess) {
-    ps_err_set(eb, -ENODEV, "cuda:%d: cudaGetDeviceProperties: %s", device,
-               cudaGetErrorString(e));
-    goto fail;
-  }
-  cudaRuntimeGetVersion(&runtime);
-  cublasGetVersion(I->blas, &blas_version);
   snprintf(I->desc, sizeof I->desc,
            "cuda:%d %.100s (sm_%d%d, %.1f GiB), CUDA runtime %d.%d, cuBLAS %d", device, prop.name,
            prop.major, prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0),
            runtime / 1000, runtime % 1000 / 10, blas_version);
   return b;
+cuda_fail:
+  ps_err_set(eb, -ENODEV, "cuda:%d: %s: %s", device, call, cuda_why(e, err, sizeof err));
+  goto fail;
+blas_fail:
+  ps_err_set(eb, -ENODEV, "cuda:%d: %s: %s", device, call, cublasGetStatusString(st));
 fail:
   (void)cudaGetLastError();
   cu_close(b);

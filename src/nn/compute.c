@@ -25,6 +25,12 @@ struct ps_compute {
   /* A device backend's copies of a step's params and batch (NULL when the
    * backend computes on host memory, which then reads the caller's). */
   float *dev_params, *dev_x;
+  /* ps_compute_train_init's: the kept parameters, their gradient (slot
+   * 0's on a device; grad_owned when allocated here) and the optimizer's
+   * slots, all in slot 0's backend memory. */
+  float *own_params, *own_grad, *own_slots[PS_OPTIM_MAX_SLOTS];
+  int grad_owned;
+  ps_optim optim;
   /* The current job, read by every thread. */
   const float *params, *x;
   const uint8_t *labels;
@@ -37,6 +43,14 @@ void ps_compute_free(ps_compute *c) {
   if (c == NULL)
     return;
   ps_pool_free(c->pool);
+  if (c->slots != NULL && c->slots[0].backend != NULL) {
+    ps_backend *b = c->slots[0].backend;
+    b->ops->free(b, c->own_params);
+    if (c->grad_owned)
+      b->ops->free(b, c->own_grad);
+    for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
+      b->ops->free(b, c->own_slots[i]);
+  }
   if (c->slots != NULL)
     for (int t = 0; t < c->threads; t++) {
       slot *s = &c->slots[t];
@@ -199,9 +213,13 @@ static void reduce_job(void *arg, int t, int nt) {
     be->ops->add(be, b - a, c->slots[s].grad + a, c->grad + a);
 }
 
-double ps_compute_grad(ps_compute *c, const float *params, const float *x,
-                       const uint8_t *labels, int n, uint64_t seed, uint64_t first,
-                       float *grad, size_t *correct) {
+/* The gradient of the batch's mean loss, on params (backend memory, or
+ * host memory to stage in when stage_params), into grad: the caller's
+ * (host) for ps_compute_grad, the kept one for a training step.  @return
+ * the mean loss. */
+static double grad_pass(ps_compute *c, const float *params, int stage_params, const float *x,
+                        const uint8_t *labels, int n, uint64_t seed, uint64_t first, float *grad,
+                        size_t *correct) {
   c->params = params;
   c->x = x;
   c->labels = labels;
@@ -210,14 +228,10 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
   c->seed = seed;
   c->first = first;
   c->grad = grad;
-  stage_in(c, params, x, n);
+  stage_in(c, stage_params ? params : NULL, x, n);
   ps_pool_run(c->pool, grad_job, c);
   if (c->threads > 1)
     ps_pool_run(c->pool, reduce_job, c);
-  if (c->dev_params != NULL) {
-    ps_backend *b = c->slots[0].backend;
-    b->ops->to_host(b, grad, c->slots[0].grad, c->m->vars.total * sizeof(float));
-  }
   double loss = 0.0;
   for (int t = 0; t < c->threads; t++) {
     loss += c->slots[t].loss;
@@ -227,11 +241,22 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
   return loss / n;
 }
 
+double ps_compute_grad(ps_compute *c, const float *params, const float *x,
+                       const uint8_t *labels, int n, uint64_t seed, uint64_t first,
+                       float *grad, size_t *correct) {
+  double loss = grad_pass(c, params, 1, x, labels, n, seed, first, grad, correct);
+  if (c->dev_params != NULL) {
+    ps_backend *b = c->slots[0].backend;
+    b->ops->to_host(b, grad, c->slots[0].grad, c->m->vars.total * sizeof(float));
+  }
+  return loss;
+}
+
 double ps_compute_eval(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, size_t n, size_t *correct) {
   double loss = 0.0;
   size_t right = 0;
-  c->params = params;
+  c->params = params != NULL ? params : c->own_params;
   c->train = 0;
   for (size_t done = 0; done < n;) {
     int chunk = (int)(n - done < (size_t)c->max_batch ? n - done : (size_t)c->max_batch);
@@ -249,4 +274,72 @@ double ps_compute_eval(ps_compute *c, const float *params, const float *x,
   }
   *correct = right;
   return n ? loss / (double)n : 0.0;
+}
+
+/* Backend memory of n floats, all `value`. */
+static float *alloc_filled(ps_backend *b, size_t n, float value) {
+  float *p = b->ops->alloc(b, n * sizeof *p);
+  if (p == NULL || value == 0.0f) {
+    if (p != NULL)
+      b->ops->zero(b, p, n);
+    return p;
+  }
+  float *h = malloc(n * sizeof *h);
+  if (h == NULL) {
+    b->ops->free(b, p);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++)
+    h[i] = value;
+  b->ops->to_device(b, p, h, n * sizeof *h);
+  /* backend.h: h must stay as it is until a to_host returns. */
+  float one;
+  b->ops->to_host(b, &one, p, sizeof one);
+  free(h);
+  return p;
+}
+
+int ps_compute_train_init(ps_compute *c, const float *params, const ps_optim *o) {
+  ps_backend *b = c->slots[0].backend;
+  size_t total = c->m->vars.total;
+  c->optim = *o;
+  if (c->own_params == NULL) {
+    c->own_params = b->ops->alloc(b, total * sizeof(float));
+    if (c->own_params == NULL)
+      return -ENOMEM;
+  }
+  if (c->own_grad == NULL) {
+    /* On a device slot 0 has a gradient of its own, which the step uses;
+     * on the CPU it writes the caller's: this one. */
+    c->grad_owned = c->slots[0].grad == NULL;
+    c->own_grad = c->grad_owned ? b->ops->alloc(b, total * sizeof(float)) : c->slots[0].grad;
+    if (c->own_grad == NULL)
+      return -ENOMEM;
+  }
+  for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++) {
+    b->ops->free(b, c->own_slots[i]);
+    c->own_slots[i] = NULL;
+  }
+  for (int i = 0; i < ps_optim_nslots(o->kind); i++) {
+    c->own_slots[i] = alloc_filled(b, total, ps_optim_slot_init(o, i));
+    if (c->own_slots[i] == NULL)
+      return -ENOMEM;
+  }
+  b->ops->to_device(b, c->own_params, params, total * sizeof(float));
+  return 0;
+}
+
+double ps_compute_train_step(ps_compute *c, const float *x, const uint8_t *labels, int n,
+                             uint64_t seed, uint64_t first, float lr, uint64_t t,
+                             size_t *correct) {
+  double loss = grad_pass(c, c->own_params, 0, x, labels, n, seed, first, c->own_grad, correct);
+  ps_backend *b = c->slots[0].backend;
+  b->ops->optim(b, &c->optim, lr, t, c->own_params, c->own_grad, c->own_slots,
+                c->m->vars.total);
+  return loss;
+}
+
+void ps_compute_train_params(ps_compute *c, float *params) {
+  ps_backend *b = c->slots[0].backend;
+  b->ops->to_host(b, params, c->own_params, c->m->vars.total * sizeof(float));
 }

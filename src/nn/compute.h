@@ -1,9 +1,11 @@
 /* Gradient computation over a batch, on the CPU or a GPU.  On the CPU the
  * batch is split across threads: each thread runs the model on its slice
  * with its own backend and workspace, and the slices' gradients are summed.
- * On a GPU one CUDA backend runs the whole batch: each step copies the
- * parameters and the batch to the device and the gradient back, once each.
- * What a worker and `paramserv train` call once per step. */
+ * On a GPU one CUDA backend runs the whole batch: ps_compute_grad copies
+ * the parameters and the batch to the device and the gradient back, once
+ * each (what a worker calls once per step); ps_compute_train_step keeps the
+ * parameters and the optimizer on the device and copies only the batch
+ * (what `paramserv train` calls). */
 #ifndef PS_NN_COMPUTE_H
 #define PS_NN_COMPUTE_H
 
@@ -11,6 +13,7 @@
 #include <stdint.h>
 
 #include "nn/model.h"
+#include "optim/optim.h"
 #include "paramserv/error.h"
 
 typedef struct ps_compute ps_compute;
@@ -50,10 +53,34 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, int n, uint64_t seed, uint64_t first,
                        float *grad, size_t *correct);
 
-/* Evaluate (no dropout) any number of samples in chunks of max_batch.
+/* Evaluate (no dropout) any number of samples in chunks of max_batch, with
+ * params (host memory) or, when params is NULL, the parameters of
+ * ps_compute_train_init.
  * @return the mean NLL; *correct = samples whose argmax is the label. */
 double ps_compute_eval(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, size_t n, size_t *correct);
+
+/* Training where the computation keeps the parameters, their gradient and
+ * the optimizer's slots in its own memory (on a GPU, device memory), so
+ * that a step moves only the batch in and the loss out: what `paramserv
+ * train` runs.  train_init copies params (host, m->vars.total floats) in,
+ * which must stay as they are until the first step returns (backend.h's
+ * to_device), and sets the slots to their initial values
+ * (ps_optim_slot_init); `o` is copied.  @return 0 or -ENOMEM. */
+int ps_compute_train_init(ps_compute *c, const float *params, const ps_optim *o);
+
+/* One step on the kept parameters: the mean loss gradient over the batch
+ * (as ps_compute_grad), then the optimizer's update with rate lr and
+ * 1-based update count t, computed where the parameters are (backend.h's
+ * optim op: bit for bit ps_optim_apply).  x, labels: host memory.  Adds
+ * correct predictions to *correct when not NULL.  @return the mean NLL of
+ * the batch. */
+double ps_compute_train_step(ps_compute *c, const float *x, const uint8_t *labels, int n,
+                             uint64_t seed, uint64_t first, float lr, uint64_t t,
+                             size_t *correct);
+
+/* Copy the kept parameters to params (host, m->vars.total floats). */
+void ps_compute_train_params(ps_compute *c, float *params);
 
 /* Threads the CPU computes on; 1 on a GPU. */
 int ps_compute_threads(const ps_compute *c);

@@ -1,9 +1,9 @@
 /* Forward and backward passes of the layers, on the backend interface. */
 #include "nn/layers.h"
 
-void ps_layer_aux_sizes(const ps_layer *l, int max_batch, size_t *mask, size_t *idx,
-                        size_t *col) {
-  *mask = *idx = *col = 0;
+void ps_layer_aux_sizes(const ps_layer *l, ps_backend *b, int max_batch, size_t *mask,
+                        size_t *idx, size_t *conv_ws) {
+  *mask = *idx = *conv_ws = 0;
   switch (l->kind) {
   case PS_LAYER_DROPOUT:
     *mask = (size_t)max_batch * l->out_size;
@@ -12,7 +12,7 @@ void ps_layer_aux_sizes(const ps_layer *l, int max_batch, size_t *mask, size_t *
     *idx = (size_t)max_batch * l->out_size * sizeof(int32_t);
     break;
   case PS_LAYER_CONV2D:
-    *col = (size_t)l->geom.c * l->geom.kh * l->geom.kw * l->geom.oh * l->geom.ow * sizeof(float);
+    *conv_ws = b->ops->conv_ws(b, max_batch, &l->geom, l->out_c) * sizeof(float);
     break;
   default:
     break;
@@ -31,17 +31,10 @@ void ps_layer_forward(const ps_layer *l, ps_backend *b, const float *params, con
     op->bias_add(b, n, out, 1, params + l->boff, y);
     break;
   }
-  case PS_LAYER_CONV2D: {
-    const ps_conv_geom *g = &l->geom;
-    int k = g->c * g->kh * g->kw, plane = g->oh * g->ow;
-    for (int s = 0; s < n; s++) {
-      op->im2col(b, g, x + (size_t)s * l->in_size, aux->col);
-      op->gemm(b, 0, 0, l->out_c, plane, k, 1.0f, params + l->woff, k, aux->col, plane, 0.0f,
-               y + (size_t)s * l->out_size, plane);
-    }
-    op->bias_add(b, n, l->out_c, plane, params + l->boff, y);
+  case PS_LAYER_CONV2D:
+    op->conv_fwd(b, n, &l->geom, l->out_c, params + l->woff, x, y, aux->conv_ws);
+    op->bias_add(b, n, l->out_c, l->geom.oh * l->geom.ow, params + l->boff, y);
     break;
-  }
   case PS_LAYER_MAXPOOL2D:
     op->maxpool_fwd(b, n, &l->geom, x, y, aux->idx);
     break;
@@ -71,26 +64,11 @@ void ps_layer_backward(const ps_layer *l, ps_backend *b, const float *params, co
       op->gemm(b, 0, 0, n, in, out, 1.0f, dy, out, params + l->woff, in, 0.0f, dx, in);
     break;
   }
-  case PS_LAYER_CONV2D: {
-    const ps_conv_geom *g = &l->geom;
-    int k = g->c * g->kh * g->kw, plane = g->oh * g->ow;
-    op->bias_grad(b, n, l->out_c, plane, dy, grads + l->boff);
-    for (int s = 0; s < n; s++) {
-      const float *dys = dy + (size_t)s * l->out_size;
-      /* The im2col matrix is rebuilt rather than kept from the forward pass:
-       * it is cheap next to the gemms, and keeping one per sample would cost
-       * tens of megabytes per thread and all their cache misses. */
-      op->im2col(b, g, x + (size_t)s * l->in_size, aux->col);
-      op->gemm(b, 0, 1, l->out_c, k, plane, 1.0f, dys, plane, aux->col, plane, s ? 1.0f : 0.0f,
-               grads + l->woff, k);
-      if (dx != NULL) {
-        op->gemm(b, 1, 0, k, plane, l->out_c, 1.0f, params + l->woff, k, dys, plane, 0.0f,
-                 aux->dcol, plane);
-        op->col2im(b, g, aux->dcol, dx + (size_t)s * l->in_size);
-      }
-    }
+  case PS_LAYER_CONV2D:
+    op->bias_grad(b, n, l->out_c, l->geom.oh * l->geom.ow, dy, grads + l->boff);
+    op->conv_bwd(b, n, &l->geom, l->out_c, params + l->woff, x, dy, grads + l->woff, dx,
+                 aux->conv_ws);
     break;
-  }
   case PS_LAYER_MAXPOOL2D:
     if (dx != NULL)
       op->maxpool_bwd(b, n, &l->geom, aux->idx, dy, dx);

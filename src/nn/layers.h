@@ -1,6 +1,7 @@
-/* Layers: dense, conv2d (im2col + gemm), maxpool2d, relu, dropout.  Each is a
- * small descriptor plus a forward and a backward pass written only against
- * the backend interface, so a new backend needs no change here. */
+/* Layers: dense, conv2d (the backend's convolution of a batch), maxpool2d,
+ * relu, dropout.  Each is a small descriptor plus a forward and a backward
+ * pass written only against the backend interface, so a new backend needs
+ * no change here. */
 #ifndef PS_NN_LAYERS_H
 #define PS_NN_LAYERS_H
 
@@ -32,13 +33,13 @@ typedef struct ps_layer {
 typedef struct ps_layer_aux {
   uint8_t *mask;   /* dropout: max_batch * out_size */
   int32_t *idx;    /* maxpool2d: max_batch * out_size */
-  float *col;      /* conv2d: one sample's im2col matrix */
-  float *dcol;     /* conv2d: its gradient */
+  float *conv_ws;  /* conv2d: the backend's scratch (backend.h's conv_ws) */
 } ps_layer_aux;
 
-/* Bytes of each aux buffer this layer needs for `max_batch` samples. */
-void ps_layer_aux_sizes(const ps_layer *l, int max_batch, size_t *mask, size_t *idx,
-                        size_t *col);
+/* Bytes of each aux buffer this layer needs for `max_batch` samples on
+ * backend b (a convolution's scratch depends on the backend). */
+void ps_layer_aux_sizes(const ps_layer *l, ps_backend *b, int max_batch, size_t *mask,
+                        size_t *idx, size_t *conv_ws);
 
 /* y[n x out_size] from x[n x in_size].  `train` enables dropout; dropout's
  * masks are a function of (seed, first + sample), see backend.h. */

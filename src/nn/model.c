@@ -452,8 +452,7 @@ void ps_model_ws_close(ps_model_ws *ws) {
     b->ops->free(b, ws->act[i]);
     b->ops->free(b, ws->aux[i].mask);
     b->ops->free(b, ws->aux[i].idx);
-    b->ops->free(b, ws->aux[i].col);
-    b->ops->free(b, ws->aux[i].dcol);
+    b->ops->free(b, ws->aux[i].conv_ws);
   }
   b->ops->free(b, ws->grad_a);
   b->ops->free(b, ws->grad_b);
@@ -469,8 +468,8 @@ int ps_model_ws_init(ps_model_ws *ws, const ps_model *m, ps_backend *b, int max_
   int failed = 0;
   for (int i = 0; i < m->nlayers; i++) {
     const ps_layer *l = &m->layers[i];
-    size_t mask, idx, col;
-    ps_layer_aux_sizes(l, max_batch, &mask, &idx, &col);
+    size_t mask, idx, conv_ws;
+    ps_layer_aux_sizes(l, b, max_batch, &mask, &idx, &conv_ws);
     ws->act[i] = b->ops->alloc(b, (size_t)max_batch * l->out_size * sizeof(float));
     failed |= ws->act[i] == NULL;
     if (mask) {
@@ -481,10 +480,9 @@ int ps_model_ws_init(ps_model_ws *ws, const ps_model *m, ps_backend *b, int max_
       ws->aux[i].idx = b->ops->alloc(b, idx);
       failed |= ws->aux[i].idx == NULL;
     }
-    if (col) {
-      ws->aux[i].col = b->ops->alloc(b, col);
-      ws->aux[i].dcol = b->ops->alloc(b, col);
-      failed |= ws->aux[i].col == NULL || ws->aux[i].dcol == NULL;
+    if (conv_ws) {
+      ws->aux[i].conv_ws = b->ops->alloc(b, conv_ws);
+      failed |= ws->aux[i].conv_ws == NULL;
     }
     if (l->out_size > widest)
       widest = l->out_size;

@@ -21,13 +21,9 @@
  * (no function attribute or pragma lifts it in gcc 12). */
 #define BLOCK 16
 
-/* Per-call constants, computed once so the loops do no per-element pow. */
-typedef struct kcoef {
-  float lr, mu, eps;
-  float b1, b2, c1, c2; /* adam: beta1, beta2, 1 - beta1, 1 - beta2 */
-  float step;           /* adam: lr / (1 - beta1^t) */
-  float inv_sqrt_bc2;   /* adam: 1 / sqrt(1 - beta2^t) */
-} kcoef;
+/* Per-call constants (ps_optim_coefs), computed once so the loops do no
+ * per-element pow. */
+typedef ps_optim_coef kcoef;
 
 typedef void (*kernel_fn)(const kcoef *c, float *restrict w, const float *restrict g,
                           float *restrict s0, float *restrict s1, size_t nblk);
@@ -213,9 +209,27 @@ float ps_optim_slot_init(const ps_optim *o, int i) {
   return 0.0f;
 }
 
+ps_optim_coef ps_optim_coefs(const ps_optim *o, float lr, uint64_t t) {
+  kcoef c = {.lr = lr, .mu = o->momentum, .eps = o->eps, .wd = o->weight_decay};
+  if (o->kind == PS_OPTIM_ADAM) {
+    /* t = 0 would divide by 1 - beta^0 = 0; a caller that has not counted
+     * this update yet gets the first step's correction, not infinities. */
+    double tt = t == 0 ? 1.0 : (double)t;
+    double bc1 = 1.0 - pow(o->beta1, tt);
+    double bc2 = 1.0 - pow(o->beta2, tt);
+    c.b1 = o->beta1;
+    c.b2 = o->beta2;
+    c.c1 = 1.0f - o->beta1;
+    c.c2 = 1.0f - o->beta2;
+    c.step = (float)(lr / bc1);
+    c.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+  }
+  return c;
+}
+
 void ps_optim_apply(const ps_optim *o, float lr, uint64_t t, float *w, const float *g,
                     float *const *slots, size_t n) {
-  kcoef c = {.lr = lr, .mu = o->momentum, .eps = o->eps};
+  kcoef c = ps_optim_coefs(o, lr, t);
   kernel_fn k;
   float *s0 = NULL, *s1 = NULL;
 
@@ -231,27 +245,15 @@ void ps_optim_apply(const ps_optim *o, float lr, uint64_t t, float *w, const flo
     k = adagrad_kernel;
     s0 = slots[0];
     break;
-  case PS_OPTIM_ADAM: {
-    /* t = 0 would divide by 1 - beta^0 = 0; a caller that has not counted
-     * this update yet gets the first step's correction, not infinities. */
-    double tt = t == 0 ? 1.0 : (double)t;
-    double bc1 = 1.0 - pow(o->beta1, tt);
-    double bc2 = 1.0 - pow(o->beta2, tt);
-    c.b1 = o->beta1;
-    c.b2 = o->beta2;
-    c.c1 = 1.0f - o->beta1;
-    c.c2 = 1.0f - o->beta2;
-    c.step = (float)(lr / bc1);
-    c.inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+  case PS_OPTIM_ADAM:
     k = adam_kernel;
     s0 = slots[0];
     s1 = slots[1];
     break;
-  }
   default:
     return;
   }
-  run_kernel(k, &c, o->weight_decay, w, g, s0, s1, n);
+  run_kernel(k, &c, c.wd, w, g, s0, s1, n);
 }
 
 /* ------------------------------------------------------------------------ */

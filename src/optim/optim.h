@@ -60,6 +60,20 @@ float ps_optim_slot_init(const ps_optim *o, int i);
 void ps_optim_apply(const ps_optim *o, float lr, uint64_t t, float *w, const float *g,
                     float *const *slots, size_t n);
 
+/* The constants of one update as ps_optim_apply derives them from o, lr and
+ * t (adam's bias corrections in double, rounded to float once), for code
+ * that runs the same rules elsewhere (nn/backend.h's optim op on a GPU) and
+ * must match ps_optim_apply to the bit. */
+typedef struct ps_optim_coef {
+  float lr, mu, eps;    /* the step's rate, momentum, eps */
+  float wd;             /* weight decay; 0: the gradient is used as it is */
+  float b1, b2, c1, c2; /* adam: beta1, beta2, 1 - beta1, 1 - beta2 */
+  float step;           /* adam: lr / (1 - beta1^t) */
+  float inv_sqrt_bc2;   /* adam: 1 / sqrt(1 - beta2^t) */
+} ps_optim_coef;
+
+ps_optim_coef ps_optim_coefs(const ps_optim *o, float lr, uint64_t t);
+
 /* Learning-rate schedules over the global step. */
 typedef enum ps_sched_kind {
   PS_SCHED_CONSTANT = 0,

@@ -5,11 +5,25 @@
 # refused in one line that names it.  Both builds are checked: $PARAMSERV
 # (the default build, without CUDA) and build/cuda/paramserv (make CUDA=1,
 # which make test builds in cuda-check whenever nvcc is here).  Where a GPU
-# answers, the CUDA build trains on it instead.
+# answers, the CUDA build trains on it instead.  Only a machine without a
+# GPU may answer "no GPU": where the kernel shows an NVIDIA device (a device
+# node, the driver's /proc entry, as tests/gpu/gpu_present.h asks), or with
+# PS_REQUIRE_GPU=1 (scripts/gpu-check), the CUDA build's exit 2 for
+# --device cuda is a failure, and so is every GPU part skipped.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 CUDA_BIN=${PARAMSERV_CUDA:-build/cuda/paramserv}
+required=""
+if [ -n "${PS_REQUIRE_GPU:-}" ] && [ "${PS_REQUIRE_GPU}" != 0 ]; then
+  required="PS_REQUIRE_GPU=$PS_REQUIRE_GPU"
+fi
+must_gpu=$required
+if [ -e /dev/nvidia0 ] || [ -e /proc/driver/nvidia/version ]; then
+  must_gpu="an NVIDIA device is present"
+fi
+# links_cuda BIN: BIN was built with make CUDA=1 (links the CUDA runtime).
+links_cuda() { local l; l=$(ldd "$1" 2>/dev/null) || true; [[ "$l" == *libcudart* ]]; }
 
 # one_line_exit2 WHAT PATTERN CMD...: CMD exits 2 with one stderr line
 # matching PATTERN.
@@ -35,6 +49,9 @@ check_build() {
     echo "ok: $bin train --device cuda: a GPU answered and trained 5 steps"
     gpu_builds+="$bin "
   else
+    if [ -n "$must_gpu" ] && links_cuda "$bin"; then
+      fail "$bin train --device cuda: exit $rc, but $must_gpu: a GPU must answer ($(head -c 300 "$T/err"))"
+    fi
     one_line_exit2 "$bin train --device cuda" '^paramserv: error: cuda(:[0-9]+)?: ' \
       "$bin" train --device cuda --max-steps 5 --no-eval
   fi
@@ -64,6 +81,7 @@ fi
 if [ -x "$CUDA_BIN" ]; then
   check_build "$CUDA_BIN"
 else
+  [ -z "$required" ] || fail "$CUDA_BIN not built, and $required (make CUDA=1)"
   echo "skip: $CUDA_BIN not built (make cuda-check builds it where nvcc is)"
 fi
 
@@ -142,4 +160,7 @@ for bin in $gpu_builds; do
     fail "one CPU + one GPU worker: test accuracy $acc, two CPU workers $cpu_acc (bar: within 0.01)"
   echo "ok: one CPU + one GPU worker: test accuracy $acc; two CPU workers: $cpu_acc"
 done
-[ -n "${gpu_builds// /}" ] || echo "skip: no GPU (the mixed CPU + GPU cluster needs one)"
+if [ -z "${gpu_builds// /}" ]; then
+  [ -z "$required" ] || fail "no GPU answered, and $required"
+  echo "skip: no GPU (the mixed CPU + GPU cluster needs one)"
+fi

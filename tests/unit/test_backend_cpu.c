@@ -64,46 +64,110 @@ static void test_gemm(void **state) {
   ps_backend_free(be);
 }
 
-/* col2im is im2col's adjoint: <im2col(x), c> == <x, col2im(c)>, and
- * im2col copies the right pixels. */
-static void test_im2col(void **state) {
+/* The convolution of sample s at output (o, oy, ox), the textbook loops in
+ * double: the sum over the window of w * x, padding being 0. */
+static double conv_ref(const ps_conv_geom *g, int oc, const float *w, const float *x, int s,
+                       int o, int oy, int ox) {
+  double sum = 0.0;
+  for (int c = 0; c < g->c; c++)
+    for (int ki = 0; ki < g->kh; ki++)
+      for (int kj = 0; kj < g->kw; kj++) {
+        int iy = oy * g->stride - g->pad + ki, ix = ox * g->stride - g->pad + kj;
+        if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+          continue;
+        sum += (double)w[((o * g->c + c) * g->kh + ki) * g->kw + kj] *
+               x[(((size_t)s * g->c + c) * g->h + iy) * g->w + ix];
+      }
+  (void)oc;
+  return sum;
+}
+
+/* conv_fwd against conv_ref; conv_bwd's dw and dx against the gradients of
+ * L = sum(y * r) written out from the definition: dw[o][c][ki][kj] = sum
+ * over samples and outputs of r * the input pixel under the weight, dx
+ * the scatter of r * w to the pixels under each window.  Several samples,
+ * strides, padding, a non-square window, a 1x1 window, a single sample. */
+static void test_conv(void **state) {
   (void)state;
   ps_backend *be = ps_backend_cpu_new();
-  const ps_conv_geom geoms[] = {
-      {.c = 2, .h = 5, .w = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 0, .oh = 3, .ow = 2},
-      {.c = 3, .h = 7, .w = 6, .kh = 3, .kw = 2, .stride = 2, .pad = 1, .oh = 4, .ow = 4},
+  const struct { ps_conv_geom g; int oc, n; } cases[] = {
+      {{.c = 2, .h = 5, .w = 4, .kh = 3, .kw = 3, .stride = 1, .pad = 0, .oh = 3, .ow = 2}, 3, 5},
+      {{.c = 3, .h = 7, .w = 6, .kh = 3, .kw = 2, .stride = 2, .pad = 1, .oh = 4, .ow = 4}, 2, 3},
+      {{.c = 1, .h = 28, .w = 28, .kh = 3, .kw = 3, .stride = 1, .pad = 0, .oh = 26, .ow = 26},
+       4, 7},
+      {{.c = 4, .h = 6, .w = 6, .kh = 1, .kw = 1, .stride = 1, .pad = 0, .oh = 6, .ow = 6}, 5, 1},
+      {{.c = 2, .h = 9, .w = 9, .kh = 5, .kw = 5, .stride = 2, .pad = 2, .oh = 5, .ow = 5}, 3, 4},
   };
-  for (size_t gi = 0; gi < 2; gi++) {
-    const ps_conv_geom *g = &geoms[gi];
-    size_t nx = (size_t)g->c * g->h * g->w, ncol = (size_t)g->c * g->kh * g->kw * g->oh * g->ow;
-    float *x = malloc(nx * sizeof *x), *dx = malloc(nx * sizeof *dx);
-    float *col = malloc(ncol * sizeof *col), *c = malloc(ncol * sizeof *c);
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const ps_conv_geom *g = &cases[ci].g;
+    const int oc = cases[ci].oc, n = cases[ci].n, k = g->c * g->kh * g->kw;
+    const int plane = g->oh * g->ow;
+    const size_t nx = (size_t)n * g->c * g->h * g->w, ny = (size_t)n * oc * plane;
+    float *x = malloc(nx * sizeof *x), *y = malloc(ny * sizeof *y), *r = malloc(ny * sizeof *r);
+    float *w = malloc((size_t)oc * k * sizeof *w), *dw = malloc((size_t)oc * k * sizeof *dw);
+    float *dx = malloc(nx * sizeof *dx);
+    double *dw_ref = calloc((size_t)oc * k, sizeof *dw_ref), *dx_ref = calloc(nx, sizeof *dx_ref);
+    float *ws = malloc(be->ops->conv_ws(be, n, g, oc) * sizeof *ws + 1);
     fill(x, nx);
-    fill(c, ncol);
-    be->ops->im2col(be, g, x, col);
-    be->ops->col2im(be, g, c, dx);
-    double lhs = 0.0, rhs = 0.0;
-    for (size_t i = 0; i < ncol; i++)
-      lhs += (double)col[i] * c[i];
+    fill(w, (size_t)oc * k);
+    fill(r, ny);
+    be->ops->conv_fwd(be, n, g, oc, w, x, y, ws);
+    for (int s = 0; s < n; s++)
+      for (int o = 0; o < oc; o++)
+        for (int p = 0; p < plane; p++) {
+          double want = conv_ref(g, oc, w, x, s, o, p / g->ow, p % g->ow);
+          float got = y[((size_t)s * oc + o) * plane + p];
+          if (fabs(got - want) > 1e-5 * (1.0 + k))
+            fail_msg("conv_fwd case %zu: y[%d][%d][%d] = %f, reference %f", ci, s, o, p, got,
+                     want);
+          /* The gradients of sum(y * r), scattered from this output. */
+          double rv = r[((size_t)s * oc + o) * plane + p];
+          for (int c = 0; c < g->c; c++)
+            for (int ki = 0; ki < g->kh; ki++)
+              for (int kj = 0; kj < g->kw; kj++) {
+                int iy = (p / g->ow) * g->stride - g->pad + ki;
+                int ix = (p % g->ow) * g->stride - g->pad + kj;
+                if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+                  continue;
+                size_t wi = (size_t)((o * g->c + c) * g->kh + ki) * g->kw + kj;
+                size_t xi = (((size_t)s * g->c + c) * g->h + iy) * g->w + ix;
+                dw_ref[wi] += rv * x[xi];
+                dx_ref[xi] += rv * w[wi];
+              }
+        }
+    /* dw and dx are overwritten, not added to. */
     for (size_t i = 0; i < nx; i++)
-      rhs += (double)x[i] * dx[i];
-    assert_true(fabs(lhs - rhs) < 1e-4);
-    for (int ch = 0; ch < g->c; ch++)
-      for (int ki = 0; ki < g->kh; ki++)
-        for (int kj = 0; kj < g->kw; kj++)
-          for (int oy = 0; oy < g->oh; oy++)
-            for (int ox = 0; ox < g->ow; ox++) {
-              int iy = oy * g->stride - g->pad + ki, ix = ox * g->stride - g->pad + kj;
-              float want = (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
-                               ? 0.0f
-                               : x[(ch * g->h + iy) * g->w + ix];
-              size_t row = (size_t)(ch * g->kh + ki) * g->kw + kj;
-              assert_true(col[row * g->oh * g->ow + (size_t)oy * g->ow + ox] == want);
-            }
+      dx[i] = 99.0f;
+    for (size_t i = 0; i < (size_t)oc * k; i++)
+      dw[i] = 99.0f;
+    be->ops->conv_bwd(be, n, g, oc, w, x, r, dw, dx, ws);
+    for (size_t i = 0; i < (size_t)oc * k; i++)
+      if (fabs(dw[i] - dw_ref[i]) > 1e-5 * (1.0 + (double)n * plane))
+        fail_msg("conv_bwd case %zu: dw[%zu] = %f, reference %f", ci, i, dw[i], dw_ref[i]);
+    for (size_t i = 0; i < nx; i++)
+      if (fabs(dx[i] - dx_ref[i]) > 1e-5 * (1.0 + oc * k))
+        fail_msg("conv_bwd case %zu: dx[%zu] = %f, reference %f", ci, i, dx[i], dx_ref[i]);
+    /* Without dx (a first layer): the same dw, dx untouched. */
+    for (size_t i = 0; i < (size_t)oc * k; i++)
+      dw[i] = 99.0f;
+    for (size_t i = 0; i < nx; i++)
+      dx[i] = 99.0f;
+    be->ops->conv_bwd(be, n, g, oc, w, x, r, dw, NULL, ws);
+    for (size_t i = 0; i < (size_t)oc * k; i++)
+      if (fabs(dw[i] - dw_ref[i]) > 1e-5 * (1.0 + (double)n * plane))
+        fail_msg("conv_bwd without dx, case %zu: dw[%zu] = %f, reference %f", ci, i, dw[i],
+                 dw_ref[i]);
+    for (size_t i = 0; i < nx; i++)
+      assert_true(dx[i] == 99.0f);
     free(x);
+    free(y);
+    free(r);
+    free(w);
+    free(dw);
     free(dx);
-    free(col);
-    free(c);
+    free(dw_ref);
+    free(dx_ref);
+    free(ws);
   }
   ps_backend_free(be);
 }
@@ -148,7 +212,7 @@ int main(void) {
   ps_rng_seed(&rng, 7);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm),
-      cmocka_unit_test(test_im2col),
+      cmocka_unit_test(test_conv),
       cmocka_unit_test(test_bias_and_relu),
       cmocka_unit_test(test_maxpool),
   };

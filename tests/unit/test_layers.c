@@ -72,12 +72,11 @@ static void expect_close(const char *what, size_t i, double analytic, double num
 /* Check dx and every parameter gradient of layer l (nparams floats). */
 static void gradcheck(fixture *f, const ps_layer *l, int n, size_t nparams, int relu_like) {
   run u = {.l = l, .b = f->b, .n = n};
-  size_t mask, idx, col;
-  ps_layer_aux_sizes(l, n, &mask, &idx, &col);
+  size_t mask, idx, conv_ws;
+  ps_layer_aux_sizes(l, f->b, n, &mask, &idx, &conv_ws);
   u.aux.mask = mask ? malloc(mask) : NULL;
   u.aux.idx = idx ? malloc(idx) : NULL;
-  u.aux.col = col ? malloc(col) : NULL;
-  u.aux.dcol = col ? malloc(col) : NULL;
+  u.aux.conv_ws = conv_ws ? malloc(conv_ws) : NULL;
   size_t nin = (size_t)n * l->in_size, nout = (size_t)n * l->out_size;
   u.params = malloc((nparams ? nparams : 1) * sizeof(float));
   u.x = malloc(nin * sizeof(float));
@@ -116,8 +115,7 @@ static void gradcheck(fixture *f, const ps_layer *l, int n, size_t nparams, int 
   }
   free(u.aux.mask);
   free(u.aux.idx);
-  free(u.aux.col);
-  free(u.aux.dcol);
+  free(u.aux.conv_ws);
   free(u.params);
   free(u.x);
   free(u.y);
@@ -204,6 +202,43 @@ static void test_dropout_mask(void **state) {
   free(m2);
 }
 
+/* The masks follow nn/dropout.h's definition, written out once more here:
+ * group j of sample s is kept when the 16 bits at 16 * (j % 4) of
+ * mix64(key + (j / 4) * 0x9e3779b97f4a7c15), key = mix64(seed ^ mix64(s)),
+ * are below (1 - p) * 65536 rounded; groups of 1, 3 (a 64-bit word's draws
+ * spanning groups of several values) and whole planes. */
+static void test_dropout_definition(void **state) {
+  fixture *f = *state;
+  const struct { int n; size_t per, group; float p; uint64_t seed, first; } cases[] = {
+      {3, 101, 1, 0.3f, 1, 0},
+      {4, 30, 3, 0.5f, 0xdeadbeef, 77},
+      {2, 5 * 16, 16, 0.25f, 9, 1u << 20}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    size_t count = (size_t)cases[c].n * cases[c].per;
+    float *x = malloc(count * sizeof *x), *y = malloc(count * sizeof *y);
+    uint8_t *m = malloc(count);
+    fill(&f->rng, x, count, -1.0f, 1.0f);
+    f->b->ops->dropout_fwd(f->b, cases[c].n, cases[c].per, cases[c].group, cases[c].p,
+                           cases[c].seed, cases[c].first, x, y, m);
+    uint32_t below = (uint32_t)((1.0 - (double)cases[c].p) * 65536.0 + 0.5);
+    float scale = 1.0f / (1.0f - cases[c].p);
+    for (int s = 0; s < cases[c].n; s++) {
+      uint64_t key = ps_mix64(cases[c].seed ^ ps_mix64(cases[c].first + (uint64_t)s));
+      for (size_t v = 0; v < cases[c].per; v++) {
+        size_t j = v / cases[c].group, at = (size_t)s * cases[c].per + v;
+        uint64_t word = ps_mix64(key + (uint64_t)(j / 4) * 0x9e3779b97f4a7c15ULL);
+        uint8_t keep = ((word >> (16 * (j % 4))) & 0xffff) < below;
+        if (m[at] != keep)
+          fail_msg("case %zu sample %d value %zu: mask %d, definition %d", c, s, v, m[at], keep);
+        assert_true(y[at] == x[at] * ((float)keep * scale));
+      }
+    }
+    free(x);
+    free(y);
+    free(m);
+  }
+}
+
 /* dlogits of the log-softmax NLL against finite differences of the loss. */
 static void test_nll(void **state) {
   fixture *f = *state;
@@ -269,6 +304,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_relu, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dropout, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dropout_mask, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_dropout_definition, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dropout_channels, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nll, setup, teardown),
   };

@@ -138,6 +138,78 @@ static void test_compute_threads(void **state) {
   ps_model_close(&m);
 }
 
+/* ps_compute_train_* on the CPU is ps_compute_grad followed by
+ * ps_optim_apply, bit for bit (what `paramserv train` ran before it kept
+ * its parameters in the computation), with 1 and 2 threads and every
+ * optimizer; an evaluation with params NULL reads the kept ones. */
+static void test_compute_train(void **state) {
+  (void)state;
+  ps_model m;
+  gradcheck_build("cnn", NULL, &m);
+  enum { N = 6, STEPS = 3 };
+  const char *names[] = {"sgd", "momentum", "nesterov", "adagrad", "adam"};
+  size_t total = m.vars.total;
+  float *init = malloc(total * sizeof *init), *w = malloc(total * sizeof *w);
+  float *g = malloc(total * sizeof *g), *kept = malloc(total * sizeof *kept);
+  float *slots[PS_OPTIM_MAX_SLOTS] = {malloc(total * sizeof(float)), malloc(total * sizeof(float))};
+  float *x = malloc(STEPS * N * m.in_size * sizeof *x);
+  uint8_t y[STEPS * N];
+  ps_vartable_init_arena(&m.vars, 2, init);
+  ps_rng r;
+  ps_rng_seed(&r, 4);
+  for (size_t i = 0; i < STEPS * N * m.in_size; i++)
+    x[i] = (float)ps_rng_uniform(&r);
+  for (int i = 0; i < STEPS * N; i++)
+    y[i] = (uint8_t)ps_rng_below(&r, 10);
+  for (int threads = 1; threads <= 2; threads++)
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+      ps_optim o = ps_optim_default(PS_OPTIM_SGD, 0.01f);
+      assert_int_equal(ps_optim_parse(names[k], &o), 0);
+      o.weight_decay = k % 2 ? 0.001f : 0.0f;
+      ps_errbuf eb = {0};
+      ps_compute *c = ps_compute_new(&m, threads, N, &eb);
+      ps_compute *ref = ps_compute_new(&m, threads, N, &eb);
+      assert_non_null(c);
+      assert_non_null(ref);
+      memcpy(w, init, total * sizeof *w);
+      for (int i = 0; i < ps_optim_nslots(o.kind); i++)
+        for (size_t j = 0; j < total; j++)
+          slots[i][j] = ps_optim_slot_init(&o, i);
+      assert_int_equal(ps_compute_train_init(c, init, &o), 0);
+      for (int s = 0; s < STEPS; s++) {
+        const float *xs = x + (size_t)s * N * m.in_size;
+        float lr = 0.01f / (float)(s + 1);
+        size_t right = 0, right_ref = 0;
+        double loss = ps_compute_train_step(c, xs, y + s * N, N, 5, (uint64_t)s * N, lr,
+                                            (uint64_t)s + 1, &right);
+        double loss_ref = ps_compute_grad(ref, w, xs, y + s * N, N, 5, (uint64_t)s * N, g,
+                                          &right_ref);
+        ps_optim_apply(&o, lr, (uint64_t)s + 1, w, g, slots, total);
+        assert_true(loss == loss_ref);
+        assert_int_equal(right, right_ref);
+      }
+      ps_compute_train_params(c, kept);
+      if (memcmp(kept, w, total * sizeof *w) != 0)
+        fail_msg("%s, %d threads: the kept parameters differ from grad + ps_optim_apply's",
+                 names[k], threads);
+      size_t r1 = 0, r2 = 0;
+      double e1 = ps_compute_eval(c, NULL, x, y, STEPS * N, &r1);
+      double e2 = ps_compute_eval(ref, w, x, y, STEPS * N, &r2);
+      assert_true(e1 == e2);
+      assert_int_equal(r1, r2);
+      ps_compute_free(c);
+      ps_compute_free(ref);
+    }
+  free(init);
+  free(w);
+  free(g);
+  free(kept);
+  free(slots[0]);
+  free(slots[1]);
+  free(x);
+  ps_model_close(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cnn_table),
@@ -146,6 +218,7 @@ int main(void) {
       cmocka_unit_test(test_mlp_gradcheck),
       cmocka_unit_test(test_cnn_directional),
       cmocka_unit_test(test_compute_threads),
+      cmocka_unit_test(test_compute_train),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -223,6 +223,11 @@ void ps_ckpt_close(ps_ckpt *c);
 int ps_ckpt_model(const ps_ckpt *c, const char *model_file, ps_model *m, ps_data_norm *norm,
                   ps_errbuf *eb);
 
+/* Are t's variables the checkpoint's: the same names and shapes, in the
+ * same order?  @return 0, or PS_EUSAGE with one line naming the first that
+ * differs. */
+int ps_ckpt_check_vars(const ps_ckpt *c, const ps_vartable *t, ps_errbuf *eb);
+
 /* Is this checkpoint of the running cluster's model and placement?
  * @return 0, or PS_ELAYOUT with a message naming both sides (model text and
  * layout hash of the checkpoint and of the cluster). */

@@ -9,12 +9,11 @@
 #include "recovery/checkpoint.h"
 #include "recovery/manifest.h"
 
-/* The variables the model builds must be the manifest's, in its order. */
-static int same_vars(const ps_ckpt *c, const ps_vartable *t, ps_errbuf *eb) {
+int ps_ckpt_check_vars(const ps_ckpt *c, const ps_vartable *t, ps_errbuf *eb) {
   const char *where = c->path != NULL ? c->path : "the checkpoint";
   if (t->n != c->nvars || t->total != c->total_floats)
-    return ps_err_set(eb, PS_EUSAGE, "%s: the model %s has %d variables of %zu floats, the "
-                      "manifest %d of %zu", where, c->model, t->n, t->total, c->nvars,
+    return ps_err_set(eb, PS_EUSAGE, "%s: the model has %d variables of %zu floats, the "
+                      "checkpoint (%s) %d of %zu", where, t->n, t->total, c->model, c->nvars,
                       c->total_floats);
   for (int i = 0; i < t->n; i++) {
     const ps_var *v = &t->vars[i];
@@ -24,8 +23,8 @@ static int same_vars(const ps_ckpt *c, const ps_vartable *t, ps_errbuf *eb) {
       same = v->shape[d] == w->shape[d];
     if (!same) {
       char a[128];
-      return ps_err_set(eb, PS_EUSAGE, "%s: variable %d of the model %s is %s, the manifest's "
-                        "is %s", where, i + 1, c->model, ps_var_describe(v, a, sizeof a),
+      return ps_err_set(eb, PS_EUSAGE, "%s: variable %d of the model is %s, the checkpoint's "
+                        "(%s) %s", where, i + 1, ps_var_describe(v, a, sizeof a), c->model,
                         w->name);
     }
   }
@@ -82,7 +81,8 @@ int ps_ckpt_model(const ps_ckpt *c, const char *model_file, ps_model *m, ps_data
   int rc = ps_model_build(&spec, m, eb);
   if (rc != 0)
     return rc;
-  if ((rc = same_vars(c, &m->vars, eb)) != 0) {
+  /* The variables the model builds must be the manifest's, in its order. */
+  if ((rc = ps_ckpt_check_vars(c, &m->vars, eb)) != 0) {
     ps_model_close(m);
     return rc;
   }

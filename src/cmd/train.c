@@ -19,9 +19,12 @@
 #include "nn/model.h"
 #include "nn/modelfile.h"
 #include "optim/optim.h"
+#include "recovery/solo.h"
 
 typedef struct train_opts {
   const char *model, *hidden, *model_file, *data;
+  const char *ckpt_dir, *init_from;  /* --checkpoint-dir, --init-from */
+  int64_t ckpt_every, keep;          /* --checkpoint-every, --keep */
   int64_t epochs, batch, threads, max_steps, train_limit, warmup;
   int device;  /* PS_DEVICE_CPU or a CUDA device number */
   double lr, momentum, weight_decay, gamma, step_epochs, min_lr;
@@ -61,8 +64,24 @@ static void train_usage(FILE *f) {
       "  --max-steps N         stop after N steps in all (default: no limit)\n"
       "  --train-limit N       use only the first N training samples (default: all)\n"
       "  --no-eval             skip the test-set evaluation\n"
+      "  --checkpoint-dir D    write checkpoints into D (recovery/FORMAT.md, the chief's\n"
+      "                        format, which paramserv eval and paramserv ckpt read)\n"
+      "                        at each epoch's end and at the end; when D holds\n"
+      "                        one, resume from its newest: weights, optimizer state,\n"
+      "                        step and data position (it must be of this model and\n"
+      "                        optimizer, else the run is refused, exit 2)\n"
+      "  --checkpoint-every N  with --checkpoint-dir, also every N steps (default 0)\n"
+      "  --keep K              checkpoints kept in D, the newest by step (default 5;\n"
+      "                        0 keeps all)\n"
+      "  --init-from CKPT      start from the weights of a checkpoint (DIR/ckpt-<step>,\n"
+      "                        or the newest of a directory; any writer's, whose\n"
+      "                        variables are this model's): fresh optimizer state, step\n"
+      "                        0; not used when --checkpoint-dir resumes\n"
       "  --log-level LEVEL     debug|info|warn|error (default info)\n"
       "  -h, --help            this help\n"
+      "\n"
+      "--epochs and --max-steps count from the run's first step: a resumed run\n"
+      "trains to where the uninterrupted run would have stopped, the same steps.\n"
       "\n"
       "The last line is machine-readable:\n"
       "  done steps S samples N seconds T samples/s R test_acc A ms/step M\n"
@@ -76,7 +95,8 @@ static void train_usage(FILE *f) {
 static int parse_opts(int argc, char **argv, train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_MODEL_FILE, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
-         O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE };
+         O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE, O_CKPT_DIR, O_CKPT_EVERY,
+         O_KEEP, O_INIT_FROM };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
@@ -94,6 +114,10 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
       {"warmup-steps", required_argument, 0, O_WARMUP},
       {"threads", required_argument, 0, O_THREADS},
       {"device", required_argument, 0, O_DEVICE},
+      {"checkpoint-dir", required_argument, 0, O_CKPT_DIR},
+      {"checkpoint-every", required_argument, 0, O_CKPT_EVERY},
+      {"keep", required_argument, 0, O_KEEP},
+      {"init-from", required_argument, 0, O_INIT_FROM},
       {"seed", required_argument, 0, O_SEED},
       {"data", required_argument, 0, O_DATA},
       {"max-steps", required_argument, 0, O_MAX_STEPS},
@@ -108,10 +132,11 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   *o = (train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
                     .threads = cores > 0 ? cores : 1, .lr = 0.001, .momentum = 0.9,
-                    .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU};
+                    .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU,
+                    .keep = 5};
   opterr = 0;
   optind = 1;
-  int c, rc = 0, named = 0;
+  int c, rc = 0, named = 0, every = 0, keep = 0;
   while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
     case O_MODEL: o->model = optarg; named = 1; break;
@@ -140,6 +165,13 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
     case O_TRAIN_LIMIT: rc = ps_cmd_flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
     case O_NO_EVAL: o->eval = 0; break;
+    case O_CKPT_DIR: o->ckpt_dir = optarg; break;
+    case O_CKPT_EVERY:
+      rc = ps_cmd_flag_i64("checkpoint-every", optarg, 0, INT64_MAX, &o->ckpt_every);
+      every = 1;
+      break;
+    case O_KEEP: rc = ps_cmd_flag_i64("keep", optarg, 0, 1000000, &o->keep); keep = 1; break;
+    case O_INIT_FROM: o->init_from = optarg; break;
     case O_LOG_LEVEL: {
       int lv = ps_log_level_parse(optarg);
       if (lv < 0) {
@@ -167,6 +199,11 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
                  named ? "model" : "hidden");
     return -1;
   }
+  if (o->ckpt_dir == NULL && (every || keep)) {
+    ps_cmd_error("--%s without --checkpoint-dir: expected a directory to write checkpoints into",
+                 every ? "checkpoint-every" : "keep");
+    return -1;
+  }
   o->seed = (uint64_t)seed;
   o->optim = ps_optim_default(PS_OPTIM_ADAM, (float)o->lr);
   if (ps_optim_parse(optim_name, &o->optim) != 0) {
@@ -182,6 +219,25 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
     ps_cmd_error("--schedule '%s': expected constant, step or cosine", sched_name);
     return -1;
   }
+  return 0;
+}
+
+/* Checkpoint `step` of the weights and optimizer state compute keeps, at
+ * data position pos, into solo's directory; one line either way (a failure
+ * is logged by the writer).  @return 0 or -1. */
+static int save(ps_solo *solo, ps_compute *c, uint64_t step, ps_data_pos pos) {
+  float *slots[PS_OPTIM_MAX_SLOTS] = {0};
+  for (int k = 0; k < ps_optim_nslots(solo->optim.kind); k++)
+    slots[k] = ps_solo_slot(solo, k);
+  ps_compute_train_params(c, ps_solo_values(solo));
+  ps_compute_train_slots(c, slots);
+  ps_ckpt_write_stats st;
+  ps_errbuf eb = {0};
+  if (ps_solo_write(solo, step, pos, &st, &eb) != 0)
+    return -1;
+  printf("train: checkpoint %s in %s (step %" PRIu64 ", %" PRIu64 " bytes, %.3f s)\n", st.name,
+         solo->dir, step, st.stored_bytes, st.total_s);
+  fflush(stdout);
   return 0;
 }
 
@@ -203,14 +259,48 @@ int ps_cmd_train(int argc, char **argv) {
   ps_model model = {0};
   ps_sampler sampler = {0};
   ps_compute *compute = NULL;
-  float *params = NULL, *x = NULL;
+  float *params = NULL, *x = NULL, *warm = NULL;
   float *test_x = NULL;
   uint8_t *y = NULL;
   size_t *index = NULL;
+  ps_solo solo = {0};
+  int resumed = 0;
+  uint64_t start_step = 0;
+  ps_data_pos start_pos = {0, 0};
+  char from[PS_CKPT_NAME_MAX] = "";
 
   if (ps_model_build(&spec, &model, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
     goto out;
+  }
+  /* Checkpoints before the seconds of loading data: a directory that cannot
+   * be written, or that holds another model's, and a checkpoint to start
+   * from that does not fit, are each one line and exit 2. */
+  if (o.ckpt_dir != NULL &&
+      (ps_solo_open(&solo, o.ckpt_dir, &model, &o.optim, o.keep, &eb) != 0 ||
+       (resumed = ps_solo_resume(&solo, &start_step, &start_pos, from, &eb)) < 0)) {
+    ps_cmd_error("%s", eb.msg);
+    status = 2;
+    goto out;
+  }
+  if (o.init_from != NULL && !resumed) {
+    ps_ckpt c;
+    if (ps_cmd_open_ckpt(o.init_from, &c) != 0) {
+      status = 2;
+      goto out;
+    }
+    warm = malloc(model.vars.total * sizeof *warm + 1);
+    int wrc = warm == NULL ? ps_err_set(&eb, -ENOMEM, "out of memory for %s's weights", c.path)
+                           : ps_solo_init_from(&c, &model, warm, &eb);
+    if (wrc == 0)
+      printf("train: weights from %s (step %" PRIu64 ", model %s)\n", c.path, c.step, c.model);
+    else
+      ps_cmd_error("--init-from %s", eb.msg);
+    ps_ckpt_close(&c);
+    if (wrc != 0) {
+      status = wrc == -ENOMEM ? 1 : 2;
+      goto out;
+    }
   }
   /* The device first: a GPU that is not there is said in one line at once,
    * before seconds of loading data, and it is the environment's problem (2),
@@ -260,11 +350,28 @@ int ps_cmd_train(int argc, char **argv) {
     }
     ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
   }
+  /* The weights: a resumed checkpoint's (with its optimizer state), a
+   * warm start's, or the seeded initialization. */
   ps_vartable_init_arena(&model.vars, o.seed, params);
-  if (ps_compute_train_init(compute, params, &o.optim) != 0) {
+  if (ps_compute_train_init(compute, resumed ? ps_solo_values(&solo) : warm ? warm : params,
+                            &o.optim) != 0) {
     ps_cmd_error("out of %s memory for the %s model's parameters and optimizer slots",
                  o.device >= 0 ? "GPU" : "host", spec.desc);
     goto out;
+  }
+  if (resumed) {
+    const float *slots[PS_OPTIM_MAX_SLOTS] = {0};
+    for (int k = 0; k < ps_optim_nslots(o.optim.kind); k++)
+      slots[k] = ps_solo_slot(&solo, k);
+    ps_compute_train_load_slots(compute, slots);
+    if (ps_sampler_seek(&sampler, start_pos) != 0) {
+      ps_cmd_error("%s/%s: its data position (epoch %" PRIu64 ", sample %" PRIu64 ") is past "
+                   "this run's %zu training samples: expected the --train-limit it was "
+                   "trained with", o.ckpt_dir, from, start_pos.epoch + 1, start_pos.offset,
+                   train.n);
+      status = 2;
+      goto out;
+    }
   }
 
   size_t part = ps_sampler_part_size(&sampler);
@@ -286,15 +393,32 @@ int ps_cmd_train(int argc, char **argv) {
          ps_compute_describe(compute));
   fflush(stdout);
 
-  /* Timed from the end of step 1 (see train_usage): the step counts and
-   * samples of the timed steps, in all and in the epoch. */
-  uint64_t step = 0, samples = 0, timed_steps = 0, timed_samples = 0;
+  /* A resumed run goes on where the checkpoint stood: its step, the
+   * samples handed out (the dropout stream's position), and the epoch and
+   * step in it that its data position says (an epoch handed out whole is
+   * done). */
+  uint64_t start_samples = start_pos.epoch * part + start_pos.offset;
+  int64_t first_epoch = (int64_t)start_pos.epoch + (start_pos.offset >= part);
+  uint64_t first_s = start_pos.offset >= part ? 0 : (start_pos.offset + (size_t)o.batch - 1) /
+                                                        (size_t)o.batch;
+  if (resumed) {
+    printf("train: resumed from %s/%s: step %" PRIu64 ", data at epoch %" PRId64 " sample %"
+           PRIu64 " of %zu\n", o.ckpt_dir, from, start_step,
+           first_epoch + (start_pos.offset < part), start_pos.offset >= part ? part :
+           start_pos.offset, part);
+    fflush(stdout);
+  }
+
+  /* Timed from the end of the first step (see train_usage): the step
+   * counts and samples of the timed steps, in all and in the epoch. */
+  uint64_t step = start_step, samples = start_samples, timed_steps = 0, timed_samples = 0;
+  uint64_t saved = resumed ? start_step : UINT64_MAX;
   double train_seconds = 0.0, first_step_seconds = 0.0, test_acc = -1.0;
   int stopped = 0;
-  for (int64_t epoch = 0; epoch < o.epochs && !stopped; epoch++) {
-    double t0 = ps_now_s(), loss_sum = 0.0;
+  for (int64_t epoch = first_epoch; epoch < o.epochs && !stopped; epoch++) {
+    double t0 = ps_now_s(), loss_sum = 0.0, paused = 0.0;
     size_t correct = 0, seen = 0, epoch_timed = 0;
-    for (uint64_t s = 0; s < steps_per_epoch; s++) {
+    for (uint64_t s = epoch == first_epoch ? first_s : 0; s < steps_per_epoch; s++) {
       if (o.max_steps > 0 && step >= (uint64_t)o.max_steps) {
         stopped = 1;
         break;
@@ -311,7 +435,13 @@ int ps_cmd_train(int argc, char **argv) {
       seen += n;
       samples += n;
       step++;
-      if (step == 1) {
+      if (o.ckpt_dir != NULL && o.ckpt_every > 0 && step % (uint64_t)o.ckpt_every == 0) {
+        double c0 = ps_now_s();
+        if (save(&solo, compute, step, sampler.pos) == 0)
+          saved = step;
+        paused += ps_now_s() - c0;  /* not training time */
+      }
+      if (step == start_step + 1) {
         double t1 = ps_now_s();
         first_step_seconds = t1 - t0;
         t0 = t1;  /* the clock starts after the warm-up step */
@@ -321,7 +451,7 @@ int ps_cmd_train(int argc, char **argv) {
         epoch_timed += n;
       }
     }
-    double secs = ps_now_s() - t0;
+    double secs = ps_now_s() - t0 - paused;
     if (epoch_timed == 0) /* only the warm-up step: time that one */
       secs = first_step_seconds, epoch_timed = seen;
     else
@@ -340,14 +470,23 @@ int ps_cmd_train(int argc, char **argv) {
            epoch + 1, o.epochs, loss_sum / (double)seen, (double)correct / (double)seen, acc,
            secs > 0 ? (double)epoch_timed / secs : 0.0, secs);
     fflush(stdout);
+    if (o.ckpt_dir != NULL && saved != step && save(&solo, compute, step, sampler.pos) == 0)
+      saved = step;
+  }
+  /* The last checkpoint is the run's result: one that cannot be written
+   * fails the run. */
+  if (o.ckpt_dir != NULL && saved != step && save(&solo, compute, step, sampler.pos) != 0) {
+    ps_cmd_error("the final checkpoint (step %" PRIu64 ") could not be written into %s",
+                 step, o.ckpt_dir);
+    goto out;
   }
   char acc[32] = "-";
   if (test_acc >= 0)
     snprintf(acc, sizeof acc, "%.4f", test_acc);
-  if (timed_steps == 0 && step > 0) { /* only the warm-up step ran: time that one */
+  if (timed_steps == 0 && step > start_step) { /* only the warm-up step ran: time that one */
     train_seconds = first_step_seconds;
-    timed_steps = step;
-    timed_samples = samples;
+    timed_steps = step - start_step;
+    timed_samples = samples - start_samples;
   }
   printf("done steps %" PRIu64 " samples %" PRIu64 " seconds %.3f samples/s %.1f test_acc %s "
          "ms/step %.4f\n",
@@ -360,6 +499,8 @@ out:
   free(y);
   free(test_x);
   free(params);
+  free(warm);
+  ps_solo_close(&solo);
   if (compute != NULL)
     ps_compute_host_free(compute, x);
   ps_compute_free(compute);

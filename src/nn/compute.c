@@ -343,3 +343,15 @@ void ps_compute_train_params(ps_compute *c, float *params) {
   ps_backend *b = c->slots[0].backend;
   b->ops->to_host(b, params, c->own_params, c->m->vars.total * sizeof(float));
 }
+
+void ps_compute_train_slots(ps_compute *c, float *const *slots) {
+  ps_backend *b = c->slots[0].backend;
+  for (int i = 0; i < ps_optim_nslots(c->optim.kind); i++)
+    b->ops->to_host(b, slots[i], c->own_slots[i], c->m->vars.total * sizeof(float));
+}
+
+void ps_compute_train_load_slots(ps_compute *c, const float *const *slots) {
+  ps_backend *b = c->slots[0].backend;
+  for (int i = 0; i < ps_optim_nslots(c->optim.kind); i++)
+    b->ops->to_device(b, c->own_slots[i], slots[i], c->m->vars.total * sizeof(float));
+}

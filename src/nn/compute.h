@@ -82,6 +82,13 @@ double ps_compute_train_step(ps_compute *c, const float *x, const uint8_t *label
 /* Copy the kept parameters to params (host, m->vars.total floats). */
 void ps_compute_train_params(ps_compute *c, float *params);
 
+/* The kept optimizer slots, the nslots of train_init's optimizer, each
+ * m->vars.total floats in host memory: copied out into slots[k], or in
+ * from slots[k] (a resumed run's, after train_init; they must stay as they
+ * are until the first step returns, as train_init's params). */
+void ps_compute_train_slots(ps_compute *c, float *const *slots);
+void ps_compute_train_load_slots(ps_compute *c, const float *const *slots);
+
 /* Threads the CPU computes on; 1 on a GPU. */
 int ps_compute_threads(const ps_compute *c);
 

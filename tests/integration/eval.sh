@@ -43,7 +43,8 @@ chief=$(sed -n 's/.*evaluation at global step 300: test loss \([0-9.]*\), test a
 read -r chief_loss chief_acc <<<"$chief"
 
 # eval, from the checkpoint alone (run from another directory: no config).
-out=$(cd "$T" && "$OLDPWD/$BIN" eval "$ck" 2>&1) || fail "eval exited $?: $out"
+bin=$(readlink -f "$BIN")
+out=$(cd "$T" && "$bin" eval "$ck" 2>&1) || fail "eval exited $?: $out"
 last=$(tail -n 1 <<<"$out")
 read -r w1 w2 step w4 n w6 loss w8 acc <<<"$last"
 [ "$w1 $w2 $w4 $w6 $w8" = "eval step samples test_loss test_acc" ] && [ "$step" = 300 ] &&
@@ -71,6 +72,15 @@ want=$(sed -n 's/^  "model": "\(.*\)",$/\1/p' "$ck/MANIFEST.json")
 grep -qF "train: model $want, " <<<"$out" ||
   fail "the exported model.json is not the checkpoint's model $want: $(head -n 1 <<<"$out")"
 echo "ok: the exported model.json is a model file paramserv train takes, the same model"
+
+# A chief's checkpoint (2 shards) warm-starts paramserv train of the model.
+out=$("$BIN" train --model-file "$MODEL" --init-from "$ck" --max-steps 5 --train-limit 640 \
+  --no-eval --threads 1) || fail "train --init-from the chief's checkpoint: $out"
+grep -q "^train: weights from $ck (step 300, model model 1x28x28-10 #" <<<"$out" ||
+  fail "train --init-from: $(head -n 1 <<<"$out")"
+loss=$(awk '/^epoch 1\/1/ { print $4 }' <<<"$out")
+awk -v l="$loss" 'BEGIN { exit !(l < 1.0) }' || fail "train --init-from the chief's step 300: loss $loss"
+echo "ok: train --init-from the chief's ckpt-000000300: 5 steps at loss $loss"
 
 # Exports never mix: a target that is not new is refused unless --force.
 expect2() { # expect2 WANT CMD...: exit 2 and one line holding WANT

@@ -27,6 +27,7 @@
 #include "recovery/checkpoint.h"
 #include "recovery/commit.h"
 #include "recovery/export.h"
+#include "recovery/solo.h"
 
 #define NSHARDS 2
 #define NWORKERS 3
@@ -1185,6 +1186,94 @@ static void test_manifest_errors(void **state) {
   expect_parse_error("{", "[", PS_ECORRUPT, "not valid JSON");
 }
 
+/* One process's checkpoints (paramserv train): written, resumed with the
+ * values, slots, step and data position; another model or optimizer in
+ * the directory refused in one line; a warm start reads the values. */
+static void test_solo(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "solo", dir, sizeof dir);
+  ps_errbuf eb = {0};
+  ps_solo s;
+  if (ps_solo_open(&s, dir, &f->model, &f->optim, 2, &eb) != 0)
+    fail_msg("ps_solo_open: %s", eb.msg);
+  size_t n = f->model.vars.total;
+  uint64_t step;
+  ps_data_pos pos;
+  char name[PS_CKPT_NAME_MAX];
+  assert_int_equal(ps_solo_resume(&s, &step, &pos, name, &eb), 0); /* nothing yet */
+  for (uint64_t k = 1; k <= 3; k++) {
+    for (size_t i = 0; i < n; i++) {
+      ps_solo_values(&s)[i] = (float)(k * 1000 + i) * 1e-6f;
+      ps_solo_slot(&s, 0)[i] = (float)k;
+      ps_solo_slot(&s, 1)[i] = (float)i;
+    }
+    if (ps_solo_write(&s, k * 10, (ps_data_pos){k, 128 * k}, NULL, &eb) != 0)
+      fail_msg("ps_solo_write: %s", eb.msg);
+  }
+  ps_solo_close(&s);
+  assert_false(exists(dir, 10)); /* keep 2 */
+
+  assert_int_equal(ps_solo_open(&s, dir, &f->model, &f->optim, 2, &eb), 0);
+  assert_int_equal(ps_solo_resume(&s, &step, &pos, name, &eb), 1);
+  assert_int_equal(step, 30);
+  assert_string_equal(name, "ckpt-000000030");
+  assert_true(pos.epoch == 3 && pos.offset == 384);
+  for (size_t i = 0; i < n; i++)
+    if (ps_solo_values(&s)[i] != (float)(3000 + i) * 1e-6f || ps_solo_slot(&s, 0)[i] != 3.0f ||
+        ps_solo_slot(&s, 1)[i] != (float)i)
+      fail_msg("element %zu resumed wrong", i);
+  ps_solo_close(&s);
+
+  /* Its manifest says the model: eval's builder takes it. */
+  char path[512];
+  ckpt_path(dir, 30, path, sizeof path);
+  ps_ckpt c;
+  open_ok(path, &c);
+  assert_true(c.has_network && c.has_norm && c.nworkers == 1 && c.nshards == 1);
+  float *params = calloc(n, sizeof *params);
+  if (ps_solo_init_from(&c, &f->model, params, &eb) != 0)
+    fail_msg("ps_solo_init_from: %s", eb.msg);
+  assert_true(params[5] == (float)3005 * 1e-6f);
+
+  /* Another model: refused at once, naming both; a warm start too. */
+  ps_model_spec spec;
+  ps_model other;
+  assert_int_equal(ps_model_spec_parse("mlp", "8", &spec, &eb), 0);
+  assert_int_equal(ps_model_build(&spec, &other, &eb), 0);
+  assert_int_equal(ps_solo_open(&s, dir, &other, &f->optim, 2, &eb), 0);
+  assert_int_equal(ps_solo_resume(&s, &step, &pos, name, &eb), PS_ELAYOUT);
+  assert_non_null(strstr(eb.msg, "holds checkpoints of another model (the newest, "
+                                 "ckpt-000000030: 'mlp 784-16-10'"));
+  assert_non_null(strstr(eb.msg, "this run's 'mlp 784-8-10'"));
+  ps_solo_close(&s);
+  assert_int_equal(ps_solo_init_from(&c, &other, params, &eb), PS_EUSAGE);
+  assert_non_null(strstr(eb.msg, "the model has 4 variables of 6370 floats, the checkpoint "
+                                 "(mlp 784-16-10) 4 of 12730"));
+  ps_model_close(&other);
+  ps_ckpt_close(&c);
+  free(params);
+
+  /* Another optimizer (other slots): refused, naming the newest. */
+  ps_optim sgd = ps_optim_default(PS_OPTIM_SGD, 0.1f);
+  assert_int_equal(ps_solo_open(&s, dir, &f->model, &sgd, 2, &eb), 0);
+  assert_int_equal(ps_solo_resume(&s, &step, &pos, name, &eb), PS_ELAYOUT);
+  assert_non_null(strstr(eb.msg, "holds checkpoints of another optimizer (the newest, "
+                                 "ckpt-000000030: adam on 1 shard; this run trains with sgd "
+                                 "on one shard)"));
+  ps_solo_close(&s);
+
+  /* A damaged newest one: never trained beside, even with an older one to
+   * resume. */
+  assert_int_equal(sh("printf '\\377' | dd of='%s/shard-0.lz4' bs=1 seek=300 conv=notrunc "
+                      "status=none", path), 0);
+  assert_int_equal(ps_solo_open(&s, dir, &f->model, &f->optim, 2, &eb), 0);
+  assert_int_equal(ps_solo_resume(&s, &step, &pos, name, &eb), PS_ELAYOUT);
+  assert_non_null(strstr(eb.msg, "holds 1 checkpoint this run cannot resume (the newest, "
+                                 "ckpt-000000030: "));
+  ps_solo_close(&s);
+}
+
 static void test_filter_names(void **state) {
   (void)state;
   ps_ckpt_filter fl = PS_CKPT_FILTER_NONE;
@@ -1227,6 +1316,7 @@ int main(void) {
       cmocka_unit_test(test_manifest_errors),
       cmocka_unit_test(test_golden_manifest_v2),
       cmocka_unit_test(test_manifest_errors_v2),
+      cmocka_unit_test(test_solo),
       cmocka_unit_test(test_filter_names),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

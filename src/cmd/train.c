@@ -315,15 +315,18 @@ int ps_cmd_train(int argc, char **argv) {
   if (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
       (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0)) {
     ps_cmd_error("%s", eb.msg);
+    status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }
   if (o.eval && (test.rows != train.rows || test.cols != train.cols)) {
     ps_cmd_error("%s: training images are %ux%u, test images %ux%u: expected the same size",
                  o.data, train.rows, train.cols, test.rows, test.cols);
+    status = 2;
     goto out;
   }
   if (ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
     ps_cmd_error("%s: %s", o.data, eb.msg);
+    status = 2;
     goto out;
   }
   if (o.train_limit > 0 && (size_t)o.train_limit < train.n)

@@ -51,8 +51,9 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
   }
   if (ps_dataset_load(cfg->data_dir, "train", &t->train, &eb) != 0 ||
       (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &t->test, &eb) != 0)) {
-    ps_log(PS_LOG_ERROR, "%s", eb.msg);
-    return 1;
+    /* A data set that is missing or broken: a restart would not change it. */
+    ps_log(PS_LOG_ERROR, "[model] data_dir: %s", eb.msg);
+    return eb.code == -ENOMEM ? 1 : 2;
   }
   if (ps_model_check_data(model, t->train.rows, t->train.cols, 10, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);

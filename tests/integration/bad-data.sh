@@ -5,7 +5,7 @@
 # Each case builds a small data directory (IDX files written with printf and
 # gzip, see src/data/IDX.md), runs
 #   $PARAMSERV train --model mlp --epochs 1 --data DIR
-# and checks: exit status non-zero; stderr exactly one line, of the form
+# and checks: exit status 2 (what a restart would not change); stderr exactly one line, of the form
 # "paramserv: error: <message>"; the message contains the offending path.
 set -euo pipefail
 export LC_ALL=C
@@ -52,8 +52,8 @@ expect_failure() {
   shift 2
   timeout 120 "$PARAMSERV" train --model mlp --epochs 1 --data "$dir" \
     </dev/null >"$work/stdout" 2>"$work/stderr" || status=$?
-  [ "$status" -ne 0 ] || fail "$name: exit status 0, expected non-zero (stderr: $(cat "$work/stderr"))"
   [ "$status" -ne 124 ] || fail "$name: still running after 120 s, expected a quick failure"
+  [ "$status" -eq 2 ] || fail "$name: exit status $status, expected 2 (stderr: $(cat "$work/stderr"))"
 
   local lines line
   lines=$(wc -l <"$work/stderr")

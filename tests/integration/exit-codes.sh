@@ -128,3 +128,13 @@ wait_exit "$PID_first" 30 || rc=$?
 "$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 100 >"$T/again.log" 2>&1 ||
   fail "local in the freed directory: exit $?: $(tail -3 "$T/again.log")"
 echo "ok: the first run stopped: the directory takes a new run (exit 0)"
+
+# A worker whose data set is missing exits 2 (a restart would not change
+# it), in one error line naming the directory.
+write_config "$T/nodata.conf" 1 1 "model.data_dir=$T/no-such-data"
+rc=0
+timeout 30 "$BIN" worker --config "$T/nodata.conf" --index 0 >"$T/nodata.out" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "worker without its data set: exit $rc, expected 2: $(cat "$T/nodata.out")"
+grep -q "error: \[model\] data_dir: $T/no-such-data: cannot open data set directory" "$T/nodata.out" ||
+  fail "worker without its data set: $(cat "$T/nodata.out")"
+echo "ok: worker without its data set: exit 2, $(grep -o 'error: .*' "$T/nodata.out")"

@@ -79,7 +79,7 @@ run_class() {
   local class=$1 conf="$T/$1.conf" hist="$T/$1-history"
   mkdir -p "$hist"
   rc flushall >/dev/null
-  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=1600" "train.threads=1" \
+  write_config "$conf" 2 2 "model.name=mlp" "train.last_step=800" "train.threads=1" \
     "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
     "redis.timeout_ms=1000" "cluster.history_dir=$hist"
   start_shards "$class-ps" "$conf" 2
@@ -89,7 +89,7 @@ run_class() {
   local w0=$!
   start "$class-w1" "$BIN" worker --config "$conf" --index 1
   local w1=$!
-  wait_for "$T/$class-w0.log" "step 300 global" 60
+  wait_for "$T/$class-w0.log" "step 150 global" 60
   inject "$class"
   # The first shard to meet the fault: a fault that begins between the two
   # shards' entries of one step leaves the other with nothing to write (the

@@ -84,8 +84,11 @@ wait_for "$T/$other.log" "global step 2[0-9]* of" 60
 for p in psa_0 psa_1 wa_0 wa_1 "$other"; do kill -9 "$(pid "$p")" 2>/dev/null || true; done
 for p in psa_0 psa_1 wa_0 wa_1 "$other"; do wait "$(pid "$p")" 2>/dev/null || true; done
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
-saved=$(sed -n 's/^latest: ckpt-0*\([0-9][0-9]*\)$/\1/p' "$T/ckpt/checkpoint")
-[ -n "$saved" ] || fail "no latest checkpoint in the index: $(cat "$T/ckpt/checkpoint")"
+# The newest checkpoint directory, not the index's latest: a chief killed
+# between a checkpoint's rename and the index's update leaves a newer one,
+# which the restore takes (the directories are the truth, FORMAT.md §7).
+saved=$(ls -d "$T"/ckpt/ckpt-* | sed -n 's/.*ckpt-0*\([0-9][0-9]*\)$/\1/p' | sort -n | tail -1)
+[ -n "$saved" ] || fail "no checkpoint directory in $T/ckpt: $(ls "$T/ckpt")"
 # The data positions the checkpoint saved, worker by worker ("epoch offset").
 read -r -a pos < <(/usr/bin/python3 -c '
 import json, sys

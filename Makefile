@@ -221,7 +221,8 @@ test: deps
 	@$(MAKE) --no-print-directory $(PAR) -k $(UNIT_BIN) $(INTEG_BIN) || true
 	@for g in unit cuda-check integration systemd-test; do \
 	  $(MAKE) --no-print-directory $$g || true; done
-	@$(MAKE) --no-print-directory $(PAR) fuzz-smoke SAN=0 RESULTS=$(abspath $(RESULTS)) || true
+	@$(MAKE) --no-print-directory $(PAR) --output-sync=target fuzz-smoke SAN=0 \
+	  RESULTS=$(abspath $(RESULTS)) || true
 	@echo "== make$(if $(filter 1,$(SAN)), SAN=1,) test"; tests/summary $(RESULTS) $(TEST_GROUPS)
 
 # The units under a real systemd (tests/systemd/run, through
@@ -255,19 +256,28 @@ $(FUZZ_BIN): build/fuzz/%: tests/fuzz/%.c $(FUZZ_OBJ)
 	@$(if $(Q),echo "  FUZZ    $@")
 	$(Q)clang $(FUZZ_CFLAGS) -MMD -MP -MF build/fuzz/obj/$*.d -o $@ $< $(FUZZ_OBJ) $(LDLIBS)
 
-fuzz-smoke: $(FUZZ_BIN)
-	@rm -f $(RESULTS)/fuzz-smoke; mkdir -p $(RESULTS); \
-	for f in $(FUZZ_BIN); do \
-	  n=$$(basename $$f); mkdir -p build/fuzz/corpus-$$n; \
-	  secs=$(FUZZ_SECONDS); [ $$n = fuzz_proto ] && secs=$(FUZZ_PROTO_SECONDS); \
-	  echo "== $$f ($$secs s)"; \
-	  if $$f -max_total_time=$$secs -print_final_stats=0 \
-	      build/fuzz/corpus-$$n $$( [ -d tests/fuzz/seeds/$$n ] && echo tests/fuzz/seeds/$$n ) \
-	      2>build/fuzz/$$n.log; then echo "pass $$n" >>$(RESULTS)/fuzz-smoke; \
-	  else tail -40 build/fuzz/$$n.log; echo "fail $$n exit 1" >>$(RESULTS)/fuzz-smoke; fi; \
-	  grep -E '^(#[0-9]+ *DONE|Done)' build/fuzz/$$n.log | tail -1 || true; \
-	done; \
-	tests/summary $(RESULTS) fuzz-smoke
+# Each target's run is a rule of its own (fuzz-run-NAME), so that make -jN
+# runs N of them at once (make test does, on every core: the seconds of
+# each are the same, the wall time shorter), once every target is built;
+# fuzz_proto, the longest, first.
+FUZZ_RUNS := $(patsubst build/fuzz/%,fuzz-run-%,$(filter %/fuzz_proto,$(FUZZ_BIN)) \
+               $(filter-out %/fuzz_proto,$(FUZZ_BIN)))
+.PHONY: fuzz-results-reset $(FUZZ_RUNS)
+fuzz-results-reset:
+	@rm -f $(RESULTS)/fuzz-smoke; mkdir -p $(RESULTS)
+
+$(FUZZ_RUNS): fuzz-run-%: $(FUZZ_BIN) | fuzz-results-reset
+	@f=build/fuzz/$*; n=$*; mkdir -p build/fuzz/corpus-$$n; \
+	secs=$(FUZZ_SECONDS); [ $$n = fuzz_proto ] && secs=$(FUZZ_PROTO_SECONDS); \
+	echo "== $$f ($$secs s)"; \
+	if $$f -max_total_time=$$secs -print_final_stats=0 \
+	    build/fuzz/corpus-$$n $$( [ -d tests/fuzz/seeds/$$n ] && echo tests/fuzz/seeds/$$n ) \
+	    2>build/fuzz/$$n.log; then echo "pass $$n" >>$(RESULTS)/fuzz-smoke; \
+	else tail -40 build/fuzz/$$n.log; echo "fail $$n exit 1" >>$(RESULTS)/fuzz-smoke; fi; \
+	grep -E '^(#[0-9]+ *DONE|Done)' build/fuzz/$$n.log | tail -1 || true
+
+fuzz-smoke: $(FUZZ_RUNS)
+	@tests/summary $(RESULTS) fuzz-smoke
 
 fuzz: fuzz-smoke
 

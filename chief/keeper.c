@@ -33,9 +33,11 @@ static void *keeper_main(void *arg) {
   uint64_t token = k->lease.token;
   int said_away = 0;
   for (;;) {
-    /* Sleep a third of the lease, or until told to stop. */
+    /* Sleep a third of the lease, or until told to stop: on the monotonic
+     * clock (the condition variable's), which a step of the wall clock
+     * does not move. */
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     uint64_t ns = (uint64_t)until.tv_nsec + third_ns;
     until.tv_sec += (time_t)(ns / 1000000000ULL);
     until.tv_nsec = (long)(ns % 1000000000ULL);
@@ -95,7 +97,11 @@ int ps_lease_keeper_start(ps_lease_keeper *k, const ps_config *cfg, const ps_lea
   if (k->reg == NULL)
     return -1;
   pthread_mutex_init(&k->mu, NULL);
-  pthread_cond_init(&k->cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&k->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&k->thread, NULL, keeper_main, k) != 0) {
     pthread_cond_destroy(&k->cv);
     pthread_mutex_destroy(&k->mu);

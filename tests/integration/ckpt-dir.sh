@@ -39,19 +39,19 @@ echo "ok: read-only checkpoint directory at start: exit 2: $(grep -o 'error: .*f
 # --- the final checkpoint fails ---------------------------------------------
 run="$T/run"
 printf '[checkpoint]\nevery_secs = 0\nevery_steps = 0\n' >"$T/final.conf"
-start local "$BIN" local --config "$T/final.conf" --dir "$run" --fresh --ps 1 --workers 1 --last-step 4000
-wait_for "$run/logs/chief.log" "global step [0-9]* of 4000" 60
+start local "$BIN" local --config "$T/final.conf" --dir "$run" --fresh --ps 1 --workers 1 --last-step 1000
+wait_for "$run/logs/chief.log" "global step [0-9]* of 1000" 60
 ro "$run/checkpoints"
 set +e
 wait_exit "$PID_local" 180
 rc=$?
 set -e
 [ "$rc" -ne 0 ] || fail "local exited 0 although its final checkpoint could not be written"
-grep -q 'the final checkpoint at global step 4000 failed 5 times' "$run/logs/chief.log" ||
+grep -q 'the final checkpoint at global step 1000 failed 5 times' "$run/logs/chief.log" ||
   fail "no line about the failed final checkpoint: $(grep -i 'checkpoint' "$run/logs/chief.log" | tail -n 3)"
 ! grep -q 'reached last_step' "$run/logs/chief.log" || fail "the run was marked done without its final checkpoint"
 [ -z "$(ls -d "$run"/checkpoints/ckpt-* 2>/dev/null)" ] || fail "a checkpoint was written into a read-only directory?"
-echo "ok: final checkpoint failed: local exited $rc, $(grep -o 'the final checkpoint at global step 4000 failed 5 times' "$run/logs/chief.log"), not marked done"
+echo "ok: final checkpoint failed: local exited $rc, $(grep -o 'the final checkpoint at global step 1000 failed 5 times' "$run/logs/chief.log"), not marked done"
 
 # --- FIFOs in a checkpoint directory: refused in one line, never waited on.
 "$BIN" local --dir "$T/fiforun" --fresh --ps 1 --workers 1 --last-step 100 >"$T/fiforun.log" 2>&1 ||

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
 set +e
-scripts/chaos --steps 400 --nemesis kill,pause,redis-errors --fault-gap 0.7 --seed 2 \
+scripts/chaos --steps 200 --nemesis kill,pause,redis-errors --fault-gap 0.7 --seed 2 \
   --dir "$T/chaos" --binary "$BIN" --train algorithm=averaging --train consistency=sync \
   --train window=4 --train sync_timeout_ms=500 >"$T/chaos.log" 2>&1
 rc=$?

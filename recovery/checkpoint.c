@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,8 @@
 #include "common/timeutil.h"
 #include "recovery/commit.h"
 #include "recovery/manifest.h"
+
+static void note_written(const char *path);
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "shard files hold float32 little-endian, copied from memory: a little-endian host is assumed"
@@ -433,7 +436,9 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
   }
 
   /* Committed.  The index is advisory (find_latest also finds unlisted
-   * checkpoints), so failing to rewrite it or to prune is a warning. */
+   * checkpoints), so failing to rewrite it or to prune is a warning.  What
+   * was just written from memory counts as verified for the retention. */
+  note_written(final);
   {
     ps_errbuf why = {0};
     if (ps__ckpt_retain_commit(dir, o->layout->hash, o->model, o->max_to_keep,
@@ -727,6 +732,107 @@ int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb) {
     ps_ckpt_shard_data_close(&d);
   }
   return 0;
+}
+
+/* What this process verified or wrote, by the files' identity: the path
+ * and, for the manifest and each shard file, device, inode, size and
+ * modification time.  A file edited in place or replaced changes it; a bit
+ * flipped by the disk under an unchanged inode does not (a restore reads
+ * everything again). */
+#define VERIFIED_MAX 64
+static struct {
+  pthread_mutex_t mu;
+  int n, next;
+  struct {
+    uint64_t fp;
+    int rc;
+    char why[sizeof(((ps_errbuf *)0)->msg)];
+  } e[VERIFIED_MAX];
+} verified = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int file_identity(XXH64_state_t *h, const char *dir, const char *file) {
+  char path[PATH_MAX];
+  struct stat st;
+  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path ||
+      stat(path, &st) != 0)
+    return -1;
+  uint64_t id[5] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
+                    (uint64_t)st.st_mtim.tv_sec, (uint64_t)st.st_mtim.tv_nsec};
+  XXH64_update(h, file, strlen(file) + 1);
+  XXH64_update(h, id, sizeof id);
+  return 0;
+}
+
+/* 0 with *fp set, or -1 when a file cannot be stat'ed (not remembered). */
+static int ckpt_fingerprint(const ps_ckpt *c, uint64_t *fp) {
+  if (c->path == NULL)
+    return -1;
+  XXH64_state_t *h = XXH64_createState();
+  if (h == NULL)
+    return -1;
+  XXH64_reset(h, 0);
+  XXH64_update(h, c->path, strlen(c->path) + 1);
+  int rc = file_identity(h, c->path, MANIFEST_FILE);
+  for (int i = 0; rc == 0 && i < c->nshards; i++)
+    rc = file_identity(h, c->path, c->shards[i].file);
+  *fp = XXH64_digest(h);
+  XXH64_freeState(h);
+  return rc;
+}
+
+static void remember(uint64_t fp, int rc, const char *why) {
+  pthread_mutex_lock(&verified.mu);
+  int at = -1;
+  for (int i = 0; i < verified.n; i++)
+    if (verified.e[i].fp == fp)
+      at = i;
+  if (at < 0) {
+    at = verified.n < VERIFIED_MAX ? verified.n++ : verified.next;
+    verified.next = (at + 1) % VERIFIED_MAX;
+  }
+  verified.e[at].fp = fp;
+  verified.e[at].rc = rc;
+  snprintf(verified.e[at].why, sizeof verified.e[at].why, "%s", why != NULL ? why : "");
+  pthread_mutex_unlock(&verified.mu);
+}
+
+/* The checkpoint directory `path` just committed, as verified: it was
+ * written from memory and synced. */
+static void note_written(const char *path) {
+  ps_ckpt c;
+  ps_errbuf ignore = {0};
+  uint64_t fp;
+  if (ps_ckpt_open(&c, path, &ignore) == 0 && ckpt_fingerprint(&c, &fp) == 0)
+    remember(fp, 0, NULL);
+  ps_ckpt_close(&c);
+}
+
+int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh) {
+  uint64_t fp;
+  int have_fp = ckpt_fingerprint(c, &fp) == 0;
+  if (fresh != NULL)
+    *fresh = 1;
+  if (have_fp) {
+    int found = 0, rc = 0;
+    pthread_mutex_lock(&verified.mu);
+    for (int i = 0; i < verified.n && !found; i++)
+      if (verified.e[i].fp == fp) {
+        found = 1;
+        rc = verified.e[i].rc;
+        if (rc != 0)
+          ps_err_set(eb, rc, "%s", verified.e[i].why);
+      }
+    pthread_mutex_unlock(&verified.mu);
+    if (found) {
+      if (fresh != NULL)
+        *fresh = 0;
+      return rc;
+    }
+  }
+  int rc = ps_ckpt_verify(c, eb);
+  if (have_fp)
+    remember(fp, rc, rc != 0 ? eb->msg : NULL);
+  return rc;
 }
 
 int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb) {

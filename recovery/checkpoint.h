@@ -273,6 +273,14 @@ int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb);
  * ps_ckpt_read_shard. */
 int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
 
+/* ps_ckpt_verify, remembered by this process: a checkpoint whose files (the
+ * manifest and every shard file: device, inode, size, modification time)
+ * are unchanged since this process verified it or wrote it is not read
+ * again, and its earlier answer (0, or the error and its message) is given.
+ * *fresh (may be NULL) is 1 when it was read now.  A bit flipped by the
+ * disk under unchanged metadata is not seen; restores use ps_ckpt_verify. */
+int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh);
+
 /* ------------------------------------------------------------------ */
 /* The directory: index, listing, fallback, retention                 */
 /* ------------------------------------------------------------------ */
@@ -335,14 +343,15 @@ int ps_ckpt_dir_writable(const char *dir, ps_errbuf *eb);
  * -errno with a message. */
 int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb);
 
-/* Retention: keep the max_to_keep newest checkpoints (by step, then time;
- * 0 = all), plus, with keep_every_n_hours > 0, the oldest checkpoint of each
+/* Retention: keep the max_to_keep newest valid checkpoints (by step, then
+ * time; 0 = all; valid: ps_ckpt_verify_remembered accepts it), plus, with keep_every_n_hours > 0, the oldest checkpoint of each
  * window [k * h, (k + 1) * h) of unix time, and always `protect` (a
  * checkpoint name or NULL: the one the chief restored from).  With `model`
  * not NULL only the checkpoints of (layout_hash, model) count: one whose
  * manifest names another model, or cannot be read, is never deleted, never
  * counts as newer and is never the index's latest (NULL: every checkpoint
- * counts).  The index is rewritten to list
+ * counts).  A damaged one (its files do not read back) is never deleted
+ * and never counts as newer either; it is said once per process.  The index is rewritten to list
  * exactly the kept ones (latest: the newest) before the others are deleted;
  * temporary entries (.tmp-ckpt-*, .old-ckpt-*, checkpoint.tmp-*) are
  * removed when they are `owner`'s own or of an older token (FORMAT.md

@@ -475,6 +475,26 @@ static int of_model(const char *dir, const char *name, uint64_t layout_hash, con
          strcmp(got, model) == 0;
 }
 
+/* Whether checkpoint e reads back whole (ps_ckpt_verify_remembered), asked
+ * once per retention (*memo: 0 not asked, 1 valid, -1 damaged); a damaged
+ * one is said when this process first finds it so. */
+static int is_valid(const char *dir, const ps_ckpt_entry *e, signed char *memo) {
+  if (*memo == 0) {
+    char path[PATH_MAX];
+    ps_ckpt c;
+    ps_errbuf why = {0};
+    int fresh = 1;
+    snprintf(path, sizeof path, "%s/%s", dir, e->name);
+    int ok = ps_ckpt_open(&c, path, &why) == 0 && ps_ckpt_verify_remembered(&c, &why, &fresh) == 0;
+    ps_ckpt_close(&c);
+    if (!ok && fresh)
+      ps_log(PS_LOG_WARN, "checkpoint %s is damaged (%s): retention keeps it and does not count it",
+             path, why.msg);
+    *memo = ok ? 1 : -1;
+  }
+  return *memo > 0;
+}
+
 /* The temporaries this owner may remove (ps__ckpt_leftover_removable):
  * never another live chief's in-progress write. */
 static int remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
@@ -525,30 +545,49 @@ static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
   int *ours = keep + n + 1;
   for (int i = 0; i < n; i++)
     ours[i] = e[i].on_disk && of_model(dir, e[i].name, layout_hash, model);
+  /* Validity is asked only where a deletion depends on it: of the newer
+   * ones counted against max_to_keep, of the older one that would take a
+   * window's place, and of the one to delete. */
+  signed char *valid = calloc((size_t)n + 1, 1);
+  if (valid == NULL) {
+    free(keep);
+    free(e);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
   double period = hours * 3600.0;
   int latest = -1;
-  for (int i = 0; i < n; i++) {
+  for (int i = n - 1; i >= 0; i--) {
     if (!e[i].on_disk)
       continue;  /* the index named a missing directory: drop it from the index */
-    if (!ours[i]) {
-      keep[i] = 1;
-      continue;
+    keep[i] = 1;
+    if (!ours[i] || max_to_keep == 0 || (protect != NULL && strcmp(protect, e[i].name) == 0))
+      goto kept;
+    int newer_valid = 0;
+    for (int j = n - 1; j >= 0 && newer_valid < max_to_keep; j--)
+      if (j != i && ours[j] && newer(&e[j], &e[i]) && is_valid(dir, &e[j], &valid[j]))
+        newer_valid++;
+    if (newer_valid < max_to_keep)
+      goto kept;
+    if (period > 0) {
+      int older_in_window = 0;
+      for (int j = 0; j < n && !older_in_window; j++)
+        if (j != i && ours[j] && !newer(&e[j], &e[i]) &&
+            floor(e[j].time / period) == floor(e[i].time / period) &&
+            is_valid(dir, &e[j], &valid[j]))
+          older_in_window = 1;
+      if (!older_in_window)
+        goto kept;
     }
-    int newer_count = 0, older_in_window = 0;
-    for (int j = 0; j < n; j++) {
-      if (j == i || !ours[j])
-        continue;
-      if (newer(&e[j], &e[i]))
-        newer_count++;
-      else if (period > 0 && floor(e[j].time / period) == floor(e[i].time / period))
-        older_in_window = 1;
-    }
-    keep[i] = max_to_keep == 0 || newer_count < max_to_keep ||
-              (period > 0 && !older_in_window) ||
-              (protect != NULL && strcmp(protect, e[i].name) == 0);
-    if (keep[i] && (latest < 0 || newer(&e[i], &e[latest])))
-      latest = i;
+    keep[i] = !is_valid(dir, &e[i], &valid[i]);  /* a damaged one is kept */
+  kept:;
   }
+  /* The newest kept one not found damaged (a newer one's damage may have
+   * been found only while counting for an older one). */
+  for (int i = 0; i < n; i++)
+    if (e[i].on_disk && keep[i] && ours[i] && valid[i] >= 0 &&
+        (latest < 0 || newer(&e[i], &e[latest])))
+      latest = i;
+  free(valid);
   if (protect != NULL)
     for (int i = 0; i < n; i++)
       if (keep[i] && ours[i] && strcmp(protect, e[i].name) == 0)

@@ -685,6 +685,56 @@ static void test_retention_other_model(void **state) {
   assert_true(exists(dir, 900) && exists(dir, 950) && exists(dir, 300));
 }
 
+/* Flip one byte in the middle of ckpt-<step>'s shard-0.lz4, and give the
+ * file a later modification time: kernel timestamps are coarse, and a
+ * write within the tick of the checkpoint's own would keep its time (damage
+ * done then is not what the remembered verification can see). */
+static void flip_shard0(const char *dir, uint64_t step) {
+  char path[600];
+  ckpt_path(dir, step, path, sizeof path);
+  strcat(path, "/shard-0.lz4");
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
+  unsigned char b;
+  assert_int_equal(pread(fd, &b, 1, st.st_size / 2), 1);
+  b ^= 0x10;
+  assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2), 1);
+  struct timespec ts[2] = {st.st_atim, st.st_mtim};
+  ts[1].tv_sec += 1;
+  assert_int_equal(futimens(fd, ts), 0);
+  close(fd);
+}
+
+/* A damaged checkpoint never counts as newer and is never deleted: with
+ * max_to_keep 1 and the newest damaged, the older valid one stays (and is
+ * the index's latest); once a valid one is newer, the older valid one goes
+ * and the damaged one stays. */
+static void test_retention_damaged(void **state) {
+  fx *f = *state;
+  char dir[256];
+  fresh_dir(f, "ret-damaged", dir, sizeof dir);
+  write_step(f, dir, 100, PS_CKPT_FILTER_NONE, 0, 1700000001);
+  write_step(f, dir, 200, PS_CKPT_FILTER_NONE, 0, 1700000002);
+  flip_shard0(dir, 200);
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_true(exists(dir, 100) && exists(dir, 200));
+  char *idx = index_text(dir);
+  assert_true(strncmp(idx, "latest: ckpt-000000100\n", 23) == 0);
+  free(idx);
+  expect_latest(f, dir, 100);
+  /* The same answer again from what this process remembers. */
+  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_true(exists(dir, 100) && exists(dir, 200));
+
+  write_step(f, dir, 300, PS_CKPT_FILTER_NONE, 1, 1700000003);
+  assert_false(exists(dir, 100));
+  assert_true(exists(dir, 200) && exists(dir, 300));
+  expect_latest(f, dir, 300);
+}
+
 /* Set aside: moved into unusable/, never over an earlier one of its name. */
 static void test_set_aside(void **state) {
   fx *f = *state;
@@ -1305,6 +1355,7 @@ int main(void) {
       cmocka_unit_test(test_retain_leftovers),
       cmocka_unit_test(test_retention_by_step),
       cmocka_unit_test(test_retention_other_model),
+      cmocka_unit_test(test_retention_damaged),
       cmocka_unit_test(test_set_aside),
       cmocka_unit_test(test_leftover_rule),
       cmocka_unit_test(test_fenced_commit),

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,11 @@ static void train_usage(FILE *f) {
       "\n"
       "--epochs and --max-steps count from the run's first step: a resumed run\n"
       "trains to where the uninterrupted run would have stopped, the same steps.\n"
+      "\n"
+      "Ctrl-C (SIGINT) or SIGTERM stops after the step in progress; with\n"
+      "--checkpoint-dir a final checkpoint is written there first, so the same\n"
+      "command resumes.  The exit status is then 130 (SIGINT) or 143 (SIGTERM);\n"
+      "a second signal ends the process at once.\n"
       "\n"
       "The last line is machine-readable:\n"
       "  done steps S samples N seconds T samples/s R test_acc A ms/step M\n"
@@ -225,6 +231,25 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
 /* Checkpoint `step` of the weights and optimizer state compute keeps, at
  * data position pos, into solo's directory; one line either way (a failure
  * is logged by the writer).  @return 0 or -1. */
+/* The signal that asked this run to stop (SIGINT, SIGTERM), 0 for none. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop(int sig) {
+  stop_signal = sig;
+}
+
+/* The first SIGINT or SIGTERM asks the loop to stop (a final checkpoint,
+ * then exit 128 + sig); SA_RESETHAND: a second one ends the process. */
+static void catch_stop_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
 static int save(ps_solo *solo, ps_compute *c, uint64_t step, ps_data_pos pos) {
   float *slots[PS_OPTIM_MAX_SLOTS] = {0};
   for (int k = 0; k < ps_optim_nslots(solo->optim.kind); k++)
@@ -418,11 +443,12 @@ int ps_cmd_train(int argc, char **argv) {
   uint64_t saved = resumed ? start_step : UINT64_MAX;
   double train_seconds = 0.0, first_step_seconds = 0.0, test_acc = -1.0;
   int stopped = 0;
+  catch_stop_signals();
   for (int64_t epoch = first_epoch; epoch < o.epochs && !stopped; epoch++) {
     double t0 = ps_now_s(), loss_sum = 0.0, paused = 0.0;
     size_t correct = 0, seen = 0, epoch_timed = 0;
     for (uint64_t s = epoch == first_epoch ? first_s : 0; s < steps_per_epoch; s++) {
-      if (o.max_steps > 0 && step >= (uint64_t)o.max_steps) {
+      if ((o.max_steps > 0 && step >= (uint64_t)o.max_steps) || stop_signal != 0) {
         stopped = 1;
         break;
       }
@@ -462,7 +488,7 @@ int ps_cmd_train(int argc, char **argv) {
     if (seen == 0)
       break;
     char acc[32] = "-";
-    if (o.eval) {
+    if (o.eval && stop_signal == 0) {
       size_t right = 0;
       ps_compute_eval(compute, NULL, test_x, test.labels, test.n, &right);
       test_acc = (double)right / (double)test.n;
@@ -481,6 +507,18 @@ int ps_cmd_train(int argc, char **argv) {
   if (o.ckpt_dir != NULL && saved != step && save(&solo, compute, step, sampler.pos) != 0) {
     ps_cmd_error("the final checkpoint (step %" PRIu64 ") could not be written into %s",
                  step, o.ckpt_dir);
+    goto out;
+  }
+  if (stop_signal != 0) {
+    int sig = stop_signal;
+    if (o.ckpt_dir != NULL)
+      printf("train: stopped by %s at step %" PRIu64 "; the same command resumes from %s\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", step, o.ckpt_dir);
+    else
+      printf("train: stopped by %s at step %" PRIu64 " (no --checkpoint-dir: nothing kept)\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", step);
+    fflush(stdout);
+    status = 128 + sig;
     goto out;
   }
   char acc[32] = "-";

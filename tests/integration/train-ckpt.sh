@@ -7,6 +7,8 @@
 #  - run again with more epochs, it resumes from D's newest: the step count
 #    goes on, and the run is the one an uninterrupted run makes (the same
 #    epoch loss and test accuracy to the printed digit);
+#  - Ctrl-C writes a checkpoint at the step reached and exits 130; the same
+#    command resumes there and its last epoch is the uninterrupted run's;
 #  - --checkpoint-every N writes every N steps, --keep K keeps the K newest;
 #  - another model in D is refused in one line, exit 2, every checkpoint
 #    left as it was; so is a directory that cannot be written;
@@ -79,6 +81,41 @@ case "$ev" in "eval step 200 samples 10000 "*" test_acc $resumed_acc") ;;
 run three "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$D"
 case "$last" in "done steps 200 samples 25600 "*) ;; *) fail "a finished run again: $last" ;; esac
 echo "ok: the same command again resumes at step 200 and trains nothing: $last"
+
+# --- Ctrl-C: a final checkpoint at the step reached, exit 130; the same
+# command resumes there and ends as the uninterrupted run does ----------
+# 10 steps an epoch, 30 epochs: SIGINT once the first epoch line is out.
+LONG=("${TRAIN[@]}" --train-limit 1280 --epochs 30 --no-eval)
+"$BIN" "${LONG[@]}" --checkpoint-dir "$T/int" >"$T/int.out" 2>"$T/int.err" &
+pid=$!
+for ((i = 0; i < 600; i++)); do
+  grep -q '^epoch 1/30 ' "$T/int.out" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q '^epoch 1/30 ' "$T/int.out" || fail "no first epoch line in 30 s: $(cat "$T/int.out" "$T/int.err")"
+kill -INT "$pid"
+set +e
+wait "$pid"
+rc=$?
+set -e
+line=$(grep '^train: stopped by SIGINT at step ' "$T/int.out") ||
+  fail "SIGINT: exit $rc, no stopped line: $(tail -n 3 "$T/int.out") $(cat "$T/int.err")"
+at=${line#train: stopped by SIGINT at step }
+at=${at%%;*}
+[ "$rc" -eq 130 ] || fail "SIGINT: exit $rc, expected 130: $line"
+[ "$at" -ge 10 ] && [ "$at" -lt 300 ] || fail "SIGINT: stopped at step $at, expected 10..299: $line"
+name=$(printf 'ckpt-%09d' "$at")
+grep -q "^train: checkpoint $name in $T/int " "$T/int.out" || fail "no checkpoint at step $at: $(cat "$T/int.out")"
+"$BIN" ckpt verify "$T/int/$name" >/dev/null || fail "ckpt verify $T/int/$name"
+run int2 "${LONG[@]}" --checkpoint-dir "$T/int"
+grep -q "^train: resumed from $T/int/$name: step $at," "$T/int2.out" || fail "no resume from $name: $(head -n 5 "$T/int2.out")"
+run intstraight "${LONG[@]}"
+a=$(grep '^epoch 30/30' "$T/int2.out" | cut -d' ' -f1-6)
+b=$(grep '^epoch 30/30' "$T/intstraight.out" | cut -d' ' -f1-6)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "${last%% seconds*}" = "$(tail -n 1 "$T/int2.out" | sed 's/ seconds.*//')" ] ||
+  fail "interrupted at $at and resumed: '$a'; uninterrupted: '$b'"
+echo "ok: SIGINT at step $at: exit 130, $name written and verified; resumed, the last epoch as the uninterrupted run's: '$a'"
 
 # --- every N steps, the K newest kept -------------------------------------
 run every "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$T/every" --checkpoint-every 30 --keep 2 --no-eval

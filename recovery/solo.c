@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,12 +16,24 @@ int ps_solo_open(ps_solo *s, const char *dir, const ps_model *m, const ps_optim 
   s->model = m;
   s->optim = *o;
   s->keep = keep;
-  /* The whole model as one slice in table order: the shard's values are
+  /* The layout of a one-shard cluster with the default [layout] (greedy,
+   * split auto: never, for one shard), which is a ring's too: their chiefs
+   * restore these checkpoints and this run resumes from theirs.  One shard
+   * holds its parts in (var, start) order (LAYOUT.md), so its values are
    * the parameters' arena as it is. */
   ps_errbuf why = {0};
-  int rc = ps_layout_build(&m->vars, m->spec.desc, 1, PS_LAYOUT_ROUND_ROBIN, 0, &s->layout, &why);
+  int rc = ps_layout_build(&m->vars, m->spec.desc, 1, PS_LAYOUT_GREEDY, SIZE_MAX, &s->layout,
+                           &why);
   if (rc != 0)
     return ps_err_set(eb, rc, "%s: %s", dir, why.msg);
+  for (int i = 0; i < s->layout.nparts; i++) {
+    const ps_part *p = &s->layout.parts[i];
+    if (p->shard_off != m->vars.vars[p->var].offset + p->start) {
+      ps_layout_close(&s->layout);
+      return ps_err_set(eb, PS_ELAYOUT, "%s: the one-shard layout is not in table order",
+                        dir);
+    }
+  }
   size_t n = m->vars.total;
   s->info = (ps_state_info){.nslots = (uint32_t)ps_optim_nslots(o->kind)};
   s->info.image_floats = ps_state_floats(n, s->info.nslots, 0, 0);

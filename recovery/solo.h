@@ -17,7 +17,7 @@ typedef struct ps_solo {
   const ps_model *model;    /* borrowed */
   ps_optim optim;
   int64_t keep;             /* max_to_keep */
-  ps_layout layout;         /* one shard, table order */
+  ps_layout layout;         /* a one-shard cluster's default: parts in table order */
   ps_state_info info;       /* of the image: nslots, no accumulator, no rows */
   float *img;               /* values, then each slot: (1 + nslots) x total floats */
 } ps_solo;

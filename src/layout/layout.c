@@ -165,7 +165,9 @@ int ps_layout_build(const ps_vartable *t, const char *model_desc, int nshards,
                       (int)strategy);
 
   size_t split;
-  if (split_bytes == SIZE_MAX) {
+  if (split_bytes == SIZE_MAX && nshards == 1) {
+    split = 0;  /* one shard: nothing to balance (LAYOUT.md section 1) */
+  } else if (split_bytes == SIZE_MAX) {
     /* Auto: total bytes / (16 * nshards) rounded up to whole floats is
      * ceil(total floats / (16 * nshards)); floats cannot overflow. */
     size_t kn = (size_t)AUTO_SPLIT_PER_SHARD * (size_t)nshards;

@@ -43,7 +43,7 @@ typedef struct ps_layout {
  * fewest contiguous parts of at most split_bytes each, of sizes differing
  * by at most one element; split_bytes is used rounded down to whole
  * floats.  split_bytes == 0 never splits; split_bytes == SIZE_MAX means
- * "auto": total bytes / (16 * nshards), rounded up to a multiple of 4 bytes
+ * "auto": never for one shard, else total bytes / (16 * nshards), rounded up to a multiple of 4 bytes
  * (no part is more than 1/16 of a shard's fair share; greedy puts the
  * largest shard at most one part above the mean, so within about 6% of
  * even; a quarter, the first choice, left the default mlp at 1.12 on 3

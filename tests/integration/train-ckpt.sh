@@ -7,6 +7,8 @@
 #  - run again with more epochs, it resumes from D's newest: the step count
 #    goes on, and the run is the one an uninterrupted run makes (the same
 #    epoch loss and test accuracy to the printed digit);
+#  - a one-shard cluster (paramserv local --ps 1) restores train's
+#    checkpoint, and train resumes from the cluster's;
 #  - Ctrl-C writes a checkpoint at the step reached and exits 130; the same
 #    command resumes there and its last epoch is the uninterrupted run's;
 #  - --checkpoint-every N writes every N steps, --keep K keeps the K newest;
@@ -81,6 +83,22 @@ case "$ev" in "eval step 200 samples 10000 "*" test_acc $resumed_acc") ;;
 run three "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$D"
 case "$last" in "done steps 200 samples 25600 "*) ;; *) fail "a finished run again: $last" ;; esac
 echo "ok: the same command again resumes at step 200 and trains nothing: $last"
+
+# --- a one-shard cluster restores train's checkpoint, and train resumes
+# from the cluster's: one format, one layout (the cluster's default) ------
+cp -a "$D" "$T/both"
+printf '[model]\nname = mlp\nhidden = 64\n[checkpoint]\ndir = %s\n' "$T/both" >"$T/both.conf"
+"$BIN" local --config "$T/both.conf" --dir "$T/bothrun" --ps 1 --workers 1 --last-step 300 \
+  >"$T/bothrun.out" 2>&1 || fail "paramserv local from train's checkpoint: exit $?: $(tail -n 5 "$T/bothrun.out")"
+grep -q "shard 0: loaded from ckpt-000000200: version 200, global step 200" "$T/bothrun/logs/chief.log" ||
+  fail "the chief did not restore train's ckpt-000000200: $(grep -i 'load\|restor\|error' "$T/bothrun/logs/chief.log")"
+[ -f "$T/both/ckpt-000000300/MANIFEST.json" ] || fail "no ckpt-000000300 from the cluster: $(tail -n 5 "$T/bothrun.out")"
+# The cluster's worker read the whole training set: so does this run.
+run both train --model mlp --hidden 64 --threads 2 --seed 3 --max-steps 400 --checkpoint-dir "$T/both" --no-eval
+grep -q "^train: resumed from $T/both/ckpt-000000300: step 300, " "$T/both.out" ||
+  fail "train did not resume from the cluster's ckpt-000000300: $(head -n 5 "$T/both.out")"
+case "$last" in "done steps 400 samples "*) ;; *) fail "train from the cluster's checkpoint: $last" ;; esac
+echo "ok: a one-shard cluster restored train's ckpt-000000200 and trained to 300; train resumed from its ckpt-000000300 to step 400"
 
 # --- Ctrl-C: a final checkpoint at the step reached, exit 130; the same
 # command resumes there and ends as the uninterrupted run does ----------

@@ -348,6 +348,13 @@ static void test_hash(void **state) {
               hash_of(&other, desc, 2, PS_LAYOUT_GREEDY, AUTO));
   ps_model_close(&other);
 
+  /* One shard: auto never splits, so the default layout is a ring's (and
+   * paramserv train's), whatever the strategy. */
+  assert_true(hash_of(&f->cnn, f->cnn_desc, 1, PS_LAYOUT_GREEDY, AUTO) ==
+              hash_of(&f->cnn, f->cnn_desc, 1, PS_LAYOUT_ROUND_ROBIN, 0));
+  assert_true(hash_of(&f->cnn, f->cnn_desc, 1, PS_LAYOUT_GREEDY, AUTO) !=
+              hash_of(&f->cnn, f->cnn_desc, 1, PS_LAYOUT_GREEDY, 4 * 4096));
+
   /* The hash crosses machines in HELLO frames and checkpoints: its input
    * is fixed by LAYOUT.md, so its value must never change silently.  These
    * values were checked against a separate encoder of LAYOUT.md section 4

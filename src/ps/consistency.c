@@ -113,9 +113,8 @@ static void sync_flush(server *s, const char *why) {
   for (int j = 0; j < s->cfg->nworkers; j++)
     if (!s->cons.counted[j])
       s->cons.dropped[j] = 1;
-  ps_server_journal(s, &e);
-  if (s->replica != NULL)
-    ps_replica_updated(s->replica);
+  ps_durable_journal(s->durable, &e);
+  ps_durable_updated(s->durable);
   ps_log(PS_LOG_WARN,
          "step %" PRIu64 ": %d of %d gradients %s; applied them without the missing workers, "
          "and go on with %d per step until one of them is back",
@@ -156,7 +155,7 @@ static void worker_back(server *s, uint32_t j, const char *how) {
   ps_journal e;
   if (!ps_shard_sync_set_target(&s->shard, s->shard.o.replicas_to_aggregate, &e))
     return;
-  ps_server_journal(s, &e);
+  ps_durable_journal(s->durable, &e);
   ps_log(PS_LOG_INFO, "sync: worker %u %s; steps wait for %d gradients again", j, how,
          s->shard.target);
   sync_complete_early(s);
@@ -225,5 +224,5 @@ static void on_workers_alive(void *arg, const uint8_t *alive, int n) {
 
 void ps_consistency_watch(server *s) {
   if (s->cfg->consistency != PS_CONSISTENCY_ASYNC)
-    ps_replica_watch_workers(s->replica, on_workers_alive, s);
+    ps_durable_watch_workers(s->durable, on_workers_alive, s);
 }

@@ -55,7 +55,7 @@ void ps_consistency_closed(struct server *s);
  * missing workers is applied with the gradients it has). */
 void ps_consistency_tick(struct server *s, uint64_t now_ns);
 
-/* Watch the workers' heartbeats in Redis (sync and ssp; s->replica set). */
+/* Watch the workers' heartbeats in Redis (sync and ssp; once replicating). */
 void ps_consistency_watch(struct server *s);
 
 #endif

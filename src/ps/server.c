@@ -28,35 +28,14 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/consistency.h"
+#include "ps/durable.h"
 #include "ps/shard_internal.h"
 #include "replica/registry.h"
-#include "replica/replica.h"
 #include "ps/server_internal.h"
 
 #define TICK_MS 50
 
-void client_unref(client *cl) {
-  if (--cl->refs == 0 && cl->closed)
-    free(cl);
-}
-
 /* ------------------------------------------------------------ handlers */
-
-/* Durability `log`: the entry goes to Redis before anything it changed is
- * acknowledged (REDIS.md §9).  A push's entry borrows the frame's payload
- * and goes out once the frames read with it were handled: the pull that
- * follows a push is answered first, and the worker computes while the
- * shard copies the gradient into the XADD. */
-void ps_server_journal(server *s, const ps_journal *j) {
-  if (s->replica == NULL || s->cfg->replication != PS_REPLICATION_LOG)
-    return;
-  if (j->g != NULL && (const void *)j->g == s->frame_payload) {
-    if (ps_replica_append_later(s->replica, j))
-      ps_conn_hold(s->frame_conn);
-    return;
-  }
-  ps_replica_append(s->replica, j);
-}
 
 static void set_name(client *cl) {
   snprintf(cl->name, sizeof cl->name, "%s %u (%s)", ps_role_name(cl->role), cl->index,
@@ -179,14 +158,13 @@ typedef struct pending_ack {
   uint32_t status;
 } pending_ack;
 
-/* The entry an ack waited for is durable (or, in degrade, failed), or the
- * replica is fenced or closing: then nothing is acknowledged. */
-static void ack_durable(void *arg, int status) {
+/* An ack kept by ps_durable_submit comes back: sent when its entry is
+ * durable (or, in degrade, failed), dropped when fenced or closing. */
+static void ack_durable(void *arg, int acked) {
   pending_ack *a = arg;
   client *cl = a->cl;
-  if ((status == PS_DURABLE_NOW || status == PS_DURABLE_NOT) && !cl->closed)
+  if (acked && !cl->closed)
     send_ack(cl, a->req, a->seq, a->version, a->global_step, a->status);
-  free(a);
   client_unref(cl);
 }
 
@@ -245,33 +223,25 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   if (r == PS_SHARD_DUPLICATE)
     ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
            p->seq);
-  int durable = PS_DURABLE_NOW;
-  if (s->replica != NULL && s->cfg->replication == PS_REPLICATION_LOG &&
-      (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE)) {
-    /* Durability `log`: the ack waits until Redis holds the entry; a
-     * duplicate's until everything the shard holds now is durable, which
-     * covers its original. */
+  int durable = 1;
+  if (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE) {
+    /* The ack waits for the entry to be durable (durable.h); a duplicate's
+     * for everything the shard holds now, which covers its original. */
     if (r == PS_SHARD_APPLIED)
-      ps_server_journal(s, &j);
-    pending_ack *a = malloc(sizeof *a);
-    durable = -ENOMEM;
-    if (a != NULL) {
-      *a = (pending_ack){cl, req, p->seq, s->shard.version, s->shard.global_step, status};
-      durable = ps_replica_when_durable(s->replica, s->shard.journal, ack_durable, a);
-      if (durable == PS_DURABLE_QUEUED)
-        cl->refs++;
-      else
-        free(a);
-    }
+      ps_durable_journal(s->durable, &j);
+    pending_ack a = {cl, req, p->seq, s->shard.version, s->shard.global_step, status};
+    durable = ps_durable_submit(s->durable, s->shard.journal, &a, sizeof a, ack_durable);
+    if (durable == 0)
+      cl->refs++;
     /* No ack: the worker re-sends on a new connection, a duplicate then. */
     if (durable == -ENOMEM)
       ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
                    s->index);
   }
-  if (durable == PS_DURABLE_NOW || durable == PS_DURABLE_NOT)
+  if (durable == 1)
     send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
-  if (s->replica != NULL && s->shard.version != before)
-    ps_replica_updated(s->replica);
+  if (s->shard.version != before)
+    ps_durable_updated(s->durable);
   ps_consistency_pushed(cl, r, before);
 }
 
@@ -310,6 +280,8 @@ static void on_stop_timer(uv_timer_t *t) {
   ps_server_stop(s, "the chief ended the run");
 }
 
+static int start_durable(server *s);
+
 /* What control.c left for the server to do. */
 static void control_outcome(server *s, ps_control_outcome o) {
   switch (o) {
@@ -318,7 +290,7 @@ static void control_outcome(server *s, ps_control_outcome o) {
     break;
   case PS_CONTROL_LOADED:
     ps_server_state_began(s, "chief");
-    if (ps_server_start_replica(s) != 0) {
+    if (start_durable(s) != 0) {
       s->status = 1;
       ps_server_stop(s, "cannot replicate the loaded state");
     }
@@ -354,11 +326,9 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     on_pull(cl, h->request_id, &m.u.pull);
     break;
   case PS_MSG_PUSH:
-    cl->srv->frame_payload = m.u.push.data;
-    cl->srv->frame_conn = conn;
+    ps_durable_frame(cl->srv->durable, m.u.push.data, conn);
     ps_server_push(cl, h->request_id, &m.u.push);
-    cl->srv->frame_payload = NULL;
-    cl->srv->frame_conn = NULL;
+    ps_durable_frame(cl->srv->durable, NULL, NULL);
     break;
   case PS_MSG_CUT:
   case PS_MSG_RESUME:
@@ -410,11 +380,10 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
     ps_consistency_closed(s);
 }
 
-/* A push's log entry kept by ps_server_journal goes out now. */
+/* A push's log entry kept by ps_durable_journal goes out now. */
 static void on_conn_release(ps_conn *conn) {
   client *cl = ps_conn_data(conn);
-  if (cl->srv->replica != NULL)
-    ps_replica_flush(cl->srv->replica);
+  ps_durable_flush(cl->srv->durable);
 }
 
 static const ps_conn_cbs conn_cbs = {.on_frame = on_frame, .on_release = on_conn_release,
@@ -502,11 +471,15 @@ static void metrics_update(server *s) {
   ps_metric_set(x[S_RECEIVED], (double)in);
   ps_metric_set(x[S_SENT], (double)out);
   ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
-  if (s->replica != NULL) {
-    ps_metric_set(x[S_LAG_VERSIONS], (double)ps_replica_lag(s->replica));
-    ps_metric_set(x[S_LAG_SECONDS], ps_replica_lag_seconds(s->replica));
-    ps_metric_set(x[S_NONDURABLE], (double)ps_replica_nondurable(s->replica));
-    ps_metric_set(x[S_ACKS_WAITING], (double)ps_replica_acks_waiting(s->replica));
+  {
+    ps_durable_stats d;
+    ps_durable_stats_get(s->durable, &d);
+    if (d.started) {
+      ps_metric_set(x[S_LAG_VERSIONS], (double)d.lag);
+      ps_metric_set(x[S_LAG_SECONDS], d.lag_seconds);
+      ps_metric_set(x[S_NONDURABLE], (double)d.nondurable);
+      ps_metric_set(x[S_ACKS_WAITING], (double)d.acks_waiting);
+    }
   }
 }
 
@@ -535,10 +508,7 @@ void ps_server_stop(server *s, const char *why) {
          s->shard.version, s->shard.global_step);
   for (client *c = s->clients; c != NULL; c = c->next)
     ps_conn_close(c->conn);
-  if (s->replica != NULL) {
-    ps_replica_close(s->replica, NULL, NULL);
-    s->replica = NULL;
-  }
+  ps_durable_stop(s->durable);
   ps_listener_close(&s->listener);
   uv_close((uv_handle_t *)&s->tick, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
@@ -564,12 +534,9 @@ static void on_signal(uv_signal_t *h, int signum) {
   ps_server_stop(h->data, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
-int ps_server_start_replica(server *s) {
-  if (s->cfg->replication == PS_REPLICATION_OFF)
-    return 0;
-  s->replica = ps_replica_new(&s->loop, s->cfg, s->index, &s->ri, s->layout.hash, &s->shard,
-                              on_fenced, s);
-  if (s->replica == NULL) {
+/* The shard holds a state: replicate it from now on. */
+static int start_durable(server *s) {
+  if (ps_durable_start(s->durable, &s->ri) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory for replication");
     return -ENOMEM;
   }
@@ -752,7 +719,12 @@ int ps_server_run(const ps_config *cfg, int index) {
   s->stop_timer.data = s;
   /* A shard without a state replicates nothing until the chief loads one:
    * a snapshot of zeros must never become the replica a restart trusts. */
-  if (s->initialized && ps_server_start_replica(s) != 0) {
+  s->durable = ps_durable_new(&s->loop, cfg, index, s->layout.hash, &s->shard, on_fenced, s);
+  if (s->durable == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory");
+    goto out;
+  }
+  if (s->initialized && start_durable(s) != 0) {
     ps_server_stop(s, "start-up failed");
     s->status = 1;
   }
@@ -782,6 +754,7 @@ out:
   }
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
+  ps_durable_free(s->durable);
   ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <uv.h>
 
 #include "common/config.h"
@@ -17,7 +18,8 @@
 #include "proto/proto.h"
 #include "ps/consistency.h"
 #include "ps/shard_internal.h"
-#include "replica/replica.h"
+#include "ps/durable.h"
+#include "replica/restore.h"
 
 typedef struct client client;
 typedef struct ps_metrics ps_metrics;
@@ -49,12 +51,7 @@ typedef struct server {
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
   reply_buf *reply_cur, *reply_free;  /* pull.c: the current version's copy, the pool */
   int reply_nfree;
-  ps_replica *replica;   /* NULL with replication = off */
-  /* While a PUSH frame is handled: its payload and connection, so that its
-   * log entry can borrow the payload until the frames that came with it
-   * (the pull) are answered. */
-  const void *frame_payload;
-  ps_conn *frame_conn;
+  ps_durable *durable;   /* how updates become durable (durable.h) */
   ps_cons cons;          /* consistency.c */
   int status;            /* the exit status */
   int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
@@ -97,7 +94,12 @@ struct client {
   int closed;             /* its connection is gone */
 };
 
-void client_unref(client *cl);
+/* Drop a reference (an ack kept for Redis, a held push): the client is
+ * freed with its last one once its connection is gone. */
+static inline void client_unref(client *cl) {
+  if (--cl->refs == 0 && cl->closed)
+    free(cl);
+}
 
 /* Log, answer with ERROR, close.  The shard's state is not touched.  Lines
  * about peers that have not authenticated are rationed (listener.h). */
@@ -143,10 +145,7 @@ void ps_server_pull_bufs_free(server *s);
 
 /* server.c, for consistency.c and control.c */
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
-int ps_server_start_replica(server *s);
 void ps_server_stop(server *s, const char *why);
-/* Durability `log`: append a journal entry the shard just made. */
-void ps_server_journal(server *s, const ps_journal *j);
 /* The shard holds a state now (source: "redis", "seed", "chief"): record it. */
 void ps_server_state_began(server *s, const char *source);
 

@@ -1,0 +1,144 @@
+/* How an applied update becomes one a shard may acknowledge (see durable.h,
+ * REDIS.md section 9). */
+#include "ps/durable.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "replica/frontier.h"
+#include "replica/replica.h"
+
+struct ps_durable {
+  uv_loop_t *loop;
+  const ps_config *cfg;
+  int index;
+  uint64_t layout_hash;
+  ps_shard *shard;
+  ps_durable_fenced_fn fenced;
+  void *fenced_arg;
+  ps_replica *replica;      /* NULL before ps_durable_start, and with mode off */
+  int closing;
+  /* The frame being handled (ps_durable_frame). */
+  const void *frame_payload;
+  ps_conn *frame_conn;
+};
+
+/* A kept acknowledgement: the caller's bytes follow. */
+typedef struct kept_ack {
+  ps_durable_ack_fn fn;
+  max_align_t data[];
+} kept_ack;
+
+ps_durable *ps_durable_new(uv_loop_t *loop, const ps_config *cfg, int index, uint64_t layout_hash,
+                           ps_shard *shard, ps_durable_fenced_fn fenced, void *fenced_arg) {
+  ps_durable *d = calloc(1, sizeof *d);
+  if (d == NULL)
+    return NULL;
+  *d = (ps_durable){.loop = loop, .cfg = cfg, .index = index, .layout_hash = layout_hash,
+                    .shard = shard, .fenced = fenced, .fenced_arg = fenced_arg};
+  return d;
+}
+
+static void on_fenced(void *arg, const char *why) {
+  ps_durable *d = arg;
+  if (!d->closing && d->fenced != NULL)
+    d->fenced(d->fenced_arg, why);
+}
+
+int ps_durable_start(ps_durable *d, const ps_restore_info *restored) {
+  if (d->cfg->replication == PS_REPLICATION_OFF || d->replica != NULL || d->closing)
+    return 0;
+  d->replica = ps_replica_new(d->loop, d->cfg, d->index, restored, d->layout_hash, d->shard,
+                              on_fenced, d);
+  return d->replica != NULL ? 0 : -ENOMEM;
+}
+
+static int logging(const ps_durable *d) {
+  return d->replica != NULL && d->cfg->replication == PS_REPLICATION_LOG;
+}
+
+void ps_durable_frame(ps_durable *d, const void *payload, ps_conn *conn) {
+  d->frame_payload = payload;
+  d->frame_conn = conn;
+}
+
+/* A push's entry borrows the frame's payload and goes out once the frames
+ * read with it were handled: the pull that follows a push is answered
+ * first, and the worker computes while the shard copies the gradient into
+ * the XADD. */
+void ps_durable_journal(ps_durable *d, const ps_journal *j) {
+  if (!logging(d))
+    return;
+  if (j->g != NULL && (const void *)j->g == d->frame_payload && d->frame_conn != NULL) {
+    if (ps_replica_append_later(d->replica, j))
+      ps_conn_hold(d->frame_conn);
+    return;
+  }
+  ps_replica_append(d->replica, j);
+}
+
+void ps_durable_flush(ps_durable *d) {
+  if (d->replica != NULL)
+    ps_replica_flush(d->replica);
+}
+
+void ps_durable_updated(ps_durable *d) {
+  if (d->replica != NULL)
+    ps_replica_updated(d->replica);
+}
+
+static void ack_done(void *arg, int status) {
+  kept_ack *k = arg;
+  k->fn(k->data, status == PS_DURABLE_NOW || status == PS_DURABLE_NOT);
+  free(k);
+}
+
+int ps_durable_submit(ps_durable *d, uint64_t n, const void *ack, size_t len,
+                      ps_durable_ack_fn fn) {
+  /* Durability `log`: the ack waits until Redis holds the entry (REDIS.md
+   * section 9); in the other modes an update is acknowledged when applied. */
+  if (!logging(d))
+    return 1;
+  kept_ack *k = malloc(sizeof *k + len);
+  if (k == NULL)
+    return -ENOMEM;
+  k->fn = fn;
+  memcpy(k->data, ack, len);
+  int rc = ps_replica_when_durable(d->replica, n, ack_done, k);
+  if (rc == PS_DURABLE_QUEUED)
+    return 0;
+  free(k);
+  if (rc == PS_DURABLE_NOW || rc == PS_DURABLE_NOT)
+    return 1;
+  return rc;  /* -EPERM: fenced out, acknowledge nothing; -ENOMEM */
+}
+
+void ps_durable_stats_get(const ps_durable *d, ps_durable_stats *out) {
+  memset(out, 0, sizeof *out);
+  if (d->replica == NULL)
+    return;
+  out->started = 1;
+  out->lag = ps_replica_lag(d->replica);
+  out->lag_seconds = ps_replica_lag_seconds(d->replica);
+  out->nondurable = ps_replica_nondurable(d->replica);
+  out->acks_waiting = ps_replica_acks_waiting(d->replica);
+}
+
+void ps_durable_watch_workers(ps_durable *d, ps_durable_alive_fn fn, void *arg) {
+  if (d->replica != NULL)
+    ps_replica_watch_workers(d->replica, fn, arg);
+}
+
+void ps_durable_stop(ps_durable *d) {
+  if (d == NULL || d->closing)
+    return;
+  d->closing = 1;
+  ps_replica *r = d->replica;
+  d->replica = NULL;  /* from now on every call is a no-op */
+  if (r != NULL)
+    ps_replica_close(r, NULL, NULL);
+}
+
+void ps_durable_free(ps_durable *d) { free(d); }

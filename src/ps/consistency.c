@@ -29,7 +29,7 @@ static int min_clock(const server *s, uint64_t *out) {
 static int pull_ready(const server *s, const client *cl) {
   switch (s->cfg->consistency) {
   case PS_CONSISTENCY_SYNC:
-    return s->shard.version >= cl->pull.step;
+    return ps_shard_version(s->shard) >= cl->pull.step;
   case PS_CONSISTENCY_SSP: {
     uint64_t lo = 0;
     if (!min_clock(s, &lo))
@@ -78,18 +78,18 @@ void ps_consistency_closed(server *s) {
 /* Gradients the current step still waits for: the timeout runs from the
  * step's first one. */
 static void sync_progress(server *s) {
-  if (s->shard.accum_count > 0 && s->cons.sync_started_ns == 0)
+  if (ps_shard_sync_pending(s->shard) > 0 && s->cons.sync_started_ns == 0)
     s->cons.sync_started_ns = ps_now_ns();
-  if (s->shard.accum_count == 0)
+  if (ps_shard_sync_pending(s->shard) == 0)
     s->cons.sync_started_ns = 0;
 }
 
 /* counted[] describes the step at the shard's version: a new step starts
  * with none. */
 static void counted_now(server *s) {
-  if (s->cons.counted_v != s->shard.version) {
+  if (s->cons.counted_v != ps_shard_version(s->shard)) {
     memset(s->cons.counted, 0, sizeof s->cons.counted);
-    s->cons.counted_v = s->shard.version;
+    s->cons.counted_v = ps_shard_version(s->shard);
   }
 }
 
@@ -106,9 +106,9 @@ static int expected(const server *s) {
  * it lacks are dropped until they show up again. */
 static void sync_flush(server *s, const char *why) {
   counted_now(s);
-  int have = s->shard.accum_count;
+  int have = ps_shard_sync_pending(s->shard);
   ps_journal e;
-  if (!ps_shard_sync_flush(&s->shard, &e))
+  if (!ps_shard_sync_flush(s->shard, &e))
     return;
   for (int j = 0; j < s->cfg->nworkers; j++)
     if (!s->cons.counted[j])
@@ -118,7 +118,8 @@ static void sync_flush(server *s, const char *why) {
   ps_log(PS_LOG_WARN,
          "step %" PRIu64 ": %d of %d gradients %s; applied them without the missing workers, "
          "and go on with %d per step until one of them is back",
-         s->shard.version - 1, have, s->shard.o.replicas_to_aggregate, why, have);
+         ps_shard_version(s->shard) - 1, have, ps_shard_options(s->shard)->replicas_to_aggregate,
+         why, have);
   s->cons.sync_started_ns = 0;
   release_pulls(s);
 }
@@ -129,7 +130,8 @@ static void sync_flush(server *s, const char *why) {
  * replay applies it at the same place. */
 static void sync_complete_early(server *s) {
   counted_now(s);
-  if (s->shard.accum_count == 0 || s->shard.accum_count >= s->shard.target)
+  int pending = ps_shard_sync_pending(s->shard);
+  if (pending == 0 || pending >= ps_shard_sync_target(s->shard))
     return;
   for (int j = 0; j < s->cfg->nworkers; j++)
     if (!s->cons.dropped[j] && !s->cons.counted[j])
@@ -148,16 +150,16 @@ static void worker_back(server *s, uint32_t j, const char *how) {
     return;
   s->cons.dropped[j] = 0;
   int want = expected(s);
-  if (want > s->shard.o.replicas_to_aggregate)
-    want = s->shard.o.replicas_to_aggregate;
-  if (s->shard.target >= want)
+  if (want > ps_shard_options(s->shard)->replicas_to_aggregate)
+    want = ps_shard_options(s->shard)->replicas_to_aggregate;
+  if (ps_shard_sync_target(s->shard) >= want)
     return;
   ps_journal e;
-  if (!ps_shard_sync_set_target(&s->shard, s->shard.o.replicas_to_aggregate, &e))
+  if (!ps_shard_sync_set_target(s->shard, ps_shard_options(s->shard)->replicas_to_aggregate, &e))
     return;
   ps_durable_journal(s->durable, &e);
   ps_log(PS_LOG_INFO, "sync: worker %u %s; steps wait for %d gradients again", j, how,
-         s->shard.target);
+         ps_shard_sync_target(s->shard));
   sync_complete_early(s);
 }
 
@@ -165,7 +167,7 @@ void ps_consistency_pushed(client *cl, ps_push_result r, uint64_t before) {
   server *s = cl->srv;
   if (s->cfg->consistency != PS_CONSISTENCY_SYNC)
     return;
-  if (r == PS_SHARD_APPLIED && s->shard.version == before) {
+  if (r == PS_SHARD_APPLIED && ps_shard_version(s->shard) == before) {
     counted_now(s);
     s->cons.counted[cl->index] = 1;
   }
@@ -173,7 +175,7 @@ void ps_consistency_pushed(client *cl, ps_push_result r, uint64_t before) {
   worker_back(s, cl->index, "pushes again");
   sync_complete_early(s);
   sync_progress(s);
-  if (s->shard.version != before)
+  if (ps_shard_version(s->shard) != before)
     release_pulls(s);
 }
 

@@ -55,9 +55,9 @@ static float *grow(float *img, uint64_t *cap, uint64_t want) {
 
 /* Pushes flow again; the held ones wait for ps_control_drain. */
 static ps_control_outcome resume(server *s, const char *why) {
-  if (!s->paused)
+  if (s->phase != PS_PHASE_HELD)
     return PS_CONTROL_NONE;
-  s->paused = 0;
+  s->phase = PS_PHASE_SERVING;
   int n = 0;
   for (const held_push *h = s->held; h != NULL; h = h->next)
     n++;
@@ -72,7 +72,7 @@ void ps_control_drain(server *s, ps_control_apply_fn apply) {
   s->held = s->held_tail = NULL;
   while (h != NULL) {
     held_push *next = h->next;
-    if (!h->cl->closed && !s->stopping)
+    if (!h->cl->closed && s->phase != PS_PHASE_STOPPING)
       apply(h->cl, h->req, &h->p);
     client_unref(h->cl);
     free(h);
@@ -82,7 +82,7 @@ void ps_control_drain(server *s, ps_control_apply_fn apply) {
 
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
   server *s = cl->srv;
-  if (!s->paused)
+  if (s->phase != PS_PHASE_HELD)
     return 0;
   held_push *h = malloc(sizeof *h + p->count * sizeof(float));
   if (h == NULL) {
@@ -130,20 +130,19 @@ void ps_control_prepare(server *s) {
     return;
   /* The copy buffer, allocated and touched now: a first cut into fresh
    * pages would stall on every page fault. */
-  ps_state_info in = ps_shard_state_info(&s->shard);
+  ps_state_info in = ps_shard_state_info(s->shard);
   s->spare = grow(s->spare, &s->spare_cap, in.image_floats);
   if (s->spare != NULL)
     memset(s->spare, 0, (size_t)in.image_floats * sizeof(float));
 }
 
 ps_control_outcome ps_control_tick(server *s, uint64_t now_ns) {
-  if (s->paused && now_ns >= s->resume_at_ns)
+  if (s->phase == PS_PHASE_HELD && now_ns >= s->resume_at_ns)
     return resume(s, "no RESUME from the chief in time: resumed by itself");
   return PS_CONTROL_NONE;
 }
 
 void ps_control_free(server *s) {
-  s->paused = 0;
   while (s->held != NULL) {
     held_push *h = s->held;
     s->held = h->next;
@@ -165,11 +164,15 @@ static void send_pong(client *cl, uint64_t req, uint64_t token) {
 
 static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
   server *s = cl->srv;
-  if (!s->initialized) {
+  if (s->phase == PS_PHASE_WAITING) {
     REFUSE(cl, PS_EFORMAT, PS_ERROR_RETRY, "CUT of shard %d, which holds no state yet", s->index);
     return;
   }
-  ps_state_info in = ps_shard_state_info(&s->shard);
+  if (s->phase != PS_PHASE_SERVING && s->phase != PS_PHASE_HELD) {
+    REFUSE(cl, PS_EFORMAT, 0, "CUT of shard %d after the chief's STOP", s->index);
+    return;
+  }
+  ps_state_info in = ps_shard_state_info(s->shard);
   /* A new image, in the spare buffer when there is one: the previous cut's
    * buffer may still be on the wire in a FETCH_REPLY. */
   cut_image *img = calloc(1, sizeof *img);
@@ -185,10 +188,10 @@ static void on_cut(client *cl, uint64_t req, const ps_msg_cut *c) {
   s->spare = NULL;
   s->spare_cap = 0;
   uint64_t t0 = ps_now_ns();
-  ps_shard_state_write(&s->shard, img->buf);
+  ps_shard_state_write(s->shard, img->buf);
   image_unref(s->cut);
   s->cut = img;
-  s->paused = 1;
+  s->phase = PS_PHASE_HELD;
   s->resume_at_ns = ps_now_ns() + (uint64_t)c->hold_ms * 1000000ULL;
   ps_msg m = {.type = PS_MSG_CUT_REPLY};
   m.u.cut_reply.cut_id = c->cut_id;
@@ -214,11 +217,12 @@ static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
     return;
   }
   uint64_t total = img->info.image_floats;
-  if (f->offset > total || f->count > total - f->offset || f->count > s->shard.o.nfloats) {
+  size_t piece = ps_shard_options(s->shard)->nfloats;
+  if (f->offset > total || f->count > total - f->offset || f->count > piece) {
     REFUSE(cl, PS_EFORMAT, 0,
            "FETCH of floats %" PRIu64 "..+%" PRIu64 ": the copy holds %" PRIu64
            " and a piece is at most %zu",
-           f->offset, f->count, total, s->shard.o.nfloats);
+           f->offset, f->count, total, piece);
     return;
   }
   ps_msg m = {.type = PS_MSG_FETCH_REPLY};
@@ -236,35 +240,35 @@ static void on_fetch(client *cl, uint64_t req, const ps_msg_fetch *f) {
 
 static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l) {
   server *s = cl->srv;
-  if (s->initialized) {
+  if (s->phase != PS_PHASE_WAITING) {
     REFUSE(cl, PS_EFORMAT, 0, "LOAD of shard %d, which already holds a state at version %" PRIu64,
-           s->index, s->shard.version);
+           s->index, ps_shard_version(s->shard));
     return PS_CONTROL_NONE;
   }
   const ps_state_info *in = &l->state;
   char why[256];
-  if (ps_shard_state_check(&s->shard, in, why, sizeof why) != 0) {
+  if (ps_shard_state_check(s->shard, in, why, sizeof why) != 0) {
     REFUSE(cl, PS_ELAYOUT, 0, "LOAD: %s", why);
     return PS_CONTROL_NONE;
   }
   if (l->offset == 0)
     s->load_next = 0;
-  if (l->offset != s->load_next || l->count > s->shard.o.nfloats) {
+  if (l->offset != s->load_next || l->count > ps_shard_options(s->shard)->nfloats) {
     REFUSE(cl, PS_EFORMAT, 0, "LOAD piece at float %" PRIu64 " of %" PRIu64
            " floats, expected the piece at %" PRIu64 " of at most %zu",
-           l->offset, l->count, s->load_next, s->shard.o.nfloats);
+           l->offset, l->count, s->load_next, ps_shard_options(s->shard)->nfloats);
     return PS_CONTROL_NONE;
   }
   /* Straight into the state: it serves nobody until the last piece. */
-  ps_shard_state_load_piece(&s->shard, in, l->offset, l->data, l->count);
+  ps_shard_state_load_piece(s->shard, in, l->offset, l->data, l->count);
   s->load_next = l->offset + l->count;
   if (s->load_next == in->image_floats) {
-    ps_shard_state_load_end(&s->shard, in);
+    ps_shard_state_load_end(s->shard, in);
     s->load_next = 0;
-    s->initialized = 1;
+    s->phase = PS_PHASE_SERVING;
     ps_log(PS_LOG_INFO, "initialized by the chief: version %" PRIu64 ", global step %" PRIu64
-           "; workers admitted", s->shard.version, s->shard.global_step);
-    ps_notify_ready("shard %d serving from version %" PRIu64, s->index, s->shard.version);
+           "; workers admitted", ps_shard_version(s->shard), ps_shard_global_step(s->shard));
+    ps_notify_ready("shard %d serving from version %" PRIu64, s->index, ps_shard_version(s->shard));
     ps_control_prepare(s);
     send_pong(cl, req, l->offset + l->count);
     return PS_CONTROL_LOADED;
@@ -275,9 +279,8 @@ static ps_control_outcome on_load(client *cl, uint64_t req, const ps_msg_load *l
 
 static ps_control_outcome on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
   server *s = cl->srv;
-  if (s->stop_asked)
+  if (s->phase == PS_PHASE_DRAINING || s->phase == PS_PHASE_STOPPING)
     return PS_CONTROL_NONE;
-  s->stop_asked = 1;
   ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64 "; telling the workers",
          st->step);
   ps_msg m = {.type = PS_MSG_STOP};
@@ -288,6 +291,8 @@ static ps_control_outcome on_stop(client *cl, uint64_t req, const ps_msg_stop *s
       ps_conn_send_msg(c->conn, &m, 0);
   send_pong(cl, req, st->step);
   resume(s, "stopping");
+  if (s->phase == PS_PHASE_SERVING)
+    s->phase = PS_PHASE_DRAINING;  /* one with no state stops as it is */
   return PS_CONTROL_STOP;
 }
 

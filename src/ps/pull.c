@@ -41,8 +41,9 @@ static void reply_buf_release(reply_buf *b) {
 
 /* A buffer holding the slice at the shard's current version. */
 static reply_buf *reply_buf_get(server *s) {
+  size_t n = ps_shard_options(s->shard)->nfloats;
   reply_buf *b = s->reply_cur;
-  if (b != NULL && b->version == s->shard.version) {
+  if (b != NULL && b->version == ps_shard_version(s->shard)) {
     b->refs++;
     return b;
   }
@@ -57,15 +58,14 @@ static reply_buf *reply_buf_get(server *s) {
     s->reply_nfree--;
   } else {
     b = calloc(1, sizeof *b);
-    if (b == NULL || posix_memalign((void **)&b->data, 64,
-                                    (s->shard.o.nfloats ? s->shard.o.nfloats : 1) * sizeof(float))) {
+    if (b == NULL || posix_memalign((void **)&b->data, 64, (n ? n : 1) * sizeof(float))) {
       free(b);
       return NULL;
     }
     b->srv = s;
   }
-  memcpy(b->data, s->shard.values, s->shard.o.nfloats * sizeof(float));
-  b->version = s->shard.version;
+  memcpy(b->data, ps_shard_values(s->shard), n * sizeof(float));
+  b->version = ps_shard_version(s->shard);
   b->refs = 1;
   s->reply_cur = b;
   return b;
@@ -79,18 +79,18 @@ static void reply_written(void *arg, int status) {
 void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
   ps_msg m = {.type = PS_MSG_PULL_REPLY};
-  m.u.pull_reply.version = s->shard.version;
-  m.u.pull_reply.global_step = s->shard.global_step;
-  m.u.pull_reply.count = s->shard.o.nfloats;
+  m.u.pull_reply.version = ps_shard_version(s->shard);
+  m.u.pull_reply.global_step = ps_shard_global_step(s->shard);
+  m.u.pull_reply.count = ps_shard_options(s->shard)->nfloats;
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
   size_t plen = ps_proto_encode_prefix(&m, req, prefix);
-  size_t bytes = s->shard.o.nfloats * sizeof(float);
+  size_t bytes = ps_shard_options(s->shard)->nfloats * sizeof(float);
   s->pulls++;
   /* Most replies fit the socket's buffer: written from the slice itself,
    * they need no copy.  Only what the socket does not take now is sent
    * from a copy of this version. */
   size_t sent;
-  int rc = ps_conn_try_send(cl->conn, prefix, plen, s->shard.values, bytes, &sent);
+  int rc = ps_conn_try_send(cl->conn, prefix, plen, ps_shard_values(s->shard), bytes, &sent);
   if (rc != 0) {
     if (rc != UV_ECANCELED)
       ps_conn_close(cl->conn);  /* the socket failed: the worker reconnects */

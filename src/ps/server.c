@@ -29,7 +29,7 @@
 #include "proto/proto.h"
 #include "ps/consistency.h"
 #include "ps/durable.h"
-#include "ps/shard_internal.h"
+#include "ps/shard.h"
 #include "replica/registry.h"
 #include "ps/server_internal.h"
 
@@ -50,7 +50,7 @@ static void set_name(client *cl) {
  * this shard has seen is refused.  @return 1 if cl was refused. */
 static int one_incarnation(client *cl) {
   server *s = cl->srv;
-  uint64_t newest = s->shard.once[cl->index].incarnation;
+  uint64_t newest = ps_shard_worker_incarnation(s->shard, cl->index);
   for (const client *c = s->clients; c != NULL; c = c->next)
     if (c != cl && c->state == C_READY && c->role == PS_ROLE_WORKER && c->index == cl->index &&
         c->incarnation > newest)
@@ -109,7 +109,7 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
     REFUSE(cl, PS_EFORMAT, 0, "role %s may not connect to a shard", ps_role_name(h->role));
     return;
   }
-  if (h->role == PS_ROLE_WORKER && !s->initialized) {
+  if (h->role == PS_ROLE_WORKER && s->phase == PS_PHASE_WAITING) {
     /* Not an error of the worker's: it waits and tries again. */
     cl->refused = 1;
     ps_conn_fail(cl->conn, -EAGAIN, PS_ERROR_RETRY,
@@ -126,9 +126,9 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   m.u.welcome.consistency = (uint8_t)s->cfg->consistency;
   m.u.welcome.incarnation = s->incarnation;
   m.u.welcome.layout_hash = s->layout.hash;
-  m.u.welcome.slice_floats = s->shard.o.nfloats;
-  m.u.welcome.version = s->shard.version;
-  m.u.welcome.global_step = s->shard.global_step;
+  m.u.welcome.slice_floats = ps_shard_options(s->shard)->nfloats;
+  m.u.welcome.version = ps_shard_version(s->shard);
+  m.u.welcome.global_step = ps_shard_global_step(s->shard);
   m.u.welcome.max_payload = (uint32_t)s->max_payload;
   ps_conn_send_msg(cl->conn, &m, 0);
   ps_log(PS_LOG_INFO, "%s: connected (incarnation %" PRIu64 ")", cl->name, cl->incarnation);
@@ -179,27 +179,19 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
            cl->index);
     return;
   }
-  if (p->count != s->shard.o.nfloats) {
+  if (p->count != ps_shard_options(s->shard)->nfloats) {
     REFUSE(cl, PS_ELAYOUT, 0,
            "PUSH of %" PRIu64 " floats: not this shard's slice, which holds %zu floats",
-           p->count, s->shard.o.nfloats);
+           p->count, ps_shard_options(s->shard)->nfloats);
     return;
   }
   if (ps_control_hold_push(cl, req, p))
     return;
-  uint64_t before = s->shard.version;
-  if (s->index == 0 && s->cfg->last_step > 0 && s->cfg->consistency != PS_CONSISTENCY_SYNC &&
-      s->shard.version >= (uint64_t)s->cfg->last_step) {
-    /* The global step is at the limit: the run's last checkpoint is cut
-     * there, so nothing more is applied. */
-    s->shard.pushes_stale++;
-    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, PS_PUSH_STALE);
-    return;
-  }
+  uint64_t before = ps_shard_version(s->shard);
   ps_journal j;
-  uint64_t global_before = s->shard.global_step;
+  uint64_t global_before = ps_shard_global_step(s->shard);
   ps_push_result r =
-      ps_shard_push(&s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
+      ps_shard_push(s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
   if (r == PS_SHARD_APPLIED)
     ps_metric_observe(s->series[S_STALENESS],
                       global_before > p->step ? (double)(global_before - p->step) : 0.0);
@@ -207,8 +199,8 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
    * checker counts a double application from these, whatever the worker saw. */
   if (r == PS_SHARD_APPLIED)
     ps_history_line(s->history, "apply %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %" PRIu64 " %" PRIu64,
-                    s->incarnation, s->shard.journal, s->shard.version, p->worker, p->incarnation,
-                    p->seq);
+                    s->incarnation, ps_shard_journal(s->shard), ps_shard_version(s->shard), p->worker,
+                    p->incarnation, p->seq);
   else if (r == PS_SHARD_STALE)
     ps_history_line(s->history, "stale %" PRIu64 " %u %" PRIu64 " %" PRIu64, s->incarnation,
                     p->worker, p->incarnation, p->seq);
@@ -229,8 +221,9 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
      * for everything the shard holds now, which covers its original. */
     if (r == PS_SHARD_APPLIED)
       ps_durable_journal(s->durable, &j);
-    pending_ack a = {cl, req, p->seq, s->shard.version, s->shard.global_step, status};
-    durable = ps_durable_submit(s->durable, s->shard.journal, &a, sizeof a, ack_durable);
+    pending_ack a = {cl, req, p->seq, ps_shard_version(s->shard),
+                     ps_shard_global_step(s->shard), status};
+    durable = ps_durable_submit(s->durable, ps_shard_journal(s->shard), &a, sizeof a, ack_durable);
     if (durable == 0)
       cl->refs++;
     /* No ack: the worker re-sends on a new connection, a duplicate then. */
@@ -239,8 +232,8 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
                    s->index);
   }
   if (durable == 1)
-    send_ack(cl, req, p->seq, s->shard.version, s->shard.global_step, status);
-  if (s->shard.version != before)
+    send_ack(cl, req, p->seq, ps_shard_version(s->shard), ps_shard_global_step(s->shard), status);
+  if (ps_shard_version(s->shard) != before)
     ps_durable_updated(s->durable);
   ps_consistency_pushed(cl, r, before);
 }
@@ -259,16 +252,17 @@ static void on_stats(client *cl, uint64_t req) {
   server *s = cl->srv;
   ps_msg m = {.type = PS_MSG_STATS_REPLY};
   ps_msg_stats_reply *r = &m.u.stats_reply;
-  r->version = s->shard.version;
-  r->global_step = s->shard.global_step;
+  r->version = ps_shard_version(s->shard);
+  r->global_step = ps_shard_global_step(s->shard);
   r->incarnation = s->incarnation;
-  r->pushes_applied = s->shard.pushes_applied;
-  r->pushes_duplicate = s->shard.pushes_duplicate;
-  r->pushes_stale = s->shard.pushes_stale;
+  r->pushes_applied = ps_shard_get_counts(s->shard).applied;
+  r->pushes_duplicate = ps_shard_get_counts(s->shard).duplicate;
+  r->pushes_stale = ps_shard_get_counts(s->shard).stale;
   r->pulls = s->pulls;
   server_bytes(s, &r->bytes_in, &r->bytes_out);
   r->clients = (uint64_t)s->nclients;
-  r->flags = (s->initialized ? PS_STATS_INITIALIZED : 0) | (s->paused ? PS_STATS_PAUSED : 0);
+  r->flags = (s->phase != PS_PHASE_WAITING ? PS_STATS_INITIALIZED : 0) |
+             (s->phase == PS_PHASE_HELD ? PS_STATS_PAUSED : 0);
   ps_conn_send_msg(cl->conn, &m, req);
 }
 
@@ -355,7 +349,7 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
    * is in the range of the project's codes, and is no refusal). */
   int refused = err <= PS_EFORMAT && err > -5000 && err != UV_EOF;
   int lost = err != 0 && err != UV_EOF, left = cl->state == C_READY && err == UV_EOF;
-  if (cl->refused || s->stopping || !(refused || lost || left) || !ps_listener_may_log(conn))
+  if (cl->refused || s->phase == PS_PHASE_STOPPING || !(refused || lost || left) || !ps_listener_may_log(conn))
     ;
   else if (refused)
     ps_log(PS_LOG_WARN, "%s: %s; closing", cl->name, why);
@@ -376,7 +370,7 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
   cl->conn = NULL;
   cl->refs++;
   client_unref(cl);
-  if (!s->stopping)
+  if (s->phase != PS_PHASE_STOPPING)
     ps_consistency_closed(s);
 }
 
@@ -463,11 +457,11 @@ static void metrics_update(server *s) {
     return;
   uint64_t in, out;
   server_bytes(s, &in, &out);
-  ps_metric_set(x[S_APPLIED], (double)s->shard.pushes_applied);
-  ps_metric_set(x[S_DUPLICATES], (double)s->shard.pushes_duplicate);
-  ps_metric_set(x[S_STALE], (double)s->shard.pushes_stale);
-  ps_metric_set(x[S_VERSION], (double)s->shard.version);
-  ps_metric_set(x[S_GLOBAL_STEP], (double)s->shard.global_step);
+  ps_metric_set(x[S_APPLIED], (double)ps_shard_get_counts(s->shard).applied);
+  ps_metric_set(x[S_DUPLICATES], (double)ps_shard_get_counts(s->shard).duplicate);
+  ps_metric_set(x[S_STALE], (double)ps_shard_get_counts(s->shard).stale);
+  ps_metric_set(x[S_VERSION], (double)ps_shard_version(s->shard));
+  ps_metric_set(x[S_GLOBAL_STEP], (double)ps_shard_global_step(s->shard));
   ps_metric_set(x[S_RECEIVED], (double)in);
   ps_metric_set(x[S_SENT], (double)out);
   ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
@@ -500,12 +494,12 @@ static void close_walk(uv_handle_t *h, void *arg) {
 }
 
 void ps_server_stop(server *s, const char *why) {
-  if (s->stopping)
+  if (s->phase == PS_PHASE_STOPPING)
     return;
-  s->stopping = 1;
+  s->phase = PS_PHASE_STOPPING;
   ps_notify_stopping();
   ps_log(PS_LOG_INFO, "%s: stopping at version %" PRIu64 ", global step %" PRIu64, why,
-         s->shard.version, s->shard.global_step);
+         ps_shard_version(s->shard), ps_shard_global_step(s->shard));
   for (client *c = s->clients; c != NULL; c = c->next)
     ps_conn_close(c->conn);
   ps_durable_stop(s->durable);
@@ -520,7 +514,7 @@ void ps_server_stop(server *s, const char *why) {
 
 void ps_server_state_began(server *s, const char *source) {
   ps_history_line(s->history, "start %" PRIu64 " %" PRIu64 " %" PRIu64 " %s", s->incarnation,
-                  s->shard.version, s->shard.journal, source);
+                  ps_shard_version(s->shard), ps_shard_journal(s->shard), source);
 }
 
 static void on_fenced(void *arg, const char *why) {
@@ -579,7 +573,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     return 1;
   s->cfg = cfg;
   s->index = index;
-  int status = 1, loop_open = 0, shard_open = 0;
+  int status = 1, loop_open = 0;
   ps_errbuf eb = {0};
   char desc[128];
   int n = ps_config_read_secret(cfg, s->secret, sizeof s->secret, &eb);
@@ -594,11 +588,10 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   ps_model_spec_format(&s->model.spec, desc, sizeof desc);
   ps_shard_opts so = ps_shard_opts_for(cfg, &s->layout, index);
-  if (ps_shard_init(&s->shard, &so, NULL) != 0) {
+  if ((s->shard = ps_shard_new(&so, NULL)) == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;
   }
-  shard_open = 1;
   s->max_payload = ps_proto_max_payload(so.nfloats);
   /* The address first: a machine that does not hold it (its replacement
    * took it) must fail before it takes the shard's epoch in Redis, which
@@ -639,7 +632,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     sa.sa_handler = on_startup_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    if (ps_replica_restore(cfg, index, s->layout.hash, &s->shard, &startup_stop, &ri, &eb) != 0) {
+    if (ps_replica_restore(cfg, index, s->layout.hash, s->shard, &startup_stop, &ri, &eb) != 0) {
       if (startup_stop) {
         ps_log(PS_LOG_INFO, "stopped while waiting for Redis");
         status = 0;
@@ -660,8 +653,8 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO,
            "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
            " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64 ")",
-           ri.seconds, ri.snap_version, ri.replayed, s->shard.version, s->shard.global_step,
-           ri.epoch);
+           ri.seconds, ri.snap_version, ri.replayed, ps_shard_version(s->shard),
+           ps_shard_global_step(s->shard), ri.epoch);
     if (ri.skipped > 0)
       ps_log(PS_LOG_WARN, "restore: the log held %" PRIu64 " entries after a missing one: "
              "updates that were never acknowledged%s; not replayed", ri.skipped,
@@ -670,19 +663,26 @@ int ps_server_run(const ps_config *cfg, int index) {
     if (ri.nondurable > 0)
       ps_log(PS_LOG_WARN, "restore: %" PRIu64 " updates of this run were acknowledged without "
              "being durable (on_redis_failure = degrade)", ri.nondurable);
-    s->initialized = 1;
+    s->phase = PS_PHASE_SERVING;
   } else if (cfg->ps_self_init) {
     /* Without a chief a shard initializes its own slice from the model's
      * seeded initializers, the same values the whole model gets in
      * `paramserv train` with the same seed. */
-    ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, s->shard.values);
+    float *seeded = malloc(so.nfloats * sizeof *seeded + 1);
+    if (seeded == NULL) {
+      ps_log(PS_LOG_ERROR, "out of memory for the seeded slice of %zu floats", so.nfloats);
+      goto out;
+    }
+    ps_layout_init_slice(&s->layout, &s->model.vars, index, (uint64_t)cfg->seed, seeded);
+    ps_shard_set_values(s->shard, seeded);
+    free(seeded);
     if (cfg->replication != PS_REPLICATION_OFF)
       ps_log(PS_LOG_INFO, "no replica in Redis: initialized from seed %" PRId64 " (epoch %" PRIu64
              ")", cfg->seed, ri.epoch);
-    s->initialized = 1;
+    s->phase = PS_PHASE_SERVING;
   }
   s->history = ps_history_open(cfg, "ps", index);
-  if (s->initialized)
+  if (s->phase == PS_PHASE_SERVING)
     ps_server_state_began(s, ri.loaded ? "redis" : "seed");
   if (ri.gc_snapshots > 0 || ri.gc_streams > 0)
     ps_log(PS_LOG_INFO, "restore: deleted %" PRIu64 " snapshots that never switched and %" PRIu64
@@ -719,20 +719,20 @@ int ps_server_run(const ps_config *cfg, int index) {
   s->stop_timer.data = s;
   /* A shard without a state replicates nothing until the chief loads one:
    * a snapshot of zeros must never become the replica a restart trusts. */
-  s->durable = ps_durable_new(&s->loop, cfg, index, s->layout.hash, &s->shard, on_fenced, s);
+  s->durable = ps_durable_new(&s->loop, cfg, index, s->layout.hash, s->shard, on_fenced, s);
   if (s->durable == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory");
     goto out;
   }
-  if (s->initialized && start_durable(s) != 0) {
+  if (s->phase == PS_PHASE_SERVING && start_durable(s) != 0) {
     ps_server_stop(s, "start-up failed");
     s->status = 1;
   }
   s->watchdog_on = ps_notify_watchdog_start(&s->loop, &s->watchdog);
-  if (s->initialized)
+  if (s->phase == PS_PHASE_SERVING)
     ps_control_prepare(s);
-  if (s->initialized)
-    ps_notify_ready("shard %d serving at version %" PRIu64, index, s->shard.version);
+  if (s->phase == PS_PHASE_SERVING)
+    ps_notify_ready("shard %d serving at version %" PRIu64, index, ps_shard_version(s->shard));
   else
     ps_notify_status("shard %d waiting for the chief to initialize it", index);
   static const char *const modes[] = {"async", "sync", "ssp"};
@@ -741,9 +741,9 @@ int ps_server_run(const ps_config *cfg, int index) {
          "listening on %s: shard %d of %d, %zu floats (%s), %s, replication %s, version %" PRIu64
          ", layout %016" PRIx64 ", ready %.3f s after start%s",
          addr, index, cfg->nps, so.nfloats, desc, modes[cfg->consistency],
-         durability[cfg->replication], s->shard.version, s->layout.hash,
+         durability[cfg->replication], ps_shard_version(s->shard), s->layout.hash,
          (double)(ps_now_ns() - started_ns) * 1e-9,
-         s->initialized ? "" : "; waiting for the chief to initialize this shard");
+         s->phase == PS_PHASE_SERVING ? "" : "; waiting for the chief to initialize this shard");
   uv_run(&s->loop, UV_RUN_DEFAULT);
   status = s->status;
 out:
@@ -759,8 +759,7 @@ out:
   ps_server_pull_bufs_free(s);
   ps_control_free(s);
   ps_history_close(s->history);
-  if (shard_open)
-    ps_shard_close(&s->shard);
+  ps_shard_free(s->shard);
   ps_layout_close(&s->layout);
   ps_model_close(&s->model);
   free(s);

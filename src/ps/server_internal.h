@@ -17,7 +17,7 @@
 #include "nn/model.h"
 #include "proto/proto.h"
 #include "ps/consistency.h"
-#include "ps/shard_internal.h"
+#include "ps/shard.h"
 #include "ps/durable.h"
 #include "replica/restore.h"
 
@@ -31,6 +31,21 @@ enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, 
        S_RECEIVED, S_SENT, S_CONNECTIONS, S_N };
 typedef struct reply_buf reply_buf;
 
+/* A shard server's life, one phase at a time:
+ *   WAITING  -> SERVING   restored from Redis, made from the seed, or the chief's LOAD
+ *   SERVING  -> HELD      a CUT: pushes are held while the chief fetches the copy
+ *   HELD     -> SERVING   RESUME, or the cut's hold ran out (the held pushes are applied)
+ *   SERVING, HELD -> DRAINING  the chief's STOP: held pushes applied, the workers told,
+ *                        exit once the frames are out
+ *   any      -> STOPPING  SIGTERM, fenced, a failure, or the end of DRAINING */
+typedef enum ps_server_phase {
+  PS_PHASE_WAITING = 0,  /* no state yet: workers are told to come back */
+  PS_PHASE_SERVING,
+  PS_PHASE_HELD,
+  PS_PHASE_DRAINING,
+  PS_PHASE_STOPPING,
+} ps_server_phase;
+
 typedef struct server {
   uv_loop_t loop;
   ps_listener listener;
@@ -43,18 +58,17 @@ typedef struct server {
   size_t secret_len;
   ps_model model;
   ps_layout layout;
-  ps_shard shard;
+  ps_shard *shard;       /* the state (shard.h): opaque here too */
   uint64_t max_payload;
   client *clients;
   int nclients;
-  int stopping;
+  ps_server_phase phase;
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
   reply_buf *reply_cur, *reply_free;  /* pull.c: the current version's copy, the pool */
   int reply_nfree;
   ps_durable *durable;   /* how updates become durable (durable.h) */
   ps_cons cons;          /* consistency.c */
   int status;            /* the exit status */
-  int initialized;       /* holds a state: restored, self-initialized or loaded by the chief */
   ps_restore_info ri;    /* kept to start replicating once the chief loads a state */
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
   ps_metrics *metrics;   /* NULL: metrics off */
@@ -64,11 +78,9 @@ typedef struct server {
   struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */
   float *spare;                 /* a copy buffer no cut uses, kept for the next CUT */
   uint64_t spare_cap;           /* floats allocated at spare */
-  int paused;                   /* pushes are held until RESUME */
   uint64_t resume_at_ns;        /* or until then */
   struct held_push *held, *held_tail;
   uint64_t load_next;           /* a LOAD being received: the next piece's offset */
-  int stop_asked;                /* the chief's STOP came */
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
   uv_timer_t watchdog;          /* systemd's, when it set one */
   int watchdog_on;

@@ -1,5 +1,5 @@
 /* A parameter-server shard's state and update rules (see shard.h). */
-#include "ps/shard_internal.h"
+#include "ps/shard.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -11,6 +11,20 @@
 #include "common/endian.h"
 #include "paramserv/error.h"
 
+struct ps_shard {
+  ps_shard_opts o;
+  float *values;                      /* nfloats */
+  float *slots[PS_OPTIM_MAX_SLOTS];   /* ps_optim_nslots(kind) of nfloats */
+  float *accum;                       /* sync: the sum of this step's gradients */
+  int accum_count;
+  int target;             /* sync: gradients that complete a step (see ps_shard_sync_flush) */
+  uint64_t version;       /* updates applied to the slice */
+  uint64_t global_step;   /* shard 0: its version; others: the newest seen */
+  uint64_t journal;       /* entries made so far (ps_journal.n of the last) */
+  ps_once *once;          /* nworkers entries */
+  ps_shard_counts counts;
+};
+
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index) {
   ps_shard_opts so = {.index = index, .nworkers = cfg->nworkers,
                       .nfloats = layout->shard_floats[index],
@@ -18,6 +32,10 @@ ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, i
                       .replicas_to_aggregate = cfg->replicas_to_aggregate > 0
                                                    ? (int)cfg->replicas_to_aggregate
                                                    : cfg->nworkers};
+  /* Shard 0 holds the global step: it refuses what goes past the run's
+   * end (async and ssp; a sync step waits for its gradients anyway). */
+  if (index == 0 && cfg->consistency != PS_CONSISTENCY_SYNC && cfg->last_step > 0)
+    so.last_step = (uint64_t)cfg->last_step;
   so.optim = ps_optim_default(PS_OPTIM_ADAM, (float)cfg->lr);
   ps_optim_parse(cfg->optimizer, &so.optim);
   so.optim.lr = (float)cfg->lr;
@@ -51,7 +69,7 @@ static float *alloc_floats(size_t n) {
   return p;
 }
 
-void ps_shard_close(ps_shard *s) {
+static void shard_close(ps_shard *s) {
   if (s == NULL)
     return;
   free(s->values);
@@ -62,7 +80,7 @@ void ps_shard_close(ps_shard *s) {
   memset(s, 0, sizeof *s);
 }
 
-int ps_shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial) {
+static int shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial) {
   memset(s, 0, sizeof *s);
   s->o = *o;
   if (s->o.replicas_to_aggregate < 1)
@@ -84,7 +102,7 @@ int ps_shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial) {
       memset(s->accum, 0, o->nfloats * sizeof(float));
   }
   if (failed) {
-    ps_shard_close(s);
+    shard_close(s);
     return -ENOMEM;
   }
   if (initial != NULL)
@@ -143,13 +161,21 @@ int ps_shard_sync_set_target(ps_shard *s, int target, ps_journal *out) {
   return 1;
 }
 
-ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                             uint64_t step, const void *g, ps_journal *out) {
+/* The rules of a push; `limit`: refuse one past last_step (a replay
+ * applies what was applied, whatever last_step is now). */
+static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
+                           uint64_t step, const void *g, ps_journal *out, int limit) {
+  if (limit && s->o.last_step > 0 && s->version >= s->o.last_step) {
+    /* The global step is at the limit: the run's last checkpoint is cut
+     * there, so nothing more is applied. */
+    s->counts.stale++;
+    return PS_SHARD_STALE;
+  }
   ps_once *once = &s->once[worker];
   if (incarnation < once->incarnation)
     return PS_SHARD_OLD_INCARNATION;
   if (incarnation == once->incarnation && seq <= once->last_seq) {
-    s->pushes_duplicate++;
+    s->counts.duplicate++;
     return PS_SHARD_DUPLICATE;
   }
   if (s->o.consistency == PS_CONSISTENCY_SYNC && step != s->version) {
@@ -157,7 +183,7 @@ ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation,
      * steps' gradients.  It still counts as seen for exactly-once. */
     once->incarnation = incarnation;
     once->last_seq = seq;
-    s->pushes_stale++;
+    s->counts.stale++;
     return PS_SHARD_STALE;
   }
   once->incarnation = incarnation;
@@ -175,10 +201,15 @@ ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation,
   } else {
     apply(s, grad, step);
   }
-  s->pushes_applied++;
+  s->counts.applied++;
   journal(s, out, (ps_journal){.kind = PS_JOURNAL_PUSH, .worker = worker,
                                .incarnation = incarnation, .seq = seq, .step = step, .g = grad});
   return PS_SHARD_APPLIED;
+}
+
+ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
+                             uint64_t step, const void *g, ps_journal *out) {
+  return push(s, worker, incarnation, seq, step, g, out, 1);
 }
 
 int ps_shard_replay(ps_shard *s, const ps_journal *e) {
@@ -190,8 +221,7 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
       return PS_ECORRUPT;
     /* A push the exactly-once table already holds was logged only once, so
      * it cannot come back here; whatever it returns, the entry is used. */
-    if (ps_shard_push(s, e->worker, e->incarnation, e->seq, e->step, e->g, NULL) !=
-        PS_SHARD_APPLIED)
+    if (push(s, e->worker, e->incarnation, e->seq, e->step, e->g, NULL, 0) != PS_SHARD_APPLIED)
       s->journal++;
     return 0;
   case PS_JOURNAL_FLUSH:
@@ -292,7 +322,7 @@ void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }
 
 ps_shard *ps_shard_new(const ps_shard_opts *o, const float *initial) {
   ps_shard *s = malloc(sizeof *s);
-  if (s != NULL && ps_shard_init(s, o, initial) != 0) {
+  if (s != NULL && shard_init(s, o, initial) != 0) {
     free(s);
     return NULL;
   }
@@ -300,7 +330,7 @@ ps_shard *ps_shard_new(const ps_shard_opts *o, const float *initial) {
 }
 
 void ps_shard_free(ps_shard *s) {
-  ps_shard_close(s);
+  shard_close(s);
   free(s);
 }
 
@@ -309,3 +339,13 @@ uint64_t ps_shard_version(const ps_shard *s) { return s->version; }
 uint64_t ps_shard_global_step(const ps_shard *s) { return s->global_step; }
 const float *ps_shard_values(const ps_shard *s) { return s->values; }
 uint64_t ps_shard_journal(const ps_shard *s) { return s->journal; }
+ps_shard_counts ps_shard_get_counts(const ps_shard *s) { return s->counts; }
+uint64_t ps_shard_worker_incarnation(const ps_shard *s, uint32_t worker) {
+  return worker < (uint32_t)s->o.nworkers ? s->once[worker].incarnation : 0;
+}
+int ps_shard_sync_pending(const ps_shard *s) { return s->accum_count; }
+int ps_shard_sync_target(const ps_shard *s) { return s->target; }
+
+void ps_shard_set_values(ps_shard *s, const float *values) {
+  memcpy(s->values, values, s->o.nfloats * sizeof(float));
+}

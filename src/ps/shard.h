@@ -21,6 +21,7 @@ typedef struct ps_shard_opts {
   int consistency;          /* ps_consistency */
   int replicas_to_aggregate;  /* sync: gradients per step (>= 1) */
   int sync_sum;             /* sync: apply the sum of a step's pushes, not their mean */
+  uint64_t last_step;       /* > 0: a push at this version or past it is STALE (the run's end) */
 } ps_shard_opts;
 
 /* One entry of the shard's journal: a change of the state that a replay
@@ -45,7 +46,7 @@ typedef struct ps_journal {
   const float *g;         /* push: the gradient, nfloats floats, borrowed */
 } ps_journal;
 
-/* The state (opaque outside src/ps: shard_internal.h defines it). */
+/* The state: opaque (shard.c defines it). */
 typedef struct ps_shard ps_shard;
 
 /* The options of shard `index` of the cluster in cfg (slice length from
@@ -65,12 +66,25 @@ uint64_t ps_shard_global_step(const ps_shard *s);
 uint64_t ps_shard_journal(const ps_shard *s);
 /* The slice's values (nfloats), read-only: a ring member computes on them. */
 const float *ps_shard_values(const ps_shard *s);
+/* Set every value (nfloats, copied): a state made from the seed. */
+void ps_shard_set_values(ps_shard *s, const float *values);
+
+/* Pushes by outcome, over this process's life. */
+typedef struct ps_shard_counts {
+  uint64_t applied, duplicate, stale;
+} ps_shard_counts;
+ps_shard_counts ps_shard_get_counts(const ps_shard *s);
+/* The newest incarnation of `worker` that pushed (0: none, or no such worker). */
+uint64_t ps_shard_worker_incarnation(const ps_shard *s, uint32_t worker);
+/* Sync: gradients summed into the step in progress, and how many complete it. */
+int ps_shard_sync_pending(const ps_shard *s);
+int ps_shard_sync_target(const ps_shard *s);
 
 /* The result of a push. */
 typedef enum ps_push_result {
   PS_SHARD_APPLIED = 0,  /* applied (async, ssp) or counted into the step (sync) */
   PS_SHARD_DUPLICATE,    /* (worker, incarnation, seq) was already applied */
-  PS_SHARD_STALE,        /* sync: computed at another step; dropped */
+  PS_SHARD_STALE,        /* sync: computed at another step; or past last_step; dropped */
   PS_SHARD_OLD_INCARNATION,  /* a newer incarnation of the worker pushed: refused */
 } ps_push_result;
 

@@ -168,11 +168,46 @@ static void test_state_load_in_pieces(void **state) {
   ps_shard_free(again);
 }
 
+/* Shard 0's last_step: a push at or past it is STALE and counted, the
+ * version stays; a replay applies what was applied whatever the limit. */
+static void test_last_step(void **state) {
+  (void)state;
+  ps_shard_opts o = opts(PS_CONSISTENCY_ASYNC);
+  o.last_step = 3;
+  ps_shard *s = ps_shard_new(&o, NULL);
+  assert_non_null(s);
+  float g[N];
+  rec log[4];
+  for (int k = 0; k < 4; k++) {
+    grad(g, k);
+    ps_journal j;
+    ps_push_result r = ps_shard_push(s, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, &j);
+    assert_int_equal(r, k < 3 ? PS_SHARD_APPLIED : PS_SHARD_STALE);
+    if (r == PS_SHARD_APPLIED)
+      record(&log[k], &j);
+  }
+  assert_int_equal(ps_shard_version(s), 3);
+  ps_shard_counts c = ps_shard_get_counts(s);
+  assert_int_equal(c.applied, 3);
+  assert_int_equal(c.stale, 1);
+  assert_int_equal(ps_shard_worker_incarnation(s, 0), 1);
+  /* Lowered to 1 for a restart: the replay still reaches version 3. */
+  o.last_step = 1;
+  ps_shard *again = ps_shard_new(&o, NULL);
+  assert_non_null(again);
+  for (int k = 0; k < 3; k++)
+    assert_int_equal(ps_shard_replay(again, &log[k].j), 0);
+  assert_same_state(s, again);
+  ps_shard_free(s);
+  ps_shard_free(again);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_async_replay_is_exact),
       cmocka_unit_test(test_sync_flush_and_target_replay),
       cmocka_unit_test(test_state_load_in_pieces),
+      cmocka_unit_test(test_last_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

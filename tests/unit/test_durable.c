@@ -191,8 +191,14 @@ static void walk_close(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+static int loop_done(fx *f) { return !uv_loop_alive(&f->loop); }
+
+/* Stop: the replica writes its last snapshot, disconnects and releases
+ * every handle by itself (the loop runs out). */
 static void finish(fx *f) {
+  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
   ps_durable_stop(f->d);
+  run_until(f, loop_done, "the replica's close");
   uv_walk(&f->loop, walk_close, NULL);
   uv_run(&f->loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&f->loop), 0);

@@ -619,11 +619,19 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }
-  if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &s->fence)) {
+  char name[32];
+  snprintf(name, sizeof name, "shard %d", index);
+  if ((s->state = ps_state_service_new(s->shard, name, so.nfloats)) == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory");
+    goto out;
+  }
+  uint64_t fence = 0;
+  if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &fence)) {
     ps_notify_done("shard %d: the run has ended", index);
     status = 0;
     goto out;
   }
+  ps_state_service_set_fence(s->state, fence);
   if (cfg->replication != PS_REPLICATION_OFF) {
     /* SIGTERM while waiting for Redis ends the wait; libuv takes the
      * signals over once the loop runs. */
@@ -758,6 +766,7 @@ out:
   ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);
+  ps_state_service_free(s->state);
   ps_history_close(s->history);
   ps_shard_free(s->shard);
   ps_layout_close(&s->layout);

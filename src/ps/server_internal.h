@@ -19,6 +19,7 @@
 #include "ps/consistency.h"
 #include "ps/shard.h"
 #include "ps/durable.h"
+#include "ps/state_service.h"
 #include "replica/restore.h"
 
 typedef struct client client;
@@ -74,13 +75,10 @@ typedef struct server {
   ps_metrics *metrics;   /* NULL: metrics off */
   ps_metric *series[S_N];
   /* control.c */
-  uint64_t fence;               /* the highest chief fence token seen */
-  struct cut_image *cut;        /* the newest CUT's copy; NULL before the first */
-  float *spare;                 /* a copy buffer no cut uses, kept for the next CUT */
-  uint64_t spare_cap;           /* floats allocated at spare */
-  uint64_t resume_at_ns;        /* or until then */
+  ps_state_service *state;      /* CUT, FETCH, RESUME, LOAD (state_service.h) */
+  uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */
+  uint64_t resume_at_ns;        /* it resumes by itself then */
   struct held_push *held, *held_tail;
-  uint64_t load_next;           /* a LOAD being received: the next piece's offset */
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
   uv_timer_t watchdog;          /* systemd's, when it set one */
   int watchdog_on;
@@ -142,12 +140,12 @@ void ps_control_drain(server *s, ps_control_apply_fn apply);
 /* A push that arrived while a cut holds pushes: queue it.  @return 1 if
  * queued (or refused), 0 if the shard is not paused. */
 int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p);
-/* Allocate and touch the cut buffer once the shard holds a state (when the
- * config checkpoints at all). */
+/* Allocate and touch the state service's copy buffer once the shard holds
+ * a state (when the config checkpoints at all). */
 void ps_control_prepare(server *s);
 /* on_tick: resume a cut whose RESUME did not come in time. */
 ps_control_outcome ps_control_tick(server *s, uint64_t now_ns);
-/* Free the control state (images, held pushes). */
+/* Free the held pushes. */
 void ps_control_free(server *s);
 
 /* pull.c: answer a PULL with the slice at the current version; free the

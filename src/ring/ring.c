@@ -131,7 +131,7 @@ static void on_close(ps_conn *conn, int err, const char *why) {
     r->links = l->next;
   if (l->next)
     l->next->prev = l->prev;
-  free(l->img);
+  ps_state_service_forget(r->svc, l);
   free(l);
 }
 
@@ -362,15 +362,77 @@ static void on_dialed_frame(link *l, const ps_msg *m) {
       for (size_t i = 0; i < r->nsendq && l == r->succ; i++)
         send_piece(r, r->sendq[i].phase, r->sendq[i].off, r->sendq[i].count);
       r->nsendq = 0;
-    } else {
-      ring_fetch_begin(l);
+    } else if (l->fetch_ready != NULL) {
+      l->fetch_ready(l);
     }
     return;
   }
-  if (l->kind == K_FETCH && l->state == L_READY && r->fetching == 1 && ring_fetch_reply(l, m))
+  if (l->kind == K_FETCH && l->state == L_READY && r->fetching == 1 && l->fetch_reply != NULL &&
+      l->fetch_reply(l, m))
     return;
   ring_fail(r, l->rank, "member %d sent %s, unexpected here", l->rank, ps_proto_type_name(m->type));
   ps_conn_close(l->conn);
+}
+
+static void free_copy(void *arg, int status) {
+  (void)status;
+  free(arg);
+}
+
+/* The chief's evaluation reads the weights with a PULL: a copy of the
+ * replica's values, written whenever the socket takes it. */
+static void serve_pull(link *l, uint64_t req) {
+  ps_ring *r = l->r;
+  size_t n = ps_shard_options(r->state)->nfloats;
+  float *copy = malloc((n ? n : 1) * sizeof *copy);
+  if (copy == NULL) {
+    ring_refuse(l, -ENOMEM, "out of memory for a copy of %zu floats", n);
+    return;
+  }
+  memcpy(copy, ps_shard_values(r->state), n * sizeof *copy);
+  ps_msg rep = {.type = PS_MSG_PULL_REPLY};
+  rep.u.pull_reply = (ps_msg_pull_reply){.version = ps_shard_version(r->state),
+                                         .global_step = ps_shard_global_step(r->state),
+                                         .count = n};
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
+  if (ps_conn_send(l->conn, prefix, plen, copy, n * sizeof *copy, free_copy, copy) != 0)
+    free(copy);
+}
+
+/* A chief's frame carries its fencing token: the state service's one
+ * check.  @return 1 when it may go on (a peer's frames carry none). */
+static int chief_fence_ok(link *l, const ps_msg *m) {
+  ps_state_answer a;
+  if (l->role != PS_ROLE_CHIEF || ps_state_service_fence(l->r->svc, m, &a) == 0)
+    return 1;
+  ring_refuse(l, a.code, "%s", a.why);
+  return 0;
+}
+
+/* CUT, FETCH, RESUME and LOAD, answered by the state service from the
+ * replica, one cut per link.  Nothing is held: a member does not pause
+ * training for a cut (its copy serves the FETCHes that follow). */
+static void serve_state(link *l, uint64_t req, const ps_msg *m) {
+  ps_ring *r = l->r;
+  if (m->type == PS_MSG_LOAD && l->role != PS_ROLE_CHIEF) {
+    ring_refuse(l, PS_EFORMAT, "LOAD from %s %d: only the chief loads a state",
+                ps_role_name(l->role), l->rank);
+    return;
+  }
+  if (!chief_fence_ok(l, m))
+    return;
+  ps_state_answer a = ps_state_service_frame(r->svc, l, l->conn, req, m, r->holds);
+  if (a.outcome == PS_STATE_REFUSED) {
+    ring_refuse(l, a.code, "%s", a.why);
+  } else if (a.outcome == PS_STATE_LOADED) {
+    /* The chief starts a ring none of whose members holds a state (a new
+     * cluster, or every member restarted) from its checkpoint or the
+     * seeded initialization, as it starts a shard. */
+    r->holds = r->loaded = 1;
+    r->waiting = 0;
+    ps_log(PS_LOG_INFO, "ring: loaded by the chief: step %" PRIu64, ps_shard_version(r->state));
+  }
 }
 
 static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
@@ -435,18 +497,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       on_chunk(l, &m.u.ring_chunk);
       break;
     case PS_MSG_CUT:
-      if (ring_fence_ok(l, m.u.cut.fence))
-        ring_serve_cut(l, h->request_id, &m.u.cut);
-      break;
     case PS_MSG_FETCH:
-      if (ring_fence_ok(l, m.u.fetch.fence))
-        ring_serve_fetch(l, h->request_id, &m.u.fetch);
-      break;
     case PS_MSG_RESUME:
-      /* Nothing is held; the copy stays for the FETCHes that follow (the
-       * chief resumes before it fetches), until the next CUT or the close. */
-      if (ring_fence_ok(l, m.u.resume.fence))
-        ps_conn_send_pong(conn, h->request_id, m.u.resume.cut_id);
+    case PS_MSG_LOAD:
+      serve_state(l, h->request_id, &m);
       break;
     case PS_MSG_PULL:
       if (l->role == PS_ROLE_WORKER) {
@@ -454,13 +508,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
                     l->rank);
         return;
       }
-      ring_serve_pull(l, h->request_id);
+      serve_pull(l, h->request_id);
       break;
     case PS_MSG_PING:
       ps_conn_send_pong(conn, h->request_id, m.u.ping.token);
-      break;
-    case PS_MSG_LOAD:
-      ring_serve_load(l, h->request_id, &m.u.load);
       break;
     case PS_MSG_STATS: {
       ps_msg p = {.type = PS_MSG_STATS_REPLY};
@@ -477,7 +528,7 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
                     ps_role_name(l->role), l->rank);
         return;
       }
-      if (!ring_fence_ok(l, m.u.stop.fence))
+      if (!chief_fence_ok(l, &m))
         break;
       if (r->stop_step == 0)
         r->stop_step = m.u.stop.step ? m.u.stop.step : 1;
@@ -536,13 +587,24 @@ ps_ring *ps_ring_new(const ps_config *cfg, int rank, uint64_t incarnation, uint6
   r->layout_hash = layout_hash;
   r->state = state;
   r->suspect = -1;
+  char name[32];
+  snprintf(name, sizeof name, "member %d", rank);
+  /* A piece is at most what a frame holds (the fetch asks FETCH_FLOATS). */
+  r->svc = ps_state_service_new(state, name, (UINT32_MAX - 64) / 4);
+  if (r->svc == NULL) {
+    free(r);
+    ps_err_set(eb, -ENOMEM, "out of memory");
+    return NULL;
+  }
   int n = ps_config_read_secret(cfg, r->secret, sizeof r->secret, eb);
   if (n < 0) {
+    ps_state_service_free(r->svc);
     free(r);
     return NULL;
   }
   r->secret_len = (size_t)n;
   if (uv_loop_init(&r->loop) != 0) {
+    ps_state_service_free(r->svc);
     free(r);
     ps_err_set(eb, -ENOMEM, "cannot start an event loop");
     return NULL;
@@ -582,6 +644,7 @@ void ps_ring_free(ps_ring *r) {
   }
   free(r->sendq);
   free(r->fetch_img);
+  ps_state_service_free(r->svc);
   free(r);
 }
 

@@ -1,6 +1,6 @@
 /* The ring's shared state, for its two files only: ring.c (links, the
- * all-reduce, the API) and ring_state.c (serving the replica's state to
- * peers and the chief, and fetching a peer's). */
+ * all-reduce, the requests a member answers, the API) and ring_state.c
+ * (fetching a peer's state, on top of ring.c). */
 #ifndef PS_RING_RING_INTERNAL_H
 #define PS_RING_RING_INTERNAL_H
 
@@ -10,6 +10,7 @@
 #include "net/conn.h"
 #include "net/listener.h"
 #include "proto/proto.h"
+#include "ps/state_service.h"
 #include "ring/ring.h"
 
 #define PIECE_FLOATS (64u * 1024u)
@@ -46,9 +47,10 @@ typedef struct link {
   int writes; /* pieces queued on it, not yet written */
   uint8_t nonce[PS_PROTO_NONCE_SIZE];
   uv_connect_t creq;
-  float *img; /* serving a CUT: the copy, its fields, its id */
-  ps_state_info info;
-  uint64_t cut_id;
+  /* A fetch link (ring_state.c): it is ready, and a frame on it.  The
+   * reply hook @return 1 when the frame was the fetch's. */
+  void (*fetch_ready)(struct link *l);
+  int (*fetch_reply)(struct link *l, const ps_msg *m);
 } link;
 
 typedef struct send_item {
@@ -68,7 +70,7 @@ struct ps_ring {
   uv_timer_t tick;
   volatile sig_atomic_t *stop;
   link *links;
-  uint64_t fence; /* the highest chief token seen */
+  ps_state_service *svc; /* CUT, FETCH, RESUME, LOAD from the replica (src/ps/state_service.h) */
   uint64_t stop_step;
   /* The view. */
   uint64_t epoch, newer;
@@ -97,7 +99,6 @@ struct ps_ring {
   int holds;               /* the replica holds a state (seeded, fetched, loaded) */
   int waiting;             /* no member of the view holds one: STATS says so */
   int loaded;              /* a LOAD completed since ps_ring_take_loaded */
-  uint64_t load_next;      /* the next LOAD piece's offset */
   void (*idle)(void *arg); /* while a call waits: the member's heartbeat */
   void *idle_arg;
   uint64_t idle_ns;
@@ -113,15 +114,7 @@ link *ring_dial(ps_ring *r, int kind, int rank);
 /* Run the loop until done(r), or -EINTR at the stop flag.  @return 0 or -EINTR. */
 int ring_run_until(ps_ring *r, int (*done)(const ps_ring *));
 
-/* ring_state.c: requests a member answers from its replica. */
-int ring_fence_ok(link *l, uint64_t fence);
-void ring_serve_cut(link *l, uint64_t req, const ps_msg_cut *m);
-void ring_serve_fetch(link *l, uint64_t req, const ps_msg_fetch *m);
-void ring_serve_pull(link *l, uint64_t req);
-void ring_serve_load(link *l, uint64_t req, const ps_msg_load *m);
-/* The fetch link is ready: ask for a copy (CUT). */
-void ring_fetch_begin(link *l);
-/* A reply on the fetch link.  @return 1 when it was one the fetch expects. */
-int ring_fetch_reply(link *l, const ps_msg *m);
-
+/* ring_state.c, the client side of a state fetch: a link of kind K_FETCH
+ * to member `rank`, its hooks set (ring.c calls them; ring_state.c calls
+ * ring.c). */
 #endif

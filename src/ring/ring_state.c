@@ -1,6 +1,7 @@
-/* The ring's state service (see ring_internal.h): a member answers CUT,
- * FETCH, RESUME, PULL and LOAD from its replica as a shard answers them
- * (PROTOCOL.md, "The ring"), and fetches a peer's state the same way. */
+/* The client side of a ring member's state fetch (see ring_internal.h): a
+ * member that holds no state takes a peer's as the chief takes a shard's,
+ * CUT then FETCH pieces then RESUME (PROTOCOL.md, "The ring"); the peer
+ * answers through its state service (src/ps/state_service.h). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -10,122 +11,6 @@
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "ring/ring_internal.h"
-
-void ring_serve_cut(link *l, uint64_t req, const ps_msg_cut *m) {
-  ps_ring *r = l->r;
-  free(l->img);
-  l->info = ps_shard_state_info(r->state);
-  l->img = malloc((l->info.image_floats ? l->info.image_floats : 1) * sizeof(float));
-  if (l->img == NULL) {
-    ring_refuse(l, -ENOMEM, "out of memory for a copy of %" PRIu64 " floats", l->info.image_floats);
-    return;
-  }
-  ps_shard_state_write(r->state, l->img);
-  l->cut_id = m->cut_id;
-  ps_msg rep = {.type = PS_MSG_CUT_REPLY};
-  rep.u.cut_reply.cut_id = m->cut_id;
-  rep.u.cut_reply.state = l->info;
-  ps_conn_send_msg(l->conn, &rep, req);
-}
-
-void ring_serve_fetch(link *l, uint64_t req, const ps_msg_fetch *m) {
-  if (l->img == NULL || m->cut_id != l->cut_id || m->offset > l->info.image_floats ||
-      m->count > l->info.image_floats - m->offset || m->count > (UINT32_MAX - 64) / 4) {
-    ring_refuse(l, PS_EFORMAT,
-                "FETCH of cut %" PRIu64 " floats %" PRIu64 "..+%" PRIu64
-                ": expected a piece of the cut %" PRIu64 " of %" PRIu64 " floats",
-                m->cut_id, m->offset, m->count, l->cut_id, l->info.image_floats);
-    return;
-  }
-  ps_msg rep = {.type = PS_MSG_FETCH_REPLY};
-  rep.u.fetch_reply =
-      (ps_msg_fetch_reply){.cut_id = m->cut_id, .offset = m->offset, .count = m->count};
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
-  ps_conn_send(l->conn, prefix, plen, l->img + m->offset, m->count * sizeof(float), NULL, NULL);
-}
-
-static void free_copy(void *arg, int status) {
-  (void)status;
-  free(arg);
-}
-
-/* The chief's evaluation reads the weights with a PULL: a copy of the
- * replica's values, written whenever the socket takes it. */
-void ring_serve_pull(link *l, uint64_t req) {
-  ps_ring *r = l->r;
-  size_t n = ps_shard_options(r->state)->nfloats;
-  float *copy = malloc((n ? n : 1) * sizeof *copy);
-  if (copy == NULL) {
-    ring_refuse(l, -ENOMEM, "out of memory for a copy of %zu floats", n);
-    return;
-  }
-  memcpy(copy, ps_shard_values(r->state), n * sizeof *copy);
-  ps_msg rep = {.type = PS_MSG_PULL_REPLY};
-  rep.u.pull_reply = (ps_msg_pull_reply){.version = ps_shard_version(r->state),
-                                         .global_step = ps_shard_global_step(r->state),
-                                         .count = n};
-  uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = ps_proto_encode_prefix(&rep, req, prefix);
-  if (ps_conn_send(l->conn, prefix, plen, copy, n * sizeof *copy, free_copy, copy) != 0)
-    free(copy);
-}
-
-/* The chief starts a ring none of whose members holds a state (a new
- * cluster, or every member restarted) from its checkpoint, or the seeded
- * initialization, as it starts a shard: LOAD pieces in order, each
- * answered by a PONG. */
-void ring_serve_load(link *l, uint64_t req, const ps_msg_load *m) {
-  ps_ring *r = l->r;
-  char why[256];
-  if (l->role != PS_ROLE_CHIEF) {
-    ring_refuse(l, PS_EFORMAT, "LOAD from %s %d: only the chief loads a state",
-                ps_role_name(l->role), l->rank);
-    return;
-  }
-  if (!ring_fence_ok(l, m->fence))
-    return;
-  if (r->holds) {
-    ring_refuse(l, PS_EFORMAT, "LOAD of member %d, which already holds a state at step %" PRIu64,
-                r->rank, ps_shard_version(r->state));
-    return;
-  }
-  if (ps_shard_state_check(r->state, &m->state, why, sizeof why) != 0) {
-    ring_refuse(l, PS_ELAYOUT, "LOAD: %s", why);
-    return;
-  }
-  if (m->offset == 0)
-    r->load_next = 0;
-  if (m->offset != r->load_next || m->count > ps_shard_options(r->state)->nfloats) {
-    ring_refuse(l, PS_EFORMAT,
-                "LOAD piece at float %" PRIu64 " of %" PRIu64 " floats, expected the piece at %" PRIu64,
-                m->offset, m->count, r->load_next);
-    return;
-  }
-  ps_shard_state_load_piece(r->state, &m->state, m->offset, m->data, m->count);
-  r->load_next = m->offset + m->count;
-  if (r->load_next == m->state.image_floats) {
-    ps_shard_state_load_end(r->state, &m->state);
-    r->load_next = 0;
-    r->holds = r->loaded = 1;
-    r->waiting = 0;
-    ps_log(PS_LOG_INFO, "ring: loaded by the chief: step %" PRIu64, ps_shard_version(r->state));
-  }
-  ps_conn_send_pong(l->conn, req, m->offset + m->count);
-}
-
-int ring_fence_ok(link *l, uint64_t fence) {
-  ps_ring *r = l->r;
-  if (l->role != PS_ROLE_CHIEF)
-    return 1;
-  if (fence < r->fence) {
-    ring_refuse(l, -ESTALE, "fencing token %" PRIu64 ", this member has seen %" PRIu64, fence,
-                r->fence);
-    return 0;
-  }
-  r->fence = fence;
-  return 1;
-}
 
 static void fetch_next(link *l) {
   ps_ring *r = l->r;
@@ -145,14 +30,14 @@ static void fetch_next(link *l) {
   ps_conn_send_msg(l->conn, &m, 0);
 }
 
-void ring_fetch_begin(link *l) {
+static void fetch_begin(link *l) {
   ps_ring *r = l->r;
   ps_msg c = {.type = PS_MSG_CUT};
   c.u.cut = (ps_msg_cut){.fence = r->epoch ? r->epoch : 1, .cut_id = r->epoch};
   ps_conn_send_msg(l->conn, &c, 0);
 }
 
-int ring_fetch_reply(link *l, const ps_msg *m) {
+static int fetch_reply(link *l, const ps_msg *m) {
   ps_ring *r = l->r;
   char why[300];
   if (m->type == PS_MSG_CUT_REPLY && r->fetch_img == NULL) {
@@ -194,6 +79,10 @@ int ps_ring_fetch_state(ps_ring *r, int rank, ps_errbuf *eb) {
   r->fetch_img = NULL;
   r->progress_ns = ps_now_ns();
   r->fetch = ring_dial(r, K_FETCH, rank);
+  if (r->fetch != NULL) {
+    r->fetch->fetch_ready = fetch_begin;
+    r->fetch->fetch_reply = fetch_reply;
+  }
   int rc = ring_run_until(r, fetch_done);
   if (r->fetch != NULL) {
     link *l = r->fetch;

@@ -1,0 +1,285 @@
+/* The state service (see state_service.h): one shard state's CUT, FETCH,
+ * RESUME and LOAD, for the shard server and the ring member. */
+#include "ps/state_service.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "common/log.h"
+#include "common/timeutil.h"
+
+/* Cut images kept at once, one per owner: beyond it the oldest goes. */
+#define IMAGES_MAX 8
+
+/* One CUT's copy. */
+typedef struct image {
+  ps_state_service *ss;
+  const void *owner;            /* whose cut (state_service.h) */
+  uint64_t fence, cut_id;       /* of the CUT that made it */
+  ps_state_info info;
+  float *buf;
+  uint64_t cap;                 /* floats allocated at buf */
+  int refs;                     /* the service's while current, + one per reply being written */
+} image;
+
+struct ps_state_service {
+  ps_shard *shard;
+  char name[64];                /* "shard 0", "member 2" */
+  char kind[16];                /* its first word: "shard", "member" */
+  uint64_t max_piece;           /* floats a FETCH or LOAD piece may carry */
+  uint64_t fence;               /* the highest chief token seen */
+  image *images[IMAGES_MAX];    /* each owner's current one, newest last */
+  int nimages;
+  float *spare;                 /* a copy buffer no image uses, kept for the next CUT */
+  uint64_t spare_cap;
+  uint64_t load_next;           /* a LOAD being received: the next piece's offset */
+};
+
+static float *grow(float *buf, uint64_t *cap, uint64_t want) {
+  if (want <= *cap && buf != NULL)
+    return buf;
+  free(buf);
+  *cap = 0;
+  void *p = NULL;
+  size_t bytes = (size_t)(want ? want : 1) * sizeof(float);
+  /* 2 MiB aligned, and huge pages where the kernel gives them on request:
+   * a copy of hundreds of megabytes then takes far fewer TLB misses. */
+  if (posix_memalign(&p, 2u << 20, bytes) != 0)
+    return NULL;
+  madvise(p, bytes, MADV_HUGEPAGE);
+  *cap = want;
+  return p;
+}
+
+ps_state_service *ps_state_service_new(ps_shard *shard, const char *name, uint64_t max_piece) {
+  ps_state_service *ss = calloc(1, sizeof *ss);
+  if (ss == NULL)
+    return NULL;
+  ss->shard = shard;
+  ss->max_piece = max_piece;
+  snprintf(ss->name, sizeof ss->name, "%s", name);
+  snprintf(ss->kind, sizeof ss->kind, "%.*s", (int)strcspn(name, " "), name);
+  return ss;
+}
+
+/* Drop one reference; the last one gives the buffer back as the spare
+ * (or frees it when there is one already). */
+static void image_unref(image *img) {
+  if (img == NULL || --img->refs > 0)
+    return;
+  ps_state_service *ss = img->ss;
+  if (ss != NULL && ss->spare == NULL) {
+    ss->spare = img->buf;
+    ss->spare_cap = img->cap;
+  } else {
+    free(img->buf);
+  }
+  free(img);
+}
+
+void ps_state_service_free(ps_state_service *ss) {
+  if (ss == NULL)
+    return;
+  /* The loop has run out: no reply is being written any more. */
+  for (int i = 0; i < ss->nimages; i++)
+    image_unref(ss->images[i]);
+  free(ss->spare);
+  free(ss);
+}
+
+void ps_state_service_prepare(ps_state_service *ss) {
+  ps_state_info in = ps_shard_state_info(ss->shard);
+  ss->spare = grow(ss->spare, &ss->spare_cap, in.image_floats);
+  if (ss->spare != NULL)
+    memset(ss->spare, 0, (size_t)in.image_floats * sizeof(float));
+}
+
+static ps_state_answer refuse(int code, uint32_t flags, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ps_state_answer refuse(int code, uint32_t flags, const char *fmt, ...) {
+  ps_state_answer a = {.outcome = PS_STATE_REFUSED, .code = code, .flags = flags};
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(a.why, sizeof a.why, fmt, ap);
+  va_end(ap);
+  return a;
+}
+
+void ps_state_service_set_fence(ps_state_service *ss, uint64_t fence) {
+  if (fence > ss->fence)
+    ss->fence = fence;
+}
+
+int ps_state_service_fence(ps_state_service *ss, const ps_msg *m, ps_state_answer *a) {
+  /* A chief that lost its lease (paused, cut off) may still be running;
+   * once a newer chief's token has been seen, it is refused. */
+  uint64_t fence = ps_proto_fence(m);
+  if (fence < ss->fence) {
+    *a = refuse(PS_EFENCED, 0, "%s with fence token %" PRIu64 ", but this %s has seen token %"
+                PRIu64 ": a newer chief holds the lease", ps_proto_type_name(m->type), fence,
+                ss->kind, ss->fence);
+    return PS_EFENCED;
+  }
+  if (fence > ss->fence) {
+    if (ss->fence != 0)
+      ps_log(PS_LOG_INFO, "chief fence token %" PRIu64 " -> %" PRIu64 ": a newer chief; frames "
+             "with older tokens are refused from now on", ss->fence, fence);
+    ss->fence = fence;
+  }
+  return 0;
+}
+
+/* owner's current image, or -1. */
+static int find(const ps_state_service *ss, const void *owner) {
+  for (int i = 0; i < ss->nimages; i++)
+    if (ss->images[i]->owner == owner)
+      return i;
+  return -1;
+}
+
+static void drop(ps_state_service *ss, int i) {
+  image_unref(ss->images[i]);
+  memmove(&ss->images[i], &ss->images[i + 1], (size_t)(ss->nimages - i - 1) * sizeof(image *));
+  ss->nimages--;
+}
+
+void ps_state_service_forget(ps_state_service *ss, const void *owner) {
+  int i = find(ss, owner);
+  if (i >= 0)
+    drop(ss, i);
+}
+
+static ps_state_answer on_cut(ps_state_service *ss, const void *owner, ps_conn *c, uint64_t req,
+                              const ps_msg_cut *m, int holds_state) {
+  if (!holds_state)
+    return refuse(PS_EFORMAT, PS_ERROR_RETRY, "CUT of %s, which holds no state yet", ss->name);
+  ps_state_info in = ps_shard_state_info(ss->shard);
+  /* A new image, in the spare buffer when there is one: an earlier cut's
+   * buffer may still be on the wire in a FETCH_REPLY. */
+  image *img = calloc(1, sizeof *img);
+  float *buf = img != NULL ? grow(ss->spare, &ss->spare_cap, in.image_floats) : NULL;
+  if (buf == NULL) {
+    free(img);
+    return refuse(-ENOMEM, PS_ERROR_RETRY, "out of memory for a copy of %" PRIu64 " floats",
+                  in.image_floats);
+  }
+  *img = (image){.ss = ss, .owner = owner, .fence = m->fence, .cut_id = m->cut_id, .info = in,
+                 .buf = buf, .cap = ss->spare_cap, .refs = 1};
+  ss->spare = NULL;
+  ss->spare_cap = 0;
+  uint64_t t0 = ps_now_ns();
+  ps_shard_state_write(ss->shard, img->buf);
+  /* The owner's earlier cut goes; so does the oldest beyond the cap. */
+  int i = find(ss, owner);
+  if (i >= 0)
+    drop(ss, i);
+  else if (ss->nimages == IMAGES_MAX)
+    drop(ss, 0);
+  ss->images[ss->nimages++] = img;
+  ps_msg rep = {.type = PS_MSG_CUT_REPLY};
+  rep.u.cut_reply.cut_id = m->cut_id;
+  rep.u.cut_reply.state = in;
+  ps_conn_send_msg(c, &rep, req);
+  ps_log(PS_LOG_DEBUG, "cut %" PRIu64 ": copied %" PRIu64 " floats at version %" PRIu64
+         " in %.2f ms", m->cut_id, in.image_floats, in.version,
+         (double)(ps_now_ns() - t0) * 1e-6);
+  return (ps_state_answer){.outcome = PS_STATE_HOLD, .hold_ms = m->hold_ms, .cut_id = m->cut_id};
+}
+
+static void on_fetch_written(void *arg, int status) {
+  (void)status;
+  image_unref(arg);
+}
+
+static ps_state_answer on_fetch(ps_state_service *ss, const void *owner, ps_conn *c,
+                                uint64_t req, const ps_msg_fetch *f) {
+  /* The cut id alone is not enough: two chiefs number their cuts alike. */
+  int i = find(ss, owner);
+  image *img = i >= 0 ? ss->images[i] : NULL;
+  if (img == NULL)
+    return refuse(PS_EFORMAT, 0, "FETCH of cut %" PRIu64 " (token %" PRIu64 "): this %s holds "
+                  "no cut", f->cut_id, f->fence, ss->kind);
+  if (f->cut_id != img->cut_id || f->fence != img->fence)
+    return refuse(PS_EFORMAT, 0, "FETCH of cut %" PRIu64 " (token %" PRIu64 "): this %s holds "
+                  "cut %" PRIu64 " of token %" PRIu64 " only", f->cut_id, f->fence, ss->kind,
+                  img->cut_id, img->fence);
+  uint64_t total = img->info.image_floats;
+  if (f->offset > total || f->count > total - f->offset || f->count > ss->max_piece)
+    return refuse(PS_EFORMAT, 0, "FETCH of floats %" PRIu64 "..+%" PRIu64 ": the copy holds %"
+                  PRIu64 " and a piece is at most %" PRIu64, f->offset, f->count, total,
+                  ss->max_piece);
+  ps_msg m = {.type = PS_MSG_FETCH_REPLY};
+  m.u.fetch_reply.cut_id = f->cut_id;
+  m.u.fetch_reply.offset = f->offset;
+  m.u.fetch_reply.count = f->count;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(&m, req, prefix);
+  /* The image stays, unchanged, until this reply is written. */
+  img->refs++;
+  if (ps_conn_send(c, prefix, plen, img->buf + f->offset, f->count * sizeof(float),
+                   on_fetch_written, img) != 0)
+    image_unref(img);
+  return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
+}
+
+static ps_state_answer on_resume(ps_state_service *ss, const void *owner, ps_conn *c,
+                                 uint64_t req, const ps_msg_resume *m) {
+  /* The answer first: the chief's stall ends here, not after the held
+   * pushes are applied.  The copy stays for the FETCHes (a chief resumes
+   * before it fetches). */
+  ps_conn_send_pong(c, req, m->cut_id);
+  int i = find(ss, owner);
+  const image *img = i >= 0 ? ss->images[i] : NULL;
+  if (img != NULL && m->cut_id == img->cut_id && m->fence == img->fence)
+    return (ps_state_answer){.outcome = PS_STATE_RESUME, .cut_id = m->cut_id};
+  return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
+}
+
+static ps_state_answer on_load(ps_state_service *ss, ps_conn *c, uint64_t req,
+                               const ps_msg_load *l, int holds_state) {
+  if (holds_state)
+    return refuse(PS_EFORMAT, 0, "LOAD of %s, which already holds a state at version %" PRIu64,
+                  ss->name, ps_shard_version(ss->shard));
+  const ps_state_info *in = &l->state;
+  char why[256];
+  if (ps_shard_state_check(ss->shard, in, why, sizeof why) != 0)
+    return refuse(PS_ELAYOUT, 0, "LOAD: %s", why);
+  if (l->offset == 0)
+    ss->load_next = 0;
+  if (l->offset != ss->load_next || l->count > ss->max_piece)
+    return refuse(PS_EFORMAT, 0, "LOAD piece at float %" PRIu64 " of %" PRIu64 " floats, "
+                  "expected the piece at %" PRIu64 " of at most %" PRIu64, l->offset, l->count,
+                  ss->load_next, ss->max_piece);
+  /* Straight into the state: it serves nobody until the last piece. */
+  ps_shard_state_load_piece(ss->shard, in, l->offset, l->data, l->count);
+  ss->load_next = l->offset + l->count;
+  ps_state_answer a = {.outcome = PS_STATE_ANSWERED};
+  if (ss->load_next == in->image_floats) {
+    ps_shard_state_load_end(ss->shard, in);
+    ss->load_next = 0;
+    a.outcome = PS_STATE_LOADED;
+  }
+  ps_conn_send_pong(c, req, l->offset + l->count);
+  return a;
+}
+
+ps_state_answer ps_state_service_frame(ps_state_service *ss, const void *owner, ps_conn *c,
+                                       uint64_t req, const ps_msg *m, int holds_state) {
+  switch (m->type) {
+  case PS_MSG_CUT:
+    return on_cut(ss, owner, c, req, &m->u.cut, holds_state);
+  case PS_MSG_FETCH:
+    return on_fetch(ss, owner, c, req, &m->u.fetch);
+  case PS_MSG_RESUME:
+    return on_resume(ss, owner, c, req, &m->u.resume);
+  case PS_MSG_LOAD:
+    return on_load(ss, c, req, &m->u.load, holds_state);
+  default:
+    return refuse(PS_EFORMAT, 0, "%s is not a state request", ps_proto_type_name(m->type));
+  }
+}

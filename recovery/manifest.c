@@ -1,5 +1,6 @@
 /* MANIFEST.json (recovery/FORMAT.md section 4): building it from what a
- * checkpoint write recorded, and parsing and validating it into a ps_ckpt. */
+ * checkpoint write recorded, parsing and validating it into a ps_ckpt, and
+ * opening a checkpoint directory's. */
 #include "recovery/manifest.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@
 
 #include "common/parse.h"
 #include "nn/modelfile.h"
+#include "recovery/commit.h"
 
 #define JSON_SAFE ((int64_t)1 << 53)
 
@@ -25,23 +27,30 @@
 static const char *const consistency_names[] = {"async", "sync", "ssp"};
 
 /* ------------------------------------------------------------------ */
-/* Decimal and hex text                                               */
+/* The filters' names                                                 */
 /* ------------------------------------------------------------------ */
 
-int ps__ckpt_parse_u64(const char *s, uint64_t *out) {
-  size_t n = strlen(s);
-  if (n == 0 || n > 20 || (n > 1 && s[0] == '0'))
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    if (s[i] < '0' || s[i] > '9')
-      return -1;
-  errno = 0;
-  unsigned long long v = strtoull(s, NULL, 10);
-  if (errno != 0)
-    return -1;
-  *out = v;
+int ps_ckpt_filter_parse(const char *name, ps_ckpt_filter *out) {
+  if (name != NULL && strcmp(name, "none") == 0)
+    *out = PS_CKPT_FILTER_NONE;
+  else if (name != NULL && strcmp(name, "shuffle") == 0)
+    *out = PS_CKPT_FILTER_SHUFFLE;
+  else
+    return PS_EUSAGE;
   return 0;
 }
+
+const char *ps_ckpt_filter_name(ps_ckpt_filter f) {
+  switch (f) {
+  case PS_CKPT_FILTER_NONE: return "none";
+  case PS_CKPT_FILTER_SHUFFLE: return "shuffle";
+  }
+  return "unknown";
+}
+
+/* ------------------------------------------------------------------ */
+/* Hex text                                                           */
+/* ------------------------------------------------------------------ */
 
 static int parse_hex64(const char *s, uint64_t *out) {
   if (strlen(s) != 16)
@@ -403,7 +412,7 @@ static int get_str(json_t *obj, const char *prefix, const char *key, size_t min,
 }
 
 static int u64_value(const json_t *v, const char *field, uint64_t *out, ps_errbuf *eb) {
-  if (v == NULL || !json_is_string(v) || ps__ckpt_parse_u64(json_string_value(v), out) != 0)
+  if (v == NULL || !json_is_string(v) || ps_parse_u64(json_string_value(v), out) != 0)
     return bad(eb, field, "a decimal u64 in a string", v);
   return 0;
 }
@@ -912,4 +921,91 @@ int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *m
     mask_controls(eb);
   }
   return rc != 0 ? PS_ECORRUPT : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Opening a checkpoint: its manifest                                 */
+/* ------------------------------------------------------------------ */
+
+static void prefix_msg(ps_errbuf *eb, const char *prefix) {
+  if (eb == NULL)
+    return;
+  char msg[sizeof eb->msg];
+  /* Truncation is fine: the message stays one NUL-terminated line. */
+  if (snprintf(msg, sizeof msg, "%s: %s", prefix, eb->msg) >= 0)
+    memcpy(eb->msg, msg, sizeof msg);
+}
+
+int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb) {
+  memset(c, 0, sizeof *c);
+  char mpath[PATH_MAX];
+  size_t size;
+  int fd = ps__ckpt_manifest_fd(path, mpath, sizeof mpath, &size, eb);
+  if (fd < 0)
+    return fd;
+  char *text = malloc(size + 1);
+  if (text == NULL) {
+    close(fd);
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory", mpath);
+  }
+  ssize_t n = ps__ckpt_read_full(fd, text, size);
+  close(fd);
+  if (n < 0) {
+    free(text);
+    return ps_err_set(eb, (int)n, "%s: cannot read: %s", mpath, strerror((int)-n));
+  }
+  int rc = ps_ckpt_parse_manifest(text, (size_t)n, c, eb);
+  free(text);
+  if (rc != 0) {
+    prefix_msg(eb, mpath);
+    return rc;
+  }
+  c->path = strdup(path);
+  if (c->path == NULL) {
+    ps_ckpt_close(c);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  /* A trailing slash is not part of the name. */
+  size_t end = strlen(path);
+  while (end > 1 && path[end - 1] == '/')
+    end--;
+  size_t start = end;
+  while (start > 0 && path[start - 1] != '/')
+    start--;
+  snprintf(c->name, sizeof c->name, "%.*s",
+           (int)(end - start < sizeof c->name ? end - start : sizeof c->name - 1), path + start);
+  /* A directory named ckpt-<step> holds that step (a renamed copy does not). */
+  uint64_t named;
+  if (ps__ckpt_parse_name(c->name, &named) == 0 && named != c->step) {
+    rc = ps_err_set(eb, PS_ECORRUPT, "%s: the directory is step %" PRIu64 ", the manifest says "
+                    "step %" PRIu64, path, named, c->step);
+    ps_ckpt_close(c);
+    return rc;
+  }
+  return 0;
+}
+
+void ps_ckpt_close(ps_ckpt *c) {
+  if (c == NULL)
+    return;
+  for (int i = 0; c->vars != NULL && i < c->nvars; i++)
+    free(c->vars[i].parts);
+  for (int i = 0; c->shards != NULL && i < c->nshards; i++)
+    free(c->shards[i].once);
+  free(c->vars);
+  free(c->shards);
+  free(c->data_pos);
+  free(c->path);
+  memset(c, 0, sizeof *c);
+}
+
+int ps_ckpt_check_layout(const ps_ckpt *c, uint64_t layout_hash, const char *model,
+                         ps_errbuf *eb) {
+  if (c->layout_hash == layout_hash && model != NULL && strcmp(c->model, model) == 0)
+    return 0;
+  return ps_err_set(eb, PS_ELAYOUT,
+                    "%s: layout mismatch (checkpoint: model '%s' layout %016" PRIx64
+                    "; this cluster: model '%s' layout %016" PRIx64 ")",
+                    c->path != NULL ? c->path : c->name, c->model, c->layout_hash,
+                    model != NULL ? model : "", layout_hash);
 }

@@ -1,5 +1,10 @@
-/* Internal to recovery/: building MANIFEST.json (FORMAT.md section 4).  The
- * parser's contract is ps_ckpt_parse_manifest in recovery/checkpoint.h. */
+/* Internal to recovery/: the manifest, MANIFEST.json (FORMAT.md section 4),
+ * which owns ps_ckpt: built from what a write recorded, parsed and
+ * validated, opened from a checkpoint directory and closed, its filter
+ * names.  It sits on commit.c alone (the directory's names, reading a
+ * file whole).  The public calls (ps_ckpt_parse_manifest, ps_ckpt_open,
+ * ps_ckpt_close, ps_ckpt_check_layout, ps_ckpt_filter_parse and _name) are
+ * declared in recovery/checkpoint.h. */
 #ifndef PS_RECOVERY_MANIFEST_H
 #define PS_RECOVERY_MANIFEST_H
 
@@ -54,9 +59,5 @@ int ps__ckpt_builtin_of(const char *model, char *name, size_t name_cap, char *hi
  * then "comment" when not NULL; indented by `indent` spaces or on one line
  * (0).  @return text to free(), or NULL when out of memory. */
 char *ps__ckpt_norm_text(const ps_data_norm *n, const char *comment, int indent);
-
-/* A u64 as FORMAT.md writes it: 1 to 20 decimal digits, no leading zero,
- * at most UINT64_MAX.  @return 0, or -1 leaving *out. */
-int ps__ckpt_parse_u64(const char *s, uint64_t *out);
 
 #endif

@@ -23,6 +23,7 @@
 #include "common/timeutil.h"
 #include "recovery/commit.h"
 #include "recovery/manifest.h"
+#include "recovery/manifest_build.h"
 #include "recovery/shardfile.h"
 
 /* ------------------------------------------------------------------ */

@@ -4,10 +4,11 @@
  * valid one, and retention.  The public face of recovery/'s checkpoints;
  * its calls are implemented in layers, each calling only those below it:
  * commit.c (the file system: names, crash-safe writes, the commit, the
- * index), manifest.c (ps_ckpt: MANIFEST.json built, parsed, opened),
- * shardfile.c (shard files written, read and verified), model.c (the model
- * a checkpoint is of), and checkpoint.c on them all (a write, the listing,
- * the newest valid one, retention).  Each section below names its file. */
+ * index), manifest.c (ps_ckpt: MANIFEST.json parsed, opened) and
+ * manifest_build.c (MANIFEST.json built), shardfile.c (shard files
+ * written, read and verified), model.c (the model a checkpoint is of), and
+ * checkpoint.c on them all (a write, the listing, the newest valid one,
+ * retention).  Each section below names its file. */
 #ifndef PS_RECOVERY_CHECKPOINT_H
 #define PS_RECOVERY_CHECKPOINT_H
 

@@ -21,6 +21,7 @@
 
 #include "common/pool.h"
 #include "recovery/commit.h"
+#include "recovery/manifest.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "shard files hold float32 little-endian, copied from memory: a little-endian host is assumed"

@@ -8,7 +8,7 @@
 
 #include "paramserv/error.h"
 #include "recovery/checkpoint.h"
-#include "recovery/manifest.h"
+#include "recovery/manifest_build.h"
 
 /* Write o's shard files into the temporary checkpoint directory tmp,
  * shard-<i>.lz4 each, side by side on the thread pool: each filtered

@@ -1,6 +1,9 @@
-/* Checkpoints (recovery/FORMAT.md, version 1): writing one, its shard files
- * filtered and LZ4-framed, and opening, reading, verifying and finding the
- * newest valid one. */
+/* Checkpoints as a whole (recovery/FORMAT.md, version 2): writing one (its
+ * shard files, its manifest, the commit, then retention), listing a
+ * directory's, finding the newest valid one, and retention.  It sits on the
+ * manifest (manifest.c: ps_ckpt), the shard files (shardfile.c) and the
+ * file-system layer (commit.c), and decides what they only carry out: which
+ * checkpoint a restore takes, which ones retention keeps. */
 #include "recovery/checkpoint.h"
 
 #include <errno.h>
@@ -8,7 +11,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,271 +19,256 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <lz4frame.h>
-#include <xxhash.h>
-
 #include "common/log.h"
-#include "common/pool.h"
 #include "common/timeutil.h"
 #include "recovery/commit.h"
 #include "recovery/manifest.h"
-
-static void note_written(const char *path);
-
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "shard files hold float32 little-endian, copied from memory: a little-endian host is assumed"
-#endif
-
-
-/* One LZ4 block (4 MiB) per compressUpdate, so no input is buffered twice. */
-#define CHUNK ((size_t)4 << 20)
-/* Compressed bytes read per call while decoding. */
-#define IN_CHUNK ((size_t)1 << 20)
+#include "recovery/manifest_build.h"
+#include "recovery/shardfile.h"
 
 /* ------------------------------------------------------------------ */
-/* The filters                                                        */
+/* Listing a directory                                                */
 /* ------------------------------------------------------------------ */
 
-int ps_ckpt_filter_parse(const char *name, ps_ckpt_filter *out) {
-  if (name != NULL && strcmp(name, "none") == 0)
-    *out = PS_CKPT_FILTER_NONE;
-  else if (name != NULL && strcmp(name, "shuffle") == 0)
-    *out = PS_CKPT_FILTER_SHUFFLE;
-  else
-    return PS_EUSAGE;
-  return 0;
-}
-
-const char *ps_ckpt_filter_name(ps_ckpt_filter f) {
-  switch (f) {
-  case PS_CKPT_FILTER_NONE: return "none";
-  case PS_CKPT_FILTER_SHUFFLE: return "shuffle";
+int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
+  int n = ps__ckpt_scan(dir, out, eb);
+  for (int i = 0; i < n; i++) {
+    ps_ckpt_entry *e = &(*out)[i];
+    if (!e->on_disk || e->time >= 0)
+      continue;
+    /* No time in the index: the manifest's, else the directory's. */
+    char path[PATH_MAX];
+    ps_ckpt c;
+    ps_errbuf ignore = {0};
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, e->name);
+    if (ps_ckpt_open(&c, path, &ignore) == 0)
+      e->time = c.wall_time;
+    else if (stat(path, &st) == 0)
+      e->time = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
+    ps_ckpt_close(&c);
   }
-  return "unknown";
-}
-
-/* A float's bits as an integer, read in place: byte k of a little-endian
- * float is bits 8k..8k+7, so a plane is a shift, which compilers vectorize
- * (a strided byte gather they do not). */
-typedef uint32_t __attribute__((may_alias)) word32;
-
-/* The uncompressed shard file as equal segments (values, slots, accum),
- * read through a cursor that yields it unfiltered or shuffled. */
-typedef struct stream {
-  const unsigned char *seg[2 + PS_OPTIM_MAX_SLOTS];
-  int nseg;
-  size_t seg_floats;
-  int s;          /* current segment */
-  size_t off;     /* none: byte offset in it; shuffle: float index in it */
-  int plane;      /* shuffle: byte plane 0..3 */
-} stream;
-
-/* The next piece of the filtered stream, at most cap bytes: a pointer into
- * the segments (none) or into scratch (shuffle).  @return its length, 0 at
- * the end. */
-static size_t stream_next(stream *st, ps_ckpt_filter f, unsigned char *scratch, size_t cap,
-                          const unsigned char **out) {
-  if (f == PS_CKPT_FILTER_NONE) {
-    size_t seg_bytes = st->seg_floats * sizeof(float);
-    if (st->s == st->nseg)
-      return 0;
-    size_t n = seg_bytes - st->off < cap ? seg_bytes - st->off : cap;
-    *out = st->seg[st->s] + st->off;
-    st->off += n;
-    if (st->off == seg_bytes) {
-      st->off = 0;
-      st->s++;
-    }
-    return n;
-  }
-  /* Plane k holds byte k of every float of the file, in file order. */
-  size_t n = 0;
-  while (n < cap && st->plane < 4) {
-    const word32 *src = (const word32 *)st->seg[st->s] + st->off;
-    unsigned shift = 8u * (unsigned)st->plane;
-    size_t take = st->seg_floats - st->off;
-    if (take > cap - n)
-      take = cap - n;
-    unsigned char *dst = scratch + n;
-    for (size_t i = 0; i < take; i++)
-      dst[i] = (unsigned char)(src[i] >> shift);
-    n += take;
-    st->off += take;
-    if (st->off == st->seg_floats) {
-      st->off = 0;
-      if (++st->s == st->nseg) {
-        st->s = 0;
-        st->plane++;
-      }
-    }
-  }
-  *out = scratch;
   return n;
 }
 
-/* Undo the shuffle for the next n bytes of the stream into dst (nfloats
- * floats), at cursor (*plane, *f). */
-static void unshuffle(const unsigned char *src, size_t n, unsigned char *dst, size_t nfloats,
-                      int *plane, size_t *f) {
-  size_t i = 0;
-  while (i < n && *plane < 4) {
-    size_t take = nfloats - *f;
-    if (take > n - i)
-      take = n - i;
-    word32 *d = (word32 *)dst + *f;
-    const unsigned char *s = src + i;
-    unsigned shift = 8u * (unsigned)*plane;
-    if (*plane == 0)  /* the first plane sets each word, the others add their byte */
-      for (size_t j = 0; j < take; j++)
-        d[j] = s[j];
-    else
-      for (size_t j = 0; j < take; j++)
-        d[j] |= (uint32_t)s[j] << shift;
-    i += take;
-    *f += take;
-    if (*f == nfloats) {
-      *f = 0;
-      ++*plane;
-    }
-  }
-}
-
 /* ------------------------------------------------------------------ */
-/* Writing a shard file                                               */
+/* Finding the newest valid checkpoint                                */
 /* ------------------------------------------------------------------ */
 
-/* Append the zn bytes an LZ4F compression call left in z (or its error
- * code) to the shard file, counting them into *stored. */
-static int put_frame_bytes(int fd, const char *path, const unsigned char *z, size_t zn,
-                           uint64_t *stored, ps_errbuf *eb) {
-  if (LZ4F_isError(zn))
-    return ps_err_set(eb, -EIO, "compress %s: lz4: %s", path, LZ4F_getErrorName(zn));
-  int rc = ps__ckpt_write_all(fd, z, zn);
-  if (rc != 0)
-    return ps_err_set(eb, rc, "write %s: %s", path, strerror(-rc));
-  *stored += zn;
-  return 0;
+static int verify_fn(const ps_ckpt *c, void *arg, ps_errbuf *why) {
+  (void)arg;
+  return ps_ckpt_verify(c, why);
 }
 
-static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_filter filter,
-                       ps__ckpt_shard_rec *rec, ps_errbuf *eb) {
-  /* The file holds the image's segments (values, slots, accumulator); the
-   * exactly-once rows and the fixed fields are in the manifest. */
-  stream st = {.seg_floats = sh->nfloats};
-  for (uint32_t k = 0; k < ps_state_segments(&sh->info); k++)
-    st.seg[st.nseg++] = (const unsigned char *)ps_state_segment_c(sh->img, sh->nfloats, k);
-  rec->raw = (uint64_t)st.nseg * sh->nfloats * sizeof(float);
-
-  /* The XXH64 is of the unfiltered bytes, the segments back to back. */
-  XXH64_state_t *h = XXH64_createState();
-  if (h == NULL)
-    return ps_err_set(eb, -ENOMEM, "%s: out of memory", path);
-  XXH64_reset(h, 0);
-  for (int k = 0; k < st.nseg; k++)
-    XXH64_update(h, st.seg[k], sh->nfloats * sizeof(float));
-  rec->xxh64 = XXH64_digest(h);
-  XXH64_freeState(h);
-
-  LZ4F_preferences_t prefs;
-  memset(&prefs, 0, sizeof prefs);
-  prefs.frameInfo.blockSizeID = LZ4F_max4MB;
-  prefs.frameInfo.blockMode = LZ4F_blockIndependent;
-  prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
-  prefs.frameInfo.contentSize = rec->raw;
-  size_t zcap = LZ4F_compressBound(CHUNK, &prefs);
-  if (zcap < LZ4F_HEADER_SIZE_MAX)
-    zcap = LZ4F_HEADER_SIZE_MAX;
-
-  const char *step = "allocate buffers for";
-  int rc = 0, fd = -1;
-  LZ4F_cctx *cctx = NULL;
-  unsigned char *z = malloc(zcap);
-  unsigned char *scratch = filter == PS_CKPT_FILTER_SHUFFLE ? malloc(CHUNK) : NULL;
-  if (z == NULL || (filter == PS_CKPT_FILTER_SHUFFLE && scratch == NULL) ||
-      LZ4F_isError(LZ4F_createCompressionContext(&cctx, LZ4F_VERSION))) {
-    rc = -ENOMEM;
-    goto err;
-  }
-  step = "create";
-  fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    rc = -errno;
-    goto err;
-  }
-  rec->stored = 0;
-  rc = put_frame_bytes(fd, path, z, LZ4F_compressBegin(cctx, z, zcap, &prefs), &rec->stored, eb);
-  const unsigned char *p;
-  size_t n;
-  while (rc == 0 && (n = stream_next(&st, filter, scratch, CHUNK, &p)) != 0)
-    rc = put_frame_bytes(fd, path, z, LZ4F_compressUpdate(cctx, z, zcap, p, n, NULL),
-                         &rec->stored, eb);
-  if (rc == 0)
-    rc = put_frame_bytes(fd, path, z, LZ4F_compressEnd(cctx, z, zcap, NULL), &rec->stored, eb);
-  if (rc != 0)
-    goto out;
-  step = "fsync";
-  if (fsync(fd) != 0) {
-    rc = -errno;
-    goto err;
-  }
-  step = "close";
-  rc = close(fd) == 0 ? 0 : -errno;
-  fd = -1;
-  if (rc != 0)
-    goto err;
-  LZ4F_freeCompressionContext(cctx);
-  free(z);
-  free(scratch);
-  return 0;
-err:
-  ps_err_set(eb, rc, "%s %s: %s", step, path, strerror(-rc));
-out:
-  if (fd >= 0)
-    close(fd);
-  LZ4F_freeCompressionContext(cctx);
-  free(z);
-  free(scratch);
-  return rc;
-}
-
-/* The shard files, side by side (ps_pool_for): each thread shuffles,
- * compresses, hashes and fsyncs its own file. */
-typedef struct shard_writes {
-  const char *tmp;
-  const ps_ckpt_write_opts *o;
-  ps__ckpt_shard_rec *recs;
-  ps_errbuf *eb;  /* one per shard */
-  int *rc;
-} shard_writes;
-
-static void write_one(void *arg, int i) {
-  shard_writes *w = arg;
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/shard-%d.lz4", w->tmp, i);
-  w->rc[i] = write_shard(path, &w->o->shards[i], w->o->filter, &w->recs[i], &w->eb[i]);
-}
-
-/* @return 0, or the failure of the lowest shard that failed (in *eb). */
-static int write_shards(const char *tmp, const ps_ckpt_write_opts *o, ps__ckpt_shard_rec *recs,
+int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb) {
-  int n = o->layout->nshards, rc = 0;
-  shard_writes w = {.tmp = tmp, .o = o, .recs = recs};
-  w.eb = calloc((size_t)n, sizeof *w.eb);
-  w.rc = calloc((size_t)n, sizeof *w.rc);
-  if (w.eb == NULL || w.rc == NULL) {
-    free(w.eb);
-    free(w.rc);
+  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, NULL, eb);
+}
+
+int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
+                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
+                             ps_ckpt_skipped *skipped, ps_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  ps_ckpt_skipped sk = {0};
+  ps_ckpt_entry *e = NULL;
+  int n = ps_ckpt_list(dir, &e, eb);
+  if (n < 0)
+    return n;
+  int found_one = 0;
+  for (int i = n - 1; i >= 0 && !found_one; i--) {
+    ps_errbuf why = {0};
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+    if (!e[i].on_disk) {
+      ps_err_set(&why, -ENOENT, "listed in the index but its directory is missing");
+    } else if (ps_ckpt_open(out, path, &why) == 0) {
+      if ((model == NULL || ps_ckpt_check_layout(out, layout_hash, model, &why) == 0) &&
+          accept(out, arg, &why) == 0)
+        found_one = 1;
+      else
+        ps_ckpt_close(out);
+    }
+    if (found_one) {
+      sk.below = e[i].step;
+      break;
+    }
+    if (e[i].on_disk && sk.n++ == 0) {
+      snprintf(sk.newest, sizeof sk.newest, "%s", e[i].name);
+      snprintf(sk.why, sizeof sk.why, "%s", why.msg);
+    }
+    int prev = i - 1;
+    while (prev >= 0 && !e[prev].on_disk)
+      prev--;
+    ps_log(PS_LOG_WARN, "checkpoint %s skipped: %s; %s%s", e[i].name, why.msg,
+           prev >= 0 ? "falling back to " : "no older checkpoint", prev >= 0 ? e[prev].name : "");
+  }
+  free(e);
+  if (skipped != NULL)
+    *skipped = sk;
+  return found_one;
+}
+
+/* ------------------------------------------------------------------ */
+/* Retention                                                          */
+/* ------------------------------------------------------------------ */
+
+/* By step, the training's own clock: a wall clock stepped back must not
+ * make the newest checkpoint look old. */
+static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
+  if (a->step != b->step)
+    return a->step > b->step;
+  return a->time > b->time;
+}
+
+/* Whether checkpoint `name` in dir is of (layout_hash, model); NULL model:
+ * every one is. */
+static int of_model(const char *dir, const char *name, uint64_t layout_hash, const char *model) {
+  if (model == NULL)
+    return 1;
+  char path[PATH_MAX], got[256];
+  uint64_t hash = 0;
+  ps_errbuf why = {0};
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 && hash == layout_hash &&
+         strcmp(got, model) == 0;
+}
+
+/* Whether checkpoint e reads back whole (ps_ckpt_verify_remembered), asked
+ * once per retention (*memo: 0 not asked, 1 valid, -1 damaged); a damaged
+ * one is said when this process first finds it so. */
+static int is_valid(const char *dir, const ps_ckpt_entry *e, signed char *memo) {
+  if (*memo == 0) {
+    char path[PATH_MAX];
+    ps_ckpt c;
+    ps_errbuf why = {0};
+    int fresh = 1;
+    snprintf(path, sizeof path, "%s/%s", dir, e->name);
+    int ok = ps_ckpt_open(&c, path, &why) == 0 && ps_ckpt_verify_remembered(&c, &why, &fresh) == 0;
+    ps_ckpt_close(&c);
+    if (!ok && fresh)
+      ps_log(PS_LOG_WARN, "checkpoint %s is damaged (%s): retention keeps it and does not count it",
+             path, why.msg);
+    *memo = ok ? 1 : -1;
+  }
+  return *memo > 0;
+}
+
+/* in_write: called by a checkpoint's commit, whose crash points (index,
+ * retain) fire here; a retention on its own (the chief's start) has none. */
+static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
+                       int64_t max_to_keep, double hours, const char *protect,
+                       const ps_ckpt_owner *owner, int in_write, ps_errbuf *eb) {
+  uint64_t token = owner != NULL ? owner->token : 0;
+  ps_ckpt_entry *e = NULL;
+  int n = ps_ckpt_list(dir, &e, eb);
+  if (n < 0)
+    return n;
+  int rc = ps__ckpt_fence(dir, owner, "removing leftovers", eb);
+  if (rc != 0) {
+    free(e);
+    return rc;
+  }
+  rc = ps__ckpt_remove_leftovers(dir, token, eb);
+  int *keep = calloc(2 * ((size_t)n + 1), sizeof *keep);
+  if (keep == NULL) {
+    free(e);
     return ps_err_set(eb, -ENOMEM, "out of memory");
   }
-  ps_pool_for(n, write_one, &w);
-  for (int i = 0; i < n && rc == 0; i++)
-    if (w.rc[i] != 0) {
-      *eb = w.eb[i];
-      rc = w.rc[i];
+  /* Another model's checkpoints, and those whose manifest cannot be read,
+   * are kept and left out of the count. */
+  int *ours = keep + n + 1;
+  for (int i = 0; i < n; i++)
+    ours[i] = e[i].on_disk && of_model(dir, e[i].name, layout_hash, model);
+  /* Validity is asked only where a deletion depends on it: of the newer
+   * ones counted against max_to_keep, of the older one that would take a
+   * window's place, and of the one to delete. */
+  signed char *valid = calloc((size_t)n + 1, 1);
+  if (valid == NULL) {
+    free(keep);
+    free(e);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  double period = hours * 3600.0;
+  int latest = -1;
+  for (int i = n - 1; i >= 0; i--) {
+    if (!e[i].on_disk)
+      continue;  /* the index named a missing directory: drop it from the index */
+    keep[i] = 1;
+    if (!ours[i] || max_to_keep == 0 || (protect != NULL && strcmp(protect, e[i].name) == 0))
+      goto kept;
+    int newer_valid = 0;
+    for (int j = n - 1; j >= 0 && newer_valid < max_to_keep; j--)
+      if (j != i && ours[j] && newer(&e[j], &e[i]) && is_valid(dir, &e[j], &valid[j]))
+        newer_valid++;
+    if (newer_valid < max_to_keep)
+      goto kept;
+    if (period > 0) {
+      int older_in_window = 0;
+      for (int j = 0; j < n && !older_in_window; j++)
+        if (j != i && ours[j] && !newer(&e[j], &e[i]) &&
+            floor(e[j].time / period) == floor(e[i].time / period) &&
+            is_valid(dir, &e[j], &valid[j]))
+          older_in_window = 1;
+      if (!older_in_window)
+        goto kept;
     }
-  free(w.eb);
-  free(w.rc);
+    keep[i] = !is_valid(dir, &e[i], &valid[i]);  /* a damaged one is kept */
+  kept:;
+  }
+  /* The newest kept one not found damaged (a newer one's damage may have
+   * been found only while counting for an older one). */
+  for (int i = 0; i < n; i++)
+    if (e[i].on_disk && keep[i] && ours[i] && valid[i] >= 0 &&
+        (latest < 0 || newer(&e[i], &e[latest])))
+      latest = i;
+  free(valid);
+  if (protect != NULL)
+    for (int i = 0; i < n; i++)
+      if (keep[i] && ours[i] && strcmp(protect, e[i].name) == 0)
+        latest = i;
+
+  /* The index first, so that it never names a directory deleted below. */
+  int fenced = ps__ckpt_fence(dir, owner, "rewriting the index", eb);
+  if (fenced == 0)
+    fenced = ps__ckpt_write_index(dir, e, n, keep, latest, token, in_write ? "index" : NULL, eb);
+  if (fenced != 0) {
+    free(keep);
+    free(e);
+    return fenced;
+  }
+  if (in_write)
+    ps__ckpt_crash_point("retain");
+  for (int i = 0; i < n; i++) {
+    if (keep[i] || !e[i].on_disk)
+      continue;
+    char step[64];
+    snprintf(step, sizeof step, "deleting %s (retention)", e[i].name);
+    if ((fenced = ps__ckpt_fence(dir, owner, step, eb)) != 0) {
+      rc = fenced;
+      break;
+    }
+    int r = ps__ckpt_delete(dir, e[i].name, token);
+    if (r != 0 && rc == 0)
+      rc = ps_err_set(eb, r, "remove %s/%s: %s", dir, e[i].name, strerror(-r));
+    else if (r == 0)
+      ps_log(PS_LOG_INFO, "checkpoint: deleted %s (retention)", e[i].name);
+  }
+  int r = ps__ckpt_fsync_dir(dir);
+  if (rc == 0 && r != 0 && r != -ENOENT)
+    rc = ps_err_set(eb, r, "fsync %s: %s", dir, strerror(-r));
+  free(keep);
+  free(e);
   return rc;
+}
+
+int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
+                   double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
+                   ps_errbuf *eb) {
+  if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
+      !isfinite(keep_every_n_hours))
+    return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
+  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 0,
+                     eb);
 }
 
 /* ------------------------------------------------------------------ */
@@ -381,7 +368,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
     rc = ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", tmp);
     goto err;
   }
-  if ((rc = write_shards(tmp, o, recs, eb)) != 0)
+  if ((rc = ps__ckpt_write_shards(tmp, o, recs, eb)) != 0)
     goto err;
   ps__ckpt_crash_point("shards");
 
@@ -438,11 +425,11 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
   /* Committed.  The index is advisory (find_latest also finds unlisted
    * checkpoints), so failing to rewrite it or to prune is a warning.  What
    * was just written from memory counts as verified for the retention. */
-  note_written(final);
+  ps__ckpt_note_written(final);
   {
     ps_errbuf why = {0};
-    if (ps__ckpt_retain_commit(dir, o->layout->hash, o->model, o->max_to_keep,
-                               o->keep_every_n_hours, name, o->owner, &why) != 0)
+    if (retain_impl(dir, o->layout->hash, o->model, o->max_to_keep, o->keep_every_n_hours, name,
+                    o->owner, 1, &why) != 0)
       ps_log(PS_LOG_WARN, "checkpoint %s in %s committed, but the index or retention failed: %s",
              name, dir, why.msg);
   }
@@ -471,443 +458,4 @@ err:
   free(manifest);
   free(recs);
   return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Reading a checkpoint                                               */
-/* ------------------------------------------------------------------ */
-
-/* Read until len bytes or end of file.  @return bytes read or -errno. */
-static ssize_t read_full(int fd, void *buf, size_t len) {
-  unsigned char *p = buf;
-  size_t got = 0;
-  while (got < len) {
-    ssize_t n = read(fd, p + got, len - got);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return -errno;
-    }
-    if (n == 0)
-      break;
-    got += (size_t)n;
-  }
-  return (ssize_t)got;
-}
-
-static void prefix_msg(ps_errbuf *eb, const char *prefix) {
-  if (eb == NULL)
-    return;
-  char msg[sizeof eb->msg];
-  /* Truncation is fine: the message stays one NUL-terminated line. */
-  if (snprintf(msg, sizeof msg, "%s: %s", prefix, eb->msg) >= 0)
-    memcpy(eb->msg, msg, sizeof msg);
-}
-
-int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb) {
-  memset(c, 0, sizeof *c);
-  char mpath[PATH_MAX];
-  size_t size;
-  int fd = ps__ckpt_manifest_fd(path, mpath, sizeof mpath, &size, eb);
-  if (fd < 0)
-    return fd;
-  char *text = malloc(size + 1);
-  if (text == NULL) {
-    close(fd);
-    return ps_err_set(eb, -ENOMEM, "%s: out of memory", mpath);
-  }
-  ssize_t n = read_full(fd, text, size);
-  close(fd);
-  if (n < 0) {
-    free(text);
-    return ps_err_set(eb, (int)n, "%s: cannot read: %s", mpath, strerror((int)-n));
-  }
-  int rc = ps_ckpt_parse_manifest(text, (size_t)n, c, eb);
-  free(text);
-  if (rc != 0) {
-    prefix_msg(eb, mpath);
-    return rc;
-  }
-  c->path = strdup(path);
-  if (c->path == NULL) {
-    ps_ckpt_close(c);
-    return ps_err_set(eb, -ENOMEM, "out of memory");
-  }
-  /* A trailing slash is not part of the name. */
-  size_t end = strlen(path);
-  while (end > 1 && path[end - 1] == '/')
-    end--;
-  size_t start = end;
-  while (start > 0 && path[start - 1] != '/')
-    start--;
-  snprintf(c->name, sizeof c->name, "%.*s",
-           (int)(end - start < sizeof c->name ? end - start : sizeof c->name - 1), path + start);
-  /* A directory named ckpt-<step> holds that step (a renamed copy does not). */
-  uint64_t named;
-  if (ps__ckpt_parse_name(c->name, &named) == 0 && named != c->step) {
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: the directory is step %" PRIu64 ", the manifest says "
-                    "step %" PRIu64, path, named, c->step);
-    ps_ckpt_close(c);
-    return rc;
-  }
-  return 0;
-}
-
-void ps_ckpt_close(ps_ckpt *c) {
-  if (c == NULL)
-    return;
-  for (int i = 0; c->vars != NULL && i < c->nvars; i++)
-    free(c->vars[i].parts);
-  for (int i = 0; c->shards != NULL && i < c->nshards; i++)
-    free(c->shards[i].once);
-  free(c->vars);
-  free(c->shards);
-  free(c->data_pos);
-  free(c->path);
-  memset(c, 0, sizeof *c);
-}
-
-int ps_ckpt_check_layout(const ps_ckpt *c, uint64_t layout_hash, const char *model,
-                         ps_errbuf *eb) {
-  if (c->layout_hash == layout_hash && model != NULL && strcmp(c->model, model) == 0)
-    return 0;
-  return ps_err_set(eb, PS_ELAYOUT,
-                    "%s: layout mismatch (checkpoint: model '%s' layout %016" PRIx64
-                    "; this cluster: model '%s' layout %016" PRIx64 ")",
-                    c->path != NULL ? c->path : c->name, c->model, c->layout_hash,
-                    model != NULL ? model : "", layout_hash);
-}
-
-/* Decode the LZ4 frame of an open shard file into dst (dsize bytes),
- * undoing the filter. */
-static int decode_frame(int fd, const char *path, unsigned char *dst, size_t dsize,
-                        ps_ckpt_filter filter, ps_errbuf *eb) {
-  LZ4F_dctx *d = NULL;
-  unsigned char *in = malloc(IN_CHUNK);
-  unsigned char *scratch = filter == PS_CKPT_FILTER_SHUFFLE ? malloc(CHUNK) : NULL;
-  int rc = 0, header = 0, plane = 0;
-  size_t produced = 0, hint = 1, uf = 0;
-  if (in == NULL || (filter == PS_CKPT_FILTER_SHUFFLE && scratch == NULL) ||
-      LZ4F_isError(LZ4F_createDecompressionContext(&d, LZ4F_VERSION))) {
-    rc = ps_err_set(eb, -ENOMEM, "%s: out of memory", path);
-    goto out;
-  }
-  for (;;) {
-    ssize_t n = read_full(fd, in, IN_CHUNK);
-    if (n < 0) {
-      rc = ps_err_set(eb, (int)n, "%s: cannot read: %s", path, strerror((int)-n));
-      goto out;
-    }
-    if (n == 0)
-      break;
-    size_t pos = 0;
-    if (!header) {
-      LZ4F_frameInfo_t info;
-      size_t hsz = (size_t)n;
-      size_t r = LZ4F_getFrameInfo(d, &info, in, &hsz);
-      if (LZ4F_isError(r)) {
-        rc = ps_err_set(eb, PS_ECORRUPT, "%s: lz4 frame header: %s", path, LZ4F_getErrorName(r));
-        goto out;
-      }
-      if (info.contentSize != dsize) {
-        rc = ps_err_set(eb, PS_ECORRUPT,
-                        "%s: lz4 frame of %llu bytes (content size), manifest %zu bytes", path,
-                        (unsigned long long)info.contentSize, dsize);
-        goto out;
-      }
-      pos = hsz;
-      hint = r;
-      header = 1;
-    }
-    while (pos < (size_t)n) {
-      if (hint == 0) {
-        rc = ps_err_set(eb, PS_ECORRUPT, "%s: data after the end of the lz4 frame", path);
-        goto out;
-      }
-      unsigned char *o = scratch != NULL ? scratch : dst + produced;
-      size_t osz = scratch != NULL ? CHUNK : dsize - produced, isz = (size_t)n - pos;
-      hint = LZ4F_decompress(d, o, &osz, in + pos, &isz, NULL);
-      if (LZ4F_isError(hint)) {
-        rc = ps_err_set(eb, PS_ECORRUPT, "%s: lz4 frame: %s", path, LZ4F_getErrorName(hint));
-        goto out;
-      }
-      if (osz > dsize - produced || (isz == 0 && osz == 0)) {
-        rc = ps_err_set(eb, PS_ECORRUPT, "%s: lz4 frame decodes to more than the manifest's "
-                                         "%zu bytes", path, dsize);
-        goto out;
-      }
-      if (scratch != NULL)
-        unshuffle(scratch, osz, dst, dsize / sizeof(float), &plane, &uf);
-      produced += osz;
-      pos += isz;
-    }
-  }
-  if (!header)
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: empty file", path);
-  else if (hint != 0)
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: truncated lz4 frame (%zu of %zu bytes decoded)", path,
-                    produced, dsize);
-  else if (produced != dsize)
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: lz4 frame decodes to %zu bytes, manifest %zu", path,
-                    produced, dsize);
-out:
-  LZ4F_freeDecompressionContext(d);
-  free(in);
-  free(scratch);
-  return rc;
-}
-
-int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
-  if (c == NULL || i < 0 || i >= c->nshards)
-    return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
-  const ps_ckpt_shard *s = &c->shards[i];
-  char path[PATH_MAX];
-  if ((size_t)snprintf(path, sizeof path, "%s/%s", c->path != NULL ? c->path : ".", s->file) >=
-      sizeof path)
-    return ps_err_set(eb, -ENAMETOOLONG, "%s: path too long", s->file);
-  /* O_NONBLOCK: a FIFO put there is refused below, never waited on. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return ps_err_set(eb, -errno, "%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  int rc = 0;
-  if (fstat(fd, &st) != 0)
-    rc = ps_err_set(eb, -errno, "%s: %s", path, strerror(errno));
-  else if (!S_ISREG(st.st_mode))
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: not a regular file: expected the shard's LZ4 frame",
-                    path);
-  else if ((uint64_t)st.st_size != s->compressed_size)
-    rc = ps_err_set(eb, PS_ECORRUPT, "%s: size mismatch (file %jd bytes, manifest %" PRIu64
-                    " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
-  size_t dsize = (size_t)s->uncompressed_size;
-  if (rc == 0)
-    rc = decode_frame(fd, path, (unsigned char *)dst, dsize, c->filter, eb);
-  close(fd);
-  if (rc == 0) {
-    uint64_t h = XXH64(dst, dsize, 0);
-    if (h != s->xxh64)
-      rc = ps_err_set(eb, PS_ECORRUPT, "%s: xxh64 mismatch (file %016" PRIx64 ", manifest %016"
-                      PRIx64 ")", path, h, s->xxh64);
-  }
-  return rc;
-}
-
-int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb) {
-  memset(out, 0, sizeof *out);
-  if (c == NULL || i < 0 || i >= c->nshards)
-    return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
-  const ps_ckpt_shard *s = &c->shards[i];
-  size_t dsize = (size_t)s->uncompressed_size;
-  float *buf = malloc(dsize ? dsize : 1);
-  if (buf == NULL)
-    return ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", s->file, dsize);
-  int rc = ps_ckpt_read_shard_into(c, i, buf, eb);
-  if (rc != 0) {
-    free(buf);
-    return rc;
-  }
-  out->buf = buf;
-  out->nfloats = dsize / sizeof(float);
-  out->values = out->buf;
-  for (int k = 0; k < s->nslots; k++)
-    out->slots[k] = out->buf + (size_t)(1 + k) * s->floats;
-  if (s->has_accum)
-    out->accum = out->buf + (size_t)(1 + s->nslots) * s->floats;
-  return 0;
-}
-
-void ps_ckpt_shard_data_close(ps_ckpt_shard_data *d) {
-  if (d == NULL)
-    return;
-  free(d->buf);
-  memset(d, 0, sizeof *d);
-}
-
-int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb) {
-  for (int i = 0; i < c->nshards; i++) {
-    ps_ckpt_shard_data d;
-    int rc = ps_ckpt_read_shard(c, i, &d, eb);
-    if (rc != 0)
-      return rc;
-    ps_ckpt_shard_data_close(&d);
-  }
-  return 0;
-}
-
-/* What this process verified or wrote, by the files' identity: the path
- * and, for the manifest and each shard file, device, inode, size and
- * modification time.  A file edited in place or replaced changes it; a bit
- * flipped by the disk under an unchanged inode does not (a restore reads
- * everything again). */
-#define VERIFIED_MAX 64
-static struct {
-  pthread_mutex_t mu;
-  int n, next;
-  struct {
-    uint64_t fp;
-    int rc;
-    char why[sizeof(((ps_errbuf *)0)->msg)];
-  } e[VERIFIED_MAX];
-} verified = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static int file_identity(XXH64_state_t *h, const char *dir, const char *file) {
-  char path[PATH_MAX];
-  struct stat st;
-  if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, file) >= sizeof path ||
-      stat(path, &st) != 0)
-    return -1;
-  uint64_t id[5] = {(uint64_t)st.st_dev, (uint64_t)st.st_ino, (uint64_t)st.st_size,
-                    (uint64_t)st.st_mtim.tv_sec, (uint64_t)st.st_mtim.tv_nsec};
-  XXH64_update(h, file, strlen(file) + 1);
-  XXH64_update(h, id, sizeof id);
-  return 0;
-}
-
-/* 0 with *fp set, or -1 when a file cannot be stat'ed (not remembered). */
-static int ckpt_fingerprint(const ps_ckpt *c, uint64_t *fp) {
-  if (c->path == NULL)
-    return -1;
-  XXH64_state_t *h = XXH64_createState();
-  if (h == NULL)
-    return -1;
-  XXH64_reset(h, 0);
-  XXH64_update(h, c->path, strlen(c->path) + 1);
-  int rc = file_identity(h, c->path, MANIFEST_FILE);
-  for (int i = 0; rc == 0 && i < c->nshards; i++)
-    rc = file_identity(h, c->path, c->shards[i].file);
-  *fp = XXH64_digest(h);
-  XXH64_freeState(h);
-  return rc;
-}
-
-static void remember(uint64_t fp, int rc, const char *why) {
-  pthread_mutex_lock(&verified.mu);
-  int at = -1;
-  for (int i = 0; i < verified.n; i++)
-    if (verified.e[i].fp == fp)
-      at = i;
-  if (at < 0) {
-    at = verified.n < VERIFIED_MAX ? verified.n++ : verified.next;
-    verified.next = (at + 1) % VERIFIED_MAX;
-  }
-  verified.e[at].fp = fp;
-  verified.e[at].rc = rc;
-  snprintf(verified.e[at].why, sizeof verified.e[at].why, "%s", why != NULL ? why : "");
-  pthread_mutex_unlock(&verified.mu);
-}
-
-/* The checkpoint directory `path` just committed, as verified: it was
- * written from memory and synced. */
-static void note_written(const char *path) {
-  ps_ckpt c;
-  ps_errbuf ignore = {0};
-  uint64_t fp;
-  if (ps_ckpt_open(&c, path, &ignore) == 0 && ckpt_fingerprint(&c, &fp) == 0)
-    remember(fp, 0, NULL);
-  ps_ckpt_close(&c);
-}
-
-int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh) {
-  uint64_t fp;
-  int have_fp = ckpt_fingerprint(c, &fp) == 0;
-  if (fresh != NULL)
-    *fresh = 1;
-  if (have_fp) {
-    int found = 0, rc = 0;
-    pthread_mutex_lock(&verified.mu);
-    for (int i = 0; i < verified.n && !found; i++)
-      if (verified.e[i].fp == fp) {
-        found = 1;
-        rc = verified.e[i].rc;
-        if (rc != 0)
-          ps_err_set(eb, rc, "%s", verified.e[i].why);
-      }
-    pthread_mutex_unlock(&verified.mu);
-    if (found) {
-      if (fresh != NULL)
-        *fresh = 0;
-      return rc;
-    }
-  }
-  int rc = ps_ckpt_verify(c, eb);
-  if (have_fp)
-    remember(fp, rc, rc != 0 ? eb->msg : NULL);
-  return rc;
-}
-
-int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb) {
-  for (int i = 0; i < c->nshards; i++) {
-    ps_ckpt_shard_data d;
-    int rc = ps_ckpt_read_shard(c, i, &d, eb);
-    if (rc != 0)
-      return rc;
-    for (int v = 0; v < c->nvars; v++) {
-      const ps_ckpt_var *var = &c->vars[v];
-      for (int k = 0; k < var->nparts; k++) {
-        const ps_ckpt_part *p = &var->parts[k];
-        if (p->shard == i)
-          memcpy(arena + var->offset + p->start, d.values + p->shard_off,
-                 p->count * sizeof(float));
-      }
-    }
-    ps_ckpt_shard_data_close(&d);
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Finding the newest valid checkpoint                                */
-/* ------------------------------------------------------------------ */
-
-static int verify_fn(const ps_ckpt *c, void *arg, ps_errbuf *why) {
-  (void)arg;
-  return ps_ckpt_verify(c, why);
-}
-
-int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
-                        ps_errbuf *eb) {
-  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, NULL, eb);
-}
-
-int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
-                             ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
-                             ps_ckpt_skipped *skipped, ps_errbuf *eb) {
-  memset(out, 0, sizeof *out);
-  ps_ckpt_skipped sk = {0};
-  ps_ckpt_entry *e = NULL;
-  int n = ps_ckpt_list(dir, &e, eb);
-  if (n < 0)
-    return n;
-  int found_one = 0;
-  for (int i = n - 1; i >= 0 && !found_one; i--) {
-    ps_errbuf why = {0};
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
-    if (!e[i].on_disk) {
-      ps_err_set(&why, -ENOENT, "listed in the index but its directory is missing");
-    } else if (ps_ckpt_open(out, path, &why) == 0) {
-      if ((model == NULL || ps_ckpt_check_layout(out, layout_hash, model, &why) == 0) &&
-          accept(out, arg, &why) == 0)
-        found_one = 1;
-      else
-        ps_ckpt_close(out);
-    }
-    if (found_one) {
-      sk.below = e[i].step;
-      break;
-    }
-    if (e[i].on_disk && sk.n++ == 0) {
-      snprintf(sk.newest, sizeof sk.newest, "%s", e[i].name);
-      snprintf(sk.why, sizeof sk.why, "%s", why.msg);
-    }
-    int prev = i - 1;
-    while (prev >= 0 && !e[prev].on_disk)
-      prev--;
-    ps_log(PS_LOG_WARN, "checkpoint %s skipped: %s; %s%s", e[i].name, why.msg,
-           prev >= 0 ? "falling back to " : "no older checkpoint", prev >= 0 ? e[prev].name : "");
-  }
-  free(e);
-  if (skipped != NULL)
-    *skipped = sk;
-  return found_one;
 }

@@ -1,7 +1,14 @@
 /* The checkpoint format (recovery/FORMAT.md, version 2): writing a
  * consistent cut of every shard's state into DIR/ckpt-<step>/ with a
  * crash-safe commit, reading and verifying it back, finding the newest
- * valid one, and retention. */
+ * valid one, and retention.  The public face of recovery/'s checkpoints;
+ * its calls are implemented in layers, each calling only those below it:
+ * commit.c (the file system: names, crash-safe writes, the commit, the
+ * index), manifest.c (ps_ckpt: MANIFEST.json parsed, opened) and
+ * manifest_build.c (MANIFEST.json built), shardfile.c (shard files
+ * written, read and verified), model.c (the model a checkpoint is of), and
+ * checkpoint.c on them all (a write, the listing, the newest valid one,
+ * retention).  Each section below names its file. */
 #ifndef PS_RECOVERY_CHECKPOINT_H
 #define PS_RECOVERY_CHECKPOINT_H
 
@@ -30,7 +37,8 @@
  * writer kills its own process with SIGKILL at that point. */
 #define PS_CKPT_CRASH_ENV "PS_CKPT_CRASH_AT"
 
-/* The byte filter applied to a shard file before LZ4 (FORMAT.md 2.2). */
+/* The byte filter applied to a shard file before LZ4 (FORMAT.md 2.2);
+ * its names are the manifest's (manifest.c). */
 typedef enum ps_ckpt_filter {
   PS_CKPT_FILTER_NONE = 0,
   PS_CKPT_FILTER_SHUFFLE,  /* the 4 bytes of each float grouped plane by plane */
@@ -55,7 +63,7 @@ typedef struct ps_ckpt_owner {
 } ps_ckpt_owner;
 
 /* ------------------------------------------------------------------ */
-/* Writing                                                            */
+/* Writing (checkpoint.c; the shard files: shardfile.c)               */
 /* ------------------------------------------------------------------ */
 
 /* One shard's state at the cut, as the chief gathered it: its state image
@@ -127,7 +135,8 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
                   ps_errbuf *eb);
 
 /* ------------------------------------------------------------------ */
-/* Reading                                                            */
+/* Reading: the manifest (manifest.c), the model it is of (model.c),  */
+/* the shard files (shardfile.c)                                      */
 /* ------------------------------------------------------------------ */
 
 /* One contiguous run of a variable held by one shard (a layout part). */
@@ -282,7 +291,8 @@ int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
 int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh);
 
 /* ------------------------------------------------------------------ */
-/* The directory: index, listing, fallback, retention                 */
+/* The directory: listing, fallback, retention (checkpoint.c); the    */
+/* probe and setting aside (commit.c)                                 */
 /* ------------------------------------------------------------------ */
 
 /* One checkpoint of a directory. */

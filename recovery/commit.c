@@ -1,6 +1,8 @@
-/* The crash-safe side of a checkpoint directory (recovery/FORMAT.md
- * section 5): files written under a temporary name and fsynced, checkpoints
- * renamed into place, the index, listing and retention. */
+/* The file-system side of a checkpoint directory (recovery/FORMAT.md
+ * sections 1, 3, 5 and 6): files written under a temporary name and
+ * fsynced, the directory's names, checkpoints renamed into place, the index
+ * read and rewritten, leftovers and deleted checkpoints removed.  It opens
+ * no manifest: what to keep is decided above it (checkpoint.c). */
 #include "recovery/commit.h"
 
 #include <dirent.h>
@@ -19,7 +21,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "recovery/manifest.h"
+#include "common/parse.h"
 
 #define INDEX_FILE "checkpoint"
 #define INDEX_TMP "checkpoint.tmp"    /* checkpoint.tmp-<token>-<pid>: the index being rewritten */
@@ -58,6 +60,23 @@ int ps__ckpt_write_all(int fd, const void *buf, size_t len) {
     len -= (size_t)n;
   }
   return 0;
+}
+
+ssize_t ps__ckpt_read_full(int fd, void *buf, size_t len) {
+  unsigned char *p = buf;
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = read(fd, p + got, len - got);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0)
+      break;
+    got += (size_t)n;
+  }
+  return (ssize_t)got;
 }
 
 int ps__ckpt_fsync_dir(const char *path) {
@@ -203,7 +222,7 @@ int ps__ckpt_parse_name(const char *s, uint64_t *step) {
   /* The step is zero-padded; a u64 is not.  The padding is checked below. */
   while (d[0] == '0' && d[1] != '\0')
     d++;
-  if (ps__ckpt_parse_u64(d, &v) != 0)
+  if (ps_parse_u64(d, &v) != 0)
     return -1;
   char canon[PS_CKPT_NAME_MAX];
   ps__ckpt_name(v, canon);
@@ -228,7 +247,7 @@ static int parse_owner(const char *s, uint64_t *token, long *pid) {
     return -1;
   memcpy(tok, s, (size_t)(dash - s));
   tok[dash - s] = '\0';
-  if (ps__ckpt_parse_u64(tok, token) != 0 || ps__ckpt_parse_u64(dash + 1, &p) != 0 ||
+  if (ps_parse_u64(tok, token) != 0 || ps_parse_u64(dash + 1, &p) != 0 ||
       p > LONG_MAX)
     return -1;
   *pid = (long)p;
@@ -255,7 +274,7 @@ int ps__ckpt_leftover_removable(const char *name, uint64_t token, long pid) {
       return -1;
     if (strchr(d2 + 1, '-') == NULL) {
       uint64_t p;
-      if (ps__ckpt_parse_u64(d2 + 1, &p) != 0)
+      if (ps_parse_u64(d2 + 1, &p) != 0)
         return -1;
       their = 0;
       their_pid = (long)p;
@@ -314,7 +333,7 @@ int ps__ckpt_commit_rename(const char *dir, const char *tmp, const char *final, 
 }
 
 /* ------------------------------------------------------------------ */
-/* The index, listing and retention                                   */
+/* The index and the directory's entries                              */
 /* ------------------------------------------------------------------ */
 
 typedef struct entry_list {
@@ -401,7 +420,7 @@ static int cmp_entry_step(const void *a, const void *b) {
   return x->step < y->step ? -1 : x->step > y->step;
 }
 
-int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
+int ps__ckpt_scan(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
   entry_list l = {0};
   *out = NULL;
   int rc = read_index(dir, &l, eb);
@@ -431,16 +450,6 @@ int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
       goto fail;
     }
     e->on_disk = 1;
-    if (e->time < 0) {
-      /* Not in the index: the manifest's time, else the directory's. */
-      ps_ckpt c;
-      ps_errbuf ignore = {0};
-      if (ps_ckpt_open(&c, path, &ignore) == 0)
-        e->time = c.wall_time;
-      else
-        e->time = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec * 1e-9;
-      ps_ckpt_close(&c);
-    }
   }
   closedir(d);
 done:
@@ -453,51 +462,32 @@ fail:
   return rc;
 }
 
-/* Newer first: by time, then by step. */
-/* By step, the training's own clock: a wall clock stepped back must not
- * make the newest checkpoint look old. */
-static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
-  if (a->step != b->step)
-    return a->step > b->step;
-  return a->time > b->time;
-}
-
-/* Whether checkpoint `name` in dir is of (layout_hash, model); NULL model:
- * every one is. */
-static int of_model(const char *dir, const char *name, uint64_t layout_hash, const char *model) {
-  if (model == NULL)
-    return 1;
-  char path[PATH_MAX], got[256];
-  uint64_t hash = 0;
-  ps_errbuf why = {0};
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 && hash == layout_hash &&
-         strcmp(got, model) == 0;
-}
-
-/* Whether checkpoint e reads back whole (ps_ckpt_verify_remembered), asked
- * once per retention (*memo: 0 not asked, 1 valid, -1 damaged); a damaged
- * one is said when this process first finds it so. */
-static int is_valid(const char *dir, const ps_ckpt_entry *e, signed char *memo) {
-  if (*memo == 0) {
-    char path[PATH_MAX];
-    ps_ckpt c;
-    ps_errbuf why = {0};
-    int fresh = 1;
-    snprintf(path, sizeof path, "%s/%s", dir, e->name);
-    int ok = ps_ckpt_open(&c, path, &why) == 0 && ps_ckpt_verify_remembered(&c, &why, &fresh) == 0;
-    ps_ckpt_close(&c);
-    if (!ok && fresh)
-      ps_log(PS_LOG_WARN, "checkpoint %s is damaged (%s): retention keeps it and does not count it",
-             path, why.msg);
-    *memo = ok ? 1 : -1;
+int ps__ckpt_write_index(const char *dir, const ps_ckpt_entry *e, int n, const int *keep,
+                         int latest, uint64_t token, const char *crash_stage, ps_errbuf *eb) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
+  if (latest < 0) {
+    if (unlink(path) == 0)
+      ps__ckpt_fsync_dir(dir);
+    return 0;
   }
-  return *memo > 0;
+  size_t cap = 64 + (size_t)n * 96, len = 0;  /* a line is at most ~50 bytes */
+  char *text = malloc(cap);
+  if (text == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  len += (size_t)snprintf(text + len, cap - len, "latest: %s\n", e[latest].name);
+  for (int i = 0; i < n; i++)
+    if (keep[i])
+      len += (size_t)snprintf(text + len, cap - len, "kept: %s %.3f\n", e[i].name, e[i].time);
+  const void *bufs[1] = {text};
+  char suffix[64];
+  snprintf(suffix, sizeof suffix, "tmp-%" PRIu64 "-%ld", token, (long)getpid());
+  int rc = write_file_atomic(path, suffix, bufs, &len, 1, crash_stage, eb);
+  free(text);
+  return rc;
 }
 
-/* The temporaries this owner may remove (ps__ckpt_leftover_removable):
- * never another live chief's in-progress write. */
-static int remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
+int ps__ckpt_remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
   DIR *d = opendir(dir);
   if (d == NULL)
     return errno == ENOENT ? 0 : ps_err_set(eb, -errno, "%s: %s", dir, strerror(errno));
@@ -519,162 +509,17 @@ static int remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb) {
   return rc;
 }
 
-/* in_write: called by a checkpoint's commit, whose crash points (index,
- * retain) fire here; a retention on its own (the chief's start) has none. */
-static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
-                       int64_t max_to_keep, double hours, const char *protect,
-                       const ps_ckpt_owner *owner, int in_write, ps_errbuf *eb) {
-  uint64_t token = owner != NULL ? owner->token : 0;
-  ps_ckpt_entry *e = NULL;
-  int n = ps_ckpt_list(dir, &e, eb);
-  if (n < 0)
-    return n;
-  int rc = ps__ckpt_fence(dir, owner, "removing leftovers", eb);
-  if (rc != 0) {
-    free(e);
-    return rc;
-  }
-  rc = remove_leftovers(dir, token, eb);
-  int *keep = calloc(2 * ((size_t)n + 1), sizeof *keep);
-  if (keep == NULL) {
-    free(e);
-    return ps_err_set(eb, -ENOMEM, "out of memory");
-  }
-  /* Another model's checkpoints, and those whose manifest cannot be read,
-   * are kept and left out of the count. */
-  int *ours = keep + n + 1;
-  for (int i = 0; i < n; i++)
-    ours[i] = e[i].on_disk && of_model(dir, e[i].name, layout_hash, model);
-  /* Validity is asked only where a deletion depends on it: of the newer
-   * ones counted against max_to_keep, of the older one that would take a
-   * window's place, and of the one to delete. */
-  signed char *valid = calloc((size_t)n + 1, 1);
-  if (valid == NULL) {
-    free(keep);
-    free(e);
-    return ps_err_set(eb, -ENOMEM, "out of memory");
-  }
-  double period = hours * 3600.0;
-  int latest = -1;
-  for (int i = n - 1; i >= 0; i--) {
-    if (!e[i].on_disk)
-      continue;  /* the index named a missing directory: drop it from the index */
-    keep[i] = 1;
-    if (!ours[i] || max_to_keep == 0 || (protect != NULL && strcmp(protect, e[i].name) == 0))
-      goto kept;
-    int newer_valid = 0;
-    for (int j = n - 1; j >= 0 && newer_valid < max_to_keep; j--)
-      if (j != i && ours[j] && newer(&e[j], &e[i]) && is_valid(dir, &e[j], &valid[j]))
-        newer_valid++;
-    if (newer_valid < max_to_keep)
-      goto kept;
-    if (period > 0) {
-      int older_in_window = 0;
-      for (int j = 0; j < n && !older_in_window; j++)
-        if (j != i && ours[j] && !newer(&e[j], &e[i]) &&
-            floor(e[j].time / period) == floor(e[i].time / period) &&
-            is_valid(dir, &e[j], &valid[j]))
-          older_in_window = 1;
-      if (!older_in_window)
-        goto kept;
-    }
-    keep[i] = !is_valid(dir, &e[i], &valid[i]);  /* a damaged one is kept */
-  kept:;
-  }
-  /* The newest kept one not found damaged (a newer one's damage may have
-   * been found only while counting for an older one). */
-  for (int i = 0; i < n; i++)
-    if (e[i].on_disk && keep[i] && ours[i] && valid[i] >= 0 &&
-        (latest < 0 || newer(&e[i], &e[latest])))
-      latest = i;
-  free(valid);
-  if (protect != NULL)
-    for (int i = 0; i < n; i++)
-      if (keep[i] && ours[i] && strcmp(protect, e[i].name) == 0)
-        latest = i;
-
-  /* The index first, so that it never names a directory deleted below. */
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/" INDEX_FILE, dir);
-  int fenced = ps__ckpt_fence(dir, owner, "rewriting the index", eb);
-  if (fenced != 0) {
-    free(keep);
-    free(e);
-    return fenced;
-  }
-  if (latest < 0) {
-    if (unlink(path) == 0)
-      ps__ckpt_fsync_dir(dir);
-  } else {
-    size_t cap = 64 + (size_t)n * 96, len = 0;  /* a line is at most ~50 bytes */
-    char *text = malloc(cap);
-    if (text == NULL) {
-      free(keep);
-      free(e);
-      return ps_err_set(eb, -ENOMEM, "out of memory");
-    }
-    len += (size_t)snprintf(text + len, cap - len, "latest: %s\n", e[latest].name);
-    for (int i = 0; i < n; i++)
-      if (keep[i])
-        len += (size_t)snprintf(text + len, cap - len, "kept: %s %.3f\n", e[i].name, e[i].time);
-    const void *bufs[1] = {text};
-    char suffix[64];
-    snprintf(suffix, sizeof suffix, "tmp-%" PRIu64 "-%ld", token, (long)getpid());
-    int r = write_file_atomic(path, suffix, bufs, &len, 1, in_write ? "index" : NULL, eb);
-    free(text);
-    if (r != 0) {
-      free(keep);
-      free(e);
-      return r;
-    }
-  }
-  if (in_write)
-    ps__ckpt_crash_point("retain");
-  for (int i = 0; i < n; i++) {
-    if (keep[i] || !e[i].on_disk)
-      continue;
-    /* Renamed out of the way first (one atomic step), then removed: a
-     * crash in between leaves a leftover the next retention removes, never
-     * a half-deleted ckpt-<step>. */
-    char p[PATH_MAX], gone[PATH_MAX], step[64];
-    snprintf(step, sizeof step, "deleting %s (retention)", e[i].name);
-    if ((fenced = ps__ckpt_fence(dir, owner, step, eb)) != 0) {
-      rc = fenced;
-      break;
-    }
-    snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
-    snprintf(gone, sizeof gone, "%s/" OLD_PREFIX "%s-%" PRIu64 "-%ld", dir, e[i].name, token,
-             (long)getpid());
-    int r = rename(p, gone) == 0 ? ps__ckpt_rm_tree(gone) : -errno;
-    if (r != 0 && rc == 0)
-      rc = ps_err_set(eb, r, "remove %s: %s", p, strerror(-r));
-    else if (r == 0)
-      ps_log(PS_LOG_INFO, "checkpoint: deleted %s (retention)", e[i].name);
-  }
-  int r = ps__ckpt_fsync_dir(dir);
-  if (rc == 0 && r != 0 && r != -ENOENT)
-    rc = ps_err_set(eb, r, "fsync %s: %s", dir, strerror(-r));
-  free(keep);
-  free(e);
-  return rc;
+int ps__ckpt_delete(const char *dir, const char *name, uint64_t token) {
+  char p[PATH_MAX], gone[PATH_MAX];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  snprintf(gone, sizeof gone, "%s/" OLD_PREFIX "%s-%" PRIu64 "-%ld", dir, name, token,
+           (long)getpid());
+  return rename(p, gone) == 0 ? ps__ckpt_rm_tree(gone) : -errno;
 }
 
-int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
-                   double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
-                   ps_errbuf *eb) {
-  if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
-      !isfinite(keep_every_n_hours))
-    return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
-  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 0,
-                     eb);
-}
-
-int ps__ckpt_retain_commit(const char *dir, uint64_t layout_hash, const char *model,
-                           int64_t max_to_keep, double keep_every_n_hours, const char *protect,
-                           const ps_ckpt_owner *owner, ps_errbuf *eb) {
-  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 1,
-                     eb);
-}
+/* ------------------------------------------------------------------ */
+/* Setting aside, probing                                             */
+/* ------------------------------------------------------------------ */
 
 int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb) {
   char aside[PATH_MAX], from[PATH_MAX], to[PATH_MAX];

@@ -1,24 +1,23 @@
-/* Internal to recovery/: crash-safe writes and the commit of a checkpoint
- * directory (FORMAT.md section 5), and the names of its entries.  The
- * listing and retention this module also implements are public:
- * ps_ckpt_list and ps_ckpt_retain in recovery/checkpoint.h. */
+/* Internal to recovery/: the file-system side of a checkpoint directory,
+ * its lowest layer: crash-safe writes, the names of its entries
+ * (FORMAT.md section 1), the commit (section 5), the index (section 3)
+ * read and rewritten, leftovers and deleted checkpoints removed (section
+ * 6).  It opens no manifest and decides nothing about what to keep: the
+ * manifest (manifest.c) and retention (checkpoint.c) sit above it.  The
+ * two calls it implements that are public, ps_ckpt_set_aside and
+ * ps_ckpt_dir_writable, are declared in recovery/checkpoint.h. */
 #ifndef PS_RECOVERY_COMMIT_H
 #define PS_RECOVERY_COMMIT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "recovery/checkpoint.h"
 
 /* Test-only: when PS_CKPT_CRASH_ENV names `stage`, kill this process with
  * SIGKILL, as a crash would. */
 void ps__ckpt_crash_point(const char *stage);
-
-/* ps_ckpt_retain as a checkpoint's commit runs it: with the crash points
- * "index" and "retain". */
-int ps__ckpt_retain_commit(const char *dir, uint64_t layout_hash, const char *model,
-                           int64_t max_to_keep, double keep_every_n_hours, const char *protect,
-                           const ps_ckpt_owner *owner, ps_errbuf *eb);
 
 /* Run owner's fence (none: pass) before `step` of the commit in dir.
  * @return 0, or PS_EFENCED with "fenced: not <step> in DIR: <why>" in eb
@@ -35,6 +34,10 @@ int ps__ckpt_leftover_removable(const char *name, uint64_t token, long pid);
 /* Write all len bytes, retrying short writes and EINTR.  @return 0 or
  * -errno. */
 int ps__ckpt_write_all(int fd, const void *buf, size_t len);
+
+/* Read until len bytes or the end of the file, retrying EINTR.  @return
+ * the bytes read, or -errno. */
+ssize_t ps__ckpt_read_full(int fd, void *buf, size_t len);
 
 /* fsync the directory `path`.  @return 0 or -errno. */
 int ps__ckpt_fsync_dir(const char *path);
@@ -71,5 +74,34 @@ size_t ps__ckpt_tmp_path(char *out, size_t cap, const char *dir, const char *nam
  * list it.  @return 0 or -errno with a message naming the step. */
 int ps__ckpt_commit_rename(const char *dir, const char *tmp, const char *final, const char *name,
                            uint64_t token, ps_errbuf *eb);
+
+/* What dir holds, without opening a checkpoint: every checkpoint the
+ * index (DIR/checkpoint) lists or the directory holds as a ckpt-<step>
+ * directory, by step ascending, with `time` the index's (-1 where it gives
+ * none: ps_ckpt_list fills it in).  A line of the index that does not
+ * parse is logged and skipped; a missing dir has none.  @return the count
+ * (>= 0) with *out a malloc'd array to free() (NULL when 0), or -errno /
+ * -ENOMEM with a message. */
+int ps__ckpt_scan(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb);
+
+/* Rewrite dir's index crash-safely (the temporary checkpoint.tmp-<token>-<pid>)
+ * to name e[latest] the latest and list every e[i] with keep[i], with its
+ * time; latest < 0: remove the index.  crash_stage (NULL: none) is the
+ * test crash point between its fsync and its rename.  @return 0 or -errno
+ * with a message. */
+int ps__ckpt_write_index(const char *dir, const ps_ckpt_entry *e, int n, const int *keep,
+                         int latest, uint64_t token, const char *crash_stage, ps_errbuf *eb);
+
+/* Remove the temporaries in dir that a writer of `token` (and this pid)
+ * may remove (ps__ckpt_leftover_removable): never another live chief's
+ * write in progress.  Each removal is logged.  @return 0, or the first
+ * failure (-errno, with a message); it goes on with the rest. */
+int ps__ckpt_remove_leftovers(const char *dir, uint64_t token, ps_errbuf *eb);
+
+/* Delete checkpoint `name` of dir: renamed out of the way
+ * (.old-<name>-<token>-<pid>) in one atomic step, then removed, so that a
+ * crash in between leaves a leftover the next retention removes, never a
+ * half-deleted ckpt-<step>.  @return 0 or -errno (no message). */
+int ps__ckpt_delete(const char *dir, const char *name, uint64_t token);
 
 #endif

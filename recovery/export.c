@@ -14,7 +14,7 @@
 
 #include "nn/modelfile.h"
 #include "recovery/commit.h"
-#include "recovery/manifest.h"
+#include "recovery/manifest_build.h"
 
 /* What the model is, as an export writes it beside the arrays: the model
  * file and the normalization, each JSON text (NULL when the checkpoint's

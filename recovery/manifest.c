@@ -1,5 +1,7 @@
-/* MANIFEST.json (recovery/FORMAT.md section 4): building it from what a
- * checkpoint write recorded, and parsing and validating it into a ps_ckpt. */
+/* MANIFEST.json (recovery/FORMAT.md section 4) read: parsed and validated
+ * into a ps_ckpt, and opened from a checkpoint directory; the names its
+ * fields use (filters, consistency modes, built-in models).  Building it is
+ * manifest_build.c's. */
 #include "recovery/manifest.h"
 
 #include <errno.h>
@@ -18,30 +20,42 @@
 
 #include "common/parse.h"
 #include "nn/modelfile.h"
+#include "recovery/commit.h"
 
 #define JSON_SAFE ((int64_t)1 << 53)
 
 /* Indexed by ps_consistency (common/config.h). */
 static const char *const consistency_names[] = {"async", "sync", "ssp"};
 
+const char *ps__ckpt_consistency_name(int consistency) {
+  return consistency >= 0 && consistency < 3 ? consistency_names[consistency] : "unknown";
+}
+
 /* ------------------------------------------------------------------ */
-/* Decimal and hex text                                               */
+/* The filters' names                                                 */
 /* ------------------------------------------------------------------ */
 
-int ps__ckpt_parse_u64(const char *s, uint64_t *out) {
-  size_t n = strlen(s);
-  if (n == 0 || n > 20 || (n > 1 && s[0] == '0'))
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    if (s[i] < '0' || s[i] > '9')
-      return -1;
-  errno = 0;
-  unsigned long long v = strtoull(s, NULL, 10);
-  if (errno != 0)
-    return -1;
-  *out = v;
+int ps_ckpt_filter_parse(const char *name, ps_ckpt_filter *out) {
+  if (name != NULL && strcmp(name, "none") == 0)
+    *out = PS_CKPT_FILTER_NONE;
+  else if (name != NULL && strcmp(name, "shuffle") == 0)
+    *out = PS_CKPT_FILTER_SHUFFLE;
+  else
+    return PS_EUSAGE;
   return 0;
 }
+
+const char *ps_ckpt_filter_name(ps_ckpt_filter f) {
+  switch (f) {
+  case PS_CKPT_FILTER_NONE: return "none";
+  case PS_CKPT_FILTER_SHUFFLE: return "shuffle";
+  }
+  return "unknown";
+}
+
+/* ------------------------------------------------------------------ */
+/* Hex text                                                           */
+/* ------------------------------------------------------------------ */
 
 static int parse_hex64(const char *s, uint64_t *out) {
   if (strlen(s) != 16)
@@ -56,39 +70,6 @@ static int parse_hex64(const char *s, uint64_t *out) {
   }
   *out = v;
   return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Writing the manifest                                               */
-/* ------------------------------------------------------------------ */
-
-static json_t *json_u64(uint64_t v) {
-  char b[24];
-  snprintf(b, sizeof b, "%" PRIu64, v);
-  return json_string(b);
-}
-
-static json_t *json_hex64(uint64_t v) {
-  char b[24];
-  snprintf(b, sizeof b, "%016" PRIx64, v);
-  return json_string(b);
-}
-
-/* The shortest decimal that reads back as the same float, so that the
- * manifest says "0.001" rather than 0.0010000000474974513. */
-static json_t *json_float(float f) {
-  char b[32];
-  return json_real(strtod(ps_float_format(f, b, sizeof b), NULL));
-}
-
-static json_t *json_pair_u64(uint64_t a, uint64_t b) {
-  json_t *p = json_array();
-  if (p != NULL && (json_array_append_new(p, json_u64(a)) != 0 ||
-                    json_array_append_new(p, json_u64(b)) != 0)) {
-    json_decref(p);
-    return NULL;
-  }
-  return p;
 }
 
 /* ------------------------------------------------------------------ */
@@ -123,159 +104,6 @@ int ps__ckpt_builtin_of(const char *model, char *name, size_t name_cap, char *hi
     return -1;
   return 0;
 }
-
-/* `network`: the layers as a model file (MODELFILE.md), or null. */
-static json_t *network_json(const ps_model_spec *spec) {
-  if (spec == NULL)
-    return json_null();
-  char *text = ps_modelfile_text(spec, NULL, 0);
-  json_t *j = text != NULL ? json_loads(text, 0, NULL) : NULL;
-  free(text);
-  return j;
-}
-
-/* `builtin`: {"name", "hidden"} when the model is a built-in, else null. */
-static json_t *builtin_json(const ps_model_spec *spec) {
-  char name[8], hidden[128];
-  if (spec == NULL || ps__ckpt_builtin_of(spec->desc, name, sizeof name, hidden, sizeof hidden) != 0)
-    return json_null();
-  return json_pack("{s:s, s:s?}", "name", name, "hidden", hidden[0] ? hidden : NULL);
-}
-
-/* `normalization`: {"divide", "mean", "std"}, or null. */
-static json_t *norm_json(const ps_data_norm *n) {
-  if (n == NULL)
-    return json_null();
-  json_t *o = json_object();
-  if (o == NULL || json_object_set_new(o, "divide", json_float(n->divide)) != 0 ||
-      json_object_set_new(o, "mean", json_float(n->mean)) != 0 ||
-      json_object_set_new(o, "std", json_float(n->std)) != 0) {
-    json_decref(o);
-    return NULL;
-  }
-  return o;
-}
-
-char *ps__ckpt_norm_text(const ps_data_norm *n, const char *comment, int indent) {
-  json_t *o = norm_json(n);
-  if (o != NULL && comment != NULL && json_object_set_new(o, "comment", json_string(comment)) != 0) {
-    json_decref(o);
-    return NULL;
-  }
-  size_t flags = JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(16) |
-                 (indent > 0 ? JSON_INDENT(indent) : JSON_COMPACT);
-  char *text = o != NULL ? json_dumps(o, flags) : NULL;
-  json_decref(o);
-  return text;
-}
-
-/* Every json_*_set_new / append_new steals its value, also on failure, and
- * fails on a NULL container or value: one flag catches any allocation
- * failure of the whole tree. */
-#define SET(obj, key, val) (ok &= json_object_set_new((obj), (key), (val)) == 0)
-#define APPEND(arr, val) (ok &= json_array_append_new((arr), (val)) == 0)
-
-char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_rec *recs,
-                              double wall) {
-  int ok = 1;
-  const ps_layout *l = o->layout;
-  const ps_vartable *t = o->vars;
-  json_t *root = json_object();
-  SET(root, "format", json_string("paramserv-checkpoint"));
-  SET(root, "format_version", json_integer(PS_CKPT_FORMAT_VERSION));
-  SET(root, "step", json_u64(o->step));
-  SET(root, "global_step", json_u64(o->global_step));
-  SET(root, "wall_time", json_real(wall));
-  SET(root, "cluster_id", json_string(o->cluster_id));
-  SET(root, "model", json_string(o->model));
-  SET(root, "layout_hash", json_hex64(l->hash));
-  SET(root, "network", network_json(o->network));
-  SET(root, "builtin", builtin_json(o->network));
-  SET(root, "normalization", norm_json(o->network != NULL ? o->norm : NULL));
-
-  json_t *opt = json_object();
-  SET(opt, "name", json_string(ps_optim_name(&o->optim)));
-  SET(opt, "lr", json_float(o->optim.lr));
-  SET(opt, "momentum", json_float(o->optim.momentum));
-  SET(opt, "weight_decay", json_float(o->optim.weight_decay));
-  SET(opt, "beta1", json_float(o->optim.beta1));
-  SET(opt, "beta2", json_float(o->optim.beta2));
-  SET(opt, "eps", json_float(o->optim.eps));
-  SET(opt, "initial_accumulator", json_float(o->optim.initial_accumulator));
-  SET(root, "optimizer", opt);
-  SET(root, "consistency", json_string(consistency_names[o->consistency]));
-  SET(root, "filter", json_string(ps_ckpt_filter_name(o->filter)));
-  SET(root, "nshards", json_integer(l->nshards));
-
-  /* The layout's parts are sorted by (var, start): one run per variable. */
-  json_t *vars = json_array();
-  int p = 0;
-  for (int v = 0; v < t->n; v++) {
-    const ps_var *var = &t->vars[v];
-    json_t *jv = json_object(), *shape = json_array(), *parts = json_array();
-    SET(jv, "name", json_string(var->name));
-    for (int d = 0; d < var->ndim; d++)
-      APPEND(shape, json_integer(var->shape[d]));
-    SET(jv, "shape", shape);
-    SET(jv, "dtype", json_string("float32"));
-    SET(jv, "offset", json_integer((json_int_t)var->offset));
-    SET(jv, "count", json_integer((json_int_t)var->count));
-    for (; p < l->nparts && l->parts[p].var == v; p++) {
-      const ps_part *pt = &l->parts[p];
-      json_t *jp = json_object();
-      SET(jp, "shard", json_integer(pt->shard));
-      SET(jp, "start", json_integer((json_int_t)pt->start));
-      SET(jp, "count", json_integer((json_int_t)pt->count));
-      SET(jp, "shard_off", json_integer((json_int_t)pt->shard_off));
-      APPEND(parts, jp);
-    }
-    SET(jv, "parts", parts);
-    APPEND(vars, jv);
-  }
-  SET(root, "variables", vars);
-
-  json_t *shards = json_array();
-  for (int i = 0; i < l->nshards; i++) {
-    const ps_ckpt_shard_state *s = &o->shards[i];
-    char file[PS_CKPT_NAME_MAX];
-    snprintf(file, sizeof file, "shard-%d.lz4", i);
-    json_t *js = json_object(), *once = json_array();
-    SET(js, "index", json_integer(i));
-    SET(js, "file", json_string(file));
-    const ps_state_info *in = &s->info;
-    SET(js, "version", json_u64(in->version));
-    SET(js, "global_step", json_u64(in->global_step));
-    SET(js, "floats", json_integer((json_int_t)s->nfloats));
-    SET(js, "nslots", json_integer(in->nslots));
-    SET(js, "has_accum", json_boolean(in->has_accum));
-    SET(js, "accum_count", json_integer(in->accum_count));
-    SET(js, "target", json_integer(in->target));
-    for (uint32_t w = 0; w < in->nonce; w++) {
-      ps_once row = ps_state_once_get(in, s->nfloats, s->img, w);
-      APPEND(once, json_pair_u64(row.incarnation, row.last_seq));
-    }
-    SET(js, "once", once);
-    SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
-    SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));
-    SET(js, "xxh64", json_hex64(recs[i].xxh64));
-    APPEND(shards, js);
-  }
-  SET(root, "shards", shards);
-
-  json_t *pos = json_array();
-  for (int w = 0; w < o->nworkers; w++)
-    APPEND(pos, json_pair_u64(o->data_pos[w].epoch, o->data_pos[w].offset));
-  SET(root, "data_positions", pos);
-
-  /* 16 digits: the optimizer's short decimals print as written, and the
-   * wall time keeps its microseconds. */
-  char *text = ok ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(16)) : NULL;
-  json_decref(root);
-  return text;
-}
-
-#undef SET
-#undef APPEND
 
 /* ------------------------------------------------------------------ */
 /* Parsing the manifest                                               */
@@ -403,7 +231,7 @@ static int get_str(json_t *obj, const char *prefix, const char *key, size_t min,
 }
 
 static int u64_value(const json_t *v, const char *field, uint64_t *out, ps_errbuf *eb) {
-  if (v == NULL || !json_is_string(v) || ps__ckpt_parse_u64(json_string_value(v), out) != 0)
+  if (v == NULL || !json_is_string(v) || ps_parse_u64(json_string_value(v), out) != 0)
     return bad(eb, field, "a decimal u64 in a string", v);
   return 0;
 }
@@ -912,4 +740,91 @@ int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *m
     mask_controls(eb);
   }
   return rc != 0 ? PS_ECORRUPT : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Opening a checkpoint: its manifest                                 */
+/* ------------------------------------------------------------------ */
+
+static void prefix_msg(ps_errbuf *eb, const char *prefix) {
+  if (eb == NULL)
+    return;
+  char msg[sizeof eb->msg];
+  /* Truncation is fine: the message stays one NUL-terminated line. */
+  if (snprintf(msg, sizeof msg, "%s: %s", prefix, eb->msg) >= 0)
+    memcpy(eb->msg, msg, sizeof msg);
+}
+
+int ps_ckpt_open(ps_ckpt *c, const char *path, ps_errbuf *eb) {
+  memset(c, 0, sizeof *c);
+  char mpath[PATH_MAX];
+  size_t size;
+  int fd = ps__ckpt_manifest_fd(path, mpath, sizeof mpath, &size, eb);
+  if (fd < 0)
+    return fd;
+  char *text = malloc(size + 1);
+  if (text == NULL) {
+    close(fd);
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory", mpath);
+  }
+  ssize_t n = ps__ckpt_read_full(fd, text, size);
+  close(fd);
+  if (n < 0) {
+    free(text);
+    return ps_err_set(eb, (int)n, "%s: cannot read: %s", mpath, strerror((int)-n));
+  }
+  int rc = ps_ckpt_parse_manifest(text, (size_t)n, c, eb);
+  free(text);
+  if (rc != 0) {
+    prefix_msg(eb, mpath);
+    return rc;
+  }
+  c->path = strdup(path);
+  if (c->path == NULL) {
+    ps_ckpt_close(c);
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  }
+  /* A trailing slash is not part of the name. */
+  size_t end = strlen(path);
+  while (end > 1 && path[end - 1] == '/')
+    end--;
+  size_t start = end;
+  while (start > 0 && path[start - 1] != '/')
+    start--;
+  snprintf(c->name, sizeof c->name, "%.*s",
+           (int)(end - start < sizeof c->name ? end - start : sizeof c->name - 1), path + start);
+  /* A directory named ckpt-<step> holds that step (a renamed copy does not). */
+  uint64_t named;
+  if (ps__ckpt_parse_name(c->name, &named) == 0 && named != c->step) {
+    rc = ps_err_set(eb, PS_ECORRUPT, "%s: the directory is step %" PRIu64 ", the manifest says "
+                    "step %" PRIu64, path, named, c->step);
+    ps_ckpt_close(c);
+    return rc;
+  }
+  return 0;
+}
+
+void ps_ckpt_close(ps_ckpt *c) {
+  if (c == NULL)
+    return;
+  for (int i = 0; c->vars != NULL && i < c->nvars; i++)
+    free(c->vars[i].parts);
+  for (int i = 0; c->shards != NULL && i < c->nshards; i++)
+    free(c->shards[i].once);
+  free(c->vars);
+  free(c->shards);
+  free(c->data_pos);
+  free(c->path);
+  memset(c, 0, sizeof *c);
+}
+
+int ps_ckpt_check_layout(const ps_ckpt *c, uint64_t layout_hash, const char *model,
+                         ps_errbuf *eb) {
+  if (c->layout_hash == layout_hash && model != NULL && strcmp(c->model, model) == 0)
+    return 0;
+  return ps_err_set(eb, PS_ELAYOUT,
+                    "%s: layout mismatch (checkpoint: model '%s' layout %016" PRIx64
+                    "; this cluster: model '%s' layout %016" PRIx64 ")",
+                    c->path != NULL ? c->path : c->name, c->model, c->layout_hash,
+                    model != NULL ? model : "", layout_hash);
 }

@@ -1,5 +1,11 @@
-/* Internal to recovery/: building MANIFEST.json (FORMAT.md section 4).  The
- * parser's contract is ps_ckpt_parse_manifest in recovery/checkpoint.h. */
+/* Internal to recovery/: the manifest, MANIFEST.json (FORMAT.md section 4),
+ * which owns ps_ckpt: parsed and validated, opened from a checkpoint
+ * directory and closed, and the names its fields use.  It sits on commit.c
+ * alone (the directory's names, reading a file whole); building it from
+ * what a write recorded is manifest_build.h's.  The public calls
+ * (ps_ckpt_parse_manifest, ps_ckpt_open, ps_ckpt_close,
+ * ps_ckpt_check_layout, ps_ckpt_filter_parse and _name) are declared in
+ * recovery/checkpoint.h. */
 #ifndef PS_RECOVERY_MANIFEST_H
 #define PS_RECOVERY_MANIFEST_H
 
@@ -29,20 +35,6 @@ int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *m
  * so that JSON numbers carry them exactly. */
 #define PS_CKPT_MAX_FLOATS ((uint64_t)1 << 48)
 
-/* What writing one shard file measured, for its manifest entry. */
-typedef struct ps__ckpt_shard_rec {
-  uint64_t raw;     /* uncompressed bytes */
-  uint64_t stored;  /* bytes of the LZ4 frame */
-  uint64_t xxh64;   /* of the unfiltered bytes */
-} ps__ckpt_shard_rec;
-
-/* The manifest of the checkpoint `o` describes, its shard files measured by
- * recs (o->layout->nshards entries), written at unix time `wall`.
- * @return NUL-terminated JSON text the caller frees with free(), or NULL
- * when out of memory.  Nothing borrowed is kept. */
-char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_rec *recs,
-                              double wall);
-
 /* Is `model` (a ps_model_spec_format text) a built-in model's?  Then its
  * name ("mlp", "cnn") into name and its mlp hidden sizes ("256,128"; ""
  * for cnn) into hidden, as ps_model_spec_parse takes them.  @return 0, or
@@ -50,13 +42,8 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
 int ps__ckpt_builtin_of(const char *model, char *name, size_t name_cap, char *hidden,
                         size_t hidden_cap);
 
-/* A normalization as the manifest writes it, {"divide", "mean", "std"},
- * then "comment" when not NULL; indented by `indent` spaces or on one line
- * (0).  @return text to free(), or NULL when out of memory. */
-char *ps__ckpt_norm_text(const ps_data_norm *n, const char *comment, int indent);
-
-/* A u64 as FORMAT.md writes it: 1 to 20 decimal digits, no leading zero,
- * at most UINT64_MAX.  @return 0, or -1 leaving *out. */
-int ps__ckpt_parse_u64(const char *s, uint64_t *out);
+/* A ps_consistency as the manifest names it ("async", "sync", "ssp");
+ * "unknown" out of range. */
+const char *ps__ckpt_consistency_name(int consistency);
 
 #endif

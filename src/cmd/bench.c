@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/parse.h"

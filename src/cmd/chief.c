@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "chief/chief.h"
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/config.h"
 

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/config.h"
 #include "common/log.h"
@@ -154,42 +155,6 @@ static const char *human_bytes(uint64_t b, char *buf, size_t len) {
   }
   snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
-}
-
-static int has_manifest(const char *path) {
-  char m[4096];
-  struct stat st;
-  snprintf(m, sizeof m, "%s/MANIFEST.json", path);
-  return lstat(m, &st) == 0;
-}
-
-int ps_cmd_open_ckpt(const char *path, ps_ckpt *c) {
-  ps_errbuf eb = {0};
-  struct stat st;
-  if (stat(path, &st) != 0) {
-    ps_cmd_error("%s: %s: expected a checkpoint directory", path, strerror(errno));
-    return 1;
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    ps_cmd_error("%s: not a directory: expected a checkpoint directory (DIR/ckpt-<step>) or a "
-                 "directory of them", path);
-    return 1;
-  }
-  if (has_manifest(path)) {
-    if (ps_ckpt_open(c, path, &eb) == 0)
-      return 0;
-    ps_cmd_error("%s", eb.msg);
-    return 1;
-  }
-  int rc = ps_ckpt_find_latest(path, 0, NULL, c, &eb);
-  if (rc == 1)
-    return 0;
-  if (rc < 0)
-    ps_cmd_error("%s", eb.msg);
-  else
-    ps_cmd_error("%s: not a checkpoint (no MANIFEST.json) and no ckpt-<step> directory in it "
-                 "that verifies", path);
-  return 1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -350,7 +315,7 @@ static int cmd_verify(int argc, char **argv) {
   if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
     return rc;
   const char *path = argv[optind];
-  if (has_manifest(path))
+  if (ps_cmd_has_manifest(path))
     return verify_one(path);
   ps_ckpt_entry *e = NULL;
   ps_errbuf eb = {0};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "chief/cut.h"
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/parse.h"

@@ -18,7 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
+#include "cmd/preflight.h"
 #include "common/config.h"
 #include "common/metrics.h"
 #include "common/timeutil.h"
@@ -378,7 +380,7 @@ static int setup(run *r) {
   /* paramserv check's checks of the secret (written by ps_runconf_write
    * when the run makes its own), the model and the checkpoint directory:
    * what would otherwise fail in a child, restarted. */
-  if (ps_cmd_check_files(&r->cfg, 1) != 0)
+  if (ps_preflight_files(&r->cfg, 1) != 0)
     return 2;
   if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {
     ps_cmd_error("[cluster] history_dir %s: cannot create: %s", r->cfg.history_dir, strerror(-rc));

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/config.h"
 #include "common/parse.h"

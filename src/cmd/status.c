@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/config.h"
 #include "common/log.h"

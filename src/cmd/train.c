@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cmd/cli.h"
 #include "cmd/cmd.h"
 #include "common/log.h"
 #include "common/parse.h"

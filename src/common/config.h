@@ -8,17 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/addr.h"
 #include "paramserv/error.h"
 
 #define PS_CONFIG_MAX_NODES 64
 #define PS_CONFIG_MAX_SENTINELS 16
 #define PS_CONFIG_PATH_MAX 1024
-
-/* "host:port".  host is a name or an IPv4/IPv6 literal ([::1]:7000). */
-typedef struct ps_addr {
-  char host[256];
-  uint16_t port;
-} ps_addr;
 
 /* [checkpoint] unusable: what the chief does with checkpoints it cannot
  * restore from (another model's, damaged) when it finds no usable one. */
@@ -167,15 +162,5 @@ int ps_config_read_redis_password(const ps_config *c, char *buf, size_t cap, ps_
 static inline int ps_config_redis_replicas(const ps_config *c) {
   return c->redis_replicas >= 0 ? (int)c->redis_replicas : c->nsentinels > 0 ? 1 : 0;
 }
-
-/* Parse "host:port" / "[v6]:port": port 1-65535, host non-empty, printable,
- * without spaces or commas (an unbracketed IPv6 literal is refused as
- * ambiguous).  *out is written only on success.  @return 0 or PS_ECONFIG
- * (no message: the caller knows which setting it parses). */
-int ps_addr_parse(const char *text, ps_addr *out);
-
-/* "host:port" (an IPv6 host in brackets) into buf[len], truncated to fit;
- * @return buf. */
-const char *ps_addr_format(const ps_addr *a, char *buf, size_t len);
 
 #endif

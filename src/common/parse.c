@@ -19,6 +19,21 @@ int ps_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return 0;
 }
 
+int ps_parse_u64(const char *s, uint64_t *out) {
+  size_t n = strlen(s);
+  if (n == 0 || n > 20 || (n > 1 && s[0] == '0'))
+    return -EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return -EINVAL;
+  errno = 0;
+  unsigned long long v = strtoull(s, NULL, 10);
+  if (errno != 0)
+    return -ERANGE;
+  *out = v;
+  return 0;
+}
+
 int ps_parse_double(const char *s, double lo, double hi, double *out) {
   char *end;
   errno = 0;

@@ -9,6 +9,12 @@
  * @return 0, or -EINVAL (not a number, trailing text) / -ERANGE. */
 int ps_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
+/* The whole of s must be a u64 in its one decimal spelling: 1 to 20
+ * digits, no sign, no blank, no leading zero, at most UINT64_MAX (as
+ * recovery/FORMAT.md writes u64 strings and checkpoint names' steps).
+ * @return 0, or -EINVAL (another spelling) / -ERANGE, leaving *out. */
+int ps_parse_u64(const char *s, uint64_t *out);
+
 /* The whole of s must be a finite number in [lo, hi].  Same returns. */
 int ps_parse_double(const char *s, double lo, double hi, double *out);
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/addr.h"
 #include "common/parse.h"
 
 /* Parsers for the few values their type alone cannot describe. */

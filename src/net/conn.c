@@ -62,8 +62,8 @@ static void close_with(ps_conn *c, int err, const char *why) {
     return;
   c->closing = 1;
   c->err = err;
-  if (c->gate != NULL)
-    ps__listener_forget(c);
+  if (c->on_closing != NULL)
+    c->on_closing(c);
   if (why != c->why)
     snprintf(c->why, sizeof c->why, "%s", why);
   uv_read_stop((uv_stream_t *)&c->tcp);

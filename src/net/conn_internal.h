@@ -1,5 +1,6 @@
 /* The connection's fields, for src/net/ alone: conn.c (reading and
- * writing frames) and listener.c (the connections it accepted). */
+ * writing frames) and listener.c (the connections it accepted), which
+ * sits above conn.c: conn.c knows of a listener only the hook it set. */
 #ifndef PS_NET_CONN_INTERNAL_H
 #define PS_NET_CONN_INTERNAL_H
 
@@ -8,7 +9,6 @@
 #include <uv.h>
 
 #include "net/conn.h"
-#include "net/listener.h"
 #include "proto/proto.h"
 
 struct ps_conn {
@@ -28,16 +28,17 @@ struct ps_conn {
   char why[PS_PROTO_ERROR_MSG_MAX + 64];
   char peer[64];
   uint64_t bytes_in, bytes_out;
-  /* Accepted by a listener (NULL: dialed): it stays set for the whole
+  /* Set by the listener that accepted the connection (NULL: dialed), and
+   * called once when the connection starts closing (its descriptor is
+   * free from then on), so that the listener can take another. */
+  void (*on_closing)(struct ps_conn *c);
+  /* The listener's (listener.c): the one that accepted it, for the whole
    * life of the connection; `listed` while it is in the listener's list
    * of open connections (oldest first), until it starts closing. */
-  ps_listener *gate;
+  struct ps_listener *gate;
   struct ps_conn *gprev, *gnext;
   int listed;
   uint64_t accepted_ns;
 };
-
-/* listener.c: `c` starts closing; its descriptor is free from now on. */
-void ps__listener_forget(ps_conn *c);
 
 #endif

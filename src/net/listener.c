@@ -139,13 +139,14 @@ static int evict(ps_listener *l) {
   for (ps_conn *c = l->oldest; c != NULL; c = c->gnext)
     if (!c->handshake_done) {
       tally(l, &l->evicted);
-      ps_conn_close(c);  /* ps__listener_forget unlinks it */
+      ps_conn_close(c);  /* forget unlinks it */
       return 1;
     }
   return 0;
 }
 
 static void on_resume(uv_timer_t *t);
+static void forget(ps_conn *c);
 
 static void on_tcp_closed(uv_handle_t *h) {
   ps_listener *l = h->data;
@@ -197,6 +198,7 @@ static void take(ps_listener *l) {
     return;
   }
   c->gate = l;
+  c->on_closing = forget;
   c->listed = 1;
   c->accepted_ns = ps_now_ns();
   c->gprev = l->newest;
@@ -253,7 +255,9 @@ static void on_resume(uv_timer_t *t) {
     take(l);
 }
 
-void ps__listener_forget(ps_conn *c) {
+/* conn.c calls this (on_closing) when `c` starts closing: its descriptor
+ * is free from now on. */
+static void forget(ps_conn *c) {
   ps_listener *l = c->gate;
   if (!c->listed)
     return;

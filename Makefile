@@ -88,12 +88,16 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
 # The client library: libparamserv.a and libparamserv.so, of the same
 # objects as the binary.  The .so exports only the functions that
-# include/paramserv/*.h mark PS_API; SOVERSION changes when their ABI does.
-# With CUDA=1 it links cuBLAS and the CUDA runtime too.
-SOVERSION := 1
+# include/paramserv/*.h mark PS_API.  Its version is
+# include/paramserv/version.h's (paramserv.pc's Version too), whose MAJOR
+# is the soname's number: it grows when the ABI breaks.  With CUDA=1 it
+# links cuBLAS and the CUDA runtime too.
+version_part = $(shell sed -n 's/^\#define PARAMSERV_VERSION_$(1) \([0-9]*\)/\1/p' \
+                 include/paramserv/version.h)
+VERSION   := $(call version_part,MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SOVERSION := $(call version_part,MAJOR)
 SONAME    := libparamserv.so.$(SOVERSION)
-SHLIB     := $(BUILD)/$(SONAME).0.0
-VERSION   := $(shell sed -n 's/^\#define PS_VERSION "\(.*\)"/\1/p' src/cmd/main.c)
+SHLIB     := $(BUILD)/libparamserv.so.$(VERSION)
 
 all: $(BIN) $(SHLIB)
 
@@ -107,7 +111,7 @@ help:
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
 	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
 	@echo "make install    the binary, systemd units, and the client library: headers,"
-	@echo "                libparamserv.so.1 and .a, paramserv.pc (PREFIX=$(PREFIX),"
+	@echo "                $(SONAME) and .a, paramserv.pc (PREFIX=$(PREFIX),"
 	@echo "                LIBDIR=$(LIBDIR), DESTDIR= to stage)"
 	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
 	@echo "                without nvcc it says skip, without a GPU each test does)"
@@ -335,7 +339,7 @@ clean:
 	rm -rf build
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
-# the client library (libparamserv.so.1 and libparamserv.a) in $(LIBDIR)
+# the client library ($(SONAME) and libparamserv.a) in $(LIBDIR)
 # with its paramserv.pc in $(LIBDIR)/pkgconfig, its headers in
 # $(PREFIX)/include/paramserv, the model files in $(PREFIX)/share/paramserv/models,
 # the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and

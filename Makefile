@@ -88,24 +88,30 @@ FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build/fuzz/%)
 
 # The client library: libparamserv.a and libparamserv.so, of the same
 # objects as the binary.  The .so exports only the functions that
-# include/paramserv/*.h mark PS_API; SOVERSION changes when their ABI does.
-# With CUDA=1 it links cuBLAS and the CUDA runtime too.
-SOVERSION := 1
+# include/paramserv/*.h mark PS_API.  Its version is
+# include/paramserv/version.h's (paramserv.pc's Version too), whose MAJOR
+# is the soname's number: it grows when the ABI breaks.  With CUDA=1 it
+# links cuBLAS and the CUDA runtime too.
+version_part = $(shell sed -n 's/^\#define PARAMSERV_VERSION_$(1) \([0-9]*\)/\1/p' \
+                 include/paramserv/version.h)
+VERSION   := $(call version_part,MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SOVERSION := $(call version_part,MAJOR)
 SONAME    := libparamserv.so.$(SOVERSION)
-SHLIB     := $(BUILD)/$(SONAME).0.0
-VERSION   := $(shell sed -n 's/^\#define PS_VERSION "\(.*\)"/\1/p' src/cmd/main.c)
+SHLIB     := $(BUILD)/libparamserv.so.$(VERSION)
 
 all: $(BIN) $(SHLIB)
 
 help:
 	@echo "make demo       install what is missing, build, run the main job"
 	@echo "make test       install what is missing, build, run every test"
+	@echo "make test T=NAME  one test: a unit test (test_checkpoint), an integration scenario"
+	@echo "                (local), a GPU test; CASE=PATTERN: a cmocka test's cases by name"
 	@echo "make deps       install the missing Debian packages (apt-get, sudo when not root)"
 	@echo "make            build $(BIN) and the client library ($(BUILD)/libparamserv.*)"
 	@echo "make SAN=1 test the same under AddressSanitizer + UBSan (objects in build/san)"
 	@echo "make CUDA=1     build build/cuda/paramserv with the CUDA backend (nvcc: NVCC=, CUDA_HOME=)"
 	@echo "make install    the binary, systemd units, and the client library: headers,"
-	@echo "                libparamserv.so.1 and .a, paramserv.pc (PREFIX=$(PREFIX),"
+	@echo "                $(SONAME) and .a, paramserv.pc (PREFIX=$(PREFIX),"
 	@echo "                LIBDIR=$(LIBDIR), DESTDIR= to stage)"
 	@echo "make cuda-check build the CUDA backend and run the GPU tests (make test runs it;"
 	@echo "                without nvcc it says skip, without a GPU each test does)"
@@ -154,18 +160,23 @@ $(BUILD)/tests/%: $(BUILD)/tests/integration/%.o $(BUILD)/libparamserv.a
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(BUILD)/libparamserv.a
+# Every cmocka test links tests/unit/case_filter.o, which wraps cmocka's
+# group runner: CMOCKA_TEST_FILTER=PATTERN runs only the cases it names.
+CASE_FILTER := $(BUILD)/tests/unit/case_filter.o
+CASE_WRAP   := -Wl,--wrap=_cmocka_run_group_tests
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(CASE_FILTER) $(BUILD)/libparamserv.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(LDFLAGS) $(CASE_WRAP) -o $@ $^ $(LDLIBS) -lcmocka
 
 # The GPU tests and tools (tests/gpu/), linked with the CUDA build's library;
 # bench_sgemm times cuBLAS alone for scripts/bench-gpu.
 ifeq ($(CUDA),1)
-$(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(BUILD)/libparamserv.a
+$(BUILD)/tests/%: $(BUILD)/tests/gpu/%.o $(CASE_FILTER) $(BUILD)/libparamserv.a
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(LDFLAGS) $(CASE_WRAP) -o $@ $^ $(LDLIBS) -lcmocka
 
 $(BUILD)/tests/gpu/bench_sgemm.o: CFLAGS += -I$(CUDA_HOME)/include
 
@@ -213,10 +224,42 @@ integration: $(BIN) $(INTEG_BIN)
 	  PARAMSERV=$(BIN) $(RUN) $(RESULTS)/integration $$t $$t; done; \
 	tests/summary $(RESULTS) integration
 
+# make test T=NAME [CASE=PATTERN]: one test instead of all of them.  NAME is
+# a unit test (test_checkpoint, its source or its binary; test_check_history),
+# an integration scenario (local or tests/integration/local.sh) or a GPU test
+# (test_backend_cuda, built with CUDA=1); CASE, a cmocka test's cases by name
+# (a shell pattern: CMOCKA_TEST_FILTER, tests/unit/case_filter.c).  It builds
+# what the test needs and runs it through tests/run and tests/summary, as the
+# groups do ($(RESULTS)/NAME holds its outcome).
+T_NAME  := $(basename $(notdir $(T)))
+T_UNIT  := $(filter $(BUILD)/tests/$(T_NAME),$(UNIT_BIN))
+T_PY    := $(wildcard tests/unit/$(T_NAME).py)
+T_INTEG := $(wildcard tests/integration/$(T_NAME).sh)
+T_GPU   := $(filter build/cuda/tests/$(T_NAME),$(GPU_TESTS))
+T_PATH  := $(firstword $(T_UNIT) $(T_PY) $(T_INTEG) $(T_GPU))
+
+.PHONY: test-one
+test-one:
+	$(if $(T_PATH),,$(error make test T=$(T): no such test; the unit tests: \
+	  $(notdir $(UNIT_BIN)) test_check_history; the integration scenarios: \
+	  $(basename $(notdir $(wildcard tests/integration/*.sh))); the GPU tests: \
+	  $(notdir $(GPU_TESTS)); a whole group: make unit, make integration, ...))
+	$(if $(CASE),$(if $(T_UNIT)$(T_GPU),,$(error make test T=$(T) CASE=$(CASE): \
+	  CASE picks cases of a cmocka test (tests/unit/test_*.c, tests/gpu/test_*.c))))
+	@$(if $(T_UNIT),$(MAKE) --no-print-directory $(PAR) $(T_UNIT))
+	@$(if $(T_INTEG),$(MAKE) --no-print-directory $(PAR) all $(INTEG_BIN))
+	@$(if $(T_GPU),$(MAKE) --no-print-directory $(PAR) CUDA=1 SAN=0 $(T_GPU))
+	@rm -f $(RESULTS)/$(T_NAME); \
+	CMOCKA_TEST_FILTER='$(CASE)' PARAMSERV=$(BIN) $(RUN) $(RESULTS)/$(T_NAME) $(T_PATH) $(T_PATH); \
+	tests/summary $(RESULTS) $(T_NAME)
+
 # Every group runs even when one fails; the build must succeed first.  The
 # builds use every core (PAR) unless make already runs with -j: the test
 # programs are built before the groups run (one that does not compile
 # fails its group, which tries again), and the tests run one at a time.
+ifneq ($(T),)
+test: test-one
+else
 test: deps
 	@rm -rf $(RESULTS)
 	@$(MAKE) --no-print-directory $(PAR) all
@@ -226,6 +269,7 @@ test: deps
 	@$(MAKE) --no-print-directory $(PAR) --output-sync=target fuzz-smoke SAN=0 \
 	  RESULTS=$(abspath $(RESULTS)) || true
 	@echo "== make$(if $(filter 1,$(SAN)), SAN=1,) test"; tests/summary $(RESULTS) $(TEST_GROUPS)
+endif
 
 # The units under a real systemd (tests/systemd/run, through
 # ../shared/tools/systemd-sandbox); it says "skip: systemd: why" (exit 77)
@@ -295,7 +339,7 @@ clean:
 	rm -rf build
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the binary in $(PREFIX)/bin,
-# the client library (libparamserv.so.1 and libparamserv.a) in $(LIBDIR)
+# the client library ($(SONAME) and libparamserv.a) in $(LIBDIR)
 # with its paramserv.pc in $(LIBDIR)/pkgconfig, its headers in
 # $(PREFIX)/include/paramserv, the model files in $(PREFIX)/share/paramserv/models,
 # the units in $(UNITDIR) (systemd reads /usr/local/lib/systemd/system and

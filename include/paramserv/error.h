@@ -34,11 +34,22 @@ enum {
 PS_API const char *ps_strerror(int code);
 
 /* A one-line error for the user: names the thing, what was found and what was
- * expected.  Functions that parse user input fill one in and return its code. */
+ * expected.  A function that can fail before there is an object to ask
+ * (ps_client_new) fills one in and returns its code.  Declare it zeroed
+ * (`ps_errbuf eb = {0};`) and read it with ps_errbuf_code and
+ * ps_errbuf_message: its members are the library's, and only its size is
+ * part of the ABI. */
 typedef struct ps_errbuf {
   int code;
   char msg[512];
 } ps_errbuf;
+
+/* The code of the error held (0: none). */
+PS_API int ps_errbuf_code(const ps_errbuf *eb);
+
+/* The message held: one line, no newline, "" when none; valid while *eb
+ * is. */
+PS_API const char *ps_errbuf_message(const ps_errbuf *eb);
 
 /* Format `fmt` into eb->msg (when eb is not NULL), store `code` and return it,
  * so that a parser can write `return ps_err_set(eb, PS_EFORMAT, "...", ...);`. */

@@ -23,18 +23,22 @@ typedef struct ps_init {
   float a;  /* bound (uniform) or standard deviation (normal) */
 } ps_init;
 
+/* One variable: a name, a shape (row-major: the last dimension varies
+ * fastest) and where its values lie in the arena. */
 typedef struct ps_var {
   char name[PS_VAR_NAME_MAX];
-  int ndim;
-  uint32_t shape[PS_VAR_MAX_DIMS];
+  int ndim;                          /* 1 to PS_VAR_MAX_DIMS */
+  uint32_t shape[PS_VAR_MAX_DIMS];   /* shape[0..ndim) */
   size_t offset;  /* in floats, from the start of the arena */
   size_t count;   /* product of shape */
-  ps_init init;
+  ps_init init;   /* how the chief (or a shard) initializes it */
 } ps_var;
 
+/* The table: vars[0..n) in arena order, each starting where the one before
+ * ends.  Read it; only the functions below change it. */
 typedef struct ps_vartable {
   ps_var *vars;
-  int n, cap;
+  int n;          /* variables */
   size_t total;   /* floats in the arena: sum of counts */
 } ps_vartable;
 

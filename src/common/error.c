@@ -30,3 +30,7 @@ int ps_err_set(ps_errbuf *eb, int code, const char *fmt, ...) {
   }
   return code;
 }
+
+int ps_errbuf_code(const ps_errbuf *eb) { return eb->code; }
+
+const char *ps_errbuf_message(const ps_errbuf *eb) { return eb->msg; }

@@ -37,13 +37,14 @@ int ps_vartable_add(ps_vartable *t, const char *name, int ndim, const uint32_t *
       return -EINVAL;
     count *= shape[d];
   }
-  if (t->n == t->cap) {
-    int cap = t->cap ? 2 * t->cap : 8;
-    ps_var *vars = realloc(t->vars, (size_t)cap * sizeof *vars);
+  /* The array holds 8 entries, then the power of two at or above n: it
+   * is full when n is 0 or a power of two from 8 on. */
+  if (t->n == 0 || (t->n >= 8 && (t->n & (t->n - 1)) == 0)) {
+    size_t cap = t->n ? 2 * (size_t)t->n : 8;
+    ps_var *vars = realloc(t->vars, cap * sizeof *vars);
     if (vars == NULL)
       return -ENOMEM;
     t->vars = vars;
-    t->cap = cap;
   }
   ps_var *v = &t->vars[t->n];
   memset(v, 0, sizeof *v);

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # A user's own training loop on the client library (client_example.c): a
 # small autoencoder declared by a variables file, a model no built-in is,
-# trains through 2 shards, calm and then with each shard killed -9 and
-# restarted from Redis in the middle of training; its reconstruction error
+# trains through 2 shards, calm (opened from the config file, and again
+# from options alone: ps_client_new_opts) and then with each shard killed
+# -9 and restarted from Redis in the middle of training; its reconstruction error
 # falls, and the histories show nothing acknowledged lost or applied twice.
 # With a chief: it initializes and checkpoints the variables; after kill -9
 # of every process and FLUSHALL it restores them from the checkpoint
 # directory, and the example starts from the trained weights.
+# After a shard unreachable past give_up_s and after an interrupted pull,
+# a client calls again and trains on (client_retry.c).
 # $CLIENT_EXAMPLE: another build of client_example.c to run (install.sh's,
 # built out of tree against the installed library); CLIENT_CALM_ONLY=1
 # runs the calm part only.
@@ -27,13 +30,43 @@ check_example() {
   echo "ok: $what: $(tail -n 1 "$log" | sed 's/^example: //')"
 }
 
-# Calm.
+# Calm: opened from the config file, then from the same settings as
+# options (ps_client_new_opts, no config file) against new shards.
 write_config "$T/c.conf" 2 1 "model.variables=$VARS" "train.lr=0.01"
 start_shards ps "$T/c.conf" 2
 "$EXAMPLE" "$T/c.conf" 0 300 >"$T/example.log" 2>&1 || fail "client_example exited $?"
 check_example "$T/example.log" "client example, calm"
 stop_shards ps 2
+start_shards ops "$T/c.conf" 2
+shards=$(sed -n 's/^ps = //p' "$T/c.conf" | tr -d ' ')
+"$EXAMPLE" --options itest "$T/secret" "$VARS" "$shards" 0 300 >"$T/example-opts.log" 2>&1 ||
+  fail "client_example --options exited $?"
+grep -q "opened from options" "$T/example-opts.log" || fail "client_example --options: $(head -n 1 "$T/example-opts.log")"
+check_example "$T/example-opts.log" "client example from options, calm"
+# A setting the cluster does not share is refused in one line naming it.
+if out=$("$EXAMPLE" --options other "$T/secret" "$VARS" "$shards" 0 10 2>&1 >/dev/null); then
+  fail "client_example --options with another cluster id trained: $out"
+fi
+[[ $out == *"cluster id 'other'"* ]] || fail "another cluster id: $out"
+echo "ok: another cluster id refused: ${out#client_example: }"
+stop_shards ops 2
 [ -z "${CLIENT_CALM_ONLY:-}" ] || exit 0
+
+# After -ETIMEDOUT and -EINTR a client calls again (client_retry.c): a shard
+# unreachable past give_up_s, then started; a sync pull held for the other
+# worker, interrupted, then answered once that worker pushes.
+write_config "$T/r.conf" 2 2 "model.variables=$VARS" "train.consistency=sync" \
+  "train.sync_timeout_ms=60000" "worker.give_up_s=5"
+start rps0 "$BIN" ps --config "$T/r.conf" --index 0
+wait_for "$T/rps0.log" "listening on" 10
+start retry "$(dirname "$EXAMPLE")/client_retry" "$T/r.conf"
+wait_for "$T/retry.log" "retry: gave up" 30
+start rps1 "$BIN" ps --config "$T/r.conf" --index 1
+wait_for "$T/retry.log" "retry: interrupted" 30
+"$EXAMPLE" "$T/r.conf" 1 1 >"$T/retry-w1.log" 2>&1 || fail "client_example as worker 1 exited $?"
+wait_exit "$PID_retry" 30 || fail "client_retry exited $?"
+grep '^retry: ' "$T/retry.log" | sed 's/^retry: /ok: /'
+stop_shards rps 2
 
 # Each shard killed -9 in the middle of training and restarted: it comes
 # back from Redis, the example reconnects and re-sends.

@@ -7,9 +7,14 @@
  * (and out of tree, against an installed library, by install.sh).
  *
  *   client_example CONFIG WORKER STEPS
+ *   client_example --options CLUSTER_ID SECRET_FILE VARIABLES_FILE SHARDS WORKER STEPS
  *
- * It prints the mean squared reconstruction error on 500 fresh images
- * before and after training. */
+ * The first opens the client from the cluster's config file
+ * (ps_client_new); the second from those settings alone
+ * (ps_client_new_opts): SHARDS is the shards' host:port, comma-separated,
+ * and the secret is read here and handed over as bytes, as a program that
+ * keeps it elsewhere would.  It prints the mean squared reconstruction
+ * error on 500 fresh images before and after training. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,17 +88,57 @@ static double test_error(const net *p, float *x, float *code, float *r) {
   return sum / 500;
 }
 
+/* A client from settings alone: argv = CLUSTER_ID SECRET_FILE
+ * VARIABLES_FILE SHARDS WORKER. */
+static ps_client *client_from_options(char **argv, ps_errbuf *eb) {
+  unsigned char secret[4096];
+  size_t len = 0;
+  FILE *f = fopen(argv[1], "rb");
+  if (f != NULL) {
+    len = fread(secret, 1, sizeof secret, f);
+    fclose(f);
+  }
+  if (len > 0 && secret[len - 1] == '\n')
+    len--;  /* as the library reads a secret_file */
+  const char *shards[64];
+  int n = 0;
+  for (char *p = strtok(argv[3], ","); p != NULL && n < 64; p = strtok(NULL, ","))
+    shards[n++] = p;
+  ps_client_options o = PS_CLIENT_OPTIONS_INIT;
+  o.cluster_id = argv[0];
+  o.secret = secret;
+  o.secret_len = len;
+  o.variables_file = argv[2];
+  o.shards = shards;
+  o.nshards = n;
+  o.worker = atoi(argv[4]);
+  return ps_client_new_opts(&o, eb);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: client_example CONFIG WORKER STEPS\n");
+  int opts = argc == 8 && strcmp(argv[1], "--options") == 0;
+  if (argc != 4 && !opts) {
+    fprintf(stderr, "usage: client_example CONFIG WORKER STEPS\n"
+                    "       client_example --options CLUSTER_ID SECRET_FILE VARIABLES_FILE "
+                    "SHARDS WORKER STEPS\n");
     return 2;
   }
   ps_errbuf eb = {0};
-  ps_client *c = ps_client_new(argv[1], atoi(argv[2]), &eb);
+  ps_client *c = opts ? client_from_options(argv + 2, &eb)
+                      : ps_client_new(argv[1], atoi(argv[2]), &eb);
   if (c == NULL) {
-    fprintf(stderr, "client_example: %s\n", eb.msg);
+    fprintf(stderr, "client_example: %s\n", ps_errbuf_message(&eb));
     return 1;
   }
+  int major;
+  const char *version = ps_version(&major, NULL, NULL);
+  if (major != PARAMSERV_VERSION_MAJOR) {
+    fprintf(stderr, "client_example: built for libparamserv %d, runs with %s\n",
+            PARAMSERV_VERSION_MAJOR, version);
+    return 1;
+  }
+  printf("example: libparamserv %s, %s\n", version,
+         opts ? "opened from options (ps_client_new_opts)" : "opened from the config file");
   float *params = ps_client_arena_new(c), *grad = ps_client_arena_new(c);
   net p, g;
   if (params == NULL || grad == NULL || views(c, params, &p) != 0 || views(c, grad, &g) != 0) {
@@ -108,7 +153,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < IN; i++)
       prototype[k][i] = uniform() < 0.5 ? -1.0f : 1.0f;
 
-  int steps = atoi(argv[3]), rc = ps_client_pull(c, params);
+  int steps = atoi(argv[argc - 1]), rc = ps_client_pull(c, params);
   double before = rc == 0 ? test_error(&p, x, code, r) : 0.0;
   for (int step = 0; step < steps && rc == 0; step++) {
     if ((rc = ps_client_pull(c, params)) != 0)

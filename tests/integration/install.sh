@@ -4,8 +4,9 @@
 # own with nothing but `pkg-config paramserv`, and client.sh runs that build
 # against 2 real shards, once linked with the .so and once statically with
 # the .a.  The .so exports exactly the functions the public headers declare
-# (all marked PS_API), under the soname libparamserv.so.1; each public
-# header compiles alone.
+# (all marked PS_API), under the soname of paramserv/version.h's MAJOR; the
+# version macros, ps_version(), paramserv.pc's Version and the file's name
+# agree; each public header compiles alone.
 # shellcheck disable=SC2046  # pkg-config's flags are split into words on purpose
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,15 +22,19 @@ esac
 env -u MAKEFLAGS -u MAKELEVEL make --no-print-directory install DESTDIR="$T/root" PREFIX=/usr \
   "${make_args[@]}" >"$T/install.log" 2>&1 || fail "make install exited $?"
 lib=$T/root/usr/lib inc=$T/root/usr/include/paramserv
+part() { sed -n "s/^#define PARAMSERV_VERSION_$1 \([0-9]*\)$/\1/p" include/paramserv/version.h; }
+major=$(part MAJOR) version=$(part MAJOR).$(part MINOR).$(part PATCH)
+soname=libparamserv.so.$major
 for m in models/*.json models/examples/*.json; do
   cmp -s "$m" "$T/root/usr/share/paramserv/$m" || fail "make install: $m not in /usr/share/paramserv"
 done
 
-[[ $(readelf -d "$lib/libparamserv.so") == *"Library soname: [libparamserv.so.1]"* ]] ||
-  fail "$lib/libparamserv.so: no soname libparamserv.so.1"
-[[ $(readlink "$lib/libparamserv.so.1") = libparamserv.so.1.0.0 &&
-  $(readlink "$lib/libparamserv.so") = libparamserv.so.1 ]] ||
-  fail "$lib: libparamserv.so -> .so.1 -> .so.1.0.0 links missing"
+[ -n "$major" ] || fail "include/paramserv/version.h: no PARAMSERV_VERSION_MAJOR"
+[[ $(readelf -d "$lib/libparamserv.so") == *"Library soname: [$soname]"* ]] ||
+  fail "$lib/libparamserv.so: no soname $soname"
+[[ $(readlink "$lib/$soname") = libparamserv.so.$version &&
+  $(readlink "$lib/libparamserv.so") = "$soname" ]] ||
+  fail "$lib: libparamserv.so -> $soname -> libparamserv.so.$version links missing"
 unmarked=$(grep -nE '^[A-Za-z].*\bps_[a-z0-9_]+\(' "$inc"/*.h | grep -v ':PS_API ' || true)
 [ -z "$unmarked" ] || fail "public functions without PS_API: $unmarked"
 api=$(sed -nE 's/^PS_API .*[ *](ps_[a-z0-9_]+)\(.*/\1/p' "$inc"/*.h | sort)
@@ -50,11 +55,29 @@ for h in "$inc"/*.h; do
   cc -std=c11 -Wall -Wextra -Werror -fsyntax-only $(pc --cflags paramserv) one.c ||
     fail "public header $(basename "$h") does not compile alone"
 done
+[ "$(pc --modversion paramserv)" = "$version" ] ||
+  fail "paramserv.pc: Version $(pc --modversion paramserv), version.h says $version"
+# The version the header says is the one the library reports.
+cat >version.c <<'EOF'
+#include <stdio.h>
+#include <paramserv/client.h>
+int main(void) {
+  int major, minor, patch;
+  const char *v = ps_version(&major, &minor, &patch);
+  printf("%s %d.%d.%d %d.%d.%d\n", v, major, minor, patch, PARAMSERV_VERSION_MAJOR,
+         PARAMSERV_VERSION_MINOR, PARAMSERV_VERSION_PATCH);
+  return 0;
+}
+EOF
+cc "${sanflags[@]}" -std=c11 -Wall -Werror -o version version.c $(pc --cflags --libs paramserv) \
+  -Wl,-rpath,"$lib" || fail "version.c: no build against the installed library"
+[ "$(./version)" = "$version $version $version" ] ||
+  fail "ps_version() and the PARAMSERV_VERSION_* macros: $(./version), version.h says $version"
 # The program finds the library in the DESTDIR by its rpath.
 cc "${sanflags[@]}" -o client_example client_example.c $(pc --cflags --libs paramserv) \
   -lm -Wl,-rpath,"$lib" || fail "client_example.c: no out-of-tree build with pkg-config"
-[[ $(ldd client_example) == *"libparamserv.so.1 => $lib/libparamserv.so.1 "* ]] ||
-  fail "client_example does not load $lib/libparamserv.so.1: $(ldd client_example)"
+[[ $(ldd client_example) == *"$soname => $lib/$soname "* ]] ||
+  fail "client_example does not load $lib/$soname: $(ldd client_example)"
 # Static, as the README says: libparamserv.a by name (-lparamserv would take
 # the .so), its dependencies (Requires.private) as shared libraries, and
 # the system's (the pc's syslibs); -L for the DESTDIR.
@@ -72,5 +95,5 @@ for ex in client_example client_example_static; do
   CLIENT_CALM_ONLY=1 CLIENT_EXAMPLE=$T/src/$ex PARAMSERV=$BIN tests/integration/client.sh ||
     fail "client.sh on the out-of-tree $ex exited $?"
 done
-echo "ok: installed library: $(echo "$exported" | wc -l) functions exported, soname libparamserv.so.1;" \
+echo "ok: installed library $version: $(echo "$exported" | wc -l) functions exported, soname $soname;" \
   "built out of tree with pkg-config, with the .so and with libparamserv.a"

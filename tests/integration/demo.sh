@@ -91,10 +91,10 @@ kill -9 "$(awk '$1 == "ps-1" { print $2 }' "$run/pids")"
 wait_for "$T/ctrlc.log" "^local: ps 1 back after" 30
 wait_for "$run/logs/chief.log" "ps 1 \(restarted (incarnation\|is back\)" 30
 cp "$run/pids" "$T/pids-before"
-while read -r name pid; do echo "$name $pid $(proc_stat "$pid")"; done <"$T/pids-before" >"$T/procs-before"
+while read -r name pid _; do echo "$name $pid $(proc_stat "$pid")"; done <"$T/pids-before" >"$T/procs-before"
 [ -z "$(awk 'NF < 4' "$T/procs-before")" ] || fail "Ctrl-C: not running while training: $(awk 'NF < 4' "$T/procs-before")"
 for name in local redis chief ps-0 ps-1 worker-0 worker-1; do
-  grep -q "^$name [0-9]*$" "$T/pids-before" || fail "Ctrl-C: no $name in $run/pids while training: $(cat "$T/pids-before")"
+  grep -qE "^$name [0-9]+ (ready|starting)$" "$T/pids-before" || fail "Ctrl-C: no $name in $run/pids while training: $(cat "$T/pids-before")"
 done
 lpid=$(awk '$1 == "local" { print $2 }' "$T/pids-before")
 pgid=$(pgid_of "$lpid")

@@ -38,6 +38,31 @@ void ps_notify_watchdog(void);
  * (timer untouched, not initialized). */
 int ps_notify_watchdog_start(uv_loop_t *loop, uv_timer_t *timer);
 
+/* ------------------------------------------------------------------------ */
+/* The receiving end, as systemd's: what `paramserv local` gives each child  */
+/* ------------------------------------------------------------------------ */
+
+/* What one datagram said. */
+typedef struct ps_notify_msg {
+  long pid;          /* the sender's, from the kernel (SCM_CREDENTIALS); 0: not told */
+  int ready;         /* READY=1 */
+  int stopping;      /* STOPPING=1 */
+  int has_status;    /* STATUS= was there: its text in status */
+  char status[512];
+} ps_notify_msg;
+
+/* A non-blocking, close-on-exec AF_UNIX datagram socket bound to the
+ * abstract name `name` (no '@', no NUL), with SO_PASSCRED so that every
+ * datagram carries its sender's pid; a child finds it through
+ * NOTIFY_SOCKET=@name.  The name lives as long as the socket.
+ * @return the descriptor, or -errno (-EADDRINUSE: another socket has the name). */
+int ps_notify_listen(const char *name);
+
+/* The next queued datagram into *m, its fields parsed (others ignored);
+ * descriptors passed with it are closed.  @return 1 with *m filled, 0 when
+ * none is queued, or -errno. */
+int ps_notify_recv(int fd, ps_notify_msg *m);
+
 /* Tests only: forget the cached watchdog interval and the last send, so
  * that the next call reads the environment again. */
 void ps__notify_reset(void);

@@ -1,5 +1,4 @@
 /* Supervision of the processes of a `paramserv local` run: start, watch, restart, stop in order. */
-#define _GNU_SOURCE /* memrchr */
 #include "local/supervisor.h"
 
 #include <errno.h>
@@ -16,7 +15,7 @@
 #include <unistd.h>
 
 #include "chief/chief.h"
-#include "common/log.h"
+#include "common/notify.h"
 #include "common/timeutil.h"
 
 #define RESTART_DELAY_S 0.2
@@ -28,15 +27,15 @@
 #define NODES_DONE_S 2.0    /* shards and workers all done, the chief not */
 #define STAGE_S 3.0         /* one group's SIGTERM before the next group's */
 #define REDIS_WAIT_S 10.0
+#define READY_WARN_S 30.0   /* not ready this long after its start: said once */
+#define READY_LIMIT_S 120.0 /* ... and this long: the run stops */
 #define REDIS_BIN "/usr/bin/redis-server"
-
-/* What a child's log says when it serves (src/ps/server.c, chief/chief.c). */
-#define PS_READY "listening on"
-#define CHIEF_READY "holding the lease"
 
 static const char *const role_names[] = {"redis", "chief", "ps", "worker"};
 
 const char *ps_sup_role_name(ps_sup_role r) { return role_names[r]; }
+
+static int running(const ps_sup_child *c) { return c->state == PS_SUP_RUNNING; }
 
 __attribute__((format(printf, 2, 3))) static void say(ps_sup *s, const char *fmt, ...) {
   char line[1024];
@@ -67,7 +66,21 @@ static ps_sup_child *add_child(ps_sup *s, ps_sup_role role, int index) {
   char file[sizeof c->file];
   memcpy(file, c->file, sizeof file);
   snprintf(c->log_path, sizeof c->log_path, "%s/logs/%s.log", s->rundir, file);
+  c->notify_fd = -1;
   return c;
+}
+
+/* The child's NOTIFY_SOCKET, held for the whole run: every incarnation
+ * sends to the same name, and the sender's pid tells which one sent. */
+static int open_notify(ps_sup_child *c, ps_errbuf *eb) {
+  snprintf(c->notify_addr, sizeof c->notify_addr, "@paramserv-local/%ld/%s", (long)getpid(),
+           c->file);
+  int fd = ps_notify_listen(c->notify_addr + 1);
+  if (fd < 0)
+    return ps_err_set(eb, fd, "%s: cannot bind the notify socket %s: %s", c->name, c->notify_addr,
+                      strerror(-fd));
+  c->notify_fd = fd;
+  return 0;
 }
 
 int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const char *rundir,
@@ -91,10 +104,20 @@ int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const 
     add_child(s, PS_SUP_PS, i);
   for (int i = 0; i < cfg->nworkers; i++)
     add_child(s, PS_SUP_WORKER, i);
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].role != PS_SUP_REDIS && open_notify(&s->children[i], eb) != 0) {
+      ps_sup_close(s);
+      return eb->code;
+    }
   return 0;
 }
 
 void ps_sup_close(ps_sup *s) {
+  for (int i = 0; i < s->nchildren; i++)
+    if (s->children[i].notify_fd >= 0) {
+      close(s->children[i].notify_fd);
+      s->children[i].notify_fd = -1;
+    }
   for (int r = 0; r < PS_SUP_NROLES; r++) {
     free(s->recovery[r]);
     s->recovery[r] = NULL;
@@ -104,47 +127,6 @@ void ps_sup_close(ps_sup *s) {
 /* ------------------------------------------------------------------------ */
 /* Logs                                                                      */
 /* ------------------------------------------------------------------------ */
-
-static off_t file_size(const char *path) {
-  struct stat sb;
-  return stat(path, &sb) == 0 ? sb.st_size : 0;
-}
-
-/* Looks through the complete lines appended to `path` since *off for one
- * holding `a` (and `b`, when not NULL); *off moves past the lines read.
- * @return 1 when one was found. */
-static int scan_log(const char *path, off_t *off, const char *a, const char *b) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return 0;
-  char buf[65536 + 1];
-  int found = 0;
-  for (;;) {
-    ssize_t n = pread(fd, buf, sizeof buf - 1, *off);
-    if (n <= 0)
-      break;
-    buf[n] = '\0';
-    char *end = memrchr(buf, '\n', (size_t)n);
-    if (end == NULL) /* a partial line: read it again when it is whole */
-      break;
-    *end = '\0';
-    for (char *line = buf; line != NULL && !found;) {
-      char *nl = strchr(line, '\n');
-      if (nl != NULL)
-        *nl = '\0';
-      if (strstr(line, a) != NULL && (b == NULL || strstr(line, b) != NULL)) {
-        found = 1;
-        *off += (nl != NULL ? nl + 1 : end + 1) - buf;
-      }
-      line = nl != NULL ? nl + 1 : NULL;
-    }
-    if (found)
-      break;
-    *off += end + 1 - buf;
-  }
-  close(fd);
-  return found;
-}
 
 /* Backwards over text[0..n): the last line the child wrote itself (not
  * local's), with errors_only the last of its errors, copied into buf.
@@ -195,10 +177,11 @@ void ps_sup_write_pids(const ps_sup *s) {
   FILE *f = fopen(tmp, "we");
   if (f == NULL)
     return;
-  fprintf(f, "local %ld\n", (long)getpid());
+  fprintf(f, "local %ld ready\n", (long)getpid());
   for (int i = 0; i < s->nchildren; i++)
     if (s->children[i].pid > 0)
-      fprintf(f, "%s %ld\n", s->children[i].file, (long)s->children[i].pid);
+      fprintf(f, "%s %ld %s\n", s->children[i].file, (long)s->children[i].pid,
+              s->children[i].ready ? "ready" : "starting");
   if (fclose(f) == 0)
     rename(tmp, path);
   else
@@ -243,15 +226,6 @@ static int spawn(ps_sup *s, ps_sup_child *c, double now) {
   int fd = open(c->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0)
     return -errno;
-  c->scan = lseek(fd, 0, SEEK_END);
-  if (c->role == PS_SUP_WORKER) {
-    /* A worker is back when every shard has logged its connection: look
-     * at what the shards log from now on. */
-    for (int i = 0; i < s->nchildren; i++)
-      if (s->children[i].role == PS_SUP_PS)
-        c->peer_scan[s->children[i].index] = file_size(s->children[i].log_path);
-    c->peers_seen = 0;
-  }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -270,6 +244,14 @@ static int spawn(ps_sup *s, ps_sup_child *c, double now) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGPIPE, SIG_DFL);
+    /* Its readiness goes to the supervisor, never to a systemd that may
+     * supervise `paramserv local` itself; the watchdog is local's alone. */
+    if (c->notify_fd >= 0)
+      setenv("NOTIFY_SOCKET", c->notify_addr, 1);
+    else
+      unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    unsetenv("WATCHDOG_PID");
     int null = open("/dev/null", O_RDONLY);
     if (null >= 0)
       dup2(null, 0);
@@ -294,6 +276,9 @@ static int spawn(ps_sup *s, ps_sup_child *c, double now) {
   c->pid = pid;
   c->state = PS_SUP_RUNNING;
   c->ready = 0;
+  c->ready_sent = 0;
+  c->unready_said = 0;
+  c->status_text[0] = '\0';
   c->term_sent = 0;
   c->started_at = now;
   if (c->starts++ > 0)
@@ -320,35 +305,44 @@ static int redis_ping(const ps_sup *s) {
   return ok;
 }
 
-static int is_ready(ps_sup *s, ps_sup_child *c, double now) {
-  /* Below info the children do not log what we look for: being up for a
-   * second is the best there is. */
-  int quiet = ps_log_level_parse(s->cfg->log_level) > PS_LOG_INFO;
-  switch (c->role) {
-  case PS_SUP_REDIS:
-    return redis_ping(s);
-  case PS_SUP_CHIEF:
-    return quiet ? now - c->started_at >= 1.0 : scan_log(c->log_path, &c->scan, CHIEF_READY, NULL);
-  case PS_SUP_PS:
-    return quiet ? now - c->started_at >= 1.0 : scan_log(c->log_path, &c->scan, PS_READY, NULL);
-  case PS_SUP_WORKER: {
-    if (quiet)
-      return now - c->started_at >= 1.0;
-    /* Shards name a worker's connection "worker 1 (127.0.0.1:4242):
-     * connected (incarnation 7)". */
-    char who[32];
-    snprintf(who, sizeof who, "worker %d (", c->index);
-    uint64_t all = s->cfg->nps >= 64 ? ~0ULL : (1ULL << s->cfg->nps) - 1;
-    for (int i = 0; i < s->nchildren; i++) {
-      ps_sup_child *p = &s->children[i];
-      if (p->role == PS_SUP_PS && !(c->peers_seen & (1ULL << p->index)) &&
-          scan_log(p->log_path, &c->peer_scan[p->index], who, "): connected"))
-        c->peers_seen |= 1ULL << p->index;
-    }
-    return c->peers_seen == all;
+/* What the child's running incarnation sent since the last call: datagrams
+ * of earlier incarnations (queued before they died) and of any other
+ * process (one of its own children that inherited NOTIFY_SOCKET) are
+ * dropped. */
+static void read_notify(ps_sup_child *c) {
+  ps_notify_msg m;
+  while (c->notify_fd >= 0 && ps_notify_recv(c->notify_fd, &m) == 1) {
+    if (!running(c) || m.pid != (long)c->pid)
+      continue;
+    if (m.has_status)
+      snprintf(c->status_text, sizeof c->status_text, "%s", m.status);
+    if (m.ready)
+      c->ready_sent = 1;
   }
-  default:
-    return 0;
+}
+
+static int is_ready(const ps_sup *s, const ps_sup_child *c) {
+  return c->role == PS_SUP_REDIS ? redis_ping(s) : c->ready_sent;
+}
+
+/* One that is not ready READY_WARN_S after its start is said once, with
+ * what it last said it does; at READY_LIMIT_S the run stops: nothing in a
+ * run on one machine waits that long for another, so it hangs. */
+static void check_unready(ps_sup *s, ps_sup_child *c, double now) {
+  double up = now - c->started_at;
+  if (up < READY_WARN_S || (c->unready_said && up < READY_LIMIT_S))
+    return;
+  char last[400], what[1100];
+  snprintf(what, sizeof what, "%s (pid %ld) is not ready %.0f s after its start (%s); its "
+           "status: %s; its last line: %s", c->name, (long)c->pid, up,
+           c->role == PS_SUP_REDIS ? "no answer to PING" : "no READY=1",
+           c->status_text[0] ? c->status_text : "(none sent)",
+           ps_sup_last_line(c, last, sizeof last)[0] ? last : "(none)");
+  if (up >= READY_LIMIT_S) {
+    ps_sup_stop(s, now, 1, what);
+  } else {
+    say(s, "local: %s", what);
+    c->unready_said = 1;
   }
 }
 
@@ -376,8 +370,6 @@ static void describe_status(int st, char *buf, size_t len) {
   else
     snprintf(buf, len, "stopped (status 0x%x)", st);
 }
-
-static int running(const ps_sup_child *c) { return c->state == PS_SUP_RUNNING; }
 
 static int all_done(const ps_sup *s, ps_sup_role role) {
   for (int i = 0; i < s->nchildren; i++)
@@ -596,11 +588,16 @@ void ps_sup_poll(ps_sup *s, double now) {
   }
   for (int i = 0; i < s->nchildren; i++) {
     ps_sup_child *c = &s->children[i];
+    read_notify(c);
     if (!running(c) || c->ready || s->phase == PS_SUP_STOP)
       continue;
-    if (!is_ready(s, c, now))
+    if (!is_ready(s, c)) {
+      if (s->phase == PS_SUP_RUN)
+        check_unready(s, c, now);
       continue;
+    }
     c->ready = 1;
+    ps_sup_write_pids(s);
     if (c->down_at > 0) {
       double secs = now - c->down_at;
       record_recovery(s, c->role, secs);

@@ -2,6 +2,15 @@
  * shards and the workers as children of one supervisor that restarts the
  * ones that die, tells when each is back, and stops them in order.
  *
+ * Readiness comes from the sd_notify protocol, as under systemd: each
+ * child but redis-server gets NOTIFY_SOCKET=@paramserv-local/<pid>/<file>,
+ * a datagram socket of its own that the supervisor holds for the whole run
+ * (the same name for every incarnation), and is ready once the incarnation
+ * itself (the sender's pid, SCM_CREDENTIALS) sent READY=1: a shard when it
+ * serves workers, a worker after its first pull, the chief when it leads
+ * with every shard holding its state.  Its last STATUS= tells what one that
+ * is not ready waits for.
+ *
  * Single-threaded and poll-driven: the caller blocks SIGCHLD (and the
  * signals it handles itself), then calls ps_sup_poll() every few tens of
  * milliseconds; every child runs with SIGKILL as its parent-death signal,
@@ -48,6 +57,11 @@ typedef struct ps_sup_child {
   pid_t pid;              /* 0 when not running */
   ps_sup_state state;
   int ready;              /* this incarnation serves (see ps_sup_poll) */
+  int ready_sent;         /* this incarnation sent READY=1 */
+  int unready_said;       /* this incarnation was said to be slow to get ready */
+  int notify_fd;          /* its NOTIFY_SOCKET; -1 for redis (ready: answers PING) */
+  char notify_addr[64];   /* "@paramserv-local/<pid>/ps-1" */
+  char status_text[512];  /* this incarnation's last STATUS= ("" none yet) */
   int starts;             /* incarnations started */
   int kills;              /* ps_sup_kill calls */
   int status;             /* the last wait status */
@@ -57,9 +71,6 @@ typedef struct ps_sup_child {
   int term_sent;
   double failures[8];     /* times of the latest deaths not caused by ps_sup_kill */
   int nfailures;
-  off_t scan;                            /* own log: the readiness scan's position */
-  off_t peer_scan[PS_CONFIG_MAX_NODES];  /* a worker's: in each shard's log */
-  uint64_t peers_seen;                   /* shards that logged this worker's connection */
 } ps_sup_child;
 
 /* Called for each line the supervisor has to say ("local: ps 1 back after
@@ -89,9 +100,10 @@ typedef struct ps_sup {
   double excused_until; /* deaths before this are not failures (ps_sup_excuse) */
 } ps_sup;
 
-/* Set up (nothing starts): cfg (which must outlive s) is the run's config,
- * already written to config_path; logs go to RUNDIR/logs/<file>.log.
- * @return 0 or a negative code with a message. */
+/* Set up (nothing starts but the children's notify sockets): cfg (which
+ * must outlive s) is the run's config, already written to config_path;
+ * logs go to RUNDIR/logs/<file>.log.  @return 0 or a negative code with a
+ * message (then nothing is left open). */
 int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const char *rundir,
                 ps_sup_say_fn say, void *arg, ps_errbuf *eb);
 
@@ -101,9 +113,11 @@ int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const 
 int ps_sup_start(ps_sup *s, ps_errbuf *eb);
 
 /* Reap the children that exited and restart (after 200 ms) those that
- * died, except in the drain and stop phases; mark children ready (redis:
- * answers PING; chief: logs its lease; ps: logs "listening on"; worker:
- * every shard logs its connection) and say when one is back; advance the
+ * died, except in the drain and stop phases; read the children's notify
+ * sockets and mark children ready (redis: answers PING; the others: sent
+ * READY=1) and say when one is back; say once when one is not ready 30 s
+ * after its start (with its last STATUS= and log line), and stop the run
+ * with status 1 when one is not ready 120 s after its start; advance the
  * phases: the chief's exit 0 drains the run (10 s for the others to exit
  * by themselves, then they are stopped), as does every shard and worker
  * exiting 0 (the chief stopped them and died before its own exit); 5
@@ -133,13 +147,15 @@ int ps_sup_kill(ps_sup *s, ps_sup_child *c, double now);
  * into buf[len]; "" when there is none.  @return buf. */
 const char *ps_sup_last_line(const ps_sup_child *c, char *buf, size_t len);
 
-/* Write RUNDIR/pids: "name pid" for the supervisor ("local") and every
- * running child, replaced atomically. */
+/* Write RUNDIR/pids: "name pid state" for the supervisor ("local", always
+ * ready) and every running child, state "ready" once the incarnation is
+ * ready (see ps_sup_poll), else "starting"; replaced atomically at every
+ * start, exit and readiness. */
 void ps_sup_write_pids(const ps_sup *s);
 
 const char *ps_sup_role_name(ps_sup_role r);
 
-/* Free what ps_sup_init allocated. */
+/* Close and free what ps_sup_init opened and allocated. */
 void ps_sup_close(ps_sup *s);
 
 #endif

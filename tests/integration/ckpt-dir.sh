@@ -40,7 +40,7 @@ echo "ok: read-only checkpoint directory at start: exit 2: $(grep -o 'error: .*f
 run="$T/run"
 printf '[checkpoint]\nevery_secs = 0\nevery_steps = 0\n' >"$T/final.conf"
 start local "$BIN" local --config "$T/final.conf" --dir "$run" --fresh --ps 1 --workers 1 --last-step 1000
-wait_for "$run/logs/chief.log" "global step [0-9]* of 1000" 60
+wait_step "$run/checkpoints/summaries.jsonl" 1 60
 ro "$run/checkpoints"
 set +e
 wait_exit "$PID_local" 180

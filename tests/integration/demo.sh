@@ -83,18 +83,19 @@ run="$T/ctrl-c"
 # control starts a foreground job; -w returns local's status if setsid
 # had to fork.
 start ctrlc setsid -w "$BIN" local --dir "$run" --fresh --last-step 100000
-wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+wait_step "$run/checkpoints/summaries.jsonl" 1 60
 # A shard killed and back first, which the chief must see (b checks its
 # node_lost and node_back summaries: d's chaos cannot promise the chief is
 # up when a shard or worker dies).
-kill -9 "$(awk '$1 == "ps-1" { print $2 }' "$run/pids")"
-wait_for "$T/ctrlc.log" "^local: ps 1 back after" 30
-wait_for "$run/logs/chief.log" "ps 1 \(restarted (incarnation\|is back\)" 30
+killed=$(awk '$1 == "ps-1" { print $2 }' "$run/pids")
+kill -9 "$killed"
+wait_ready "$run" ps-1 30 "$killed" # its next incarnation sent READY=1
+wait_json "$run/checkpoints/summaries.jsonl" "o.get('event') == 'node_back' and o.get('node') == 'ps 1'" 30
 cp "$run/pids" "$T/pids-before"
-while read -r name pid; do echo "$name $pid $(proc_stat "$pid")"; done <"$T/pids-before" >"$T/procs-before"
+while read -r name pid _; do echo "$name $pid $(proc_stat "$pid")"; done <"$T/pids-before" >"$T/procs-before"
 [ -z "$(awk 'NF < 4' "$T/procs-before")" ] || fail "Ctrl-C: not running while training: $(awk 'NF < 4' "$T/procs-before")"
 for name in local redis chief ps-0 ps-1 worker-0 worker-1; do
-  grep -q "^$name [0-9]*$" "$T/pids-before" || fail "Ctrl-C: no $name in $run/pids while training: $(cat "$T/pids-before")"
+  grep -qE "^$name [0-9]+ (ready|starting)$" "$T/pids-before" || fail "Ctrl-C: no $name in $run/pids while training: $(cat "$T/pids-before")"
 done
 lpid=$(awk '$1 == "local" { print $2 }' "$T/pids-before")
 pgid=$(pgid_of "$lpid")

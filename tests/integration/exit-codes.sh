@@ -110,7 +110,7 @@ exit2 "local, a misspelt setting" "last_stpe" "$BIN" local --config "$T/typo.con
 # One paramserv local per directory.
 run="$T/run"
 start first "$BIN" local --dir "$run" --fresh --ps 1 --workers 1 --last-step 100000
-wait_for "$run/logs/chief.log" "global step [0-9]* of 100000" 60
+wait_step "$run/checkpoints/summaries.jsonl" 1 60
 exit2 "a second local in the same directory" \
   "--dir $run: another paramserv local \\(PID $PID_first\\) is running there" \
   "$BIN" local --dir "$run" --ps 1 --workers 1 --last-step 100

@@ -1,5 +1,7 @@
 # Helpers for the integration tests: free ports, a cluster config, waiting
-# for a log line with a deadline, and cleanup of every process started.
+# with a deadline (for a log line, a JSON line of the chief's summaries, a
+# process of paramserv local being ready), and cleanup of every process
+# started.
 # Source it; it sets BIN and a work directory $T removed on exit.
 
 BIN=${PARAMSERV:-build/paramserv}
@@ -142,6 +144,55 @@ wait_for_any() {
     sleep 0.05
   done
   fail "no '$pattern' in any of $* within $secs s"
+}
+
+# wait_json FILE EXPR SECONDS: until FILE (JSON lines, as the chief's
+# summaries: chief/summary.h) has a complete line whose object o makes the
+# Python expression EXPR true.  One python3 reads the file as it grows.
+wait_json() {
+  /usr/bin/python3 - "$@" <<'PY' || fail "no line of $1 with $2 within $3 s"
+import json, sys, time
+path, expr, secs = sys.argv[1], compile(sys.argv[2], "EXPR", "eval"), float(sys.argv[3])
+end, off = time.monotonic() + secs, 0
+while True:
+    try:
+        with open(path, "rb") as f:
+            f.seek(off)
+            data = f.read()
+    except FileNotFoundError:
+        data = b""
+    cut = data.rfind(b"\n") + 1  # complete lines only
+    off += cut
+    for line in data[:cut].splitlines():
+        try:
+            o = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(o, dict) and eval(expr, {}, {"o": o}):
+            sys.exit(0)
+    if time.monotonic() >= end:
+        sys.exit(1)
+    time.sleep(0.05)
+PY
+}
+
+# wait_step SUMMARIES STEP SECONDS: until the chief's summaries file has a
+# progress line ({"time", "step", "steps_per_s"}) at global step STEP or later.
+wait_step() {
+  wait_json "$1" "'steps_per_s' in o and o['step'] >= $2" "$3"
+}
+
+# wait_ready RUNDIR NAME SECONDS [NOT_PID]: until paramserv local's
+# RUNDIR/pids ("ps-1 1234 ready") says NAME is ready (it sent READY=1), as
+# a pid other than NOT_PID (the incarnation killed before).
+wait_ready() {
+  local i
+  for ((i = 0; i < $3 * 20; i++)); do
+    awk -v n="$2" -v old="${4:-}" '$1 == n && $3 == "ready" && $2 != old { f = 1 } END { exit !f }' \
+      "$1/pids" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  fail "$2 not ready in $1/pids within $3 s: $(tr '\n' ';' <"$1/pids" 2>/dev/null)"
 }
 
 # start NAME CMD...: run CMD in the background, output to $T/NAME.log.

@@ -29,7 +29,7 @@ base=$(sed -n 's|^local: metrics: http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$
 
 # The endpoint itself (the chief's, the first port): Prometheus's text
 # format at /metrics, 404 elsewhere.
-wait_for "$run/logs/chief.log" "holding the lease" 30
+wait_ready "$run" chief 60 # it leads: READY=1
 ctype=""
 for ((i = 0; i < 120; i++)); do
   ctype=$(curl -s -o /dev/null -w '%{content_type}' "http://127.0.0.1:$base/metrics") && break

@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -222,6 +224,94 @@ static void test_no_notify_socket(void **state) {
   assert_null(next_msg());
 }
 
+/* ------------------------------------------------------------------------ */
+/* The receiving end (paramserv local's supervisor)                          */
+/* ------------------------------------------------------------------------ */
+
+static void test_listen_recv(void **state) {
+  (void)state;
+  char name[64], addr[80];
+  snprintf(name, sizeof name, "paramserv-test/%ld/notify", (long)getpid());
+  int fd = ps_notify_listen(name);
+  assert_true(fd >= 0);
+  /* One name, one socket. */
+  assert_int_equal(ps_notify_listen(name), -EADDRINUSE);
+  snprintf(addr, sizeof addr, "@%s", name);
+  setenv("NOTIFY_SOCKET", addr, 1);
+  ps_notify_msg m;
+  assert_int_equal(ps_notify_recv(fd, &m), 0);
+
+  ps_notify_status("shard %d waiting for the chief", 1);
+  ps_notify_ready("shard %d serving\nat version %d", 1, 7);
+  ps_notify_stopping();
+  ps_notify_done("the run has ended");
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_int_equal(m.pid, (long)getpid());
+  assert_false(m.ready);
+  assert_true(m.has_status);
+  assert_string_equal(m.status, "shard 1 waiting for the chief");
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_true(m.ready);
+  assert_false(m.stopping);
+  assert_string_equal(m.status, "shard 1 serving at version 7");
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_true(m.stopping);
+  assert_false(m.ready);
+  assert_false(m.has_status);
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_true(m.ready && m.stopping && m.has_status);
+  assert_string_equal(m.status, "the run has ended");
+  assert_int_equal(ps_notify_recv(fd, &m), 0);
+
+  /* The sender's pid comes from the kernel: a child's is its own, read
+   * after it died (the datagram outlives its sender). */
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    ps_notify_ready("child");
+    _exit(0);
+  }
+  int st;
+  assert_int_equal(waitpid(child, &st, 0), child);
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_int_equal(m.pid, (long)child);
+  assert_true(m.ready);
+  assert_string_equal(m.status, "child");
+  assert_int_equal(ps_notify_recv(fd, &m), 0);
+
+  /* Closed, the name is free again. */
+  close(fd);
+  fd = ps_notify_listen(name);
+  assert_true(fd >= 0);
+  close(fd);
+}
+
+static void test_recv_fields(void **state) {
+  (void)state;
+  char name[64];
+  snprintf(name, sizeof name, "paramserv-test/%ld/fields", (long)getpid());
+  int fd = ps_notify_listen(name);
+  assert_true(fd >= 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  memcpy(a.sun_path + 1, name, strlen(name));
+  socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
+  int out = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  assert_true(out >= 0);
+  /* Fields it does not know, READY=0, and a STATUS= without a newline at
+   * the end; the last STATUS= of a datagram counts. */
+  static const char msg[] = "MAINPID=1\nREADY=0\nSTATUS=a\nWATCHDOG=1\nSTATUS=b c";
+  assert_int_equal(sendto(out, msg, sizeof msg - 1, 0, (struct sockaddr *)&a, len),
+                   (ssize_t)(sizeof msg - 1));
+  ps_notify_msg m;
+  assert_int_equal(ps_notify_recv(fd, &m), 1);
+  assert_false(m.ready);
+  assert_false(m.stopping);
+  assert_string_equal(m.status, "b c");
+  assert_int_equal(m.pid, (long)getpid());
+  close(out);
+  close(fd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_ready, setup, teardown),
@@ -231,6 +321,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_watchdog_timer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_watchdog_timer_unref, setup, teardown),
       cmocka_unit_test_setup_teardown(test_no_notify_socket, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_listen_recv, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_recv_fields, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "cmd/cli.h"
+#include "paramserv/version.h"
 #include "cmd/cmd.h"
 
-#define PS_VERSION "0.1.0"
 
 typedef struct verb {
   const char *name;
@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(v, "-V") == 0 || strcmp(v, "--version") == 0) {
-    printf("paramserv %s\n", PS_VERSION);
+    printf("paramserv %s\n", ps_version(NULL, NULL, NULL));
     return 0;
   }
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)

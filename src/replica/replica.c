@@ -339,16 +339,14 @@ static void connect_to_primary(ps_replica *r) {
   r->state = RS_CONNECTING;
   /* hiredis queues commands until the connection is up: AUTH and the epoch
    * claim go first, so every append after them is authenticated and
-   * fenced, even those issued while connecting. */
-  char pw[512];
+   * fenced, even those issued while connecting.  A password file that
+   * cannot be read sends no AUTH: CLAIM's refusal (NOAUTH) is logged and
+   * the connection retried. */
+  ps_redis_auth auth;
   ps_errbuf eb = {0};
-  if (ps_config_read_redis_password(r->cfg, pw, sizeof pw, &eb) > 0) {
-    if (r->cfg->redis_user[0])
-      redisAsyncCommand(ac, on_auth, NULL, "AUTH %s %s", r->cfg->redis_user, pw);
-    else
-      redisAsyncCommand(ac, on_auth, NULL, "AUTH %s", pw);
-  }
-  memset(pw, 0, sizeof pw);
+  if (ps_redis_auth_init(&auth, r->cfg, &eb) > 0)
+    redisAsyncCommandArgv(ac, on_auth, NULL, auth.argc, auth.argv, NULL);
+  ps_redis_auth_clear(&auth);
   redisAsyncCommand(ac, on_claimed, r, "EVAL %s 4 %s %s %s %s %s %s %s", CLAIM_SCRIPT,
                     r->k.epoch, r->k.logkey, r->k.log, r->k.meta, r->epoch_text,
                     r->meta_expected ? "1" : "0", r->k.snap_prefix);

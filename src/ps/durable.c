@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "replica/frontier.h"
+#include "ps/frontier.h"
 #include "replica/replica.h"
 
 struct ps_durable {
@@ -20,6 +20,10 @@ struct ps_durable {
   void *fenced_arg;
   ps_replica *replica;      /* NULL before ps_durable_start, and with mode off */
   int closing;
+  int fenced_out;           /* a newer incarnation took the shard: nothing is ever acked */
+  /* Which entries are durable, and the acknowledgements waiting for them
+   * (with a replica): fed what the replica reports Redis answered. */
+  ps_frontier f;
   /* The frame being handled (ps_durable_frame). */
   const void *frame_payload;
   ps_conn *frame_conn;
@@ -41,17 +45,61 @@ ps_durable *ps_durable_new(uv_loop_t *loop, const ps_config *cfg, int index, uin
   return d;
 }
 
+/* What the replica reports Redis answered moves the frontier. */
+static void on_appended(void *arg, uint64_t n, const char *failure) {
+  ps_durable *d = arg;
+  ps_frontier_answered(&d->f, n, failure);
+}
+
+static void on_switched(void *arg, uint64_t n) {
+  ps_durable *d = arg;
+  ps_frontier_covered(&d->f, n);
+}
+
+static void on_lost(void *arg, uint64_t n, const char *why) {
+  ps_durable *d = arg;
+  ps_frontier_lost(&d->f, n, why);
+}
+
+/* Fenced out: the kept acknowledgements are dropped, no later one is
+ * kept, and the server stops (unless it is stopping already). */
 static void on_fenced(void *arg, const char *why) {
   ps_durable *d = arg;
+  d->fenced_out = 1;
+  ps_frontier_cancel(&d->f, -EPERM);
   if (!d->closing && d->fenced != NULL)
     d->fenced(d->fenced_arg, why);
+}
+
+/* A hole (an entry not stored, or a state Redis does not hold) is
+ * durable only once a snapshot covers it: one is owed. */
+static int owed(void *arg) {
+  const ps_durable *d = arg;
+  return d->f.hole;
+}
+
+static uint64_t nondurable(void *arg) {
+  const ps_durable *d = arg;
+  return d->f.nondurable;
+}
+
+static uint64_t held(void *arg) {
+  const ps_durable *d = arg;
+  return d->f.waiting;
 }
 
 int ps_durable_start(ps_durable *d, const ps_restore_info *restored) {
   if (d->cfg->replication == PS_REPLICATION_OFF || d->replica != NULL || d->closing)
     return 0;
-  d->replica = ps_replica_new(d->loop, d->cfg, d->index, restored, d->layout_hash, d->shard,
-                              on_fenced, d);
+  /* What the restore loaded and replayed is in Redis; a state Redis never
+   * held (fresh, or a chief's LOAD) is durable only once its first
+   * snapshot switches. */
+  ps_frontier_init(&d->f, d->cfg->on_redis_failure == PS_REDIS_FAILURE_DEGRADE,
+                   restored->loaded, ps_shard_journal(d->shard), restored->nondurable);
+  ps_replica_events ev = {.arg = d, .appended = on_appended, .switched = on_switched,
+                          .lost = on_lost, .fenced = on_fenced, .owed = owed,
+                          .nondurable = nondurable, .held = held};
+  d->replica = ps_replica_new(d->loop, d->cfg, d->index, restored, d->layout_hash, d->shard, &ev);
   return d->replica != NULL ? 0 : -ENOMEM;
 }
 
@@ -89,6 +137,8 @@ void ps_durable_updated(ps_durable *d) {
     ps_replica_updated(d->replica);
 }
 
+/* A kept acknowledgement's wait ended: PS_DURABLE_NOW or _NOT (send it),
+ * or -EPERM (fenced out) or -ECANCELED (stopping): send nothing. */
 static void ack_done(void *arg, int status) {
   kept_ack *k = arg;
   k->fn(k->data, status == PS_DURABLE_NOW || status == PS_DURABLE_NOT);
@@ -106,7 +156,10 @@ int ps_durable_submit(ps_durable *d, uint64_t n, const void *ack, size_t len,
     return -ENOMEM;
   k->fn = fn;
   memcpy(k->data, ack, len);
-  int rc = ps_replica_when_durable(d->replica, n, ack_done, k);
+  /* An entry is durable when a restore would reach it (frontier.c); with
+   * on_redis_failure = block only once its append and every earlier one
+   * succeeded, or a snapshot that covers it switched. */
+  int rc = d->fenced_out ? -EPERM : ps_frontier_wait(&d->f, n, ack_done, k);
   if (rc == PS_DURABLE_QUEUED)
     return 0;
   free(k);
@@ -122,8 +175,8 @@ void ps_durable_stats_get(const ps_durable *d, ps_durable_stats *out) {
   out->started = 1;
   out->lag = ps_replica_lag(d->replica);
   out->lag_seconds = ps_replica_lag_seconds(d->replica);
-  out->nondurable = ps_replica_nondurable(d->replica);
-  out->acks_waiting = ps_replica_acks_waiting(d->replica);
+  out->nondurable = d->f.nondurable;
+  out->acks_waiting = d->f.waiting;
 }
 
 void ps_durable_watch_workers(ps_durable *d, ps_durable_alive_fn fn, void *arg) {
@@ -137,8 +190,12 @@ void ps_durable_stop(ps_durable *d) {
   d->closing = 1;
   ps_replica *r = d->replica;
   d->replica = NULL;  /* from now on every call is a no-op */
-  if (r != NULL)
-    ps_replica_close(r, NULL, NULL);
+  if (r == NULL)
+    return;
+  /* The close sends the kept entry first (answered now when it cannot be
+   * sent), then whatever is still kept is dropped. */
+  ps_replica_close(r, NULL, NULL);
+  ps_frontier_cancel(&d->f, -ECANCELED);
 }
 
 void ps_durable_free(ps_durable *d) { free(d); }

@@ -1,10 +1,12 @@
 /* How an update a shard applied becomes one it may acknowledge (REDIS.md
  * section 9, "Durability"): the one module between the shard server and
  * its Redis replica.  It owns the replication mode ([replication] mode:
- * off, snapshot, log), the replica (src/replica: Redis transport, snapshots
- * and the durability frontier), the journal entries the shard makes, the
- * borrowed payload of the frame being handled with its connection's hold,
- * and the acknowledgements that wait for the frontier.  Private to src/ps:
+ * off, snapshot, log), the replica (src/replica: Redis transport and
+ * snapshots, which reports what Redis answered), the durability frontier
+ * (frontier.c: which entries a restore would reach), the journal entries
+ * the shard makes, the borrowed payload of the frame being handled with
+ * its connection's hold, and the acknowledgements that wait for the
+ * frontier.  Private to src/ps:
  * the server (server.c), the consistency rules (consistency.c) and the
  * control frames (control.c) use it; none of them sees ps_replica.
  *

@@ -1,4 +1,5 @@
-/* Where things live in Redis, and a blocking connection to it (see keys.h). */
+/* Where things live in Redis, the AUTH of every connection, and a blocking
+ * connection to it (see keys.h). */
 #include "replica/keys.h"
 
 #include <dirent.h>
@@ -131,6 +132,22 @@ static int check_primary(redisContext *c, const ps_addr *at, ps_errbuf *eb) {
   return ok ? 0 : -1;
 }
 
+int ps_redis_auth_init(ps_redis_auth *a, const ps_config *cfg, ps_errbuf *eb) {
+  a->argc = 0;
+  int n = ps_config_read_redis_password(cfg, a->pw, sizeof a->pw, eb);
+  if (n <= 0)
+    return n;
+  a->argv[a->argc++] = "AUTH";
+  if (cfg->redis_user[0])
+    a->argv[a->argc++] = cfg->redis_user;
+  a->argv[a->argc++] = a->pw;
+  return a->argc;
+}
+
+void ps_redis_auth_clear(ps_redis_auth *a) {
+  memset(a->pw, 0, sizeof a->pw);
+}
+
 void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
   ps_addr at;
   if (ps_redis_primary(cfg, timeout_ms, &at, eb) != 0)
@@ -150,16 +167,16 @@ void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeo
     return NULL;
   }
   redisSetTimeout(c, tv);
-  char pw[512];
-  if (ps_config_read_redis_password(cfg, pw, sizeof pw, eb) < 0) {
+  ps_redis_auth auth;
+  int argc = ps_redis_auth_init(&auth, cfg, eb);
+  if (argc < 0) {
     eb->code = -EACCES;
     redisFree(c);
     return NULL;
   }
-  if (pw[0] != '\0') {
-    redisReply *r = cfg->redis_user[0] ? redisCommand(c, "AUTH %s %s", cfg->redis_user, pw)
-                                       : redisCommand(c, "AUTH %s", pw);
-    memset(pw, 0, sizeof pw);
+  if (argc > 0) {
+    redisReply *r = redisCommandArgv(c, argc, auth.argv, NULL);
+    ps_redis_auth_clear(&auth);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
       /* A reply of NULL is the connection failing, not a refusal. */
       ps_err_set(eb, r ? -EACCES : -ECONNREFUSED, "redis %s:%u: AUTH%s%s failed: %s",

@@ -1,6 +1,6 @@
-/* Where things live in Redis (spec: REDIS.md §1) and the one way to open a
- * blocking connection to it (connect, deadline, AUTH).  Every module that
- * names a key takes it from here. */
+/* Where things live in Redis (spec: REDIS.md §1), the one AUTH of every
+ * connection to it, and the one way to open a blocking connection (connect,
+ * deadline, AUTH).  Every module that names a key takes it from here. */
 #ifndef PS_REPLICA_KEYS_H
 #define PS_REPLICA_KEYS_H
 
@@ -63,6 +63,21 @@ void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epo
  * the primary the first Sentinel that answers names for master_name (each
  * asked with `timeout_ms`).  @return 0, or -ECONNREFUSED with eb set. */
 int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_errbuf *eb);
+
+/* The AUTH of every connection to Redis, blocking (ps_redis_connect_to)
+ * or async (link.c), written once: [redis] password_file read now (it is
+ * re-read at every connection), AUTH <password>, or AUTH <user> <password>
+ * with [redis] user.  argv points into the struct, whose password
+ * ps_redis_auth_clear wipes once the command is sent.  @return argc (2 or
+ * 3), 0 when no password is set (no AUTH), or a negative code with eb set
+ * (the file cannot be read). */
+typedef struct ps_redis_auth {
+  char pw[512];
+  const char *argv[3];
+  int argc;
+} ps_redis_auth;
+int ps_redis_auth_init(ps_redis_auth *a, const ps_config *cfg, ps_errbuf *eb);
+void ps_redis_auth_clear(ps_redis_auth *a);
 
 /* Connect to the primary (ps_redis_primary) with `timeout_ms` for the
  * connect and for every command after it, and AUTH when [redis]

@@ -1,8 +1,14 @@
 /* A shard's run-time replication to Redis (spec: REDIS.md): the journal
  * appended entry by entry (durability `log`), snapshots that compact it,
- * and the durability frontier that says when an acknowledgement may be
- * sent.  Every write is fenced by the shard's epoch.  Start-up is
- * restore.h. */
+ * the heartbeat.  Every write is fenced by the shard's epoch.  Redis
+ * transport only: which entries are durable, and the acknowledgements
+ * that wait for them, are the owner's (src/ps/durable.c), told what Redis
+ * answered through ps_replica_events.  Start-up is restore.h.
+ *
+ * Inside: link.c (the connection: connect, AUTH, CLAIM, fence, READONLY,
+ * LOST, WAIT, the heartbeat's script) at the bottom, snapshot.c on it, and
+ * this file (the log, the heartbeat's payload, the timers) on both; each
+ * reports up through callbacks. */
 #ifndef PS_REPLICA_REPLICA_H
 #define PS_REPLICA_REPLICA_H
 
@@ -13,23 +19,50 @@
 #include "common/config.h"
 #include "paramserv/error.h"
 #include "ps/shard.h"
-#include "replica/frontier.h"
 #include "replica/restore.h"
 
 typedef struct ps_replica ps_replica;
 
-/* Called once when Redis refuses a write because a newer incarnation took
- * the shard's epoch: this process must stop serving. */
-typedef void (*ps_replica_fenced_fn)(void *arg, const char *why);
+/* What the replica tells its owner, and asks it; each with `arg`, on the
+ * loop (an append that cannot be sent is answered before the call that
+ * made it returns). */
+typedef struct ps_replica_events {
+  void *arg;
+  /* Redis answered the append of journal entry n (in the order of n):
+   * stored when failure is NULL, else not, and why (Redis's words: an
+   * error reply, too few replicas confirming it, the connection lost or
+   * past its deadline, not connected).  An append refused because this
+   * incarnation was fenced out is not answered (fenced is). */
+  void (*appended)(void *arg, uint64_t n, const char *failure);
+  /* A snapshot of the state at journal count n switched (and, with
+   * redis_replicas, the replicas hold it): Redis holds every entry <= n. */
+  void (*switched)(void *arg, uint64_t n);
+  /* Redis lost this shard's keys (FLUSHALL, a failover to a node without
+   * them, a DEL...) and they were claimed back, at journal count n: what
+   * it held is gone until a snapshot covering n switches. */
+  void (*lost)(void *arg, uint64_t n, const char *why);
+  /* Redis refused a write because a newer incarnation took the shard's
+   * epoch: this process must stop serving.  Once. */
+  void (*fenced)(void *arg, const char *why);
+  /* Is a snapshot owed although the state did not change (entries are not
+   * durable until one covers them)? */
+  int (*owed)(void *arg);
+  /* The updates acknowledged without being durable, over the run (the
+   * heartbeat and the snapshots' meta carry it), and the acknowledgements
+   * held now (the heartbeat's `held`; a failed snapshot says it). */
+  uint64_t (*nondurable)(void *arg);
+  uint64_t (*held)(void *arg);
+} ps_replica_events;
 
 /* Run-time replication on `loop` for shard `index`, whose start-up found
- * `restored` (its epoch; loaded or not).  `shard` must outlive the object.
- * Connects in the background and reconnects with backoff; every command
- * has the [redis] timeout_ms deadline.  The first snapshot starts as soon
- * as the connection is up.  @return NULL on allocation failure. */
+ * `restored` (its epoch; loaded or not).  `shard` must outlive the object;
+ * ev is copied.  Connects in the background and reconnects with backoff;
+ * every command has the [redis] timeout_ms deadline.  The first snapshot
+ * starts as soon as the connection is up.  @return NULL on allocation
+ * failure. */
 ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
                            const ps_restore_info *restored, uint64_t layout_hash, ps_shard *shard,
-                           ps_replica_fenced_fn fenced, void *fenced_arg);
+                           const ps_replica_events *ev);
 
 /* Append a journal entry the shard just made (durability `log`).  Entries
  * must be appended in the order of their n; the gradient is copied before
@@ -47,16 +80,6 @@ int ps_replica_append_later(ps_replica *r, const ps_journal *e);
 /* Append the kept entry, if any. */
 void ps_replica_flush(ps_replica *r);
 
-/* When is journal entry n (and every entry before it) durable: stored in
- * Redis so that a restore reaches it?  Either now (a PS_DURABLE_* code,
- * done is not called), or later: done(arg, status) runs on the loop with
- * status PS_DURABLE_NOW or PS_DURABLE_NOT as above, or -EPERM (fenced out:
- * acknowledge nothing), or -ECANCELED (the replica is closing).  With
- * on_redis_failure = block an entry is durable only once its append and
- * every earlier one succeeded, or a snapshot that covers it switched. */
-int ps_replica_when_durable(ps_replica *r, uint64_t n, void (*done)(void *arg, int status),
-                            void *arg);
-
 /* The shard's version changed: counts towards the every-K-updates
  * snapshot trigger. */
 void ps_replica_updated(ps_replica *r);
@@ -68,12 +91,6 @@ uint64_t ps_replica_lag(const ps_replica *r);
  * copied), 0 when it covers every update (ps_replica_lag is 0). */
 double ps_replica_lag_seconds(const ps_replica *r);
 
-/* Updates acknowledged without being durable (degrade), over the run. */
-uint64_t ps_replica_nondurable(const ps_replica *r);
-
-/* Acknowledgements held until their entries are durable (log mode). */
-uint64_t ps_replica_acks_waiting(const ps_replica *r);
-
 /* Called about once a heartbeat with which workers' heartbeat keys exist:
  * alive[j] for j < nworkers. */
 typedef void (*ps_replica_alive_fn)(void *arg, const uint8_t *alive, int nworkers);
@@ -81,9 +98,10 @@ typedef void (*ps_replica_alive_fn)(void *arg, const uint8_t *alive, int nworker
 /* Watch the workers' heartbeats (set before the loop runs). */
 void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg);
 
-/* Stop: writes a last snapshot when connected and the newest one is older
- * than the shard, then closes every handle; queued when_durable callbacks
- * get -ECANCELED; done(arg) runs when all is released. */
+/* Stop: the kept entry goes out, then a last snapshot when connected and
+ * the newest one is older than the shard (or one is owed), then every
+ * handle is closed; done(arg) runs when all is released.  Events may come
+ * until then (the answers of what was sent). */
 void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg);
 
 #endif

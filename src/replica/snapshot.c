@@ -1,10 +1,6 @@
-/* A shard's snapshots in Redis (see replica_internal.h, REDIS.md §6): the
- * state image copied on the loop (the consistent cut), registered in
- * P:snaps, stored in raw chunks a few at a time, then switched in by one
- * fenced script that trims the log it covers (and, with
- * redis_replicas, confirmed by WAIT before it covers anything); each
- * switch deletes the snapshots that never switched. */
-#include <errno.h>
+/* A shard's snapshots in Redis (see snapshot.h, REDIS.md §6). */
+#include "replica/snapshot.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,7 +9,19 @@
 
 #include "common/log.h"
 #include "common/timeutil.h"
-#include "replica/replica_internal.h"
+
+struct ps_snap_job {
+  float *img;             /* the copied state image; chunk k is floats [k*262144, ...) */
+  ps_state_info info;
+  uint64_t journal, nondurable;
+  uint64_t taken_ns;      /* when the state was copied */
+  uint64_t nchunks;
+  char id[48];
+  uint64_t next;          /* the next chunk to SET */
+  uint64_t pending;       /* chunk SETs issued and not yet answered */
+  int failed;
+  char why[240];          /* why it failed, from Redis's reply ("" unknown) */
+};
 
 /* Point the meta hash at a new snapshot and trim the log it covers, if the
  * epoch still holds.  An epoch absent or smaller is Redis's loss (LOST: the
@@ -31,7 +39,49 @@ static const char SWITCH_SCRIPT[] =
     "redis.call('XTRIM', KEYS[3], 'MINID', ARGV[2])\n"
     "return 'OK'\n";
 
-static void job_free(snap_job *j) {
+void ps_snaps_init(ps_snaps *s, ps_link *l, ps_shard *shard, uint64_t layout_hash,
+                   uint64_t restored_version, const ps_snap_events *ev) {
+  *s = (ps_snaps){.link = l, .shard = shard, .layout_hash = layout_hash, .ev = *ev,
+                  .version = restored_version, .started_ns = ps_now_ns(),
+                  /* the first snapshot records this incarnation's start */
+                  .need_full = 1};
+  ps_backoff_init(&s->backoff, (unsigned)l->cfg->replicate_interval_ms, PS_LINK_BACKOFF_CAP_MS,
+                  0);
+}
+
+int ps_snaps_busy(const ps_snaps *s) { return s->job != NULL; }
+
+void ps_snaps_owe(ps_snaps *s) { s->need_full = 1; }
+
+void ps_snaps_connected(ps_snaps *s, int claimed) {
+  if (claimed)
+    s->version = 0;
+  s->next_ns = 0;  /* a new connection: try at once */
+  ps_snaps_start(s);
+}
+
+void ps_snaps_tick(ps_snaps *s) {
+  if (s->updates > 0 || s->need_full || s->ev.owed(s->ev.arg))
+    ps_snaps_start(s);
+}
+
+void ps_snaps_updated(ps_snaps *s) {
+  if (++s->updates >= (uint64_t)s->link->cfg->replicate_every_updates)
+    ps_snaps_start(s);
+}
+
+uint64_t ps_snaps_lag(const ps_snaps *s) { return ps_shard_version(s->shard) - s->version; }
+
+double ps_snaps_lag_seconds(const ps_snaps *s) {
+  if (ps_snaps_lag(s) == 0)
+    return 0;
+  /* With no snapshot of this run yet, the lag began when the process did
+   * (the restored snapshot's own age is not known here). */
+  uint64_t since = s->taken_ns != 0 ? s->taken_ns : s->started_ns;
+  return (double)(ps_now_ns() - since) * 1e-9;
+}
+
+static void job_free(ps_snap_job *j) {
   if (j == NULL)
     return;
   free(j->img);
@@ -39,45 +89,55 @@ static void job_free(snap_job *j) {
 }
 
 /* Closing: write one last snapshot if the newest is older than the shard
- * (or the journal is not durable), then disconnect; on_disconnect finishes
- * the close, possibly before this returns, so r must not be touched after. */
-void ps__replica_snapshots_close(ps_replica *r) {
-  if (r->ac != NULL && r->state == RS_UP && !r->final_started &&
-      (r->snap_version != ps_shard_version(r->shard) || r->f.hole)) {
-    r->final_started = 1;
-    ps__replica_snapshot_start(r);
-    if (r->job != NULL)
+ * (or one is owed), then disconnect; the link's down (or ev.closed, with no
+ * connection) finishes the close, possibly before this returns, so s must
+ * not be touched after. */
+static void close_step(ps_snaps *s) {
+  ps_link *l = s->link;
+  if (ps_link_ac(l) != NULL && ps_link_up(l) && !s->final_started &&
+      (s->version != ps_shard_version(s->shard) || s->ev.owed(s->ev.arg))) {
+    s->final_started = 1;
+    ps_snaps_start(s);
+    if (s->job != NULL)
       return;
   }
-  if (r->ac != NULL) {
-    redisAsyncDisconnect(r->ac);
+  if (ps_link_ac(l) != NULL) {
+    ps_link_disconnect(l);
     return;
   }
-  ps__replica_maybe_finish_close(r);
+  s->ev.closed(s->ev.arg);
 }
 
-static void snapshot_done(ps_replica *r, int ok) {
+void ps_snaps_close(ps_snaps *s) {
+  s->closing = 1;
+  /* A snapshot in flight is finished first (its callbacks abandon it and
+   * come here), and a clean stop loses nothing even in `snapshot` mode. */
+  if (s->job == NULL)
+    close_step(s);
+}
+
+static void snapshot_done(ps_snaps *s, int ok) {
   if (!ok) {
     /* Retried at a later tick, backing off while Redis keeps refusing: a
      * copy of a large state every interval would be work thrown away. */
-    r->need_full = 1;
-    r->snap_next_ns = ps_now_ns() + ps_backoff_next(&r->snap_backoff) * 1000000ULL;
+    s->need_full = 1;
+    s->next_ns = ps_now_ns() + ps_backoff_next(&s->backoff) * 1000000ULL;
   } else {
-    ps_backoff_reset(&r->snap_backoff);
-    r->snap_next_ns = 0;
-    if (r->snap_said_ns != 0)
+    ps_backoff_reset(&s->backoff);
+    s->next_ns = 0;
+    if (s->said_ns != 0)
       ps_log(PS_LOG_INFO, "redis: snapshot written again (%" PRIu64 " more had failed since the "
-             "last report)", r->snap_failures);
-    r->snap_said_ns = 0;
-    r->snap_failures = 0;
+             "last report)", s->failures);
+    s->said_ns = 0;
+    s->failures = 0;
   }
-  job_free(r->job);
-  r->job = NULL;
+  job_free(s->job);
+  s->job = NULL;
   /* A switch's GC issues its DELs from the listing's reply, and hiredis
    * takes no command once a disconnect is asked: the clean stop waits
    * for the listing (on_snaps_listed) before disconnecting. */
-  if (r->closing && !r->gc_pending)
-    ps__replica_snapshots_close(r);
+  if (s->closing && !s->gc_pending)
+    close_step(s);
 }
 
 #define SNAP_SAY_NS (30 * 1000000000ULL)
@@ -85,145 +145,150 @@ static void snapshot_done(ps_replica *r, int ok) {
 /* A snapshot Redis would not take: said at once with Redis's reason, again
  * once acknowledgements are held for it, then at most every 30 s with the
  * count of failures since, until one is written (said too). */
-static void snapshot_failed(ps_replica *r, const char *why) {
+static void snapshot_failed(ps_snaps *s, const char *why) {
   uint64_t now = ps_now_ns();
-  r->snap_failures++;
-  if (r->snap_said_ns == 0 || now - r->snap_said_ns >= SNAP_SAY_NS ||
-      (r->f.waiting > 0 && !r->snap_said_held)) {
-    char held[96] = "";
-    if (r->f.waiting > 0)
-      snprintf(held, sizeof held, "; %" PRIu64 " acknowledgements held until one is written",
-               r->f.waiting);
+  uint64_t held = s->ev.held(s->ev.arg);
+  s->failures++;
+  if (s->said_ns == 0 || now - s->said_ns >= SNAP_SAY_NS || (held > 0 && !s->said_held)) {
+    char held_text[96] = "";
+    if (held > 0)
+      snprintf(held_text, sizeof held_text,
+               "; %" PRIu64 " acknowledgements held until one is written", held);
     ps_log(PS_LOG_WARN, "redis: snapshot not written: %s%s (%" PRIu64 " failed since the last "
-           "report; retrying with backoff)", why, held, r->snap_failures);
-    r->snap_said_ns = now;
-    r->snap_said_held = r->f.waiting > 0;
-    r->snap_failures = 0;
+           "report; retrying with backoff)", why, held_text, s->failures);
+    s->said_ns = now;
+    s->said_held = held > 0;
+    s->failures = 0;
   }
-  snapshot_done(r, 0);
+  snapshot_done(s, 0);
 }
 
 /* Delete the chunks and registrations of every snapshot but `keep`: those
  * replaced, and those a killed incarnation left half written. */
 typedef struct gc_req {
-  ps_replica *r;
+  ps_snaps *s;
   char keep[48];
 } gc_req;
 
 static void on_snaps_listed(redisAsyncContext *ac, void *reply, void *priv) {
   gc_req *g = priv;
-  ps_replica *r = g->r;
+  ps_snaps *s = g->s;
   redisReply *h = reply;
-  if (h != NULL && h->type == REDIS_REPLY_ARRAY && r->ac == ac && r->state == RS_UP) {
+  if (h != NULL && h->type == REDIS_REPLY_ARRAY && ps_link_ac(s->link) == ac &&
+      ps_link_up(s->link)) {
     for (size_t i = 0; i + 1 < h->elements; i += 2) {
       const char *id = h->element[i]->str;
       if (id == NULL || strcmp(id, g->keep) == 0)
         continue;
       uint64_t chunks = strtoull(h->element[i + 1]->str ? h->element[i + 1]->str : "0", NULL, 10);
       for (uint64_t c = 0; c < chunks; c++)
-        redisAsyncCommand(ac, NULL, NULL, "DEL %s%s:%" PRIu64, r->k.snap_prefix, id, c);
-      redisAsyncCommand(ac, NULL, NULL, "HDEL %s %s", r->k.snaps, id);
+        redisAsyncCommand(ac, NULL, NULL, "DEL %s%s:%" PRIu64, s->link->k->snap_prefix, id, c);
+      redisAsyncCommand(ac, NULL, NULL, "HDEL %s %s", s->link->k->snaps, id);
     }
   }
   free(g);
-  r->gc_pending = 0;
-  /* Without a reply the connection is going: on_disconnect closes. */
-  if (h != NULL && r->closing && r->job == NULL)
-    ps__replica_snapshots_close(r);
+  s->gc_pending = 0;
+  /* Without a reply the connection is going: the link's down closes. */
+  if (h != NULL && s->closing && s->job == NULL)
+    close_step(s);
 }
 
 /* The WAIT after a switch: only a snapshot the replicas hold covers the
  * entries it replaced (a failover must not lose them with it). */
 static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
-  ps_replica *r = priv;
+  ps_snaps *s = priv;
   char why[200];
-  const char *failure = ps__replica_wait_failure(r, reply, why, sizeof why);
+  const char *failure = ps_link_wait_failure(s->link, reply, why, sizeof why);
   if (failure == NULL) {
-    ps_frontier_covered(&r->f, r->job->journal);
-    snapshot_done(r, 1);
+    s->ev.switched(s->ev.arg, s->job->journal);
+    snapshot_done(s, 1);
     return;
   }
   char msg[300];
   snprintf(msg, sizeof msg, "switched on the primary, but %s", failure);
-  snapshot_failed(r, msg);
+  snapshot_failed(s, msg);
 }
 
 static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
+  ps_snaps *s = priv;
+  ps_link *l = s->link;
   redisReply *rep = reply;
-  snap_job *j = r->job;
+  ps_snap_job *j = s->job;
+  int wait_replicas = ps_link_wait_replicas(l);
   if (rep != NULL && rep->type != REDIS_REPLY_ERROR) {
-    r->snap_version = j->info.version;
-    r->meta_expected = 1;
-    r->snap_taken_ns = j->taken_ns;
-    gc_req *g = ac != NULL && r->state == RS_UP ? malloc(sizeof *g) : NULL;
+    s->version = j->info.version;
+    l->meta_expected = 1;
+    s->taken_ns = j->taken_ns;
+    gc_req *g = ac != NULL && ps_link_up(l) ? malloc(sizeof *g) : NULL;
     if (g != NULL) {
-      g->r = r;
+      g->s = s;
       snprintf(g->keep, sizeof g->keep, "%s", j->id);
-      if (redisAsyncCommand(ac, on_snaps_listed, g, "HGETALL %s", r->k.snaps) != REDIS_OK)
+      if (redisAsyncCommand(ac, on_snaps_listed, g, "HGETALL %s", s->link->k->snaps) != REDIS_OK)
         free(g);
       else
-        r->gc_pending = 1;
+        s->gc_pending = 1;
     }
-    if (r->wait_replicas > 0 && ac != NULL &&
-        ps__replica_send_wait(r, ac, on_switch_waited, r) == 0)
+    if (wait_replicas > 0 && ac != NULL && ps_link_send_wait(l, ac, on_switch_waited, s) == 0)
       return;
-    if (r->wait_replicas > 0) {
-      snapshot_done(r, 0);
+    if (wait_replicas > 0) {
+      snapshot_done(s, 0);
       return;
     }
-    ps_frontier_covered(&r->f, j->journal);
-    snapshot_done(r, 1);
+    s->ev.switched(s->ev.arg, j->journal);
+    snapshot_done(s, 1);
     return;
   }
-  if (ps__replica_is_fenced(rep)) {
-    ps__replica_fence(r, rep->str);
-  } else if (ps__replica_check_lost(r, rep)) {
+  if (ps_link_is_fenced(rep)) {
+    ps_link_fence(l, rep->str);
+  } else if (ps_link_check_lost(l, rep)) {
     /* The reconnection claims the keys back and writes a full snapshot. */
   } else if (rep != NULL) {
     char msg[300];
     snprintf(msg, sizeof msg, "the switch failed: %s", rep->str);
-    ps__replica_check_readonly(r, rep);
-    snapshot_failed(r, msg);
+    ps_link_check_readonly(l, rep);
+    snapshot_failed(s, msg);
     return;
   }
-  ps__replica_check_readonly(r, rep);
-  snapshot_done(r, 0);
+  ps_link_check_readonly(l, rep);
+  snapshot_done(s, 0);
 }
 
-static void send_switch(ps_replica *r) {
-  snap_job *j = r->job;
+static void send_switch(ps_snaps *s) {
+  ps_snap_job *j = s->job;
   const ps_state_info *in = &j->info;
+  const ps_shard_opts *o = ps_shard_options(s->shard);
+  const ps_shard_keys *k = s->link->k;
+  const char *epoch_text = s->link->epoch_text;
   char trim[48], f[16][24];
-  snprintf(trim, sizeof trim, "%" PRIu64 "-%" PRIu64, r->epoch, j->journal + 1);
+  snprintf(trim, sizeof trim, "%" PRIu64 "-%" PRIu64, s->link->epoch, j->journal + 1);
   snprintf(f[0], 24, "%" PRIu64, in->version);
   snprintf(f[1], 24, "%" PRIu64, in->global_step);
   snprintf(f[2], 24, "%" PRIu64, j->journal);
   snprintf(f[3], 24, "%" PRIu64, in->image_floats);
-  snprintf(f[4], 24, "%zu", ps_shard_options(r->shard)->nfloats);
+  snprintf(f[4], 24, "%zu", o->nfloats);
   snprintf(f[5], 24, "%" PRIu32, in->nslots);
   snprintf(f[6], 24, "%" PRIu32, in->has_accum);
   snprintf(f[7], 24, "%" PRIu32, in->nonce);
   snprintf(f[8], 24, "%" PRIu32, in->accum_count);
   snprintf(f[9], 24, "%" PRIu32, in->target);
   snprintf(f[10], 24, "%" PRIu64, j->nchunks);
-  snprintf(f[11], 24, "%016" PRIx64, r->layout_hash);
+  snprintf(f[11], 24, "%016" PRIx64, s->layout_hash);
   snprintf(f[12], 24, "%lld", (long long)time(NULL));
-  snprintf(f[13], 24, "%d", ps_shard_options(r->shard)->consistency);
+  snprintf(f[13], 24, "%d", o->consistency);
   snprintf(f[14], 24, "%" PRIu64, j->nondurable);
-  const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", r->k.epoch, r->k.meta, r->k.log,
-                        r->epoch_text, trim,
+  const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", k->epoch, k->meta, k->log,
+                        epoch_text, trim,
                         "snap", j->id, "version", f[0], "global_step", f[1], "journal", f[2],
                         "image_floats", f[3], "nfloats", f[4], "nslots", f[5],
                         "has_accum", f[6], "nonce", f[7], "accum_count", f[8], "target", f[9],
-                        "chunks", f[10], "layout", f[11], "epoch", r->epoch_text, "time", f[12],
+                        "chunks", f[10], "layout", f[11], "epoch", epoch_text, "time", f[12],
                         "format", PS_SNAP_FORMAT,
-                        "optimizer", ps_optim_name(&ps_shard_options(r->shard)->optim),
+                        "optimizer", ps_optim_name(&o->optim),
                         "consistency", f[13], "nondurable", f[14]};
-  if (redisAsyncCommandArgv(r->ac, on_switched, r, (int)(sizeof argv / sizeof argv[0]), argv,
-                            NULL) != REDIS_OK)
-    snapshot_done(r, 0);
+  if (redisAsyncCommandArgv(ps_link_ac(s->link), on_switched, s,
+                            (int)(sizeof argv / sizeof argv[0]), argv, NULL) != REDIS_OK)
+    snapshot_done(s, 0);
 }
 
 /* At most this many chunk SETs in flight: hiredis's output buffer (a log
@@ -234,16 +299,16 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv);
 
 /* Issue chunk SETs up to the window.  @return 0, or -1 when hiredis took
  * none (the connection is going). */
-static int send_chunks(ps_replica *r) {
-  snap_job *j = r->job;
+static int send_chunks(ps_snaps *s) {
+  ps_snap_job *j = s->job;
   while (j->pending < SET_WINDOW && j->next < j->nchunks) {
     uint64_t i = j->next;
     char key[PS_KEY_MAX + 80];
-    snprintf(key, sizeof key, "%s%s:%" PRIu64, r->k.snap_prefix, j->id, i);
+    snprintf(key, sizeof key, "%s%s:%" PRIu64, s->link->k->snap_prefix, j->id, i);
     const char *argv[3] = {"SET", key, (const char *)(j->img + i * PS_SNAP_CHUNK_FLOATS)};
     size_t argl[3] = {3, strlen(key),
                       (size_t)ps_snap_chunk_floats(j->info.image_floats, i) * sizeof(float)};
-    if (redisAsyncCommandArgv(r->ac, on_chunk_set, r, 3, argv, argl) != REDIS_OK)
+    if (redisAsyncCommandArgv(ps_link_ac(s->link), on_chunk_set, s, 3, argv, argl) != REDIS_OK)
       return -1;
     j->next++;
     j->pending++;
@@ -251,32 +316,37 @@ static int send_chunks(ps_replica *r) {
   return 0;
 }
 
+/* The connection the job's commands went on is no longer the one to use,
+ * or the job was abandoned to a close. */
+static int job_cut_off(const ps_snaps *s, const redisAsyncContext *ac) {
+  return ac == NULL || !ps_link_up(s->link) || (s->closing && !s->final_started);
+}
+
 static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
+  ps_snaps *s = priv;
   redisReply *rep = reply;
-  snap_job *j = r->job;
+  ps_snap_job *j = s->job;
   j->pending--;
   if (rep == NULL || rep->type == REDIS_REPLY_ERROR) {
     if (!j->failed && rep != NULL)
       snprintf(j->why, sizeof j->why, "a chunk was not stored: %s", rep->str);
     j->failed = 1;
   }
-  if (!j->failed && (r->ac == NULL || ac == NULL || r->state != RS_UP ||
-                     (r->closing && !r->final_started)))
+  if (!j->failed && (ps_link_ac(s->link) == NULL || job_cut_off(s, ac)))
     j->failed = 1;
-  if (!j->failed && send_chunks(r) != 0)
+  if (!j->failed && send_chunks(s) != 0)
     j->failed = 1;
   if (j->pending > 0)
     return;
   if (j->failed) {
     if (j->why[0])
-      snapshot_failed(r, j->why);
+      snapshot_failed(s, j->why);
     else
-      snapshot_done(r, 0);
+      snapshot_done(s, 0);
     return;
   }
   /* Every chunk is stored: switch the meta hash to them, atomically. */
-  send_switch(r);
+  send_switch(s);
 }
 
 /* The snapshot is registered: a crash from now on leaves chunks that the
@@ -284,47 +354,46 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
  * first also means a Redis that refuses writes costs a copy and one
  * command, not the whole state sent.) */
 static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
-  ps_replica *r = priv;
+  ps_snaps *s = priv;
   redisReply *rep = reply;
-  snap_job *j = r->job;
-  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || ac == NULL || r->state != RS_UP ||
-      (r->closing && !r->final_started)) {
+  ps_snap_job *j = s->job;
+  if (rep == NULL || rep->type == REDIS_REPLY_ERROR || job_cut_off(s, ac)) {
     if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
       char msg[300];
       snprintf(msg, sizeof msg, "not registered: %s", rep->str);
-      snapshot_failed(r, msg);
+      snapshot_failed(s, msg);
     } else {
-      snapshot_done(r, 0);
+      snapshot_done(s, 0);
     }
     return;
   }
   if (j->nchunks == 0) {
-    send_switch(r);
+    send_switch(s);
     return;
   }
-  if (send_chunks(r) != 0) {
+  if (send_chunks(s) != 0) {
     /* hiredis took no more: the connection is going.  With none in
      * flight, nothing else will end the job. */
     if (j->pending == 0) {
-      snapshot_done(r, 0);
+      snapshot_done(s, 0);
       return;
     }
     j->failed = 1;
   }
 }
 
-void ps__replica_snapshot_start(ps_replica *r) {
-  if (r->job != NULL || r->state != RS_UP || (r->closing && !r->final_started))
+void ps_snaps_start(ps_snaps *s) {
+  if (s->job != NULL || !ps_link_up(s->link) || (s->closing && !s->final_started))
     return;
-  if (!r->final_started && ps_now_ns() < r->snap_next_ns)
+  if (!s->final_started && ps_now_ns() < s->next_ns)
     return;
   /* The image covers every entry so far: each goes out before its chunks. */
-  ps_replica_flush(r);
-  ps_shard *s = r->shard;
-  snap_job *j = calloc(1, sizeof *j);
+  s->ev.before_copy(s->ev.arg);
+  ps_shard *sh = s->shard;
+  ps_snap_job *j = calloc(1, sizeof *j);
   if (j == NULL)
     return;
-  j->info = ps_shard_state_info(s);
+  j->info = ps_shard_state_info(sh);
   j->taken_ns = ps_now_ns();
   j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
@@ -333,16 +402,16 @@ void ps__replica_snapshot_start(ps_replica *r) {
     return;
   }
   /* The copy is the consistent cut: everything below happens off it. */
-  ps_shard_state_write(s, j->img);
-  j->journal = ps_shard_journal(s);
-  j->nondurable = r->f.nondurable;
-  snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, r->epoch, ++r->snap_counter);
-  r->job = j;
-  r->updates = 0;
-  r->need_full = 0;
+  ps_shard_state_write(sh, j->img);
+  j->journal = ps_shard_journal(sh);
+  j->nondurable = s->ev.nondurable(s->ev.arg);
+  snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, s->link->epoch, ++s->counter);
+  s->job = j;
+  s->updates = 0;
+  s->need_full = 0;
   char chunks[24];
   snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);
-  if (redisAsyncCommand(r->ac, on_registered, r, "HSET %s %s %s", r->k.snaps, j->id, chunks) !=
-      REDIS_OK)
-    snapshot_done(r, 0);
+  if (redisAsyncCommand(ps_link_ac(s->link), on_registered, s, "HSET %s %s %s",
+                        s->link->k->snaps, j->id, chunks) != REDIS_OK)
+    snapshot_done(s, 0);
 }

@@ -1,4 +1,4 @@
-/* The durability frontier (src/replica/frontier.c): which journal entries
+/* The durability frontier (src/ps/frontier.c): which journal entries
  * are durable, and when held acknowledgements go out. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,7 +9,7 @@
 #include <errno.h>
 
 #include "common/log.h"
-#include "replica/frontier.h"
+#include "ps/frontier.h"
 
 /* A waiter records the status it was released with. */
 typedef struct rec {

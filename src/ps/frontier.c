@@ -6,7 +6,7 @@
  * durable until a snapshot that covers the hole switches (the replay stops
  * being able to chain past a missing entry, restore.c).  Waiters are
  * released in order, as the frontier moves. */
-#include "replica/frontier.h"
+#include "ps/frontier.h"
 
 #include <errno.h>
 #include <inttypes.h>

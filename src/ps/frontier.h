@@ -1,8 +1,9 @@
 /* The durability frontier of a shard's journal (REDIS.md §9): which
  * entries a restore would reach, and the acknowledgements waiting for it.
- * Pure bookkeeping, no I/O: the replica tells it what Redis answered. */
-#ifndef PS_REPLICA_FRONTIER_H
-#define PS_REPLICA_FRONTIER_H
+ * Pure bookkeeping, no I/O: durable.c keeps it and feeds it what the
+ * replica reports Redis answered. */
+#ifndef PS_PS_FRONTIER_H
+#define PS_PS_FRONTIER_H
 
 #include <stdint.h>
 

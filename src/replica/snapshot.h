@@ -1,0 +1,99 @@
+/* A shard's snapshots in Redis (REDIS.md §6), on the link (link.h): the
+ * state image copied on the loop (the consistent cut), registered in
+ * P:snaps, stored in raw chunks a few at a time, then switched in by one
+ * fenced script that trims the log it covers (and, with redis_replicas,
+ * confirmed by WAIT before it covers anything); each switch deletes the
+ * snapshots that never switched.  When one is due and what a switch means
+ * for durability are the owner's: it reports through ps_snap_events and
+ * calls nothing above it.  Private to src/replica (replica.c). */
+#ifndef PS_REPLICA_SNAPSHOT_H
+#define PS_REPLICA_SNAPSHOT_H
+
+#include <stdint.h>
+
+#include "common/backoff.h"
+#include "ps/shard.h"
+#include "replica/link.h"
+
+/* What the snapshots tell, and ask, their owner; each with `arg`. */
+typedef struct ps_snap_events {
+  void *arg;
+  /* A snapshot is about to copy the state: every journal entry made so
+   * far must be sent before its chunks (the owner's kept entry). */
+  void (*before_copy)(void *arg);
+  /* A snapshot of the state at journal count n switched (and, with
+   * redis_replicas, the replicas hold it): it covers every entry <= n. */
+  void (*switched)(void *arg, uint64_t n);
+  /* Closing: the snapshots are done (the last one ended, or none was due)
+   * and the connection is gone.  The owner may free them. */
+  void (*closed)(void *arg);
+  /* Is a snapshot owed although the state did not change: entries are not
+   * durable until one covers them (a hole). */
+  int (*owed)(void *arg);
+  /* The updates acknowledged without being durable, over the run: the
+   * snapshot's meta carries it on. */
+  uint64_t (*nondurable)(void *arg);
+  /* Acknowledgements held until entries are durable: a failed snapshot
+   * says so. */
+  uint64_t (*held)(void *arg);
+} ps_snap_events;
+
+typedef struct ps_snap_job ps_snap_job;
+
+typedef struct ps_snaps {
+  ps_link *link;          /* its config, keys and epoch are the snapshots' */
+  ps_shard *shard;
+  uint64_t layout_hash;
+  ps_snap_events ev;
+
+  uint64_t version;       /* newest snapshot Redis holds */
+  uint64_t taken_ns;      /* when its state was copied (0: none this run) */
+  uint64_t started_ns;    /* ps_snaps_init: the lag's start without one */
+  uint64_t updates;       /* since the last snapshot began */
+  int need_full;          /* a snapshot is owed: a new connection, or the last one failed */
+  ps_snap_job *job;       /* a snapshot in flight */
+  ps_backoff backoff;     /* between snapshots that failed */
+  uint64_t next_ns;       /* no new one before this, after a failure */
+  uint64_t said_ns;       /* when a failed snapshot was last reported (0: none since one worked) */
+  uint64_t failures;      /* failed snapshots since that report */
+  int said_held;          /* that report named acknowledgements held */
+  int gc_pending;         /* a switch's GC listing not yet answered */
+  uint64_t counter;
+  int closing, final_started;
+} ps_snaps;
+
+/* The snapshots of `shard` on `l` (the link's shard keys and epoch).
+ * restored_version: the version of the snapshot Redis holds (a restore
+ * loaded it), 0 when it holds none.  The first one is owed. */
+void ps_snaps_init(ps_snaps *s, ps_link *l, ps_shard *shard, uint64_t layout_hash,
+                   uint64_t restored_version, const ps_snap_events *ev);
+
+/* Start a snapshot when one may (connected, none in flight, not backing
+ * off after a failure): a copy of the state now, the rest on the loop. */
+void ps_snaps_start(ps_snaps *s);
+/* The replication interval's tick: a snapshot when the state changed
+ * since the last one began, one is owed, or the owner owes one. */
+void ps_snaps_tick(ps_snaps *s);
+/* The shard's version changed: counts towards [replication]
+ * every_updates. */
+void ps_snaps_updated(ps_snaps *s);
+/* The connection went down: a full snapshot is owed. */
+void ps_snaps_owe(ps_snaps *s);
+/* A new connection is up (claimed: Redis had lost the shard's keys, and
+ * holds no snapshot of it now): a snapshot at once. */
+void ps_snaps_connected(ps_snaps *s, int claimed);
+
+/* Updates applied since the newest snapshot Redis holds, and how old it is
+ * (seconds since its state was copied; 0 when it covers every update). */
+uint64_t ps_snaps_lag(const ps_snaps *s);
+double ps_snaps_lag_seconds(const ps_snaps *s);
+
+/* The clean stop: a last snapshot when the newest switched one is older
+ * than the state (or one is owed), then the link's disconnect (the link's
+ * down says when it is gone), or ev.closed when no connection is left.  A
+ * snapshot in flight is abandoned first. */
+void ps_snaps_close(ps_snaps *s);
+/* A snapshot is in flight. */
+int ps_snaps_busy(const ps_snaps *s);
+
+#endif

@@ -251,7 +251,8 @@ static ps_state_answer on_load(ps_state_service *ss, ps_conn *c, uint64_t req,
     return refuse(PS_ELAYOUT, 0, "LOAD: %s", why);
   if (l->offset == 0)
     ss->load_next = 0;
-  if (l->offset != ss->load_next || l->count > ss->max_piece)
+  if (l->offset != ss->load_next || l->count > ss->max_piece ||
+      l->count > in->image_floats - l->offset)
     return refuse(PS_EFORMAT, 0, "LOAD piece at float %" PRIu64 " of %" PRIu64 " floats, "
                   "expected the piece at %" PRIu64 " of at most %" PRIu64, l->offset, l->count,
                   ss->load_next, ss->max_piece);

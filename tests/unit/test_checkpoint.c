@@ -442,20 +442,33 @@ static void test_damage_truncated(void **state) {
   expect_damage(f, dir, newer, 0, PS_ECORRUPT, "size mismatch (file ");
 }
 
-static void test_damage_flipped_byte(void **state) {
-  fx *f = *state;
-  char dir[256], newer[512], path[600];
-  damaged(f, "dmg-flip", dir, sizeof dir, newer, sizeof newer);
-  snprintf(path, sizeof path, "%s/shard-0.lz4", newer);
+/* Flip one byte in the middle of ckpt-<step>'s shard-0.lz4, and give the
+ * file a later modification time: kernel timestamps are coarse, and a
+ * write within the tick of the checkpoint's own would keep its time (damage
+ * done then is not what the remembered verification can see). */
+static void flip_shard0(const char *dir, uint64_t step) {
+  char path[600];
+  ckpt_path(dir, step, path, sizeof path);
+  strcat(path, "/shard-0.lz4");
   struct stat st;
   assert_int_equal(stat(path, &st), 0);
   int fd = open(path, O_RDWR);
+  assert_true(fd >= 0);
   unsigned char b;
-  off_t at = st.st_size / 2;
-  assert_int_equal(pread(fd, &b, 1, at), 1);
+  assert_int_equal(pread(fd, &b, 1, st.st_size / 2), 1);
   b ^= 0x10;
-  assert_int_equal(pwrite(fd, &b, 1, at), 1);
+  assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2), 1);
+  struct timespec ts[2] = {st.st_atim, st.st_mtim};
+  ts[1].tv_sec += 1;
+  assert_int_equal(futimens(fd, ts), 0);
   close(fd);
+}
+
+static void test_damage_flipped_byte(void **state) {
+  fx *f = *state;
+  char dir[256], newer[512];
+  damaged(f, "dmg-flip", dir, sizeof dir, newer, sizeof newer);
+  flip_shard0(dir, 200);
   /* LZ4's own checksum (or block decoding) catches it before the XXH64. */
   expect_damage(f, dir, newer, 0, PS_ECORRUPT, "shard-0.lz4: lz4 frame");
 }
@@ -683,28 +696,6 @@ static void test_retention_other_model(void **state) {
   ps_errbuf eb = {0};
   assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
   assert_true(exists(dir, 900) && exists(dir, 950) && exists(dir, 300));
-}
-
-/* Flip one byte in the middle of ckpt-<step>'s shard-0.lz4, and give the
- * file a later modification time: kernel timestamps are coarse, and a
- * write within the tick of the checkpoint's own would keep its time (damage
- * done then is not what the remembered verification can see). */
-static void flip_shard0(const char *dir, uint64_t step) {
-  char path[600];
-  ckpt_path(dir, step, path, sizeof path);
-  strcat(path, "/shard-0.lz4");
-  struct stat st;
-  assert_int_equal(stat(path, &st), 0);
-  int fd = open(path, O_RDWR);
-  assert_true(fd >= 0);
-  unsigned char b;
-  assert_int_equal(pread(fd, &b, 1, st.st_size / 2), 1);
-  b ^= 0x10;
-  assert_int_equal(pwrite(fd, &b, 1, st.st_size / 2), 1);
-  struct timespec ts[2] = {st.st_atim, st.st_mtim};
-  ts[1].tv_sec += 1;
-  assert_int_equal(futimens(fd, ts), 0);
-  close(fd);
 }
 
 /* A damaged checkpoint never counts as newer and is never deleted: with

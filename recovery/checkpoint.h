@@ -160,11 +160,9 @@ typedef struct ps_ckpt_var {
 typedef struct ps_ckpt_shard {
   int index;
   char file[PS_CKPT_NAME_MAX];   /* "shard-<index>.lz4" */
-  uint64_t version, global_step;
   size_t floats;                 /* the slice's length */
-  int nslots, has_accum, accum_count, target;
-  int nonce;
-  ps_once *once;                 /* owned by the ps_ckpt */
+  ps_state_info info;            /* its fixed fields (image_floats for `floats`) */
+  ps_once *once;                 /* info.nonce rows, owned by the ps_ckpt */
   uint64_t compressed_size, uncompressed_size, xxh64;
 } ps_ckpt_shard;
 

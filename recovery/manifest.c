@@ -298,6 +298,29 @@ static int parse_optimizer(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   return 0;
 }
 
+/* A shard's stored fixed fields (state.h's list less the DERIVED ones):
+ * a uint64_t as a decimal string, a flag as true or false, any other as a
+ * number up to its maximum. */
+static int get_state(json_t *s, const char *prefix, ps_state_info *in, ps_errbuf *eb) {
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
+    uint64_t u = 0;
+    int64_t v;
+    int b = 0, rc = 0;
+    if (f->role == PS_STATE_DERIVED)
+      continue;
+    if (f->width == 8)
+      rc = get_u64(s, prefix, f->name, &u, eb);
+    else if (f->max == 1 && (rc = get_bool(s, prefix, f->name, &b, eb)) == 0)
+      u = (uint64_t)b;
+    else if (f->max != 1 && (rc = get_int(s, prefix, f->name, 0, (int64_t)f->max, &v, eb)) == 0)
+      u = (uint64_t)v;
+    if (rc != 0)
+      return PS_ECORRUPT;
+    ps_state_set(in, f, u);
+  }
+  return 0;
+}
+
 static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   json_t *a = get_type(root, "", "shards", JSON_ARRAY, "an array", eb);
   if (a == NULL)
@@ -331,26 +354,24 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     }
     snprintf(sh->file, sizeof sh->file, "%s", file);
     sh->index = i;
-    if (get_u64(s, pre.s, "version", &sh->version, eb) != 0 ||
-        get_u64(s, pre.s, "global_step", &sh->global_step, eb) != 0 ||
-        get_int(s, pre.s, "floats", 1, (int64_t)PS_CKPT_MAX_FLOATS, &v, eb) != 0)
+    if (get_int(s, pre.s, "floats", 1, (int64_t)PS_CKPT_MAX_FLOATS, &v, eb) != 0)
       return PS_ECORRUPT;
     sh->floats = (size_t)v;
-    if (get_int(s, pre.s, "nslots", nslots, nslots, &v, eb) != 0)
-      return PS_ECORRUPT;
-    sh->nslots = (int)v;
-    if (get_bool(s, pre.s, "has_accum", &sh->has_accum, eb) != 0 ||
-        get_int(s, pre.s, "accum_count", 0, INT_MAX, &v, eb) != 0)
-      return PS_ECORRUPT;
-    sh->accum_count = (int)v;
-    if (get_int(s, pre.s, "target", 0, INT_MAX, &v, eb) != 0)
-      return PS_ECORRUPT;
-    sh->target = (int)v;
+    int rc = get_state(s, pre.s, &sh->info, eb);
+    if (rc != 0)
+      return rc;
+    if (sh->info.nslots != (uint32_t)nslots) {
+      char exp[64];
+      snprintf(exp, sizeof exp, "%d (the slots of optimizer %s)", nslots,
+               ps_optim_name(&c->optim));
+      return bad(eb, fp(pre.s, "nslots").s, exp, json_object_get(s, "nslots"));
+    }
     uint64_t *pairs = NULL;
-    int rc = get_pairs(s, pre.s, "once", &pairs, &sh->nonce, eb);
+    int nonce = 0;
+    rc = get_pairs(s, pre.s, "once", &pairs, &nonce, eb);
     if (pairs != NULL) {
-      sh->once = calloc((size_t)sh->nonce + 1, sizeof *sh->once);
-      for (int w = 0; sh->once != NULL && w < sh->nonce; w++)
+      sh->once = calloc((size_t)nonce + 1, sizeof *sh->once);
+      for (int w = 0; sh->once != NULL && w < nonce; w++)
         sh->once[w] = (ps_once){pairs[2 * w], pairs[2 * w + 1]};
       free(pairs);
       if (sh->once == NULL && rc == 0)
@@ -358,7 +379,11 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     }
     if (rc != 0)
       return rc;
-    uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->has_accum);
+    /* The fields a manifest derives rather than stores. */
+    sh->info.nonce = (uint32_t)nonce;
+    sh->info.image_floats =
+        ps_state_floats(sh->floats, sh->info.nslots, sh->info.has_accum, sh->info.nonce);
+    uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->info.has_accum);
     if (get_int(s, pre.s, "compressed_size", 0, JSON_SAFE, &v, eb) != 0)
       return PS_ECORRUPT;
     sh->compressed_size = (uint64_t)v;

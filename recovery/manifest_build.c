@@ -169,13 +169,15 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
     SET(js, "index", json_integer(i));
     SET(js, "file", json_string(file));
     const ps_state_info *in = &s->info;
-    SET(js, "version", json_u64(in->version));
-    SET(js, "global_step", json_u64(in->global_step));
     SET(js, "floats", json_integer((json_int_t)s->nfloats));
-    SET(js, "nslots", json_integer(in->nslots));
-    SET(js, "has_accum", json_boolean(in->has_accum));
-    SET(js, "accum_count", json_integer(in->accum_count));
-    SET(js, "target", json_integer(in->target));
+    /* The stored fixed fields (FORMAT.md; manifest.c's get_state reads them). */
+    for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
+      uint64_t v = ps_state_get(in, f);
+      if (f->role != PS_STATE_DERIVED)
+        SET(js, f->name, f->width == 8 ? json_u64(v)
+                         : f->max == 1 ? json_boolean(v)
+                                       : json_integer((json_int_t)v));
+    }
     for (uint32_t w = 0; w < in->nonce; w++) {
       ps_once row = ps_state_once_get(in, s->nfloats, s->img, w);
       APPEND(once, json_pair_u64(row.incarnation, row.last_seq));

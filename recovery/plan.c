@@ -52,20 +52,17 @@ int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_
   if (cs->floats != so.nfloats)
     return ps_err_set(eb, PS_ELAYOUT, "%s: shard %d holds %zu floats, this cluster's %zu",
                       c->name, i, cs->floats, so.nfloats);
-  if ((uint32_t)cs->nslots != shape.nslots || (uint32_t)cs->has_accum != shape.has_accum)
+  if (cs->info.nslots != shape.nslots || cs->info.has_accum != shape.has_accum)
     return ps_err_set(eb, PS_ELAYOUT,
-                      "%s: shard %d has %d optimizer slots and %s accumulator; this cluster's "
-                      "optimizer %s in %s mode needs %" PRIu32 " and %s",
-                      c->name, i, cs->nslots, cs->has_accum ? "a" : "no", cfg->optimizer,
-                      cfg->consistency == PS_CONSISTENCY_SYNC ? "sync" : "async/ssp",
+                      "%s: shard %d has %" PRIu32 " optimizer slots and %s accumulator; this "
+                      "cluster's optimizer %s in %s mode needs %" PRIu32 " and %s",
+                      c->name, i, cs->info.nslots, cs->info.has_accum ? "a" : "no",
+                      cfg->optimizer, cfg->consistency == PS_CONSISTENCY_SYNC ? "sync" : "async/ssp",
                       shape.nslots, shape.has_accum ? "one" : "none");
   /* The file holds the image's segments: it decompresses in place, and the
    * manifest's rows follow (rows for workers this cluster lacks dropped). */
   *info = shape;
-  info->version = cs->version;
-  info->global_step = cs->global_step;
-  info->accum_count = (uint32_t)cs->accum_count;
-  info->target = cs->target > 0 ? (uint32_t)cs->target : shape.target;
+  ps_state_carry(info, &cs->info);
   *img = malloc((size_t)info->image_floats * sizeof(float));
   if (*img == NULL)
     return ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state image", i);
@@ -77,6 +74,6 @@ int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_
   }
   for (uint32_t j = 0; j < info->nonce; j++)
     ps_state_once_put(info, so.nfloats, *img, j,
-                      j < (uint32_t)cs->nonce ? cs->once[j] : (ps_once){0});
+                      j < cs->info.nonce ? cs->once[j] : (ps_once){0});
   return 0;
 }

@@ -394,10 +394,10 @@ int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errb
   out->buf = buf;
   out->nfloats = dsize / sizeof(float);
   out->values = out->buf;
-  for (int k = 0; k < s->nslots; k++)
+  for (uint32_t k = 0; k < s->info.nslots; k++)
     out->slots[k] = out->buf + (size_t)(1 + k) * s->floats;
-  if (s->has_accum)
-    out->accum = out->buf + (size_t)(1 + s->nslots) * s->floats;
+  if (s->info.has_accum)
+    out->accum = out->buf + (size_t)(1 + s->info.nslots) * s->floats;
   return 0;
 }
 

@@ -76,10 +76,11 @@ static int fits(const ps_solo *s, const ps_ckpt *c, ps_errbuf *why) {
                PRIx64, c->model, c->layout_hash, s->model->spec.desc, s->layout.hash);
     return OTHER_MODEL;
   }
-  if (c->nshards != 1 || c->shards[0].has_accum || c->shards[0].nslots != (int)s->info.nslots) {
+  if (c->nshards != 1 || c->shards[0].info.has_accum ||
+      c->shards[0].info.nslots != s->info.nslots) {
     ps_err_set(why, PS_ELAYOUT, "%s on %d shard%s%s; this run trains with %s on one shard",
                ps_optim_name(&c->optim), c->nshards, c->nshards == 1 ? "" : "s",
-               c->shards[0].has_accum ? " (sync)" : "", ps_optim_name(&s->optim));
+               c->shards[0].info.has_accum ? " (sync)" : "", ps_optim_name(&s->optim));
     return OTHER_OPTIMIZER;
   }
   return FITS;

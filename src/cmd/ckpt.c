@@ -266,16 +266,19 @@ static int cmd_show(int argc, char **argv) {
   printf("shards\n");
   for (int i = 0; i < c.nshards; i++) {
     const ps_ckpt_shard *s = &c.shards[i];
-    printf("  %-12s version %" PRIu64 ", global step %" PRIu64 ", %zu floats, %d slot%s, "
+    const ps_state_info *in = &s->info;
+    printf("  %-12s version %" PRIu64 ", global step %" PRIu64 ", %zu floats, %" PRIu32 " slot%s, "
            "accum %s, %s stored of %s (%.3f), xxh64 %016" PRIx64 "\n",
-           s->file, s->version, s->global_step, s->floats, s->nslots, s->nslots == 1 ? "" : "s",
-           s->has_accum ? "yes" : "no", human_bytes(s->compressed_size, b1, sizeof b1),
+           s->file, in->version, in->global_step, s->floats, in->nslots,
+           in->nslots == 1 ? "" : "s", in->has_accum ? "yes" : "no",
+           human_bytes(s->compressed_size, b1, sizeof b1),
            human_bytes(s->uncompressed_size, b2, sizeof b2),
            (double)s->compressed_size / (double)s->uncompressed_size, s->xxh64);
-    if (s->has_accum || c.consistency == PS_CONSISTENCY_SYNC)
-      printf("    sync: %d gradients summed, %d complete a step\n", s->accum_count, s->target);
-    for (int w = 0; w < s->nonce; w++)
-      printf("    worker %d: incarnation %" PRIu64 ", last sequence %" PRIu64 "\n", w,
+    if (in->has_accum || c.consistency == PS_CONSISTENCY_SYNC)
+      printf("    sync: %" PRIu32 " gradients summed, %" PRIu32 " complete a step\n",
+             in->accum_count, in->target);
+    for (uint32_t w = 0; w < in->nonce; w++)
+      printf("    worker %" PRIu32 ": incarnation %" PRIu64 ", last sequence %" PRIu64 "\n", w,
              s->once[w].incarnation, s->once[w].last_seq);
   }
   printf("workers      %d\n", c.nworkers);

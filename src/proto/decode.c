@@ -175,20 +175,14 @@ static int get_state(const char *name, const uint8_t *payload, size_t at, ps_sta
                      ps_errbuf *eb) {
   const uint8_t *p = payload + at;
   int rc;
-  if ((rc = check_pad(name, payload, at + 44, 4, eb)) != 0)
+  if ((rc = check_pad(name, payload, at + PS_STATE_WIRE_USED,
+                      PS_STATE_WIRE_SIZE - PS_STATE_WIRE_USED, eb)) != 0)
     return rc;
-  st->version = ps_get_le64(p);
-  st->global_step = ps_get_le64(p + 8);
-  st->image_floats = ps_get_le64(p + 16);
-  st->nslots = ps_get_le32(p + 24);
-  st->has_accum = ps_get_le32(p + 28);
-  st->accum_count = ps_get_le32(p + 32);
-  st->target = ps_get_le32(p + 36);
-  st->nonce = ps_get_le32(p + 40);
-  if (!state_ok(st))
-    return ps_err_set(eb, PS_EFORMAT, "%s: %" PRIu32 " slots and has_accum %" PRIu32
-                      ", expected at most 2 slots and has_accum 0 or 1", name, st->nslots,
-                      st->has_accum);
+  uint64_t found;
+  const ps_state_field *f = ps_state_wire_get(p, st, &found);
+  if (f != NULL)
+    return ps_err_set(eb, PS_EFORMAT, "%s: state field %s is %" PRIu64 ", expected at most %"
+                      PRIu64, name, f->name, found, f->max);
   return 0;
 }
 

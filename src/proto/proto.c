@@ -150,7 +150,7 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
     break;
   }
   case PS_MSG_LOAD:
-    if (!state_ok(&msg->u.load.state) || msg->u.load.offset > msg->u.load.state.image_floats ||
+    if (ps_state_over(&msg->u.load.state) != NULL || msg->u.load.offset > msg->u.load.state.image_floats ||
         msg->u.load.count > msg->u.load.state.image_floats - msg->u.load.offset)
       return -1;
     /* fall through */
@@ -165,7 +165,7 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
     break;
   }
   case PS_MSG_CUT_REPLY:
-    if (!state_ok(&msg->u.cut_reply.state))
+    if (ps_state_over(&msg->u.cut_reply.state) != NULL)
       return -1;
     break;
   case PS_MSG_STATS_REPLY:
@@ -186,17 +186,6 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
   }
   *len = (uint32_t)n;
   return 0;
-}
-
-static void put_state(uint8_t *p, const ps_state_info *st) {
-  ps_put_le64(p, st->version);
-  ps_put_le64(p + 8, st->global_step);
-  ps_put_le64(p + 16, st->image_floats);
-  ps_put_le32(p + 24, st->nslots);
-  ps_put_le32(p + 28, st->has_accum);
-  ps_put_le32(p + 32, st->accum_count);
-  ps_put_le32(p + 36, st->target);
-  ps_put_le32(p + 40, st->nonce);
 }
 
 /* Write the fixed part of msg's payload at p; padding is written as zeros. */
@@ -279,7 +268,7 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     break;
   case PS_MSG_CUT_REPLY:
     ps_put_le64(p, msg->u.cut_reply.cut_id);
-    put_state(p + 8, &msg->u.cut_reply.state);
+    ps_state_wire_put(p + 8, &msg->u.cut_reply.state);
     break;
   case PS_MSG_RESUME:
     ps_put_le64(p, msg->u.resume.fence);
@@ -298,7 +287,7 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     break;
   case PS_MSG_LOAD:
     ps_put_le64(p, msg->u.load.fence);
-    put_state(p + LOAD_STATE_AT, &msg->u.load.state);
+    ps_state_wire_put(p + LOAD_STATE_AT, &msg->u.load.state);
     ps_put_le64(p + LOAD_STATE_AT + STATE_SIZE, msg->u.load.offset);
     ps_put_le64(p + LOAD_STATE_AT + STATE_SIZE + 8, msg->u.load.count);
     break;

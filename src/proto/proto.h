@@ -250,8 +250,8 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
  * counts match the bytes present (PULL_REPLY, PUSH, FETCH_REPLY, LOAD,
  * RING_CHUNK), that
  * padding and reserved fields are zero, that roles, PUSH_ACK status, ERROR
- * code and flags, STATS_REPLY flags and a state block's nslots (0..2) and
- * has_accum (0..1) hold defined values, that the fence token of CUT, RESUME,
+ * code and flags, STATS_REPLY flags and a state block's fields (each at
+ * most its PS_STATE_FIELDS maximum) hold defined values, that the fence token of CUT, RESUME,
  * FETCH, LOAD and STOP is not 0, that a LOAD piece lies within its
  * image (offset + count <= image_floats), and that strings fit and hold only
  * allowed bytes (cluster id [A-Za-z0-9_.-], 1..63; ERROR message printable
@@ -269,8 +269,8 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
  * text can be sent.  @return the frame's length, or 0 if it does not fit or
  * if msg is something ps_proto_decode would refuse (unknown type or role,
  * bad cluster id, PUSH_ACK status > 2, ERROR code >= 0 or unknown ERROR
- * flags, unknown STATS_REPLY flags, a CUT_REPLY or LOAD state with nslots > 2
- * or has_accum > 1, a fence token of 0 in CUT, RESUME, FETCH, LOAD or STOP,
+ * flags, unknown STATS_REPLY flags, a CUT_REPLY or LOAD state with a field
+ * over its maximum, a fence token of 0 in CUT, RESUME, FETCH, LOAD or STOP,
  * a LOAD piece outside its image, a count whose frame
  * length overflows 32 bits, NULL data with a nonzero count). */
 size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap);

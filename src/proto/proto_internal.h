@@ -28,7 +28,7 @@ enum {
   STATS_REPLY_SIZE = 88,
   ERROR_FIXED = 16,
   PING_SIZE = 8,
-  STATE_SIZE = 48,          /* the ps_state_info block inside CUT_REPLY and LOAD */
+  STATE_SIZE = PS_STATE_WIRE_SIZE, /* the ps_state_info block inside CUT_REPLY and LOAD */
   /* Every chief -> shard frame starts with its 8-byte fence token. */
   CUT_SIZE = 24,
   CUT_REPLY_SIZE = 8 + STATE_SIZE,
@@ -106,10 +106,6 @@ static inline void set_float_data(ps_msg *m, const uint8_t *data) {
   case PS_MSG_RING_CHUNK: m->u.ring_chunk.data = data; break;
   default: break;
   }
-}
-
-static inline int state_ok(const ps_state_info *st) {
-  return st->nslots <= 2 && st->has_accum <= 1;
 }
 
 static inline int role_ok(unsigned role) {

@@ -3,9 +3,77 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/endian.h"
 #include "paramserv/error.h"
+
+const ps_state_field ps_state_fields[PS_STATE_NFIELDS] = {
+#define FIELD(type, name, max, role) \
+  {#name, offsetof(ps_state_info, name), sizeof(type), (max), PS_STATE_##role},
+    PS_STATE_FIELDS(FIELD)
+#undef FIELD
+};
+
+uint64_t ps_state_get(const ps_state_info *in, const ps_state_field *f) {
+  const char *p = (const char *)in + f->offset;
+  if (f->width == 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+  }
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+int ps_state_set(ps_state_info *in, const ps_state_field *f, uint64_t v) {
+  if (v > f->max)
+    return -1;
+  char *p = (char *)in + f->offset;
+  if (f->width == 8) {
+    memcpy(p, &v, 8);
+  } else {
+    uint32_t w = (uint32_t)v;
+    memcpy(p, &w, 4);
+  }
+  return 0;
+}
+
+const ps_state_field *ps_state_over(const ps_state_info *in) {
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++)
+    if (ps_state_get(in, f) > f->max)
+      return f;
+  return NULL;
+}
+
+void ps_state_wire_put(uint8_t *p, const ps_state_info *in) {
+  memset(p, 0, PS_STATE_WIRE_SIZE);
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
+    uint64_t v = ps_state_get(in, f);
+    if (f->width == 8)
+      ps_put_le64(p, v);
+    else
+      ps_put_le32(p, (uint32_t)v);
+    p += f->width;
+  }
+}
+
+const ps_state_field *ps_state_wire_get(const uint8_t *p, ps_state_info *in, uint64_t *found) {
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
+    *found = f->width == 8 ? ps_get_le64(p) : ps_get_le32(p);
+    if (ps_state_set(in, f, *found) != 0)
+      return f;
+    p += f->width;
+  }
+  return NULL;
+}
+
+void ps_state_carry(ps_state_info *in, const ps_state_info *from) {
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++)
+    if (f->role == PS_STATE_PROGRESS)
+      ps_state_set(in, f, ps_state_get(from, f));
+}
 
 uint64_t ps_state_floats(size_t n, uint32_t nslots, uint32_t has_accum, uint32_t nonce) {
   return (uint64_t)n * (1 + (uint64_t)nslots + has_accum) + 4 * (uint64_t)nonce;

@@ -55,7 +55,7 @@ static int hash_u64(const redisReply *h, const char *field, uint64_t *out) {
 static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
                          ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
   const ps_shard_opts *o = ps_shard_options(s);
-  uint64_t journal, chunks, nfloats, nondurable = 0, small[5];
+  uint64_t journal, chunks, nfloats, nondurable = 0;
   ps_state_info in = {0};
   const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
   /* Format 2 stored its chunks as LZ4 blocks; 3 stores them raw. */
@@ -65,22 +65,19 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
                       "%s: replica format %s, this shard reads formats 2 and %s (restore from a "
                       "checkpoint: delete the keys of %s)",
                       k->meta, fmt && fmt->str ? fmt->str : "(none)", PS_SNAP_FORMAT, k->tag);
-  if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "version", &in.version) ||
-      hash_u64(meta, "global_step", &in.global_step) || hash_u64(meta, "journal", &journal) ||
-      hash_u64(meta, "image_floats", &in.image_floats) || hash_u64(meta, "nfloats", &nfloats) ||
-      hash_u64(meta, "nslots", &small[0]) || hash_u64(meta, "has_accum", &small[1]) ||
-      hash_u64(meta, "nonce", &small[2]) || hash_u64(meta, "accum_count", &small[3]) ||
-      hash_u64(meta, "target", &small[4]) || hash_u64(meta, "chunks", &chunks))
+  if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "journal", &journal) ||
+      hash_u64(meta, "nfloats", &nfloats) || hash_u64(meta, "chunks", &chunks))
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata", k->meta);
-  for (int i = 0; i < 5; i++)
-    if (small[i] > UINT32_MAX)
-      return ps_err_set(eb, PS_ECORRUPT, "%s: snapshot count %" PRIu64 " out of range", k->meta,
-                        small[i]);
-  in.nslots = (uint32_t)small[0];
-  in.has_accum = (uint32_t)small[1];
-  in.nonce = (uint32_t)small[2];
-  in.accum_count = (uint32_t)small[3];
-  in.target = (uint32_t)small[4];
+  /* The state's fixed fields, each under its own name (state.h). */
+  for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
+    uint64_t v;
+    if (hash_u64(meta, f->name, &v))
+      return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (no %s)", k->meta,
+                        f->name);
+    if (ps_state_set(&in, f, v) != 0)
+      return ps_err_set(eb, PS_ECORRUPT, "%s: snapshot %s %" PRIu64 " out of range (at most %"
+                        PRIu64 ")", k->meta, f->name, v, f->max);
+  }
   hash_u64(meta, "nondurable", &nondurable);
   const redisReply *opt = hash_get(meta, "optimizer"), *cons = hash_get(meta, "consistency");
   if (opt == NULL || opt->type != REDIS_REPLY_STRING ||

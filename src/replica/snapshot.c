@@ -256,38 +256,35 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
 
 static void send_switch(ps_snaps *s) {
   ps_snap_job *j = s->job;
-  const ps_state_info *in = &j->info;
   const ps_shard_opts *o = ps_shard_options(s->shard);
   const ps_shard_keys *k = s->link->k;
   const char *epoch_text = s->link->epoch_text;
-  char trim[48], f[16][24];
+  char trim[48], f[8][24], st[PS_STATE_NFIELDS][24];
   snprintf(trim, sizeof trim, "%" PRIu64 "-%" PRIu64, s->link->epoch, j->journal + 1);
-  snprintf(f[0], 24, "%" PRIu64, in->version);
-  snprintf(f[1], 24, "%" PRIu64, in->global_step);
-  snprintf(f[2], 24, "%" PRIu64, j->journal);
-  snprintf(f[3], 24, "%" PRIu64, in->image_floats);
-  snprintf(f[4], 24, "%zu", o->nfloats);
-  snprintf(f[5], 24, "%" PRIu32, in->nslots);
-  snprintf(f[6], 24, "%" PRIu32, in->has_accum);
-  snprintf(f[7], 24, "%" PRIu32, in->nonce);
-  snprintf(f[8], 24, "%" PRIu32, in->accum_count);
-  snprintf(f[9], 24, "%" PRIu32, in->target);
-  snprintf(f[10], 24, "%" PRIu64, j->nchunks);
-  snprintf(f[11], 24, "%016" PRIx64, s->layout_hash);
-  snprintf(f[12], 24, "%lld", (long long)time(NULL));
-  snprintf(f[13], 24, "%d", o->consistency);
-  snprintf(f[14], 24, "%" PRIu64, j->nondurable);
-  const char *argv[] = {"EVAL", SWITCH_SCRIPT, "3", k->epoch, k->meta, k->log,
-                        epoch_text, trim,
-                        "snap", j->id, "version", f[0], "global_step", f[1], "journal", f[2],
-                        "image_floats", f[3], "nfloats", f[4], "nslots", f[5],
-                        "has_accum", f[6], "nonce", f[7], "accum_count", f[8], "target", f[9],
-                        "chunks", f[10], "layout", f[11], "epoch", epoch_text, "time", f[12],
-                        "format", PS_SNAP_FORMAT,
-                        "optimizer", ps_optim_name(&o->optim),
-                        "consistency", f[13], "nondurable", f[14]};
-  if (redisAsyncCommandArgv(ps_link_ac(s->link), on_switched, s,
-                            (int)(sizeof argv / sizeof argv[0]), argv, NULL) != REDIS_OK)
+  snprintf(f[0], 24, "%" PRIu64, j->journal);
+  snprintf(f[1], 24, "%zu", o->nfloats);
+  snprintf(f[2], 24, "%" PRIu64, j->nchunks);
+  snprintf(f[3], 24, "%016" PRIx64, s->layout_hash);
+  snprintf(f[4], 24, "%lld", (long long)time(NULL));
+  snprintf(f[5], 24, "%d", o->consistency);
+  snprintf(f[6], 24, "%" PRIu64, j->nondurable);
+  const char *argv[8 + 2 * PS_STATE_NFIELDS + 22] = {
+      "EVAL", SWITCH_SCRIPT, "3", k->epoch, k->meta, k->log, epoch_text, trim};
+  int argc = 8;
+  /* The state's fixed fields under their own names (state.h), then the snapshot's. */
+  for (int i = 0; i < PS_STATE_NFIELDS; i++) {
+    snprintf(st[i], 24, "%" PRIu64, ps_state_get(&j->info, &ps_state_fields[i]));
+    argv[argc++] = ps_state_fields[i].name;
+    argv[argc++] = st[i];
+  }
+  const char *rest[] = {"snap", j->id, "journal", f[0], "nfloats", f[1], "chunks", f[2],
+                        "layout", f[3], "epoch", epoch_text, "time", f[4],
+                        "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&o->optim),
+                        "consistency", f[5], "nondurable", f[6]};
+  _Static_assert(sizeof rest / sizeof rest[0] <= 22, "argv has room for rest");
+  for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+    argv[argc++] = rest[i];
+  if (redisAsyncCommandArgv(ps_link_ac(s->link), on_switched, s, argc, argv, NULL) != REDIS_OK)
     snapshot_done(s, 0);
 }
 

@@ -57,9 +57,11 @@ static void check(const ps_ckpt *c) {
     __builtin_trap();
   for (int i = 0; i < c->nshards; i++) {
     const ps_ckpt_shard *s = &c->shards[i];
-    if (s->index != i || s->floats == 0 || s->nslots < 0 || s->nslots > PS_OPTIM_MAX_SLOTS ||
-        s->uncompressed_size != (uint64_t)s->floats * 4 * (uint64_t)(1 + s->nslots + s->has_accum) ||
-        (s->nonce > 0 && s->once == NULL) || strchr(s->file, '/') != NULL)
+    const ps_state_info *in = &s->info;
+    if (s->index != i || s->floats == 0 || ps_state_over(in) != NULL ||
+        s->uncompressed_size != (uint64_t)s->floats * 4 * (uint64_t)(1 + in->nslots + in->has_accum) ||
+        in->image_floats != ps_state_floats(s->floats, in->nslots, in->has_accum, in->nonce) ||
+        (in->nonce > 0 && s->once == NULL) || strchr(s->file, '/') != NULL)
       __builtin_trap();
   }
 }

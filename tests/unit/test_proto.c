@@ -10,6 +10,7 @@
 
 #include "common/endian.h"
 #include "proto/proto.h"
+#include "state_assert.h"
 
 #define MAX_PAYLOAD (1u << 20)
 /* The fence token of the sample chief -> shard frames. */
@@ -171,17 +172,6 @@ static void set_float_data(ps_msg *m, const uint8_t *data) {
   case PS_MSG_RING_CHUNK: m->u.ring_chunk.data = data; break;
   default: fail_msg("%s carries no floats", ps_proto_type_name(m->type));
   }
-}
-
-static void assert_state_equal(const ps_state_info *a, const ps_state_info *b) {
-  assert_true(a->version == b->version);
-  assert_true(a->global_step == b->global_step);
-  assert_true(a->image_floats == b->image_floats);
-  assert_int_equal(a->nslots, b->nslots);
-  assert_int_equal(a->has_accum, b->has_accum);
-  assert_int_equal(a->accum_count, b->accum_count);
-  assert_int_equal(a->target, b->target);
-  assert_int_equal(a->nonce, b->nonce);
 }
 
 static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
@@ -962,14 +952,14 @@ static void test_bad_state(void **state) {
     uint32_t len = (uint32_t)(encode_sample(blocks[i].type, &m) - PS_PROTO_HEADER_SIZE);
     ps_put_le32(b + 24, 3);
     snprintf(needle, sizeof needle,
-             "%s: 3 slots and has_accum 1, expected at most 2 slots and has_accum 0 or 1", name);
+             "%s: state field nslots is 3, expected at most 2", name);
     expect_reject(len, PS_EFORMAT, needle);
     ps_put_le32(b + 24, UINT32_MAX);
-    snprintf(needle, sizeof needle, "%s: 4294967295 slots", name);
+    snprintf(needle, sizeof needle, "%s: state field nslots is 4294967295,", name);
     expect_reject(len, PS_EFORMAT, needle);
     ps_put_le32(b + 24, 2);
     ps_put_le32(b + 28, 2);
-    snprintf(needle, sizeof needle, "%s: 2 slots and has_accum 2", name);
+    snprintf(needle, sizeof needle, "%s: state field has_accum is 2, expected at most 1", name);
     expect_reject(len, PS_EFORMAT, needle);
     /* Every valid combination, and the fields with no rule at their extremes. */
     for (uint32_t slots = 0; slots <= 2; slots++)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ps/shard.h"
+#include "state_assert.h"
 
 #define N 37
 
@@ -38,14 +39,7 @@ static void record(rec *r, const ps_journal *j) {
  * accumulator, exactly-once rows and the fixed fields. */
 static void assert_same_state(const ps_shard *a, const ps_shard *b) {
   ps_state_info ia = ps_shard_state_info(a), ib = ps_shard_state_info(b);
-  assert_int_equal(ia.version, ib.version);
-  assert_int_equal(ia.global_step, ib.global_step);
-  assert_int_equal(ia.image_floats, ib.image_floats);
-  assert_int_equal(ia.nslots, ib.nslots);
-  assert_int_equal(ia.has_accum, ib.has_accum);
-  assert_int_equal(ia.accum_count, ib.accum_count);
-  assert_int_equal(ia.target, ib.target);
-  assert_int_equal(ia.nonce, ib.nonce);
+  assert_state_equal(&ia, &ib);
   assert_int_equal(ps_shard_journal(a), ps_shard_journal(b));
   float *xa = malloc(ia.image_floats * sizeof(float)), *xb = malloc(ib.image_floats * sizeof(float));
   assert_non_null(xa);

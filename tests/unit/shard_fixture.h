@@ -332,8 +332,9 @@ static inline ps_msg fx_expect(peer *p, ps_msg_type type) { return fx_expect_req
 
 /* The shard answered p with ERROR `code` and closed the connection. */
 static inline ps_msg_error fx_expect_refusal(peer *p, int code) {
-  FX_WAIT(p->head != NULL || p->closed || p->welcomed, "ERROR");
-  if (p->welcomed && p->head == NULL)
+  int was_welcomed = p->welcomed;
+  FX_WAIT(p->head != NULL || p->closed || p->welcomed > was_welcomed, "ERROR");
+  if (p->welcomed > was_welcomed && p->head == NULL)
     fail_msg("%s %u: welcomed, expected ERROR %d", ps_role_name(p->role), p->index, code);
   ps_msg m = fx_expect(p, PS_MSG_ERROR);
   assert_int_equal(m.u.error.code, code);

@@ -303,7 +303,10 @@ void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t 
 
 void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info) {
   s->accum_count = (int)info->accum_count;
-  s->target = info->target > 0 ? (int)info->target : s->o.replicas_to_aggregate;
+  /* 0 is the config's; a larger cluster's target is capped at this one's. */
+  s->target = info->target > 0 && info->target < (uint32_t)s->o.replicas_to_aggregate
+                  ? (int)info->target
+                  : s->o.replicas_to_aggregate;
   s->version = info->version;
   s->global_step = info->global_step;
   /* Workers the image lacks start with none. */

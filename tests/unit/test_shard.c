@@ -162,6 +162,33 @@ static void test_state_load_in_pieces(void **state) {
   ps_shard_free(again);
 }
 
+/* A sync image whose target is above this cluster's replicas_to_aggregate
+ * (a checkpoint of a larger cluster) loads with the cluster's: two
+ * gradients then complete a step, rather than a step waiting out
+ * sync_timeout_ms for a third worker that does not exist. */
+static void test_load_target_capped(void **state) {
+  (void)state;
+  ps_shard_opts o = opts(PS_CONSISTENCY_SYNC);
+  ps_shard *s = ps_shard_new(&o, NULL);
+  assert_non_null(s);
+  ps_state_info in = ps_shard_state_info(s);
+  float *img = malloc(in.image_floats * sizeof(float));
+  assert_non_null(img);
+  ps_shard_state_write(s, img);
+  in.target = 3;
+  ps_shard_state_load_piece(s, &in, 0, img, in.image_floats);
+  ps_shard_state_load_end(s, &in);
+  assert_int_equal(ps_shard_sync_target(s), 2);
+  float g[N];
+  for (uint32_t w = 0; w < 2; w++) {
+    grad(g, (int)w);
+    assert_int_equal(ps_shard_push(s, w, 1, 1, 0, g, NULL), PS_SHARD_APPLIED);
+  }
+  assert_int_equal(ps_shard_version(s), 1);
+  free(img);
+  ps_shard_free(s);
+}
+
 /* Shard 0's last_step: a push at or past it is STALE and counted, the
  * version stays; a replay applies what was applied whatever the limit. */
 static void test_last_step(void **state) {
@@ -202,6 +229,7 @@ int main(void) {
       cmocka_unit_test(test_sync_flush_and_target_replay),
       cmocka_unit_test(test_state_load_in_pieces),
       cmocka_unit_test(test_last_step),
+      cmocka_unit_test(test_load_target_capped),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,9 @@
  * event with a deadline (never a sleep that hopes).  The server listens on
  * 127.0.0.1 at a free port of 20000-49999, without persistence, in a
  * directory of its own; it answers PING before redis_server_start returns
- * and dies with the test process.  Include after cmocka.h: the command
- * helpers assert. */
+ * and dies with the test process; a config naming it.  Include after
+ * cmocka.h: the command helpers assert.  Includes tmpdir.h: the server's
+ * directory is in the test's. */
 #ifndef PS_TESTS_REDIS_SERVER_H
 #define PS_TESTS_REDIS_SERVER_H
 
@@ -23,6 +24,10 @@
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "tmpdir.h"
 
 /* Bounds a hang only: every wait ends at its event, long before. */
 #define REDIS_SERVER_DEADLINE_MS 20000
@@ -101,9 +106,11 @@ static inline int redis_server_start(redis_server *s, const char *parent,
   snprintf(s->dir, sizeof s->dir, "%s/redis.%u", parent, n++);
   if (mkdir(s->dir, 0700) != 0)
     return -1;
+  /* A replica made of it syncs at once (Redis 7 waits 5 s for more). */
   const char *argv[32] = {"redis-server", "--port", NULL, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--daemonize", "no", "--dir", s->dir};
-  int argc = 13;
+                          "--appendonly", "no", "--daemonize", "no", "--dir", s->dir,
+                          "--repl-diskless-sync-delay", "0"};
+  int argc = 15;
   for (int i = 0; extra != NULL && extra[i] != NULL && argc < 31; i++) {
     if (strcmp(extra[i], "--requirepass") == 0 && extra[i + 1] != NULL)
       snprintf(s->password, sizeof s->password, "%s", extra[i + 1]);
@@ -167,6 +174,34 @@ static inline void redis_server_stop(redis_server *s) {
   s->dir[0] = '\0';
 }
 
+/* A test group's server and its own connection to it, in the test's
+ * directory (tmpdir.h). */
+static redis_server server;
+static redisContext *redis;
+
+/* cmocka's group setup: logs at errors only, the directory, the server
+ * and the connection (*state is the tests' own).  @return 0, or -1 with
+ * nothing left behind. */
+static inline int redis_group_setup(void **state) {
+  (void)state;
+  ps_log_init("test", PS_LOG_ERROR);
+  if (tmpdir_create("test_redis") != 0)
+    return -1;
+  if (redis_server_start(&server, tmp, NULL) == 0 && (redis = redis_server_connect(&server)) != NULL)
+    return 0;
+  redis_server_stop(&server);
+  tmpdir_remove();
+  return -1;
+}
+
+static inline int redis_group_teardown(void **state) {
+  (void)state;
+  redisFree(redis);
+  redis = NULL;
+  redis_server_stop(&server);
+  return tmpdir_remove();
+}
+
 /* ------------------------------------------- the test's own commands */
 
 /* A command that must not fail; its reply (free it with freeReplyObject). */
@@ -209,6 +244,27 @@ static inline int redis_str(redisContext *c, char *out, size_t len, const char *
   return found;
 }
 
+/* Write at `path` and load into cfg a cluster "test" (one shard, one
+ * worker) whose [redis] address is this server, followed by `fmt`'s
+ * lines: more of [redis] first, then any other sections. */
+static inline void redis_server_config(const redis_server *s, const char *path, ps_config *cfg,
+                                       const char *fmt, ...) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fprintf(f,
+          "[cluster]\nid = test\nps = 127.0.0.1:1\nworkers = 127.0.0.1:2\n"
+          "[redis]\naddress = 127.0.0.1:%d\n",
+          s->port);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(f, fmt, ap);
+  va_end(ap);
+  assert_int_equal(fclose(f), 0);
+  ps_errbuf eb = {0};
+  if (ps_config_load(path, cfg, &eb) != 0)
+    fail_msg("config %s: %s", path, eb.msg);
+}
+
 /* ------------------------------------------------------------- waits */
 
 /* Run `loop` (NULL: none, cond watches another thread or Redis) until
@@ -222,6 +278,15 @@ static inline void wait_until(uv_loop_t *loop, int (*cond)(void *), void *arg, c
       uv_run(loop, UV_RUN_NOWAIT);
     usleep(1000);
   }
+}
+
+/* A test's teardown: the loop closed, which fails while a handle is
+ * left on it (a leak).  @return 0 or -1. */
+static inline int loop_close_clean(uv_loop_t *loop) {
+  if (uv_loop_close(loop) == 0)
+    return 0;
+  fprintf(stderr, "the loop still holds handles\n");
+  return -1;
 }
 
 #endif

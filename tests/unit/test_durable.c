@@ -24,12 +24,9 @@
 #include "ps/durable.h"
 #include "ps/shard.h"
 #include "replica/restore.h"
-#include "tmpdir.h"
 #include "redis_server.h"
 
 typedef struct fx {
-  redis_server redis;
-  redisContext *rc;       /* the test's own connection, to provoke errors */
   char conf[256];
   ps_config cfg;
   ps_model model;
@@ -62,8 +59,8 @@ static void on_fenced(void *arg, const char *why) {
 }
 
 /* INFO stats' total_error_replies: Redis counts each error it sent. */
-static long long redis_errors(fx *f) {
-  redisReply *r = redisCommand(f->rc, "INFO stats");
+static long long redis_errors(void) {
+  redisReply *r = redisCommand(redis, "INFO stats");
   assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
   const char *p = strstr(r->str, "total_error_replies:");
   long long v = p != NULL ? atoll(p + strlen("total_error_replies:")) : -1;
@@ -84,9 +81,9 @@ static int heartbeat_ms = 1000;
  * durability of its updates started in `mode`. */
 static void start(fx *f, const char *mode, const char *on_failure) {
   static volatile int stop;
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 0");
-  redis_ok(f->rc, "ACL SETUSER default +@all");
-  redis_ok(f->rc, "FLUSHALL");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "ACL SETUSER default +@all");
+  redis_ok(redis, "FLUSHALL");
   snprintf(f->conf, sizeof f->conf, "%s/c.conf", tmp);
   FILE *c = fopen(f->conf, "w");
   assert_non_null(c);
@@ -96,7 +93,7 @@ static void start(fx *f, const char *mode, const char *on_failure) {
           "[redis]\naddress = 127.0.0.1:%d\ntimeout_ms = 2000\n"
           "[replication]\nmode = %s\non_redis_failure = %s\ninterval_ms = 50\n"
           "[worker]\nheartbeat_ms = %d\n",
-          f->redis.port, mode, on_failure, heartbeat_ms);
+          server.port, mode, on_failure, heartbeat_ms);
   fclose(c);
   ps_errbuf eb = {0};
   if (ps_config_load(f->conf, &f->cfg, &eb) != 0)
@@ -125,7 +122,7 @@ static int loop_done(void *f) { return !uv_loop_alive(&((fx *)f)->loop); }
  * (closing its handles from outside, as this did, leaked the replica and
  * its connection). */
 static void finish(fx *f) {
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   ps_durable_stop(f->d);
   run_until(f, loop_done, "the replica's close");
   assert_int_equal(uv_loop_close(&f->loop), 0);
@@ -153,28 +150,12 @@ static int push(fx *f, uint64_t seq) {
   return ps_durable_submit(f->d, ps_shard_journal(f->shard), &a, sizeof a, on_ack);
 }
 
+/* The fixture, the same for every test (start and finish set it up and
+ * close it); the server is the group's (redis_server.h). */
 static int setup(void **state) {
-  ps_log_init("test", PS_LOG_ERROR);
-  if (tmpdir_create("test_durable") != 0)
-    return -1;
-  fx *f = calloc(1, sizeof *f);
-  if (f == NULL || redis_server_start(&f->redis, tmp, NULL) != 0 ||
-      (f->rc = redis_server_connect(&f->redis)) == NULL) {
-    if (f != NULL)
-      redis_server_stop(&f->redis);
-    free(f);
-    return -1;
-  }
-  *state = f;
+  static fx the;
+  *state = &the;
   return 0;
-}
-
-static int teardown(void **state) {
-  fx *f = *state;
-  redisFree(f->rc);
-  redis_server_stop(&f->redis);
-  free(f);
-  return tmpdir_remove();
 }
 
 static int one_ack(void *f) { (void)f; return acks >= 1; }
@@ -215,12 +196,12 @@ static void test_log_acks_after_redis(void **state) {
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
   assert_int_equal(acked_yes, 1);
-  long long before = redis_int(f->rc, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
+  long long before = redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
   int rc = push(f, 2);
   if (rc == 0)
     run_until(f, two_acks, "ack of push 2");
   /* Acknowledged only with its entry in the stream (or a snapshot of it). */
-  long long after = redis_int(f->rc, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
+  long long after = redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
   assert_true(after == before + 1 || after == 0);
   assert_int_equal(acked_no, 0);
   finish(f);
@@ -245,18 +226,18 @@ static void test_block_holds_until_healed(void **state) {
   start(f, "log", "block");
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 1");
-  long long errors = redis_errors(f);
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
+  long long errors = redis_errors();
   int rc = push(f, 2);
   assert_int_equal(rc, 0);
   uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
-  while (redis_errors(f) == errors) {  /* the refused XADD */
+  while (redis_errors() == errors) {  /* the refused XADD */
     assert_true(redis_server_now_ms() < end);
     uv_run(&f->loop, UV_RUN_NOWAIT);
     usleep(1000);
   }
   assert_second_kept(f);
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   run_until(f, two_acks, "ack of push 2 after Redis healed");
   assert_int_equal(acked_yes, 2);
   assert_int_equal(last_seq, 2);
@@ -279,7 +260,7 @@ static void test_degrade_counts(void **state) {
   ps_durable_stats st;
   ps_durable_stats_get(f->d, &st);
   uint64_t nondurable = st.nondurable;
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 1");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
   int before = acks;
   if (push(f, 2) == 0)
     while (acks == before)
@@ -288,7 +269,7 @@ static void test_degrade_counts(void **state) {
   ps_durable_stats_get(f->d, &st);
   assert_int_equal(st.nondurable, nondurable + 1);
   assert_int_equal(acked_no, 0);
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   finish(f);
 }
 
@@ -296,14 +277,14 @@ static void test_degrade_counts(void **state) {
 static void test_stop_drops_kept(void **state) {
   fx *f = *state;
   start(f, "log", "block");
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 1");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
   assert_int_equal(push(f, 1), 0);
   ps_durable_stop(f->d);
   assert_int_equal(acks, 1);
   assert_int_equal(acked_no, 1);
   ack a = {9};
   assert_int_equal(ps_durable_submit(f->d, 1, &a, sizeof a, on_ack), 1);  /* replicates nothing now */
-  redis_ok(f->rc, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   finish(f);
 }
 
@@ -345,8 +326,8 @@ static void test_fenced(void **state) {
 /* The claim answered and the full snapshot that follows it refused (its
  * HSET, counted in INFO commandstats' rejected_calls). */
 static int snapshot_refused(void *arg) {
-  fx *f = arg;
-  redisReply *r = redisCommand(f->rc, "INFO commandstats");
+  (void)arg;
+  redisReply *r = redisCommand(redis, "INFO commandstats");
   assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
   const char *p = strstr(r->str, "cmdstat_hset:");
   const char *q = p != NULL ? strstr(p, "rejected_calls=") : NULL;
@@ -356,7 +337,7 @@ static int snapshot_refused(void *arg) {
 }
 static int entry_stored(void *arg) {
   fx *f = arg;
-  return redis_int(f->rc, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch) == 1;
+  return redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch) == 1;
 }
 static void test_lost_keys(void **state) {
   fx *f = *state;
@@ -365,29 +346,29 @@ static void test_lost_keys(void **state) {
   heartbeat_ms = 1000;
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
-  redis_ok(f->rc, "CONFIG RESETSTAT");
-  redis_ok(f->rc, "ACL SETUSER default -hset");
-  redis_ok(f->rc, "FLUSHALL");
+  redis_ok(redis, "CONFIG RESETSTAT");
+  redis_ok(redis, "ACL SETUSER default -hset");
+  redis_ok(redis, "FLUSHALL");
   run_until(f, snapshot_refused, "the claim after the loss, and its snapshot refused");
   assert_int_equal(push(f, 2), 0);
   run_until(f, entry_stored, "entry 2 in the stream");
   assert_second_kept(f);
-  redis_ok(f->rc, "ACL SETUSER default +hset");
+  redis_ok(redis, "ACL SETUSER default +hset");
   run_until(f, two_acks, "ack of push 2 after the full snapshot");
   assert_int_equal(acked_yes, 2);
-  assert_int_equal(redis_int(f->rc, "EXISTS {durable:ps:0}:meta"), 1);
+  assert_int_equal(redis_int(redis, "EXISTS {durable:ps:0}:meta"), 1);
   finish(f);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_not_logging),
-      cmocka_unit_test(test_log_acks_after_redis),
-      cmocka_unit_test(test_block_holds_until_healed),
-      cmocka_unit_test(test_degrade_counts),
-      cmocka_unit_test(test_stop_drops_kept),
-      cmocka_unit_test(test_fenced),
-      cmocka_unit_test(test_lost_keys),
+      cmocka_unit_test_setup(test_not_logging, setup),
+      cmocka_unit_test_setup(test_log_acks_after_redis, setup),
+      cmocka_unit_test_setup(test_block_holds_until_healed, setup),
+      cmocka_unit_test_setup(test_degrade_counts, setup),
+      cmocka_unit_test_setup(test_stop_drops_kept, setup),
+      cmocka_unit_test_setup(test_fenced, setup),
+      cmocka_unit_test_setup(test_lost_keys, setup),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, redis_group_setup, redis_group_teardown);
 }

@@ -95,10 +95,51 @@ static inline void redis_server_rmdir(const char *dir) {
   rmdir(dir);
 }
 
+/* Run redis-server on s->port in s->dir, with `extra` arguments, and wait
+ * until it answers.  @return 0 answering; 1 it exited (the port is taken);
+ * -1 no process, or silent past the deadline (killed). */
+static inline int redis_server_spawn(redis_server *s, const char *const *extra) {
+  char port[16];
+  snprintf(port, sizeof port, "%d", s->port);
+  /* A replica made of it syncs at once (Redis 7 waits 5 s for more). */
+  const char *argv[32] = {"redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--daemonize", "no", "--dir", s->dir,
+                          "--repl-diskless-sync-delay", "0"};
+  int argc = 15;
+  for (int i = 0; extra != NULL && extra[i] != NULL && argc < 31; i++)
+    argv[argc++] = extra[i];
+  s->pid = fork();
+  if (s->pid < 0) {
+    s->pid = 0;
+    return -1;
+  }
+  if (s->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  /* a crashed test leaves no server behind */
+    if (freopen("/dev/null", "w", stdout) == NULL)
+      _exit(127);
+    execvp("redis-server", (char *const *)argv);
+    _exit(127);
+  }
+  uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
+  while (redis_server_now_ms() < end) {
+    if (redis_server_answers(s))
+      return 0;
+    if (waitpid(s->pid, NULL, WNOHANG) == s->pid) {
+      s->pid = 0;
+      return 1;
+    }
+    usleep(5000);
+  }
+  kill(s->pid, SIGKILL);
+  waitpid(s->pid, NULL, 0);
+  s->pid = 0;
+  return -1;
+}
+
 /* Start one in a new directory under `parent`, with `extra` arguments
  * (NULL-terminated, or NULL; "--requirepass", PW makes the helpers
- * authenticate).  A port found taken (the child exits) is replaced by
- * another.  @return 0, or -1 (cmocka's setup rule). */
+ * authenticate).  A port found taken is replaced by another.
+ * @return 0, or -1 (cmocka's setup rule). */
 static inline int redis_server_start(redis_server *s, const char *parent,
                                      const char *const *extra) {
   static unsigned n;
@@ -106,69 +147,53 @@ static inline int redis_server_start(redis_server *s, const char *parent,
   snprintf(s->dir, sizeof s->dir, "%s/redis.%u", parent, n++);
   if (mkdir(s->dir, 0700) != 0)
     return -1;
-  /* A replica made of it syncs at once (Redis 7 waits 5 s for more). */
-  const char *argv[32] = {"redis-server", "--port", NULL, "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--daemonize", "no", "--dir", s->dir,
-                          "--repl-diskless-sync-delay", "0"};
-  int argc = 15;
-  for (int i = 0; extra != NULL && extra[i] != NULL && argc < 31; i++) {
+  for (int i = 0; extra != NULL && extra[i] != NULL; i++)
     if (strcmp(extra[i], "--requirepass") == 0 && extra[i + 1] != NULL)
       snprintf(s->password, sizeof s->password, "%s", extra[i + 1]);
-    argv[argc++] = extra[i];
-  }
-  char port[16];
-  argv[2] = port;
   unsigned seed = (unsigned)getpid() * 7919u ^ (unsigned)redis_server_now_ms();
   for (int attempt = 0; attempt < 20; attempt++) {
     s->port = 20000 + (int)((seed + (unsigned)attempt * 104729u) % 30000u);
-    snprintf(port, sizeof port, "%d", s->port);
-    s->pid = fork();
-    if (s->pid < 0)
+    int rc = redis_server_spawn(s, extra);
+    if (rc == 0)
+      return 0;
+    if (rc < 0)
       break;
-    if (s->pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  /* a crashed test leaves no server behind */
-      if (freopen("/dev/null", "w", stdout) == NULL)
-        _exit(127);
-      execvp("redis-server", (char *const *)argv);
-      _exit(127);
-    }
-    uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
-    int st;
-    while (redis_server_now_ms() < end) {
-      if (redis_server_answers(s))
-        return 0;
-      if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-        s->pid = 0;  /* the port was taken: another one */
-        break;
-      }
-      usleep(5000);
-    }
-    if (s->pid > 0) {  /* alive but silent past the deadline */
-      kill(s->pid, SIGKILL);
-      waitpid(s->pid, NULL, 0);
-      s->pid = 0;
-    }
   }
   redis_server_rmdir(s->dir);
+  s->dir[0] = '\0';
   return -1;
 }
 
+/* Start a server stopped by redis_server_halt again, empty, on its port
+ * (and with its password): Redis restarted without persistence.
+ * @return 0 or -1. */
+static inline int redis_server_restart(redis_server *s) {
+  const char *pw[] = {"--requirepass", s->password, NULL};
+  return redis_server_spawn(s, s->password[0] ? pw : NULL) == 0 ? 0 : -1;
+}
+
 /* SIGTERM, and wait for it to exit (SIGKILL past the deadline); its
- * directory removed.  Safe on one never started or already stopped. */
-static inline void redis_server_stop(redis_server *s) {
-  if (s->pid > 0) {
-    kill(s->pid, SIGTERM);
-    uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
-    while (waitpid(s->pid, NULL, WNOHANG) == 0) {
-      if (redis_server_now_ms() > end) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, NULL, 0);
-        break;
-      }
-      usleep(5000);
+ * directory stays, for redis_server_restart.  Safe on one not running. */
+static inline void redis_server_halt(redis_server *s) {
+  if (s->pid <= 0)
+    return;
+  kill(s->pid, SIGTERM);
+  uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
+  while (waitpid(s->pid, NULL, WNOHANG) == 0) {
+    if (redis_server_now_ms() > end) {
+      kill(s->pid, SIGKILL);
+      waitpid(s->pid, NULL, 0);
+      break;
     }
-    s->pid = 0;
+    usleep(5000);
   }
+  s->pid = 0;
+}
+
+/* Halt it and remove its directory.  Safe on one never started or already
+ * stopped. */
+static inline void redis_server_stop(redis_server *s) {
+  redis_server_halt(s);
   if (s->dir[0])
     redis_server_rmdir(s->dir);
   s->dir[0] = '\0';

@@ -10,11 +10,9 @@
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -26,14 +24,9 @@
 #include "ps/durable.h"
 #include "ps/shard.h"
 #include "replica/restore.h"
-#include "tmpdir.h"
-
-#define DEADLINE_MS 20000
+#include "redis_server.h"
 
 typedef struct fx {
-  pid_t redis;
-  int port;
-  redisContext *rc;       /* the test's own connection, to provoke errors */
   char conf[256];
   ps_config cfg;
   ps_model model;
@@ -65,37 +58,9 @@ static void on_fenced(void *arg, const char *why) {
   ((fx *)arg)->fenced = 1;
 }
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static long long redis_int(fx *f, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(f->rc, fmt, ap);
-  va_end(ap);
-  assert_non_null(r);
-  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-  freeReplyObject(r);
-  return v;
-}
-
-static void redis_ok(fx *f, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(f->rc, fmt, ap);
-  va_end(ap);
-  assert_non_null(r);
-  if (r->type == REDIS_REPLY_ERROR)
-    fail_msg("redis: %s", r->str);
-  freeReplyObject(r);
-}
-
 /* INFO stats' total_error_replies: Redis counts each error it sent. */
-static long long redis_errors(fx *f) {
-  redisReply *r = redisCommand(f->rc, "INFO stats");
+static long long redis_errors(void) {
+  redisReply *r = redisCommand(redis, "INFO stats");
   assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
   const char *p = strstr(r->str, "total_error_replies:");
   long long v = p != NULL ? atoll(p + strlen("total_error_replies:")) : -1;
@@ -105,49 +70,8 @@ static long long redis_errors(fx *f) {
 }
 
 /* Run the loop until cond(f) or the deadline (a hang). */
-static void run_until(fx *f, int (*cond)(fx *), const char *what) {
-  uint64_t end = now_ms() + DEADLINE_MS;
-  while (!cond(f)) {
-    if (now_ms() > end)
-      fail_msg("no %s within %d ms", what, DEADLINE_MS);
-    uv_run(&f->loop, UV_RUN_NOWAIT);
-    usleep(1000);
-  }
-}
-
-static int start_redis(fx *f) {
-  for (int attempt = 0; attempt < 20; attempt++) {
-    f->port = 20000 + (int)((unsigned)getpid() * 7919u + (unsigned)attempt * 104729u) % 30000;
-    char port[16];
-    snprintf(port, sizeof port, "%d", f->port);
-    f->redis = fork();
-    if (f->redis == 0) {
-      freopen("/dev/null", "w", stdout);
-      execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", (char *)NULL);
-      _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-      redisContext *c = redisConnect("127.0.0.1", f->port);
-      if (c != NULL && c->err == 0) {
-        redisReply *r = redisCommand(c, "PING");
-        int ok = r != NULL && r->type == REDIS_REPLY_STATUS;
-        freeReplyObject(r);
-        if (ok) {
-          f->rc = c;
-          return 0;
-        }
-      }
-      redisFree(c);
-      int st;
-      if (waitpid(f->redis, &st, WNOHANG) == f->redis)
-        break;  /* the port was taken: another one */
-      usleep(10000);
-    }
-    kill(f->redis, SIGKILL);
-    waitpid(f->redis, NULL, 0);
-  }
-  return -1;
+static void run_until(fx *f, int (*cond)(void *), const char *what) {
+  wait_until(&f->loop, cond, f, what);
 }
 
 /* [worker] heartbeat_ms of the next start. */
@@ -157,9 +81,9 @@ static int heartbeat_ms = 1000;
  * durability of its updates started in `mode`. */
 static void start(fx *f, const char *mode, const char *on_failure) {
   static volatile int stop;
-  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
-  redis_ok(f, "ACL SETUSER default +@all");
-  redis_ok(f, "FLUSHALL");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "ACL SETUSER default +@all");
+  redis_ok(redis, "FLUSHALL");
   snprintf(f->conf, sizeof f->conf, "%s/c.conf", tmp);
   FILE *c = fopen(f->conf, "w");
   assert_non_null(c);
@@ -169,7 +93,7 @@ static void start(fx *f, const char *mode, const char *on_failure) {
           "[redis]\naddress = 127.0.0.1:%d\ntimeout_ms = 2000\n"
           "[replication]\nmode = %s\non_redis_failure = %s\ninterval_ms = 50\n"
           "[worker]\nheartbeat_ms = %d\n",
-          f->port, mode, on_failure, heartbeat_ms);
+          server.port, mode, on_failure, heartbeat_ms);
   fclose(c);
   ps_errbuf eb = {0};
   if (ps_config_load(f->conf, &f->cfg, &eb) != 0)
@@ -190,7 +114,7 @@ static void start(fx *f, const char *mode, const char *on_failure) {
   acks = acked_yes = acked_no = 0;
 }
 
-static int loop_done(fx *f) { return !uv_loop_alive(&f->loop); }
+static int loop_done(void *f) { return !uv_loop_alive(&((fx *)f)->loop); }
 
 /* Stop, and let the replica close on the loop (its last snapshot, the
  * disconnect, its handles): it frees itself when done, so that a close
@@ -198,7 +122,7 @@ static int loop_done(fx *f) { return !uv_loop_alive(&f->loop); }
  * (closing its handles from outside, as this did, leaked the replica and
  * its connection). */
 static void finish(fx *f) {
-  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   ps_durable_stop(f->d);
   run_until(f, loop_done, "the replica's close");
   assert_int_equal(uv_loop_close(&f->loop), 0);
@@ -226,37 +150,24 @@ static int push(fx *f, uint64_t seq) {
   return ps_durable_submit(f->d, ps_shard_journal(f->shard), &a, sizeof a, on_ack);
 }
 
+/* The fixture, the same for every test (start and finish set it up and
+ * close it); the server is the group's (redis_server.h). */
 static int setup(void **state) {
-  ps_log_init("test", PS_LOG_ERROR);
-  if (tmpdir_create("test_durable") != 0)
-    return -1;
-  fx *f = calloc(1, sizeof *f);
-  if (f == NULL || start_redis(f) != 0) {
-    free(f);
-    return -1;
-  }
-  *state = f;
+  static fx the;
+  *state = &the;
   return 0;
 }
 
-static int teardown(void **state) {
-  fx *f = *state;
-  redisFree(f->rc);
-  kill(f->redis, SIGKILL);
-  waitpid(f->redis, NULL, 0);
-  free(f);
-  return tmpdir_remove();
-}
-
-static int one_ack(fx *f) { (void)f; return acks >= 1; }
+static int one_ack(void *f) { (void)f; return acks >= 1; }
 static int seen_acks;
-static int any_ack(fx *f) { (void)f; return acks > seen_acks; }
-static int snapshot_current(fx *f) {
+static int any_ack(void *f) { (void)f; return acks > seen_acks; }
+static int snapshot_current(void *arg) {
+  fx *f = arg;
   ps_durable_stats st;
   ps_durable_stats_get(f->d, &st);
   return st.lag == 0;
 }
-static int two_acks(fx *f) { (void)f; return acks >= 2; }
+static int two_acks(void *f) { (void)f; return acks >= 2; }
 
 /* Modes off and snapshot: acknowledged when applied, nothing kept. */
 static void test_not_logging(void **state) {
@@ -285,12 +196,12 @@ static void test_log_acks_after_redis(void **state) {
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
   assert_int_equal(acked_yes, 1);
-  long long before = redis_int(f, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
+  long long before = redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
   int rc = push(f, 2);
   if (rc == 0)
     run_until(f, two_acks, "ack of push 2");
   /* Acknowledged only with its entry in the stream (or a snapshot of it). */
-  long long after = redis_int(f, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
+  long long after = redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch);
   assert_true(after == before + 1 || after == 0);
   assert_int_equal(acked_no, 0);
   finish(f);
@@ -315,18 +226,18 @@ static void test_block_holds_until_healed(void **state) {
   start(f, "log", "block");
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
-  redis_ok(f, "CONFIG SET min-replicas-to-write 1");
-  long long errors = redis_errors(f);
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
+  long long errors = redis_errors();
   int rc = push(f, 2);
   assert_int_equal(rc, 0);
-  uint64_t end = now_ms() + DEADLINE_MS;
-  while (redis_errors(f) == errors) {  /* the refused XADD */
-    assert_true(now_ms() < end);
+  uint64_t end = redis_server_now_ms() + REDIS_SERVER_DEADLINE_MS;
+  while (redis_errors() == errors) {  /* the refused XADD */
+    assert_true(redis_server_now_ms() < end);
     uv_run(&f->loop, UV_RUN_NOWAIT);
     usleep(1000);
   }
   assert_second_kept(f);
-  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   run_until(f, two_acks, "ack of push 2 after Redis healed");
   assert_int_equal(acked_yes, 2);
   assert_int_equal(last_seq, 2);
@@ -349,7 +260,7 @@ static void test_degrade_counts(void **state) {
   ps_durable_stats st;
   ps_durable_stats_get(f->d, &st);
   uint64_t nondurable = st.nondurable;
-  redis_ok(f, "CONFIG SET min-replicas-to-write 1");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
   int before = acks;
   if (push(f, 2) == 0)
     while (acks == before)
@@ -358,7 +269,7 @@ static void test_degrade_counts(void **state) {
   ps_durable_stats_get(f->d, &st);
   assert_int_equal(st.nondurable, nondurable + 1);
   assert_int_equal(acked_no, 0);
-  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   finish(f);
 }
 
@@ -366,20 +277,20 @@ static void test_degrade_counts(void **state) {
 static void test_stop_drops_kept(void **state) {
   fx *f = *state;
   start(f, "log", "block");
-  redis_ok(f, "CONFIG SET min-replicas-to-write 1");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 1");
   assert_int_equal(push(f, 1), 0);
   ps_durable_stop(f->d);
   assert_int_equal(acks, 1);
   assert_int_equal(acked_no, 1);
   ack a = {9};
   assert_int_equal(ps_durable_submit(f->d, 1, &a, sizeof a, on_ack), 1);  /* replicates nothing now */
-  redis_ok(f, "CONFIG SET min-replicas-to-write 0");
+  redis_ok(redis, "CONFIG SET min-replicas-to-write 0");
   finish(f);
 }
 
 /* A newer incarnation takes the epoch: the next write is FENCED, the
  * server is told, kept acks are dropped and no later one is ever given. */
-static int fenced(fx *f) { return f->fenced; }
+static int fenced(void *f) { return ((fx *)f)->fenced; }
 static void test_fenced(void **state) {
   fx *f = *state;
   start(f, "log", "block");
@@ -414,8 +325,9 @@ static void test_fenced(void **state) {
  * switches (planted: durable.c ignoring the loss acks it at once). */
 /* The claim answered and the full snapshot that follows it refused (its
  * HSET, counted in INFO commandstats' rejected_calls). */
-static int snapshot_refused(fx *f) {
-  redisReply *r = redisCommand(f->rc, "INFO commandstats");
+static int snapshot_refused(void *arg) {
+  (void)arg;
+  redisReply *r = redisCommand(redis, "INFO commandstats");
   assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
   const char *p = strstr(r->str, "cmdstat_hset:");
   const char *q = p != NULL ? strstr(p, "rejected_calls=") : NULL;
@@ -423,8 +335,9 @@ static int snapshot_refused(fx *f) {
   freeReplyObject(r);
   return v > 0;
 }
-static int entry_stored(fx *f) {
-  return redis_int(f, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch) == 1;
+static int entry_stored(void *arg) {
+  fx *f = arg;
+  return redis_int(redis, "XLEN {durable:ps:0}:log:%llu", (unsigned long long)f->ri.epoch) == 1;
 }
 static void test_lost_keys(void **state) {
   fx *f = *state;
@@ -433,29 +346,29 @@ static void test_lost_keys(void **state) {
   heartbeat_ms = 1000;
   assert_int_equal(push(f, 1), 0);
   run_until(f, one_ack, "ack of push 1");
-  redis_ok(f, "CONFIG RESETSTAT");
-  redis_ok(f, "ACL SETUSER default -hset");
-  redis_ok(f, "FLUSHALL");
+  redis_ok(redis, "CONFIG RESETSTAT");
+  redis_ok(redis, "ACL SETUSER default -hset");
+  redis_ok(redis, "FLUSHALL");
   run_until(f, snapshot_refused, "the claim after the loss, and its snapshot refused");
   assert_int_equal(push(f, 2), 0);
   run_until(f, entry_stored, "entry 2 in the stream");
   assert_second_kept(f);
-  redis_ok(f, "ACL SETUSER default +hset");
+  redis_ok(redis, "ACL SETUSER default +hset");
   run_until(f, two_acks, "ack of push 2 after the full snapshot");
   assert_int_equal(acked_yes, 2);
-  assert_int_equal(redis_int(f, "EXISTS {durable:ps:0}:meta"), 1);
+  assert_int_equal(redis_int(redis, "EXISTS {durable:ps:0}:meta"), 1);
   finish(f);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_not_logging),
-      cmocka_unit_test(test_log_acks_after_redis),
-      cmocka_unit_test(test_block_holds_until_healed),
-      cmocka_unit_test(test_degrade_counts),
-      cmocka_unit_test(test_stop_drops_kept),
-      cmocka_unit_test(test_fenced),
-      cmocka_unit_test(test_lost_keys),
+      cmocka_unit_test_setup(test_not_logging, setup),
+      cmocka_unit_test_setup(test_log_acks_after_redis, setup),
+      cmocka_unit_test_setup(test_block_holds_until_healed, setup),
+      cmocka_unit_test_setup(test_degrade_counts, setup),
+      cmocka_unit_test_setup(test_stop_drops_kept, setup),
+      cmocka_unit_test_setup(test_fenced, setup),
+      cmocka_unit_test_setup(test_lost_keys, setup),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, redis_group_setup, redis_group_teardown);
 }

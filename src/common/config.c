@@ -441,6 +441,13 @@ static int check_cross(parse_state *st) {
     return fail(st, st->line_of[find_setting("train", "adag")],
                 "[train] adag = yes with algorithm = %s: expected adag with algorithm = "
                 "gradients (it divides a summed gradient)", choice_name("train", "algorithm", c->algorithm));
+  int sched_line = st->line_of[find_setting("train", "schedule")];
+  if (strcmp(c->schedule, "step") == 0 && c->decay_steps == 0)
+    return fail(st, sched_line, "[train] schedule = step with decay_steps = 0: expected "
+                "decay_steps, the global steps between decays of the learning rate");
+  if (strcmp(c->schedule, "cosine") == 0 && c->last_step == 0)
+    return fail(st, sched_line, "[train] schedule = cosine with last_step = 0: expected a "
+                "last_step, the global step where the cosine reaches 0");
   /* Every process listens at the base port plus its slot (metrics.h). */
   int last_slot = c->nps + c->nworkers;
   if (c->metrics_listen.port != 0 && c->metrics_listen.port + last_slot > 65535)

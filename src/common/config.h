@@ -71,6 +71,8 @@ typedef struct ps_config {
   char optimizer[16];             /* sgd|momentum|nesterov|adagrad|adam */
   double lr, momentum, weight_decay;
   char schedule[16];              /* constant|step|cosine */
+  int64_t decay_steps;            /* step schedule: global steps between decays */
+  double decay_gamma;             /* step schedule: the factor of each decay */
   int64_t batch;
   int64_t last_step;              /* global steps to train; 0 = no limit */
   int consistency;                /* ps_consistency */

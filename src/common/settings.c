@@ -176,7 +176,12 @@ const ps_setting ps_settings[] = {
     {"train", "weight_decay", DOUBLE, FIELD(weight_decay), .max = 1, .def = "0",
      .help = "L2 weight decay"},
     {"train", "schedule", STRING, FIELD(schedule), .choices = schedules, .def = "constant",
-     .help = "learning-rate schedule over the global step: constant, step or cosine"},
+     .help = "learning-rate schedule over the global step: constant, step (decay_steps) or "
+             "cosine (to 0 at last_step)"},
+    {"train", "decay_steps", INT, FIELD(decay_steps), .max = POW2(62), .def = "0",
+     .help = "step schedule: global steps between decays of the learning rate (required)"},
+    {"train", "decay_gamma", DOUBLE, FIELD(decay_gamma), .max = 1, .parse = parse_positive,
+     .def = "0.1", .help = "step schedule: the factor of each decay"},
     {"train", "batch", INT, FIELD(batch), .min = 1, .max = 65536, .def = "128",
      .help = "examples per worker step"},
     {"train", "last_step", INT, FIELD(last_step), .max = POW2(62), .def = "0",

@@ -2,6 +2,7 @@
 #include "local/runconf.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <ini.h>
 #include <netinet/in.h>
@@ -224,7 +225,7 @@ static int load_user(const ps_runconf_opts *o, ps_config *c, seen *s, ps_errbuf 
   if (text == NULL)
     return eb->code;
   /* Room for the placeholders: 64 entries of ~20 characters each. */
-  size_t len = strlen(text), cap = len + 2 * (PS_CONFIG_MAX_NODES * 24 + 64);
+  size_t len = strlen(text), cap = len + 2 * (PS_CONFIG_MAX_NODES * 24 + 64) + 64;
   char *more = realloc(text, cap);
   if (more == NULL) {
     free(text);
@@ -235,6 +236,12 @@ static int load_user(const ps_runconf_opts *o, ps_config *c, seen *s, ps_errbuf 
     append_placeholder(text, cap, "ps", nps, 2);
   if (!given(s, "cluster", "workers"))
     append_placeholder(text, cap, "workers", nw, 2 + PS_CONFIG_MAX_NODES);
+  /* --last-step is parsed with the file, so that the settings that need a
+   * last step (schedule = cosine) find it. */
+  if (o->last_step >= 0 && !given(s, "train", "last_step")) {
+    size_t at = strlen(text);
+    snprintf(text + at, cap - at, "\n[train]\nlast_step = %" PRId64 "\n", o->last_step);
+  }
   int rc = ps_config_parse(o->user_path, text, c, eb);
   free(text);
   if (rc != 0)

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "paramserv/error.h"
 
 /* ------------------------------------------------------------------------ */
@@ -312,4 +313,13 @@ float ps_sched_lr(const ps_sched *s, float base_lr, uint64_t step) {
   }
   }
   return base_lr;
+}
+
+ps_sched ps_sched_of_config(const ps_config *c) {
+  ps_sched s = {.kind = PS_SCHED_CONSTANT};
+  ps_sched_parse(c->schedule, &s);
+  s.step_size = c->decay_steps > 0 ? (uint64_t)c->decay_steps : 0;
+  s.gamma = (float)c->decay_gamma;
+  s.total = c->last_step > 0 ? (uint64_t)c->last_step : 0;
+  return s;
 }

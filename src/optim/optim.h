@@ -97,6 +97,11 @@ int ps_sched_parse(const char *name, ps_sched *s);
 /* A static string, never NULL ("unknown" for a bad kind). */
 const char *ps_sched_name(const ps_sched *s);
 
+/* The schedule a cluster's [train] settings name (schedule, decay_steps,
+ * decay_gamma; cosine over last_step), as its shards and workers run it. */
+struct ps_config;
+ps_sched ps_sched_of_config(const struct ps_config *c);
+
 /* Learning rate at 0-based global step `step`.  For step < warmup it is
  * base_lr * (step + 1) / warmup; after that the schedule runs on
  * k = step - warmup.  step: step_size 0 means no decay.  cosine: runs over

@@ -41,8 +41,7 @@ ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, i
   so.optim.lr = (float)cfg->lr;
   so.optim.momentum = (float)cfg->momentum;
   so.optim.weight_decay = (float)cfg->weight_decay;
-  ps_sched_parse(cfg->schedule, &so.sched);
-  so.sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  so.sched = ps_sched_of_config(cfg);
   if (cfg->algorithm != PS_ALGO_GRADIENTS) {
     /* The shards hold the center, and a push is how far to move it: the
      * center += what was pushed (sgd at learning rate -1, no decay, no

@@ -14,8 +14,7 @@ int ps_elastic_init(ps_elastic *e, const ps_config *cfg, size_t n) {
   e->optim.lr = (float)cfg->lr;
   e->optim.momentum = (float)cfg->momentum;
   e->optim.weight_decay = (float)cfg->weight_decay;
-  ps_sched_parse(cfg->schedule, &e->sched);
-  e->sched.total = cfg->last_step > 0 ? (uint64_t)cfg->last_step : 0;
+  e->sched = ps_sched_of_config(cfg);
   e->n = n;
   e->center = malloc((n ? n : 1) * sizeof(float));
   if (e->center == NULL)

@@ -6,8 +6,10 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "optim/optim.h"
 #include "paramserv/error.h"
 
@@ -547,6 +549,27 @@ static void test_sched_parse_and_name(void **state) {
   assert_int_equal(s.kind, PS_SCHED_COSINE);
 }
 
+/* A cluster's [train] schedule as its shards and workers run it: step
+ * decays by decay_gamma every decay_steps, cosine reaches 0 at last_step. */
+static void test_sched_of_config(void **state) {
+  (void)state;
+  ps_config c;
+  ps_config_defaults(&c);
+  snprintf(c.schedule, sizeof c.schedule, "step");
+  c.decay_steps = 100;
+  c.decay_gamma = 0.5;
+  ps_sched s = ps_sched_of_config(&c);
+  check_lr(&s, 99, 0.1);
+  check_lr(&s, 100, 0.05);
+  check_lr(&s, 250, 0.025);
+  snprintf(c.schedule, sizeof c.schedule, "cosine");
+  c.last_step = 1000;
+  s = ps_sched_of_config(&c);
+  check_lr(&s, 0, 0.1);
+  check_lr(&s, 500, 0.05);
+  check_lr(&s, 1000, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sgd),
@@ -569,6 +592,7 @@ int main(void) {
       cmocka_unit_test(test_sched_cosine),
       cmocka_unit_test(test_sched_warmup),
       cmocka_unit_test(test_sched_parse_and_name),
+      cmocka_unit_test(test_sched_of_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

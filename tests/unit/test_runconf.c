@@ -121,6 +121,17 @@ static void test_user_file(void **state) {
   ps_runconf_opts o3 = {.user_path = user, .rundir = tmp, .last_step = -1, .seed = -1};
   assert_int_equal(ps_runconf_make(&o3, &cfg, &eb), PS_ECONFIG);
   assert_non_null(strstr(eb.msg, "bad.conf:2: [train] batch = 0"));
+
+  /* schedule = cosine needs a last step: --last-step gives it (as make demo
+   * runs scripts/demo.conf), and without one the file is refused. */
+  tmpdir_put("cos.conf", "[train]\nschedule = cosine\n", 0644);
+  snprintf(user, sizeof user, "%s", at("cos.conf"));
+  ps_runconf_opts o4 = {.user_path = user, .rundir = tmp, .last_step = 6000, .seed = -1};
+  assert_int_equal(ps_runconf_make(&o4, &cfg, &eb), 0);
+  assert_int_equal(cfg.last_step, 6000);
+  o4.last_step = -1;
+  assert_int_equal(ps_runconf_make(&o4, &cfg, &eb), PS_ECONFIG);
+  assert_non_null(strstr(eb.msg, "cos.conf:2: [train] schedule = cosine with last_step = 0"));
 }
 
 /* 64 shards and 64 workers: the lists continue on indented lines within

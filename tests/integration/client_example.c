@@ -144,11 +144,25 @@ int main(int argc, char **argv) {
   if (params == NULL || grad == NULL || views(c, params, &p) != 0 || views(c, grad, &g) != 0) {
     fprintf(stderr, "client_example: expected [model] variables = "
                     "models/examples/autoencoder.vars.json (encoder.weight [H, 784], ...)\n");
+    free(params);
+    free(grad);
+    ps_client_free(c);
     return 1;
   }
   int h = p.h;
   float *x = malloc(IN * sizeof *x), *r = malloc(IN * sizeof *r);
   float *code = malloc((size_t)h * sizeof *code), *dcode = malloc((size_t)h * sizeof *dcode);
+  if (x == NULL || r == NULL || code == NULL || dcode == NULL) {
+    fprintf(stderr, "client_example: out of memory\n");
+    free(x);
+    free(r);
+    free(code);
+    free(dcode);
+    free(params);
+    free(grad);
+    ps_client_free(c);
+    return 1;
+  }
   for (int k = 0; k < KINDS; k++)
     for (int i = 0; i < IN; i++)
       prototype[k][i] = uniform() < 0.5 ? -1.0f : 1.0f;
@@ -198,13 +212,12 @@ int main(int argc, char **argv) {
     rc = ps_client_pull(c, params);
   if (rc != 0) {
     fprintf(stderr, "client_example: %s\n", ps_client_error(c));
-    ps_client_free(c);
-    return 1;
+  } else {
+    printf("example: duplicates %llu, stale %llu\n",
+           (unsigned long long)ps_client_duplicates(c), (unsigned long long)ps_client_stale(c));
+    printf("example: reconstruction error %.4f after %d steps (%.4f before)\n",
+           test_error(&p, x, code, r), steps, before);
   }
-  printf("example: duplicates %llu, stale %llu\n",
-         (unsigned long long)ps_client_duplicates(c), (unsigned long long)ps_client_stale(c));
-  printf("example: reconstruction error %.4f after %d steps (%.4f before)\n",
-         test_error(&p, x, code, r), steps, before);
   free(params);
   free(grad);
   free(x);
@@ -212,5 +225,5 @@ int main(int argc, char **argv) {
   free(code);
   free(dcode);
   ps_client_free(c);
-  return 0;
+  return rc == 0 ? 0 : 1;
 }

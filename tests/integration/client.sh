@@ -58,7 +58,7 @@ stop_shards ops 2
 write_config "$T/r.conf" 2 2 "model.variables=$VARS" "train.consistency=sync" \
   "train.sync_timeout_ms=60000" "worker.give_up_s=5"
 start rps0 "$BIN" ps --config "$T/r.conf" --index 0
-wait_for "$T/rps0.log" "listening on" 10
+wait_listening "$T/r.conf" 0 10
 start retry "$(dirname "$EXAMPLE")/client_retry" "$T/r.conf"
 wait_for "$T/retry.log" "retry: gave up" 30
 start rps1 "$BIN" ps --config "$T/r.conf" --index 1
@@ -86,7 +86,7 @@ for at in 200 500 800 1100; do
   wait "${!v}" 2>/dev/null || true
   start "kps${i}_$kills" "$BIN" ps --config "$T/k.conf" --index "$i"
   eval "PID_kps$i=\$PID_kps${i}_$kills"
-  wait_for "$T/kps${i}_$kills.log" "listening on" 30
+  wait_listening "$T/k.conf" "$i" 30
   kills=$((kills + 1))
 done
 wait_exit "$PID_ex" 300 || fail "client_example exited $? under kills"

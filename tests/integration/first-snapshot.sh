@@ -74,8 +74,7 @@ for ((k = 0; k <= KILLS; k++)); do
   # append are stored, each chunk is refused (NOPERM), so the snapshot
   # never switches while the log holds acknowledgeable pushes -- the case
   # that lost 211 acknowledged updates before.
-  for ((i = 0; i < 3000; i++)); do grep -q "listening on" "$log" 2>/dev/null && break; sleep 0.01; done
-  grep -q "listening on" "$log" || fail "kill $((k + 1)): shard 0 not listening within 30 s"
+  wait_listening "$T/c.conf" 0 30
   rc client pause 60000 write >/dev/null
   read -r meta snaps chunks xlen <<<"$(probe)"
   [ "$meta" = 0 ] || fail "kill $((k + 1)): the first snapshot switched before Redis was slowed ($snaps registered, $chunks chunks)"
@@ -120,7 +119,7 @@ done
 
 # The last incarnation runs calm: its first snapshot switches, the held
 # acknowledgements go out, and training goes on to the step limit.
-wait_for "$log" "listening on" 30
+wait_listening "$T/c.conf" 0 30
 for ((i = 0; i < 600; i++)); do [ "$(rc exists "$P:meta")" = 1 ] && break; sleep 0.05; done
 [ "$(rc exists "$P:meta")" = 1 ] || fail "the last incarnation's first snapshot did not switch within 30 s"
 held=$(sed -n 's/.*journal is durable again.*; \([0-9]*\) acknowledgements were held.*/\1/p' "$log" | head -1)

@@ -195,6 +195,14 @@ wait_ready() {
   fail "$2 not ready in $1/pids within $3 s: $(tr '\n' ';' <"$1/pids" 2>/dev/null)"
 }
 
+# fault_gap S: a chaos test's --fault-gap, S times $PS_TEST_FAULT_GAP_SCALE
+# (1 by default; `make SAN=1` sets 3: a sanitized build trains about 3
+# times slower, and its faults are then as many per step as a plain
+# build's, rather than 3 times as many).
+fault_gap() {
+  awk -v s="$1" -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { printf "%g\n", s * k }'
+}
+
 # start NAME CMD...: run CMD in the background, output to $T/NAME.log.
 start() {
   local name=$1
@@ -204,12 +212,26 @@ start() {
   eval "PID_${name//[^a-zA-Z0-9]/_}=$!"
 }
 
+# wait_listening CONF INDEX SECONDS: until shard INDEX of CONF (a loopback
+# address of [cluster] ps) accepts a connection -- which it does once it is
+# restored and listening -- polled every 10 ms.
+wait_listening() {
+  local port i
+  port=$(sed -n 's/^ps = //p' "$1" | tr -d ' ' | cut -d, -f$(($2 + 1)) | sed 's/.*://')
+  [[ $port =~ ^[0-9]+$ ]] || fail "wait_listening: no shard $2 in $1's [cluster] ps"
+  for ((i = 0; i < $3 * 100; i++)); do
+    (: <>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    sleep 0.01
+  done
+  fail "shard $2 of $1 not accepting connections on port $port within $3 s"
+}
+
 # start_shards PREFIX CONF N: shards 0..N-1 as PREFIX0, PREFIX1, ...
 # (logs $T/PREFIXi.log, pids $PID_PREFIXi), each up and listening.
 start_shards() {
   local prefix=$1 conf=$2 n=$3 i
   for ((i = 0; i < n; i++)); do start "$prefix$i" "$BIN" ps --config "$conf" --index "$i"; done
-  for ((i = 0; i < n; i++)); do wait_for "$T/$prefix$i.log" "listening on" 10; done
+  for ((i = 0; i < n; i++)); do wait_listening "$conf" "$i" 10; done
 }
 
 # stop_shards PREFIX N: SIGTERM each, and each must exit 0.

@@ -92,7 +92,7 @@ above=$(cat "$hist"/worker-*.history |
 echo "ok: old shard 0 (epoch $old) resumed after incarnation $newer took its epoch and log at version $r: $(grep -o 'fenced out by Redis: .*' "$T/ps0.log" | head -1); exit 1; of its $acked acks, above version $r: $above"
 [ "$above" = 0 ] || fail "the fenced shard acknowledged $above pushes above the version its successor restored"
 start ps0c "$BIN" ps --config "$T/c.conf" --index 0
-wait_for "$T/ps0c.log" "listening on" 20
+wait_listening "$T/c.conf" 0 20
 wait_exit "$PID_w0" 180 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 180 || fail "worker 1 exited $?"
 kill -TERM "$PID_ps0c" "$PID_ps1"

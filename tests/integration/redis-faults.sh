@@ -105,7 +105,7 @@ run_class() {
   heal "$class"
   start "$class-psb" "$BIN" ps --config "$conf" --index "$k"
   if [ "$k" = 0 ]; then ps0=$!; else ps1=$!; fi
-  wait_for "$T/$class-psb.log" "listening on" 20
+  wait_listening "$conf" "$k" 20
   # Training goes on: a new step line of worker 0 within the deadline.
   local steps
   steps=$(grep -c ' global ' "$T/$class-w0.log" || true)
@@ -145,7 +145,7 @@ run_startup() {
   wait_for "$T/startup-w0.log" "waiting for Redis .*NOREPLICAS" 10
   kill -0 "$ps0" && kill -0 "$w0" || fail "startup: a process exited while Redis refused writes"
   heal noreplicas
-  wait_for "$T/startup-ps0.log" "listening on" 10
+  wait_listening "$conf" 0 10
   wait_exit "$w0" 60 || fail "startup: worker exited $?"
   kill -TERM "$ps0"
   wait_exit "$ps0" 10 || fail "startup: ps exited $?"

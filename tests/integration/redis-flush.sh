@@ -110,7 +110,9 @@ for fault in flushall flushdb epoch logkey stream meta chunk snaps; do
   kill -9 "${!v}"
   wait "${!v}" 2>/dev/null || true
   start "ps0_$n" "$BIN" ps --config "$T/c.conf" --index 0
-  wait_for "$T/ps0_$n.log" "listening on" 20
+  wait_listening "$T/c.conf" 0 20
+  # What it started from is said as it starts to listen.
+  wait_for "$T/ps0_$n.log" 'restored from\|seed' 5
   grep -q 'restored from Redis' "$T/ps0_$n.log" || fail "$fault: the restarted shard 0 did not restore from Redis: $(grep -i 'restor\|seed' "$T/ps0_$n.log" | head -3)"
   wait_acks "$(acks)" 30
 done

@@ -89,7 +89,7 @@ check_bounded() {
 
 start ps0_0 "$BIN" ps --config "$T/c.conf" --index 0
 pid=$!
-wait_for "$T/ps0_0.log" "listening on" 30
+wait_listening "$T/c.conf" 0 30
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
 wait_for "$T/w0.log" "step 10 global" 60
@@ -126,7 +126,7 @@ for ((k = 1; k <= KILLS; k++)); do
   left=$ids
   start "ps0_$k" "$BIN" ps --config "$T/c.conf" --index 0
   pid=$!
-  wait_for "$T/ps0_$k.log" "listening on" 30
+  wait_listening "$T/c.conf" 0 30
 done
 [ "$mid" = "$KILLS" ] || fail "$mid of $KILLS kills were mid-snapshot"
 echo "ok: $KILLS kills of shard 0, each while a snapshot was written: each left one registered in :snaps that the meta does not name; used_memory $before bytes before the kills"
@@ -145,7 +145,7 @@ grep -q "stopping at version" "$T/ps0_$KILLS.log" || fail "no clean stop in the 
 check_bounded "after a clean stop at version $(rc hget "$P:meta" version)"
 start ps0_last "$BIN" ps --config "$T/c.conf" --index 0
 pid=$!
-wait_for "$T/ps0_last.log" "listening on" 30
+wait_listening "$T/c.conf" 0 30
 n=$(grep -c ' global ' "$T/w0.log" || true)
 wait_for "$T/w0.log" "step $(( (n + 1) * 10 )) global" 30
 kill -TERM "$PID_w0" "$PID_w1"

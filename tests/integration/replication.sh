@@ -28,8 +28,8 @@ run_kills() {
   pids[0]=$!
   start "$mode-ps1-0" "$BIN" ps --config "$conf" --index 1
   pids[1]=$!
-  wait_for "$T/$mode-ps0-0.log" "listening on" 10
-  wait_for "$T/$mode-ps1-0.log" "listening on" 10
+  wait_listening "$conf" 0 10
+  wait_listening "$conf" 1 10
   start "$mode-w0" "$BIN" worker --config "$conf" --index 0
   local w0=$!
   start "$mode-w1" "$BIN" worker --config "$conf" --index 1
@@ -47,7 +47,8 @@ run_kills() {
     log="$T/$mode-ps$i-${gen[i]}.log"
     start "$mode-ps$i-${gen[i]}" "$BIN" ps --config "$conf" --index "$i"
     pids[i]=$!
-    wait_for "$log" "listening on" 20
+    wait_listening "$conf" "$i" 20
+    wait_for "$log" "restored from Redis" 5
     echo "ok: $mode: kill $((k + 1)) of shard $i: $(grep -h -o 'restored from Redis in .*' "$log" | sed 's/ (epoch.*//')"
   done
   wait_exit "$w0" 300 || fail "$mode: worker 0 exited $?"

@@ -7,14 +7,18 @@ PREFIX   ?= /usr/local
 LIBDIR   ?= $(PREFIX)/lib
 # make test's fuzz smoke: that every target runs and finds nothing near its
 # seeds (a campaign: make fuzz FUZZ_SECONDS=N, which keeps its corpus).
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 5
 # The wire protocol faces the network: its smoke runs longest.
-FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),30)
+FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),10)
 
 PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd libmicrohttpd
 ifeq ($(SAN),1)
 BUILD    := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+# A sanitized build trains about 3 times slower: the chaos scenarios space
+# their faults 3 times wider, as many per step as a plain build's
+# (fault_gap, tests/integration/lib.bash).
+export PS_TEST_FAULT_GAP_SCALE ?= 3
 else
 BUILD    := build
 SANFLAGS :=

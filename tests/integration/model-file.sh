@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 MODEL=models/examples/strided-cnn.json
 
 set +e
-scripts/chaos --steps 2000 --nemesis kill --fault-gap 0.7 --seed 4 --dir "$T/chaos" \
+scripts/chaos --steps 2000 --nemesis kill --fault-gap "$(fault_gap 0.7)" --seed 4 --dir "$T/chaos" \
   --binary "$BIN" --model-file "$MODEL" >"$T/chaos.log" 2>&1
 rc=$?
 set -e

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounded Redis memory (REDIS.md §1, §6, §7): a shard killed with -9 twenty
+# Bounded Redis memory (REDIS.md §1, §6, §7): a shard killed with -9 ten
 # times while a snapshot is being written -- Redis lists a snapshot in
 # {C:ps:0}:snaps that the meta does not name -- and started again each
 # time, two workers training throughout.  At the end Redis holds exactly
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 start_redis
 rc() { redis-cli -p "$REDIS_PORT" "$@"; }
 
-KILLS=20
+KILLS=10
 hist="$T/history"
 mkdir -p "$hist"
 # mlp 784-1024-512-10 with Adam: 1.3 M floats in shard 0, an image of

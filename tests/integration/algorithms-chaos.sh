@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # scripts/chaos with [train] algorithm = averaging (sync rounds of the
 # workers' replicas, window 4): kills, pauses and Redis refusing writes, a
-# fault every 1-2.5 s (times fault_gap's scale), then the same run calm.  The report must end with
+# fault every 1-2.5 s, then the same run calm.  The report must end with
 # `result: ok` (no acknowledged push lost or applied twice, accuracy within
-# 0.01 of the calm run), and every fault kind was injected.  (EASGD goes
+# 0.01 of the calm run), and every fault kind was injected.  The gap is not
+# scaled under SAN=1 (fault_gap): the first round of three faults ends about
+# 5 s into the run in either build, and a run of 200 steps with a fault
+# every 3-7.5 s could end before it (a sanitized run once met only two).  (EASGD goes
 # through the same push path; the note on issue 13 has its chaos figures.)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
 set +e
-scripts/chaos --steps 200 --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 1)" --seed 2 \
+scripts/chaos --steps 200 --nemesis kill,pause,redis-errors --fault-gap 1 --seed 2 \
   --dir "$T/chaos" --binary "$BIN" --train algorithm=averaging --train consistency=sync \
   --train window=4 --train sync_timeout_ms=500 >"$T/chaos.log" 2>&1
 rc=$?

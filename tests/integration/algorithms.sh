@@ -32,12 +32,12 @@ run easgd-sync 600 0.87 "train.algorithm=easgd" "train.consistency=sync" "train.
 conf="$T/avg-kill.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.algorithm=averaging" "train.consistency=sync" \
   "train.window=4" "train.last_step=300" "train.threads=1" "train.log_every=40" \
-  "train.sync_timeout_ms=300"
+  "train.sync_timeout_ms=300" "$(metrics_on 5)"
 start_shards ak-ps "$conf" 2
 start ak-w0 "$BIN" worker --config "$conf" --index 0
 start ak-w1 "$BIN" worker --config "$conf" --index 1
-# Round 50 or later (worker 1 logs every 10 rounds, from wherever it began).
-wait_for "$T/ak-w1.log" "global \([5-9][0-9]\|[1-9][0-9][0-9]\) " 60
+# Round 50 or later.
+wait_metric "$conf" worker 1 "m['paramserv_worker_global_step'] >= 50" 60
 before=$(wc -c <"$T/ak-ps0.log")
 kill -9 "$PID_ak_w1"
 wait_exit "$PID_ak_w0" 120 || fail "averaging after a worker's death: worker 0 exited $?"

@@ -25,9 +25,22 @@ write_config "$T/c.conf" 2 2 "model.name=mlp" "train.threads=1" "replication.mod
   "replication.self_init=no" "checkpoint.dir=$D" "checkpoint.every_steps=0" \
   "checkpoint.every_secs=1" "checkpoint.max_to_keep=3" "chief.lease_ms=2000" \
   "chief.eval_every_steps=0" "chief.log_every_steps=100"
-ckpts() { grep -o 'checkpoint ckpt-[0-9]*: step' "$1" | grep -o 'ckpt-[0-9]*' || true; }
+# From the chief's summaries ($D/summaries.jsonl) after their first $B
+# lines (chief B's, once it runs: chief A is paused then, and exits as it
+# wakes): ckpts, the checkpoints committed; gstep, the last global step.
+ckpts() {
+  tail -n +"$((B + 1))" "$D/summaries.jsonl" 2>/dev/null | /usr/bin/python3 -c 'import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("event") == "checkpoint": print(o["name"])'
+}
+gstep() {
+  tail -n +"$((B + 1))" "$D/summaries.jsonl" 2>/dev/null | /usr/bin/python3 -c 'import json, sys
+s = [json.loads(l)["step"] for l in sys.stdin if "steps_per_s" in l]
+print(s[-1] if s else 0)'
+}
+# deleted LOG: the checkpoints a chief's retention deleted (only its log says).
 deleted() { grep -o 'deleted ckpt-[0-9]* (retention)' "$1" | grep -o 'ckpt-[0-9]*' || true; }
-gstep() { grep -ho 'global step [0-9]*' "$1" | tail -1 | grep -o '[0-9]*$'; }
 
 # --- the shard's own checks, over a raw chief connection
 write_config "$T/w.conf" 1 1 "model.name=mlp" "replication.self_init=yes" \
@@ -49,29 +62,31 @@ start_shards ps "$T/c.conf" 2
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
 start chiefA "$BIN" chief --config "$T/c.conf"
-wait_for "$T/chiefA.log" "holding the lease" 20
-wait_for "$T/chiefA.log" "checkpoint ckpt-[0-9]*: step" 30
+wait_lease "$PID_chiefA" 20
+wait_summary "$D" "o.get('event') == 'checkpoint'" 30
 kill -STOP "$PID_chiefA"
 held=$(redis-cli -p "$REDIS_PORT" get "{itest}:chief")
 tokA=$(sed -n 's/^token \([0-9]*\) .*/\1/p' <<<"$held")
-grep -q "holding the lease {itest}:chief (token $tokA)" "$T/chiefA.log" ||
-  fail "the lease in Redis ($held) is not chief A's"
+[[ $tokA =~ ^[0-9]+$ ]] && [[ $held == *" pid $PID_chiefA" ]] ||
+  fail "the lease in Redis ($held) is not chief A's (pid $PID_chiefA)"
 a_before=$(wc -l <"$T/chiefA.log")
+B=$(summaries "$D")
 start chiefB "$BIN" chief --config "$T/c.conf"
+# What B says it waits for (the operator's view) names A's token.
 wait_for "$T/chiefB.log" "waiting for the lease {itest}:chief: token $tokA" 10
-wait_for "$T/chiefB.log" "holding the lease" 15
+wait_lease "$PID_chiefB" 15
 ttl_note=$(grep -o 'waiting for the lease.*' "$T/chiefB.log" | head -1)
 echo "ok: chief A (token $tokA) paused; chief B waited (${ttl_note%% (until*}), then took the lease once it expired"
 
 # B acts: two checkpoints of its own.
 for ((i = 0; i < 600; i++)); do
-  [ "$(ckpts "$T/chiefB.log" | wc -l)" -ge 2 ] && break
+  [ "$(ckpts | wc -l)" -ge 2 ] && break
   sleep 0.05
 done
-[ "$(ckpts "$T/chiefB.log" | wc -l)" -ge 2 ] || fail "chief B wrote fewer than 2 checkpoints in 30 s"
+[ "$(ckpts | wc -l)" -ge 2 ] || fail "chief B wrote fewer than 2 checkpoints in 30 s"
 index_before=$(cat "$D/checkpoint")
 latest_before=$(sed -n 's/^latest: //p' "$D/checkpoint")
-ckpts "$T/chiefB.log" | grep -qx "$latest_before" ||
+ckpts | grep -qx "$latest_before" ||
   fail "the index's latest $latest_before is not one chief B wrote"
 
 # --- A wakes up: it must step down and touch nothing
@@ -92,15 +107,15 @@ grep -q "was not released (no longer ours)" <<<"$after" ||
 echo "ok: chief A woke up and exited 1: ${why%%;*}"
 
 # Training goes on under B, which checkpoints again.
-n_b=$(ckpts "$T/chiefB.log" | wc -l)
-g0=$(gstep "$T/chiefB.log") || g0=0   # none logged yet: any step is progress
+n_b=$(ckpts | wc -l)
+g0=$(gstep) || g0=0   # none logged yet: any step is progress
 for ((i = 0; i < 600; i++)); do
-  [ "$(ckpts "$T/chiefB.log" | wc -l)" -gt "$n_b" ] && break
+  [ "$(ckpts | wc -l)" -gt "$n_b" ] && break
   sleep 0.05
 done
-[ "$(ckpts "$T/chiefB.log" | wc -l)" -gt "$n_b" ] || fail "chief B wrote no checkpoint after A woke"
+[ "$(ckpts | wc -l)" -gt "$n_b" ] || fail "chief B wrote no checkpoint after A woke"
 for ((i = 0; i < 400; i++)); do
-  g1=$(gstep "$T/chiefB.log") || g1=0   # retried to the deadline, not the end under set -e
+  g1=$(gstep) || g1=0   # retried to the deadline, not the end under set -e
   [ "$g1" -gt "$g0" ] && break
   sleep 0.05
 done
@@ -108,17 +123,17 @@ done
 
 # Every checkpoint B wrote is there unless B's own retention deleted it;
 # the index's latest is B's and verifies; no leftover of B's is missing.
-for c in $(ckpts "$T/chiefB.log"); do
+for c in $(ckpts); do
   [ -d "$D/$c" ] || deleted "$T/chiefB.log" | grep -qx "$c" ||
     fail "$c (written by B) is gone, and B did not delete it"
 done
 latest=$(sed -n 's/^latest: //p' "$D/checkpoint")
-ckpts "$T/chiefB.log" | grep -qx "$latest" || fail "the index's latest $latest is not B's"
+ckpts | grep -qx "$latest" || fail "the index's latest $latest is not B's"
 "$BIN" ckpt verify "$D/$latest" >"$T/verify.log" 2>&1 || fail "ckpt verify $latest: $(cat "$T/verify.log")"
 for l in $(awk '{print $2}' <<<"$index_before"); do
   [ -d "$D/$l" ] || deleted "$T/chiefB.log" | grep -qx "$l" || fail "$l, indexed before A woke, is gone"
 done
-echo "ok: B's checkpoints intact ($(ckpts "$T/chiefB.log" | wc -l) written, $(deleted "$T/chiefB.log" | wc -l) deleted by B's own retention), latest $latest verifies; training went on (global step $g0 -> $g1)"
+echo "ok: B's checkpoints intact ($(ckpts | wc -l) written, $(deleted "$T/chiefB.log" | wc -l) deleted by B's own retention), latest $latest verifies; training went on (global step $g0 -> $g1)"
 
 # --- a late cut is abandoned; a clean exit releases the lease at once
 kill -TERM "$PID_chiefB"
@@ -128,7 +143,7 @@ grep -q "released the lease {itest}:chief" "$T/chiefB.log" || fail "chief B did 
 # (A lease long enough to outlast the held cut, which renews nothing.)
 sed 's/^lease_ms=.*/lease_ms=6000/' "$T/c.conf" >"$T/c6.conf"
 PS_TEST_CUT_DELAY_MS=1600 start chiefC "$BIN" chief --config "$T/c6.conf"
-wait_for "$T/chiefC.log" "holding the lease" 30   # a deadline; "at once" is the next line
+wait_lease "$PID_chiefC" 30   # a deadline; "at once" is the next line
 grep -q "waiting for the lease" "$T/chiefC.log" && fail "chief C waited for a released lease"
 wait_for "$T/chiefC.log" "cut [0-9]* abandoned: the CUT replies came" 20
 if grep -q "checkpoint ckpt-[0-9]*: step" "$T/chiefC.log"; then

@@ -19,7 +19,10 @@ LAST=4000
 write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=$LAST" "train.threads=1" \
   "train.schedule=cosine" "replication.mode=log" "replication.self_init=no" \
   "checkpoint.dir=$T/ckpt" "checkpoint.every_steps=500" "checkpoint.every_secs=0" \
-  "chief.lease_ms=1500" "chief.eval_every_steps=0" "chief.log_every_steps=250"
+  "chief.lease_ms=1500" "chief.eval_every_steps=0" "chief.log_every_steps=250" \
+  "$(metrics_on 5)"
+# The chiefs serve no metrics: two of them run at once, on one slot.
+sed '/^listen *=/d' "$T/c.conf" >"$T/chief.conf"
 
 start_cluster() {  # SUFFIX
   start_shards "ps$1_" "$T/c.conf" 2
@@ -27,9 +30,23 @@ start_cluster() {  # SUFFIX
   start "w$1_1" "$BIN" worker --config "$T/c.conf" --index 1
 }
 pid() { local v="PID_$1"; echo "${!v}"; }
+# ckpt_count CHIEF: the checkpoints that chief's log says it wrote.
 ckpt_count() { grep -c "checkpoint ckpt-" "$T/$1.log" || true; }
-# The newest global step a worker has logged.
-gstep() { grep -ho 'global [0-9]*' "$T"/w"$1"_*.log 2>/dev/null | awk '{print $2}' | sort -n | tail -1; }
+# gstep: the newest global step of the workers (their metrics).
+gstep() {
+  local a b
+  a=$(metric "$T/c.conf" worker 0 paramserv_worker_global_step)
+  b=$(metric "$T/c.conf" worker 1 paramserv_worker_global_step)
+  [ -n "$a$b" ] && echo $((${a:-0} > ${b:-0} ? ${a:-0} : ${b:-0}))
+}
+# ckpt_steps FROM TO: the steps of the checkpoints in the summaries' lines
+# FROM+1..TO (TO empty: to the end).
+ckpt_steps() {
+  sed -n "$(($1 + 1)),${2:-\$}p" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("event") == "checkpoint": print(o["step"])'
+}
 
 # --- a worker waiting for shards that are not there stops on SIGTERM
 start wlone "$BIN" worker --config "$T/c.conf" --index 0
@@ -41,15 +58,20 @@ echo "ok: a worker waiting for its shards exits 0 on SIGTERM"
 
 # --- two chiefs at once
 start_cluster a
-start chiefA "$BIN" chief --config "$T/c.conf"
-start chiefB "$BIN" chief --config "$T/c.conf"
+start chiefA "$BIN" chief --config "$T/chief.conf"
+start chiefB "$BIN" chief --config "$T/chief.conf"
+# Which one took the lease: its pid in {itest}:chief.
+act=""
 for ((i = 0; i < 200; i++)); do
-  grep -q "holding the lease" "$T/chiefA.log" "$T/chiefB.log" 2>/dev/null && break
+  held=$(redis-cli -p "$REDIS_PORT" get "{itest}:chief") || true
+  [[ $held == *" pid $PID_chiefA" ]] && { act=chiefA other=chiefB; break; }
+  [[ $held == *" pid $PID_chiefB" ]] && { act=chiefB other=chiefA; break; }
   sleep 0.05
 done
-if grep -q "holding the lease" "$T/chiefA.log"; then act=chiefA other=chiefB; else act=chiefB other=chiefA; fi
+[ -n "$act" ] || fail "neither chief took the lease within 10 s (the lease: '$held')"
+# What the other says (the operator's view): it waits.
 wait_for "$T/$other.log" "waiting for the lease" 10
-wait_for "$T/$act.log" "checkpoint ckpt-" 30
+wait_summary "$T/ckpt" "o.get('event') == 'checkpoint'" 30
 [ "$(ckpt_count "$other")" -eq 0 ] || fail "the chief without the lease wrote a checkpoint"
 echo "ok: two chiefs at once: $act holds the lease and checkpoints, $other waits ($(grep -o 'waiting for the lease.*' "$T/$other.log" | head -1))"
 
@@ -59,28 +81,30 @@ echo "ok: two chiefs at once: $act holds the lease and checkpoints, $other waits
 kill -STOP "$(pid "$other")"
 kill -9 "$(pid "$act")"
 wait "$(pid "$act")" 2>/dev/null || true
-g0=$(gstep a) || true
+g0=$(gstep) || true
 [ -n "$g0" ] || fail "no global step in the workers' logs at the kill of $act"
 g1=$g0
 for ((i = 0; i < 600; i++)); do
-  g1=$(gstep a) || true
+  g1=$(gstep) || true
   [ "${g1:-0}" -gt "$g0" ] && break
   sleep 0.05
 done
 [ "${g1:-0}" -gt "$g0" ] ||
   fail "training stopped with no chief: the workers' global step is $g1 30 s after $act was killed at $g0 ($other paused)"
+before=$(summaries "$T/ckpt")
 kill -CONT "$(pid "$other")"
-wait_for "$T/$other.log" "holding the lease" 10
-wait_for "$T/$other.log" "every shard holds its state" 10
-wait_for "$T/$other.log" "checkpoint ckpt-" 30
-[ "$(ckpt_count "$act")" -ge 1 ] || fail "no checkpoint before the kill"
-last_a=$(grep -o 'checkpoint ckpt-[0-9]*' "$T/$act.log" | tail -1 | grep -o '[0-9]*$')
-first_b=$(grep -o 'checkpoint ckpt-[0-9]*' "$T/$other.log" | head -1 | grep -o '[0-9]*$')
-[ "$((10#$first_b))" -gt "$((10#$last_a))" ] || fail "schedule went back: $first_b after $last_a"
-echo "ok: chief $act killed at global step ~$g0: training went on with no chief acting (step $g1 while $other was paused), then $other took the lease; $other's first checkpoint at step $((10#$first_b)) after $((10#$last_a))"
+wait_lease "$(pid "$other")" 10
+# It found every shard holding its state (no load), then checkpoints.
+wait_summary "$T/ckpt" "o.get('event') == 'restore' and o.get('source') == 'redis'" 10 "$before"
+wait_summary "$T/ckpt" "o.get('event') == 'checkpoint'" 30 "$before"
+last_a=$(ckpt_steps 0 "$before" | tail -1)
+first_b=$(ckpt_steps "$before" | head -1)
+[ -n "$last_a" ] || fail "no checkpoint before the kill"
+[ "$first_b" -gt "$last_a" ] || fail "schedule went back: $first_b after $last_a"
+echo "ok: chief $act killed at global step ~$g0: training went on with no chief acting (step $g1 while $other was paused), then $other took the lease; $other's first checkpoint at step $first_b after $last_a"
 
 # --- whole cluster killed, Redis flushed: resume from the checkpoint directory
-wait_for "$T/$other.log" "global step 2[0-9]* of" 60
+wait_summary "$T/ckpt" "'steps_per_s' in o and o['step'] >= 2000" 60
 for p in psa_0 psa_1 wa_0 wa_1 "$other"; do kill -9 "$(pid "$p")" 2>/dev/null || true; done
 for p in psa_0 psa_1 wa_0 wa_1 "$other"; do wait "$(pid "$p")" 2>/dev/null || true; done
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
@@ -96,10 +120,21 @@ m = json.load(open(sys.argv[1]))
 print(" ".join("%d:%d" % (int(p[0]), int(p[1])) for p in m["data_positions"]))' \
   "$T/ckpt/ckpt-$(printf %09d "$saved")/MANIFEST.json")
 start_cluster b
-start chiefC "$BIN" chief --config "$T/c.conf"
-wait_for "$T/chiefC.log" "shard 1: loaded from ckpt-0*$saved" 20
-grep -q "shard 0: loaded from ckpt-0*$saved: version [0-9]*, global step $saved " "$T/chiefC.log" ||
-  fail "shard 0 not restored at step $saved: $(grep 'loaded from' "$T/chiefC.log")"
+before=$(summaries "$T/ckpt")
+start chiefC "$BIN" chief --config "$T/chief.conf"
+name="ckpt-$(printf %09d "$saved")"
+for i in 0 1; do
+  wait_summary "$T/ckpt" "o.get('event') == 'restore' and o.get('shard') == $i" 20 "$before"
+done
+restored=$(tail -n +"$((before + 1))" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("event") == "restore": print(o.get("shard"), o.get("source"), o.get("from"), o["step"])')
+# Each shard from that checkpoint; shard 0 (whose step is the cluster's) at
+# the saved step.
+[ "$(cut -d' ' -f1-3 <<<"$restored")" = "0 checkpoint $name"$'\n'"1 checkpoint $name" ] &&
+  [ "$(head -1 <<<"$restored" | cut -d' ' -f4)" = "$saved" ] ||
+  fail "not both shards restored from $name, shard 0 at step $saved: $restored"
 for j in 0 1; do
   wait_for "$T/wb_$j.log" "resumed data position" 20
   want="epoch ${pos[j]%%:*} offset ${pos[j]##*:}"
@@ -113,8 +148,7 @@ wait_exit "$(pid chiefC)" 120 || fail "chief exited $?"
 for p in psb_0 psb_1 wb_0 wb_1; do
   wait_exit "$(pid "$p")" 15 || fail "$p exited $?"
 done
-grep -q "reached last_step $LAST: final checkpoint ckpt-0*$LAST;" "$T/chiefC.log" ||
-  fail "no final checkpoint at $LAST"
+wait_summary "$T/ckpt" "o.get('event') == 'stop' and o.get('checkpoint') == 'ckpt-$(printf %09d $LAST)'" 1 "$before"
 [ -f "$T/ckpt/ckpt-$(printf %09d $LAST)/MANIFEST.json" ] || fail "ckpt-$LAST missing"
 acc=$(sed -n 's/^final test_acc \([0-9.]*\) .*/\1/p' "$T/chiefC.log")
 /usr/bin/python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.87 else 1)" ||
@@ -122,7 +156,7 @@ acc=$(sed -n 's/^final test_acc \([0-9.]*\) .*/\1/p' "$T/chiefC.log")
 # pgrep exits 1 when nothing matches; 0 is a process left, anything else
 # (127: no pgrep, procps missing) is no answer, not a pass.
 prc=0
-left=$(pgrep -f "paramserv .*--config $T/c.conf") || prc=$?
+left=$(pgrep -f "paramserv .*--config $T/c(hief)?\.conf") || prc=$?
 [ "$prc" = 1 ] || fail "processes left after the run: pgrep exited $prc (0: still running: $left; 127: no pgrep)"
 # A worker or shard restarted after the end (a crash, a supervisor) exits 0.
 "$BIN" worker --config "$T/c.conf" --index 1 >"$T/late.log" 2>&1 || fail "late worker exited $?"
@@ -170,11 +204,12 @@ small_cluster() {
   start "$1chief1" "$BIN" chief --config "$2"
 }
 small_cluster s "$T/s.conf"
-wait_for "$T/schief1.log" "checkpoint ckpt-" 20
+wait_summary "$T/secs" "o.get('event') == 'checkpoint'" 20
 kill -9 "$PID_schief1"
+before=$(summaries "$T/secs")
 start schief2 "$BIN" chief --config "$T/s.conf"
-wait_for "$T/schief2.log" "every shard holds its state" 15
-wait_for "$T/schief2.log" "checkpoint ckpt-" 10
+wait_summary "$T/secs" "o.get('event') == 'restore' and o.get('source') == 'redis'" 15 "$before"
+wait_summary "$T/secs" "o.get('event') == 'checkpoint'" 10 "$before"
 echo "ok: every_secs after a chief restart: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/schief2.log" | head -1) by the new chief"
 
 # --- checkpoints without replication: the shards keep nothing in Redis,
@@ -184,6 +219,6 @@ write_config "$T/o.conf" 1 1 "model.name=mlp" "train.threads=1" "replication.mod
   "replication.self_init=no" "checkpoint.dir=$T/off" "checkpoint.every_steps=50" \
   "checkpoint.every_secs=0" "chief.eval_every_steps=0"
 small_cluster o "$T/o.conf"
-wait_for "$T/ochief1.log" "checkpoint ckpt-" 20
+wait_summary "$T/off" "o.get('event') == 'checkpoint'" 20
 compgen -G "$T/off/ckpt-*" >/dev/null || fail "replication off: the chief logged a checkpoint, none is in $T/off"
 echo "ok: replication off: $(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/ochief1.log" | head -1)"

@@ -54,10 +54,17 @@ kill_chief() {
 # index_tmp DIR: the index temporary a crash left (checkpoint.tmp-<token>-<pid>), or "".
 index_tmp() { (cd "$1" && ls -d checkpoint.tmp-* 2>/dev/null | head -n 1) || true; }
 
-# loaded_from LOG: "ckpt-XXXXXXXXX" of the chief's "shard 0: loaded from" line.
+# loaded_from: "NAME STEP" of shard 0's restore in the chief's summaries
+# ($D/summaries.jsonl) since restart_cluster: the checkpoint it loaded
+# ("seed" when none) and the global step.  wait_loaded: until there is one.
 loaded_from() {
-  sed -n 's/.*shard 0: loaded from \(ckpt-[0-9]*\): .*/\1/p' "$1" | head -n 1
+  tail -n +"$((SKIP + 1))" "$D/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
+for l in sys.stdin:
+    o = json.loads(l)
+    if o.get("event") == "restore" and o.get("shard") == 0:
+        print(o.get("from"), o["step"]); break'
 }
+wait_loaded() { wait_summary "$D" "o.get('event') == 'restore' and o.get('shard') == 0" 30 "$SKIP"; }
 
 # step_of NAME: the step in a checkpoint's name, without the zero padding.
 step_of() { echo $((10#${1#ckpt-})); }
@@ -103,6 +110,7 @@ ls_state() { awk -v n="$1" '$1 == n { print $NF }' <<<"$CK_LS"; }
 restart_cluster() {
   local conf=$1 tag=$2 with=${3:-}
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
+  SKIP=$(summaries "$D")
   start_shards "ps-$tag-" "$conf" 1
   [ -n "$with" ] && start "w-$tag" "$BIN" worker --config "$conf" --index 0
   start "chief-$tag" "$BIN" chief --config "$conf"
@@ -126,9 +134,11 @@ sed "s#^dir=$D\$#dir=$T/ckpt-first#" "$conf" >"$T/crash-first.conf"
 start_shards ps-a- "$conf" 1
 start w-a "$BIN" worker --config "$conf" --index 0
 start chief-a "$BIN" chief --config "$conf"
-wait_for "$T/chief-a.log" "checkpoint ckpt-[0-9]*: step" 30
+wait_summary "$D" "o.get('event') == 'checkpoint'" 30
 kill_chief "$PID_chief_a"
-first=$(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$T/chief-a.log" | head -n 1)
+first=$(/usr/bin/python3 -c 'import json, sys
+print(next("checkpoint %s: step %d" % (o["name"], o["step"]) for o in map(json.loads, open(sys.argv[1]))
+           if o.get("event") == "checkpoint"))' "$D/summaries.jsonl")
 echo "ok: a committed checkpoint to start from: chief A wrote $first, then kill -9 ($(elapsed))"
 ps_pid=$PID_ps_a_0
 w_pid=$PID_w_a
@@ -238,14 +248,10 @@ for case in shards manifest rename index retain index-first; do
   reap "$ps_pid" "$w_pid"
   restart_cluster "$conf" "$case" worker
   log="$T/chief-$case.log"
-  wait_for "$log" "shard 0: loaded from" 30
-  got=$(loaded_from "$log")
+  wait_loaded
+  read -r got g <<<"$(loaded_from)"
   [ "$got" = "$expect" ] ||
-    fail "restart after the crash at '$stage': loaded from '${got:-seed}', expected $expect: $(grep 'loaded from\|skipped' "$log")"
-  if grep -q 'tmp-ckpt' <<<"$(grep 'loaded from\|skipped' "$log")"; then
-    fail "restart after the crash at '$stage': a .tmp- directory was taken for a checkpoint"
-  fi
-  g=$(sed -n 's/.*shard 0: loaded from ckpt-[0-9]*: version [0-9]*, global step \([0-9]*\).*/\1/p' "$log")
+    fail "restart after the crash at '$stage': loaded from '$got', expected $expect: $(grep 'loaded from\|skipped' "$log")"
   [ "$g" = "$(step_of "$expect")" ] || fail "loaded $expect at global step $g"
   # The worker goes on from the data position the checkpoint recorded.
   pos=$("$BIN" ckpt show "$D/$expect" | sed -n 's/^  worker 0: epoch \([0-9]*\), offset \([0-9]*\)$/epoch \1 offset \2/p')
@@ -254,8 +260,10 @@ for case in shards manifest rename index retain index-first; do
   [ "${resumed#resumed data position }" = "$pos" ] ||
     fail "worker resumed at '$resumed', the checkpoint $expect says '$pos'"
   # Training goes on, and the next checkpoint commits.
-  wait_for "$log" "checkpoint ckpt-[0-9]*: step" 30
-  next=$(grep -o 'checkpoint ckpt-[0-9]*: step [0-9]*' "$log" | head -n 1)
+  wait_summary "$D" "o.get('event') == 'checkpoint'" 30 "$SKIP"
+  next=$(tail -n +"$((SKIP + 1))" "$D/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
+print(next("checkpoint %s: step %d" % (o["name"], o["step"]) for o in map(json.loads, sys.stdin)
+           if o.get("event") == "checkpoint"))')
   [ -z "$tmpdir" ] || [ ! -e "$D/$tmpdir" ] || fail "$tmpdir still there after the restart's retention"
   [ -z "$(index_tmp "$D")" ] || fail "$(index_tmp "$D") still there after the restart's retention"
   echo "ok: whole-cluster restart after the crash at '$stage': shard 0 loaded from $expect" \
@@ -305,8 +313,8 @@ run_to_end() {  # run_to_end CONF TAG: a fresh cluster until the chief stops it 
     wait_exit "${!v}" 60 || rc=$?
     [ "$rc" -eq 0 ] || fail "$p exited $rc at the end of the run"
   done
-  grep -q "reached last_step 200: final checkpoint ckpt-000000200; stopping the cluster" \
-    "$T/chief-$tag.log" || fail "chief $tag: no final checkpoint line"
+  wait_summary "$(sed -n 's/^dir=//p' "$conf")" \
+    "o.get('event') == 'stop' and o.get('checkpoint') == 'ckpt-000000200'" 1
 }
 run_to_end "$conf" main
 check_dir "$D"
@@ -376,14 +384,14 @@ for kind in truncated flipped deleted layout; do
   fi
   restart_cluster "$conf" "$kind"
   log="$T/chief-$kind.log"
-  wait_for "$log" "shard 0: loaded from" 30
+  wait_loaded
   skip=$(grep "checkpoint $newest skipped: " "$log" || true)
   [ -n "$skip" ] || fail "$kind: the chief did not name $newest as skipped: $(grep -i 'skipped\|loaded' "$log")"
   why=$(reason_of <<<"$skip")
   grep -q "^\($words\)" <<<"$why" || fail "$kind: the reason '$why' does not start with '$words': $skip"
   grep -q "falling back to $prev" <<<"$skip" || fail "$kind: no 'falling back to $prev': $skip"
-  got=$(loaded_from "$log")
-  [ "$got" = "$prev" ] || fail "$kind: loaded from '${got:-seed}', expected $prev"
+  read -r got _ <<<"$(loaded_from)"
+  [ "$got" = "$prev" ] || fail "$kind: loaded from '$got', expected $prev"
   reason=${skip#*skipped: }
   reason=${reason//$D\//}
   echo "ok: newest $kind: restart skipped $newest (${reason%%; falling back*}) and loaded shard 0 from $prev"

@@ -58,7 +58,7 @@ stop_shards ops 2
 write_config "$T/r.conf" 2 2 "model.variables=$VARS" "train.consistency=sync" \
   "train.sync_timeout_ms=60000" "worker.give_up_s=5"
 start rps0 "$BIN" ps --config "$T/r.conf" --index 0
-wait_listening "$T/r.conf" 0 10
+wait_up rps0 10
 start retry "$(dirname "$EXAMPLE")/client_retry" "$T/r.conf"
 wait_for "$T/retry.log" "retry: gave up" 30
 start rps1 "$BIN" ps --config "$T/r.conf" --index 1
@@ -86,7 +86,7 @@ for at in 200 500 800 1100; do
   wait "${!v}" 2>/dev/null || true
   start "kps${i}_$kills" "$BIN" ps --config "$T/k.conf" --index "$i"
   eval "PID_kps$i=\$PID_kps${i}_$kills"
-  wait_listening "$T/k.conf" "$i" 30
+  wait_up "kps${i}_$kills" 30
   kills=$((kills + 1))
 done
 wait_exit "$PID_ex" 300 || fail "client_example exited $? under kills"
@@ -106,7 +106,7 @@ start_shards cps "$T/ch.conf" 2
 start chief "$BIN" chief --config "$T/ch.conf"
 "$EXAMPLE" "$T/ch.conf" 0 400 >"$T/ex1.log" 2>&1 || fail "client_example with a chief exited $?"
 check_example "$T/ex1.log" "client example with a chief"
-wait_for "$T/chief.log" "checkpoint ckpt-0*[1-9]" 30
+wait_summary "$T/ckpt" "o.get('event') == 'checkpoint' and o['step'] > 0" 30
 grep -q "evaluations off: model 'variables 4 #" "$T/chief.log" || fail "the chief evaluated a model without layers"
 for p in $PID_cps0 $PID_cps1 $PID_chief; do kill -9 "$p"; done
 for p in $PID_cps0 $PID_cps1 $PID_chief; do wait "$p" 2>/dev/null || true; done
@@ -114,11 +114,15 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 saved=$(sed -n 's/^latest: \(ckpt-[0-9]*\)$/\1/p' "$T/ckpt/checkpoint")
 [ -n "$saved" ] || fail "no latest checkpoint in the index: $(cat "$T/ckpt/checkpoint")"
 start_shards rps "$T/ch.conf" 2
+skip=$(summaries "$T/ckpt")
 start chief2 "$BIN" chief --config "$T/ch.conf"
 # The newest valid checkpoint: the index's latest, or one written after it
 # that the index did not name yet when the chief died.
-for i in 0 1; do wait_for "$T/chief2.log" "shard $i: loaded from" 30; done
-loaded=$(sed -n 's/.*shard [01]: loaded from \(ckpt-[0-9]*\):.*/\1/p' "$T/chief2.log" | sort -u)
+for i in 0 1; do
+  wait_summary "$T/ckpt" "o.get('event') == 'restore' and o.get('shard') == $i" 30 "$skip"
+done
+loaded=$(tail -n +"$((skip + 1))" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
+print("\n".join(sorted({o.get("from") for o in map(json.loads, sys.stdin) if o.get("event") == "restore"})))')
 [ "$(wc -l <<<"$loaded")" -eq 1 ] && [ "${loaded#ckpt-}" -ge "${saved#ckpt-}" ] ||
   fail "shards loaded from $(paste -sd' ' <<<"$loaded"), the index's latest is $saved"
 saved=$loaded

@@ -27,11 +27,11 @@ run_mode ssp 2000 0.85 "train.staleness=3"
 # then go on with the live worker, which reaches the step limit.
 conf="$T/sync-kill.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.consistency=sync" "train.last_step=400" \
-  "train.threads=1" "train.log_every=50" "train.sync_timeout_ms=300"
+  "train.threads=1" "train.log_every=50" "train.sync_timeout_ms=300" "$(metrics_on 5)"
 start_shards sk-ps "$conf" 2
 start sk-w0 "$BIN" worker --config "$conf" --index 0
 start sk-w1 "$BIN" worker --config "$conf" --index 1
-wait_for "$T/sk-w1.log" "step 100 global" 60
+wait_steps "$conf" 1 100 60
 kill -9 "$PID_sk_w1"
 wait_exit "$PID_sk_w0" 120 || fail "sync after a worker's death: worker 0 exited $?"
 grep -q "^final test_acc" "$T/sk-w0.log" || fail "sync after a worker's death: no final accuracy"

@@ -13,12 +13,12 @@ hist="$T/history"
 mkdir -p "$hist"
 write_config "$T/c.conf" 1 1 "model.name=mlp" "train.last_step=2500" "train.threads=1" \
   "train.log_every=50" "replication.mode=log" "replication.on_redis_failure=degrade" \
-  "redis.timeout_ms=1000" "cluster.history_dir=$hist"
+  "redis.timeout_ms=1000" "cluster.history_dir=$hist" "$(metrics_on 3)"
 acks() { cat "$hist"/worker-*.history 2>/dev/null | grep -c '^ack ' || true; }
 start ps0 "$BIN" ps --config "$T/c.conf" --index 0
-wait_listening "$T/c.conf" 0 10
+wait_up ps0 10
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
-wait_for "$T/w0.log" "step 300 global" 60
+wait_steps "$T/c.conf" 0 300 60
 
 rc config set min-replicas-to-write 1 >/dev/null
 wait_for "$T/ps0.log" "not stored: NOREPLICAS.*acknowledging without it" 20
@@ -57,7 +57,7 @@ wait "$PID_ps0" 2>/dev/null || true
 mk=$(rc hget '{itest:ps:0}:meta' nondurable)
 [[ $mk =~ ^[0-9]+$ ]] && [ "$mk" -ge "$m" ] || fail "degrade: the meta's nondurable after the kill is '$mk', was $m"
 start ps0b "$BIN" ps --config "$T/c.conf" --index 0
-wait_listening "$T/c.conf" 0 20
+wait_up ps0b 20
 wait_for "$T/ps0b.log" "updates of this run were acknowledged without being durable" 5
 carried=$(sed -n 's/.*restore: \([0-9]*\) updates of this run were acknowledged without being durable.*/\1/p' \
   "$T/ps0b.log")

@@ -119,7 +119,7 @@ done
 
 # The last incarnation runs calm: its first snapshot switches, the held
 # acknowledgements go out, and training goes on to the step limit.
-wait_listening "$T/c.conf" 0 30
+wait_up "ps0_$KILLS" 30
 for ((i = 0; i < 600; i++)); do [ "$(rc exists "$P:meta")" = 1 ] && break; sleep 0.05; done
 [ "$(rc exists "$P:meta")" = 1 ] || fail "the last incarnation's first snapshot did not switch within 30 s"
 held=$(sed -n 's/.*journal is durable again.*; \([0-9]*\) acknowledgements were held.*/\1/p' "$log" | head -1)

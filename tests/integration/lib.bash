@@ -1,7 +1,9 @@
 # Helpers for the integration tests: free ports, a cluster config, waiting
-# with a deadline (for a log line, a JSON line of the chief's summaries, a
-# process of paramserv local being ready), and cleanup of every process
-# started.
+# with a deadline for what the processes say in machine form (READY=1 and
+# STATUS= on the test's NOTIFY_SOCKET, Prometheus series, the chief's
+# summaries, the lease, `paramserv status --json`, history files; a log
+# line only where the message itself is checked), and cleanup of every
+# process started.
 # Source it; it sets BIN and a work directory $T removed on exit.
 
 BIN=${PARAMSERV:-build/paramserv}
@@ -146,13 +148,15 @@ wait_for_any() {
   fail "no '$pattern' in any of $* within $secs s"
 }
 
-# wait_json FILE EXPR SECONDS: until FILE (JSON lines, as the chief's
-# summaries: chief/summary.h) has a complete line whose object o makes the
-# Python expression EXPR true.  One python3 reads the file as it grows.
+# wait_json FILE EXPR SECONDS [SKIP]: until FILE (JSON lines, as the chief's
+# summaries: chief/summary.h) has a complete line, after its first SKIP
+# lines, whose object o makes the Python expression EXPR true.  One python3
+# reads the file as it grows.
 wait_json() {
   /usr/bin/python3 - "$@" <<'PY' || fail "no line of $1 with $2 within $3 s"
 import json, sys, time
 path, expr, secs = sys.argv[1], compile(sys.argv[2], "EXPR", "eval"), float(sys.argv[3])
+skip = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 end, off = time.monotonic() + secs, 0
 while True:
     try:
@@ -164,6 +168,9 @@ while True:
     cut = data.rfind(b"\n") + 1  # complete lines only
     off += cut
     for line in data[:cut].splitlines():
+        if skip > 0:
+            skip -= 1
+            continue
         try:
             o = json.loads(line)
         except ValueError:
@@ -182,6 +189,28 @@ wait_step() {
   wait_json "$1" "'steps_per_s' in o and o['step'] >= $2" "$3"
 }
 
+# summaries DIR: the lines of checkpoint directory DIR's summaries.jsonl so
+# far (0 when none), for wait_summary's SKIP.
+summaries() { cat "$1/summaries.jsonl" 2>/dev/null | wc -l; }
+
+# wait_summary DIR EXPR SECONDS [SKIP]: wait_json on the chief's summaries
+# in checkpoint directory DIR: e.g. o.get('event') == 'checkpoint' (a
+# checkpoint committed), 'restore' (with source and shard), 'chief' (a chief
+# took the lease: token).
+wait_summary() { wait_json "$1/summaries.jsonl" "$2" "$3" "${4:-0}"; }
+
+# wait_lease PID SECONDS: until the chief with process id PID holds the
+# lease ({itest}:chief in the test's Redis: "token T host H pid P").
+wait_lease() {
+  local i v=""
+  for ((i = 0; i < $2 * 20; i++)); do
+    v=$(redis-cli -p "$REDIS_PORT" get "{itest}:chief" 2>/dev/null) || true
+    [[ $v == *" pid $1" ]] && return 0
+    sleep 0.05
+  done
+  fail "chief pid $1 does not hold the lease within $2 s (the lease: '${v:-none}')"
+}
+
 # wait_ready RUNDIR NAME SECONDS [NOT_PID]: until paramserv local's
 # RUNDIR/pids ("ps-1 1234 ready") says NAME is ready (it sent READY=1), as
 # a pid other than NOT_PID (the incarnation killed before).
@@ -195,6 +224,121 @@ wait_ready() {
   fail "$2 not ready in $1/pids within $3 s: $(tr '\n' ';' <"$1/pids" 2>/dev/null)"
 }
 
+# metrics_on NPROCS: write_config's [metrics] listen on NPROCS consecutive
+# free ports (each process serves at the base port plus its slot: the chief
+# 0, shard i 1 + i, worker j 1 + nps + j; src/common/metrics.h).
+metrics_on() {
+  local base
+  base=$(free_port_run "$1")
+  [ -n "$base" ] || fail "no $1 consecutive free ports for [metrics] listen"
+  echo "metrics.listen=127.0.0.1:$base"
+}
+
+# wait_metric CONF ROLE INDEX EXPR SECONDS: until process ROLE (chief, ps,
+# worker: a ring member is a worker) INDEX of CONF serves, at its [metrics]
+# listen address plus its slot, series that make the Python expression EXPR
+# true; m maps each series name to its value (summed over labels), m0 is m
+# at the first answer (for "N more than when the wait began").  A
+# process not answering yet (starting, restarting) is asked again, every
+# 50 ms, until the deadline.
+wait_metric() {
+  local conf=$1 role=$2 index=$3 expr=$4 secs=$5 url last
+  url=$(metrics_url "$conf" "$role" "$index")
+  last=$(/usr/bin/python3 - "$url" "$expr" "$secs" 2>&1 <<'PY'
+import sys, time, urllib.request
+url, expr, secs = sys.argv[1], compile(sys.argv[2], "EXPR", "eval"), float(sys.argv[3])
+end, m, m0 = time.monotonic() + secs, {}, None
+while True:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            m = {}
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    name, value = line.rsplit(" ", 1)
+                    name = name.split("{", 1)[0]
+                    m[name] = m.get(name, 0.0) + float(value)
+        m0 = m0 or m
+        if eval(expr, {}, {"m": m, "m0": m0}):
+            sys.exit(0)
+    except (OSError, ValueError, KeyError):
+        pass
+    if time.monotonic() >= end:
+        print(" ".join(f"{k}={v:g}" for k, v in sorted(m.items()) if k.endswith(("steps_total", "global_step", "version", "members")))
+              or "no answer", file=sys.stderr)
+        sys.exit(1)
+    time.sleep(0.05)
+PY
+  ) || fail "$role $index of $conf: no metrics at $url with $expr within $secs s (last: $last)"
+}
+
+# metrics_url CONF ROLE INDEX: where process ROLE INDEX of CONF serves its
+# metrics.  metric CONF ROLE INDEX NAME: that series' value now (summed over
+# labels), or nothing when the process does not answer.
+metrics_url() {
+  local listen nps
+  listen=$(awk '/^\[/ { s = $0; next } s == "[metrics]" && sub(/^listen *= */, "") { print }' "$1")
+  [ -n "$listen" ] || fail "metrics_url: $1 has no [metrics] listen"
+  nps=$(sed -n 's/^ps = //p' "$1" | tr ',' '\n' | grep -c :) || true
+  case $2 in
+  chief) echo "http://$listen/metrics" ;;
+  ps) echo "http://${listen%:*}:$((${listen##*:} + 1 + $3))/metrics" ;;
+  worker) echo "http://${listen%:*}:$((${listen##*:} + 1 + nps + $3))/metrics" ;;
+  *) fail "metrics_url: role $2, expected chief, ps or worker" ;;
+  esac
+}
+metric() {
+  curl -s --max-time 2 "$(metrics_url "$1" "$2" "$3")" 2>/dev/null |
+    awk -v n="$4" '$1 == n || index($1, n "{") == 1 { v += $2; f = 1 } END { if (f) print v }'
+}
+
+# wait_steps CONF WORKER STEPS SECONDS: until worker WORKER of CONF has
+# trained STEPS steps (paramserv_worker_steps_total; CONF needs metrics_on).
+# wait_more_steps: STEPS more than when the wait began.
+wait_steps() {
+  wait_metric "$1" worker "$2" "m['paramserv_worker_steps_total'] >= $3" "$4"
+}
+wait_more_steps() {
+  wait_metric "$1" worker "$2" \
+    "m['paramserv_worker_steps_total'] >= m0['paramserv_worker_steps_total'] + $3" "$4"
+}
+
+# wait_status CONF EXPR SECONDS: until `paramserv status --json` of CONF (the
+# nodes' records in Redis: src/replica/REDIS.md) gives an object s that
+# makes the Python expression EXPR true; worker(s, j) is worker j's node.
+# For tests where two processes of one slot overlap (a paused shard and
+# its replacement), so that [metrics] listen cannot serve both.
+wait_status() {
+  local last
+  last=$(/usr/bin/python3 - "$BIN" "$@" 2>&1 <<'PY'
+import json, subprocess, sys, time
+binary, conf, expr, secs = sys.argv[1], sys.argv[2], compile(sys.argv[3], "EXPR", "eval"), float(sys.argv[4])
+def worker(s, j):
+    return next((n for n in s["nodes"] if n["role"] == "worker" and n["index"] == j), {})
+end, s = time.monotonic() + secs, None
+while True:
+    r = subprocess.run([binary, "status", "--config", conf, "--json"], capture_output=True, text=True)
+    try:
+        s = json.loads(r.stdout)
+        if eval(expr, {"worker": worker}, {"s": s}):
+            sys.exit(0)
+    except (ValueError, KeyError, TypeError):
+        pass
+    if time.monotonic() >= end:
+        print(" ".join(f"{n['role']} {n['index']} {n['state']} step {n['step']}" for n in s["nodes"])
+              if s else (r.stderr.strip() or "no answer"), file=sys.stderr)
+        sys.exit(1)
+    time.sleep(0.1)
+PY
+  ) || fail "status of $1: not $2 within $3 s (last: $last)"
+}
+
+# wait_status_steps CONF WORKER STEPS SECONDS: until worker WORKER's
+# heartbeat in Redis says it trained STEPS steps (a heartbeat every
+# [worker] heartbeat_ms).
+wait_status_steps() {
+  wait_status "$1" "(worker(s, $2).get('step') or 0) >= $3" "$4"
+}
+
 # fault_gap S: a chaos test's --fault-gap, S times $PS_TEST_FAULT_GAP_SCALE
 # (1 by default; `make SAN=1` sets 3: a sanitized build trains about 3
 # times slower, and its faults are then as many per step as a plain
@@ -203,35 +347,89 @@ fault_gap() {
   awk -v s="$1" -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { printf "%g\n", s * k }'
 }
 
-# start NAME CMD...: run CMD in the background, output to $T/NAME.log.
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/notify.bash"
+
+# test_notify: the test's NOTIFY_SOCKET, $T/notify.sock (scripts/lib/notify.bash;
+# its datagrams in $T/notify.log), started once; start gives it to every
+# process it starts.
+test_notify() {
+  [ -S "$T/notify.sock" ] && return 0
+  notify_start "$T" || fail "the test's notify socket $T/notify.sock did not appear"
+  PIDS+=("$NOTIFY_PID")
+}
+
+# wait_notify NAME ERE SECONDS: until process NAME (started by start) sent a
+# notification matching the extended regular expression ERE.
+# wait_up NAME SECONDS: until its start-up is over: READY=1 (a shard
+# serving, a worker training, the chief leading) or, before that, a STATUS=
+# (a shard waiting for the chief to initialize it, a chief on standby).
+# wait_serving NAME SECONDS: until it sent READY=1.
+wait_notify() {
+  local v="PID_${1//[^a-zA-Z0-9]/_}" rc=0
+  local pid=${!v:-}
+  [ -n "$pid" ] || fail "wait_notify: no process $1 was started"
+  notify_wait "$T" "$pid" "$2" "$3" || rc=$?
+  case $rc in
+  0) ;;
+  2) fail "$1 (pid $pid) exited before it notified '$2': $(tail -n 3 "$T/$1.log")" ;;
+  *) fail "$1 (pid $pid) notified no '$2' within $3 s (it sent: $(awk -v p="$pid" '$1 == p' "$T/notify.log" 2>/dev/null | cut -d' ' -f3- | paste -sd'|'))" ;;
+  esac
+}
+wait_up() { wait_notify "$1" 'READY=1|STATUS=' "$2"; }
+wait_serving() { wait_notify "$1" 'READY=1' "$2"; }
+
+# start NAME CMD...: run CMD in the background, output to $T/NAME.log, with
+# the test's NOTIFY_SOCKET.
 start() {
   local name=$1
   shift
-  "$@" >"$T/$name.log" 2>&1 &
+  test_notify
+  NOTIFY_SOCKET="$T/notify.sock" "$@" >"$T/$name.log" 2>&1 &
   PIDS+=($!)
   eval "PID_${name//[^a-zA-Z0-9]/_}=$!"
 }
 
 # wait_listening CONF INDEX SECONDS: until shard INDEX of CONF (a loopback
-# address of [cluster] ps) accepts a connection -- which it does once it is
-# restored and listening -- polled every 10 ms.
+# address of [cluster] ps) accepts a connection, polled every 10 ms: the
+# earliest sign of a shard, which listens from its start, before it
+# restores (a connection waits in the backlog until it serves; wait_up
+# waits for that).
 wait_listening() {
-  local port i
+  local port
   port=$(sed -n 's/^ps = //p' "$1" | tr -d ' ' | cut -d, -f$(($2 + 1)) | sed 's/.*://')
   [[ $port =~ ^[0-9]+$ ]] || fail "wait_listening: no shard $2 in $1's [cluster] ps"
+  wait_tcp 127.0.0.1 "$port" "$3"
+}
+
+# wait_tcp HOST PORT SECONDS: until HOST:PORT accepts a connection (e.g. a
+# shard on a namespaced host), polled every 10 ms.
+wait_tcp() {
+  local i
   for ((i = 0; i < $3 * 100; i++)); do
-    (: <>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+    (: <>"/dev/tcp/$1/$2") 2>/dev/null && return 0
     sleep 0.01
   done
-  fail "shard $2 of $1 not accepting connections on port $port within $3 s"
+  fail "$1:$2 not accepting connections within $3 s"
+}
+
+# wait_count FILE PATTERN N SECONDS: until FILE (a history: machine lines,
+# src/common/history.h) has N lines matching PATTERN.
+wait_count() {
+  local i
+  for ((i = 0; i < $4 * 20; i++)); do
+    [ "$(grep -c -- "$2" "$1" 2>/dev/null || true)" -ge "$3" ] && return 0
+    sleep 0.05
+  done
+  fail "fewer than $3 lines '$2' in $1 within $4 s ($(grep -c -- "$2" "$1" 2>/dev/null || echo 0))"
 }
 
 # start_shards PREFIX CONF N: shards 0..N-1 as PREFIX0, PREFIX1, ...
-# (logs $T/PREFIXi.log, pids $PID_PREFIXi), each up and listening.
+# (logs $T/PREFIXi.log, pids $PID_PREFIXi), each started up (wait_up:
+# serving, or waiting for the chief to initialize it).
 start_shards() {
   local prefix=$1 conf=$2 n=$3 i
   for ((i = 0; i < n; i++)); do start "$prefix$i" "$BIN" ps --config "$conf" --index "$i"; done
-  for ((i = 0; i < n; i++)); do wait_listening "$conf" "$i" 10; done
+  for ((i = 0; i < n; i++)); do wait_up "$prefix$i" 10; done
 }
 
 # stop_shards PREFIX N: SIGTERM each, and each must exit 0.

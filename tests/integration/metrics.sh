@@ -18,14 +18,27 @@ PROM=${PROMETHEUS:-/usr/bin/prometheus}
 command -v curl >/dev/null || fail "curl: not found (make deps installs it)"
 
 run="$T/run"
+# targets_base FILE: the base port of a run's Prometheus targets FILE (the
+# chief's target), once paramserv local wrote it (whole, then renamed).
+targets_base() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    [ -f "$1" ] && break
+    sleep 0.05
+  done
+  /usr/bin/python3 -c 'import json, sys
+print(next(t["targets"][0] for t in json.load(open(sys.argv[1]))
+           if t["labels"]["role"] == "chief").rsplit(":", 1)[1])' "$1" ||
+    fail "no Prometheus targets file $1 within 30 s"
+}
 # Checkpoints every 1000 steps, so that the chief's series move too.
 printf '[checkpoint]\nevery_steps = 1000\nevery_secs = 0\n' >"$T/local.conf"
 start local "$BIN" local --config "$T/local.conf" --dir "$run" --fresh --ps 2 --workers 2 \
   --last-step 100000000
-wait_for "$T/local.log" "^local: metrics: http://127.0.0.1:[0-9]*/metrics" 30
-targets=$(sed -n 's/^local: metrics: .*Prometheus targets: \(.*\)$/\1/p' "$T/local.log")
-[ "$targets" = "$run/metrics-targets.json" ] || fail "targets file '$targets', expected $run/metrics-targets.json"
-base=$(sed -n 's|^local: metrics: http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$T/local.log")
+targets="$run/metrics-targets.json"
+base=$(targets_base "$targets")
+# What local tells its user: the URL and the targets file.
+wait_for "$T/local.log" "^local: metrics: http://127.0.0.1:$base/metrics .*Prometheus targets: $targets$" 5
 
 # The endpoint itself (the chief's, the first port): Prometheus's text
 # format at /metrics, 404 elsewhere.
@@ -53,7 +66,11 @@ scrape_configs:
 EOF
 start prometheus "$PROM" --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/prom" \
   --web.listen-address="127.0.0.1:$pport"
-wait_for "$T/prometheus.log" "Server is ready to receive web requests" 30
+for ((i = 0; i < 600; i++)); do
+  curl -sf -o /dev/null "http://127.0.0.1:$pport/-/ready" && break
+  sleep 0.05
+done
+curl -sf -o /dev/null "http://127.0.0.1:$pport/-/ready" || fail "prometheus not ready within 30 s: $(tail -3 "$T/prometheus.log")"
 
 # q EXPR: the sum of the instant vector EXPR's values, or "none".  A query
 # that gets no answer or an error is asked again, for up to 10 s; then it
@@ -198,8 +215,7 @@ echo "ok: local stopped by SIGTERM"
 printf '[cluster]\nmode = ring\n[model]\nfile = %s\n' "$PWD/models/examples/strided-cnn.json" >"$T/ring.conf"
 start ring "$BIN" local --config "$T/ring.conf" --dir "$T/ringrun" --fresh --workers 2 \
   --last-step 100000000
-wait_for "$T/ring.log" "^local: metrics: http://127.0.0.1:[0-9]*/metrics" 30
-base=$(sed -n 's|^local: metrics: http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$T/ring.log")
+base=$(targets_base "$T/ringrun/metrics-targets.json")
 # ring_metric SLOT NAME: the value of NAME at port base + SLOT, or "" (also
 # while the member does not answer yet: a refused connection is retried by
 # the poll below, not the end of the script).

@@ -66,10 +66,10 @@ t_start=$(now)
 at() { awk -v a="$1" -v b="$t_start" 'BEGIN { printf "%.1f s", a - b }'; }
 
 start psA $H exec 2 "$BIN" ps --config "$T/c.conf" --index 0
-wait_for "$T/psA.log" "listening on" 10
+wait_tcp "$X" 7000 10
 start w0 $H exec 4 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 $H exec 5 "$BIN" worker --config "$T/c.conf" --index 1
-wait_for "$T/w0.log" "step 300 global" 60
+wait_count "$hist/worker-0.history" '^ack 0 ' 300 60
 
 # 1. A loses Redis, keeps its workers.
 $H cut 2 1
@@ -83,8 +83,15 @@ a2=$(acks0)
 grep -q "holding acknowledgements" "$T/psA.log" || fail "A did not say it holds acknowledgements"
 
 # 2. B takes the shard's epoch in Redis.
+epoch=$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")
 start psB $H exec 3 "$BIN" ps --config "$T/c.conf" --index 0
-wait_for "$T/psB.log" "listening on" 20
+# B listens, then takes the shard's epoch in Redis as it restores.
+for ((i = 0; i < 400; i++)); do
+  [ "$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")" != "$epoch" ] && break
+  sleep 0.05
+done
+[ "$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")" != "$epoch" ] ||
+  fail "B took no epoch within 20 s: $(tail -2 "$T/psB.log")"
 t_b=$(now)
 restored=$(grep -o "restored from Redis[^(]*" "$T/psB.log" | head -1)
 [ "$(acks0)" -le $((a1 + 2)) ] || fail "A acknowledged pushes after B took the epoch"

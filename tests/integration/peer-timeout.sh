@@ -27,10 +27,10 @@ ip link set lo up
 
 conf="$T/pt.conf"
 write_config "$conf" 1 1 "model.name=mlp" "cluster.peer_timeout_ms=2000" "train.threads=1" \
-  "train.log_every=50"
+  "train.log_every=50" "$(metrics_on 3)"
 start_shards ps "$conf" 1
 start w0 "$BIN" worker --config "$conf" --index 0
-wait_for "$T/w0.log" "step 100 global" 60
+wait_steps "$conf" 0 100 60
 ss -tno state established | grep -q 'timer:(keepalive' ||
   fail "no keepalive timer on the peer sockets: $(ss -tno state established)"
 ip link set lo down
@@ -42,9 +42,8 @@ wait_for "$T/ps0.log" "worker 0 .*: connection lost" 120
 wait_for "$T/w0.log" "waiting for shard 0 .*: " 120
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 ip link set lo up
-wait_for "$T/w0.log" "shard 0: connected again" 20
-n=$(grep -o ' step [0-9]* global' "$T/w0.log" | tail -n 1 | awk '{print $2}')
-wait_for "$T/w0.log" " step $((n + 100)) global" 30
+wait_metric "$conf" worker 0 "m['paramserv_worker_reconnects_total'] >= 1" 20
+wait_more_steps "$conf" 0 100 30
 kill -TERM "$PID_w0"
 wait_exit "$PID_w0" 10 || fail "worker 0 exited $? after SIGTERM"
 stop_shards ps 1

@@ -81,7 +81,7 @@ run_class() {
   rc flushall >/dev/null
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=800" "train.threads=1" \
     "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
-    "redis.timeout_ms=1000" "cluster.history_dir=$hist"
+    "redis.timeout_ms=1000" "cluster.history_dir=$hist" "$(metrics_on 5)"
   start_shards "$class-ps" "$conf" 2
   local v0="PID_${class}_ps0" v1="PID_${class}_ps1"
   local ps0=${!v0} ps1=${!v1}
@@ -89,7 +89,7 @@ run_class() {
   local w0=$!
   start "$class-w1" "$BIN" worker --config "$conf" --index 1
   local w1=$!
-  wait_for "$T/$class-w0.log" "step 150 global" 60
+  wait_steps "$conf" 0 150 60
   inject "$class"
   # The first shard to meet the fault: a fault that begins between the two
   # shards' entries of one step leaves the other with nothing to write (the
@@ -105,18 +105,18 @@ run_class() {
   heal "$class"
   start "$class-psb" "$BIN" ps --config "$conf" --index "$k"
   if [ "$k" = 0 ]; then ps0=$!; else ps1=$!; fi
-  wait_listening "$conf" "$k" 20
-  # Training goes on: a new step line of worker 0 within the deadline.
-  local steps
-  steps=$(grep -c ' global ' "$T/$class-w0.log" || true)
-  local i
+  wait_up "$class-psb" 20
+  # Training goes on: worker 0 steps on within the deadline (or it ended).
+  local steps now i
+  steps=$(metric "$conf" worker 0 paramserv_worker_steps_total)
   for ((i = 0; i < 400; i++)); do
-    [ "$(grep -c ' global ' "$T/$class-w0.log" || true)" -gt "$steps" ] && break
+    now=$(metric "$conf" worker 0 paramserv_worker_steps_total)
+    [ -n "$now" ] && [ "$now" -gt "${steps:-0}" ] && break
     kill -0 "$w0" 2>/dev/null || break
     sleep 0.05
   done
-  [ "$(grep -c ' global ' "$T/$class-w0.log" || true)" -gt "$steps" ] || ! kill -0 "$w0" 2>/dev/null ||
-    fail "$class: worker 0 made no step within 20 s after the fault ended"
+  [ -n "$now" ] && [ "$now" -gt "${steps:-0}" ] || ! kill -0 "$w0" 2>/dev/null ||
+    fail "$class: worker 0 made no step within 20 s after the fault ended (steps: ${steps:-none} -> ${now:-none})"
   wait_exit "$w0" 120 || fail "$class: worker 0 exited $?"
   wait_exit "$w1" 120 || fail "$class: worker 1 exited $?"
   kill -TERM "$ps0" "$ps1"
@@ -145,7 +145,7 @@ run_startup() {
   wait_for "$T/startup-w0.log" "waiting for Redis .*NOREPLICAS" 10
   kill -0 "$ps0" && kill -0 "$w0" || fail "startup: a process exited while Redis refused writes"
   heal noreplicas
-  wait_listening "$conf" 0 10
+  wait_up startup-ps0 10
   wait_exit "$w0" 60 || fail "startup: worker exited $?"
   kill -TERM "$ps0"
   wait_exit "$ps0" 10 || fail "startup: ps exited $?"

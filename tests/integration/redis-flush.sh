@@ -18,12 +18,12 @@ hist="$T/history"
 mkdir -p "$hist"
 write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=0" "train.threads=1" \
   "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
-  "redis.timeout_ms=1000" "worker.heartbeat_ms=200" "cluster.history_dir=$hist"
+  "redis.timeout_ms=1000" "worker.heartbeat_ms=200" "cluster.history_dir=$hist" "$(metrics_on 5)"
 P="{itest:ps:0}"
 start_shards ps "$T/c.conf" 2
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
-wait_for "$T/w0.log" "step 100 global" 60
+wait_steps "$T/c.conf" 0 100 60
 
 acks() { cat "$hist"/worker-*.history | grep -c '^ack 0 ' || true; }
 lost_lines() { cat "$T"/ps0*.log | grep -c "Redis lost this shard's keys (" || true; }
@@ -110,10 +110,11 @@ for fault in flushall flushdb epoch logkey stream meta chunk snaps; do
   kill -9 "${!v}"
   wait "${!v}" 2>/dev/null || true
   start "ps0_$n" "$BIN" ps --config "$T/c.conf" --index 0
-  wait_listening "$T/c.conf" 0 20
-  # What it started from is said as it starts to listen.
-  wait_for "$T/ps0_$n.log" 'restored from\|seed' 5
-  grep -q 'restored from Redis' "$T/ps0_$n.log" || fail "$fault: the restarted shard 0 did not restore from Redis: $(grep -i 'restor\|seed' "$T/ps0_$n.log" | head -3)"
+  wait_up "ps0_$n" 20
+  # Its incarnation is set once its state is restored (or seeded).
+  wait_metric "$T/c.conf" ps 0 "m['paramserv_ps_incarnation'] >= 1" 5
+  [ "$(metric "$T/c.conf" ps 0 paramserv_ps_restores_total)" = 1 ] ||
+    fail "$fault: the restarted shard 0 did not restore from Redis: $(grep -i 'restor\|seed' "$T/ps0_$n.log" | head -3)"
   wait_acks "$(acks)" 30
 done
 

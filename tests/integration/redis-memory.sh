@@ -23,7 +23,7 @@ mkdir -p "$hist"
 # and the test took 3.6 times as long).
 write_config "$T/c.conf" 1 2 "model.name=mlp" "model.hidden=1024,512" "train.batch=16" \
   "train.last_step=1000000" "train.threads=1" "train.log_every=10" "replication.mode=log" \
-  "replication.interval_ms=100" "cluster.history_dir=$hist"
+  "replication.interval_ms=100" "cluster.history_dir=$hist" "$(metrics_on 4)"
 P='{itest:ps:0}'
 # meta's snapshot id, and the registered ids that are not it ("a,b", or -).
 PROBE='local m = redis.call("HGET", KEYS[1], "snap")
@@ -89,10 +89,10 @@ check_bounded() {
 
 start ps0_0 "$BIN" ps --config "$T/c.conf" --index 0
 pid=$!
-wait_listening "$T/c.conf" 0 30
+wait_up ps0_0 30
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
-wait_for "$T/w0.log" "step 10 global" 60
+wait_steps "$T/c.conf" 0 10 60
 before=$(used_memory)
 mid=0
 left=""
@@ -126,17 +126,12 @@ for ((k = 1; k <= KILLS; k++)); do
   left=$ids
   start "ps0_$k" "$BIN" ps --config "$T/c.conf" --index 0
   pid=$!
-  wait_listening "$T/c.conf" 0 30
+  wait_up "ps0_$k" 30
 done
 [ "$mid" = "$KILLS" ] || fail "$mid of $KILLS kills were mid-snapshot"
 echo "ok: $KILLS kills of shard 0, each while a snapshot was written: each left one registered in :snaps that the meta does not name; used_memory $before bytes before the kills"
 # Training goes on.
-n=$(grep -c ' global ' "$T/w0.log" || true)
-for ((i = 0; i < 600; i++)); do
-  [ "$(grep -c ' global ' "$T/w0.log" || true)" -gt "$n" ] && break
-  sleep 0.05
-done
-[ "$(grep -c ' global ' "$T/w0.log" || true)" -gt "$n" ] || fail "worker 0 made no progress within 30 s after the last restart"
+wait_more_steps "$T/c.conf" 0 10 30
 # A clean stop while the workers push: the shard writes a last snapshot
 # (its version is newer than the meta's) and cleans up after it.
 kill -TERM "$pid"
@@ -145,9 +140,8 @@ grep -q "stopping at version" "$T/ps0_$KILLS.log" || fail "no clean stop in the 
 check_bounded "after a clean stop at version $(rc hget "$P:meta" version)"
 start ps0_last "$BIN" ps --config "$T/c.conf" --index 0
 pid=$!
-wait_listening "$T/c.conf" 0 30
-n=$(grep -c ' global ' "$T/w0.log" || true)
-wait_for "$T/w0.log" "step $(( (n + 1) * 10 )) global" 30
+wait_up ps0_last 30
+wait_more_steps "$T/c.conf" 0 10 30
 kill -TERM "$PID_w0" "$PID_w1"
 wait_exit "$PID_w0" 60 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 60 || fail "worker 1 exited $?"

@@ -53,14 +53,15 @@ mkdir -p "$hist"
 TIMEOUT_MS=1000
 write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=2400" "train.threads=1" \
   "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
-  "redis.timeout_ms=$TIMEOUT_MS" "redis.address=$NET.2:$RPORT" "cluster.history_dir=$hist"
+  "redis.timeout_ms=$TIMEOUT_MS" "redis.address=$NET.2:$RPORT" "cluster.history_dir=$hist" \
+  "$(metrics_on 5)"
 start ps0 "$BIN" ps --config "$T/c.conf" --index 0
 start ps1 "$BIN" ps --config "$T/c.conf" --index 1
-wait_for "$T/ps0.log" "listening on" 10
-wait_for "$T/ps1.log" "listening on" 10
+wait_up ps0 10
+wait_up ps1 10
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
-wait_for "$T/w0.log" "step 300 global" 60
+wait_steps "$T/c.conf" 0 300 60
 acks0() { cat "$hist"/worker-*.history | grep -c '^ack 0 ' || true; }
 
 # The drop: every packet on the link, both ways, silently.  Only the lines
@@ -104,7 +105,7 @@ wait "$PID_ps0" 2>/dev/null || true
 tc qdisc del dev "$VA" root
 ip netns exec "$NS" tc qdisc del dev "$VB" root
 start ps0b "$BIN" ps --config "$T/c.conf" --index 0
-wait_for "$T/ps0b.log" "listening on" 20
+wait_metric "$T/c.conf" ps 0 "m['paramserv_ps_restores_total'] == 1" 20
 restored=$(grep -h -o 'restored from Redis in .*' "$T/ps0b.log" | sed 's/ (epoch.*//')
 echo "ok: shard 0 killed inside the drop; link healed; $restored"
 wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"

@@ -21,7 +21,7 @@ conf="$T/c.conf"
 write_config "$conf" 1 1 "model.name=mlp" "train.last_step=60" "train.threads=1" \
   "replication.mode=log" "replication.interval_ms=600000" "replication.every_updates=1000000"
 start ps0 "$BIN" ps --config "$conf" --index 0
-wait_listening "$conf" 0 10
+wait_up ps0 10
 start w "$BIN" worker --config "$conf" --index 0
 wait_exit "$PID_w" 120 || fail "the worker exited $?"
 kill -9 "$PID_ps0"
@@ -36,7 +36,7 @@ keys save "$T/saved.pickle"
 restore() {
   local name=$1 i
   start "$name" "$BIN" ps --config "$conf" --index 0
-  wait_listening "$conf" 0 20
+  wait_up "$name" 20
   wait_for "$T/$name.log" "restored from Redis" 5
   grep -q "snapshot at version 0 + 60 log entries = version 60," "$T/$name.log" ||
     fail "$name: $(grep -o 'restored from Redis.*' "$T/$name.log" || echo 'no restore line')"

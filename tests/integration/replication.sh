@@ -20,7 +20,8 @@ run_kills() {
   local conf="$T/$mode.conf"
   write_config "$conf" 2 2 "model.name=mlp" "train.last_step=$last" "train.threads=1" \
     "train.schedule=cosine" \
-    "train.log_every=100" "replication.mode=$mode" "replication.interval_ms=200" "$@"
+    "train.log_every=100" "replication.mode=$mode" "replication.interval_ms=200" \
+    "$(metrics_on 5)" "$@"
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
   local gen=(0 0)
   local pids=(0 0)
@@ -28,8 +29,8 @@ run_kills() {
   pids[0]=$!
   start "$mode-ps1-0" "$BIN" ps --config "$conf" --index 1
   pids[1]=$!
-  wait_listening "$conf" 0 10
-  wait_listening "$conf" 1 10
+  wait_up "$mode-ps0-0" 10
+  wait_up "$mode-ps1-0" 10
   start "$mode-w0" "$BIN" worker --config "$conf" --index 0
   local w0=$!
   start "$mode-w1" "$BIN" worker --config "$conf" --index 1
@@ -37,9 +38,9 @@ run_kills() {
   local k i before after log
   for ((k = 0; k < 5; k++)); do
     i=$((k % 2))
-    # A random moment, spread over the run: worker 0 has logged local step
-    # 300 + 400k + a random multiple of 100 below 400.
-    wait_for "$T/$mode-w0.log" "step $((300 + 400 * k + 100 * (RANDOM % 4))) global" 120
+    # A random moment, spread over the run: worker 0 has trained 300 + 400k
+    # steps and a random multiple of 100 below 400.
+    wait_steps "$conf" 0 $((300 + 400 * k + 100 * (RANDOM % 4))) 120
     kill -0 "$w0" 2>/dev/null || fail "$mode: worker 0 ended before kill $((k + 1))"
     kill -9 "${pids[i]}"
     wait "${pids[i]}" 2>/dev/null || true
@@ -47,8 +48,8 @@ run_kills() {
     log="$T/$mode-ps$i-${gen[i]}.log"
     start "$mode-ps$i-${gen[i]}" "$BIN" ps --config "$conf" --index "$i"
     pids[i]=$!
-    wait_listening "$conf" "$i" 20
-    wait_for "$log" "restored from Redis" 5
+    wait_up "$mode-ps$i-${gen[i]}" 20
+    wait_metric "$conf" ps "$i" "m['paramserv_ps_restores_total'] == 1" 5
     echo "ok: $mode: kill $((k + 1)) of shard $i: $(grep -h -o 'restored from Redis in .*' "$log" | sed 's/ (epoch.*//')"
   done
   wait_exit "$w0" 300 || fail "$mode: worker 0 exited $?"

@@ -46,6 +46,8 @@ redone() {
   curl -s "http://127.0.0.1:$((mbase + 1 + $1))/metrics" 2>/dev/null |
     awk '$1 == "paramserv_ring_redone_steps_total" || $1 ~ /^paramserv_ring_redone_steps_total\{/ { print $2 }'
 }
+# wait_members CONF J N SECS: until member J trains in a view of N members.
+wait_members() { wait_metric "$1" worker "$2" "m['paramserv_ring_members'] == $3" "$4"; }
 redis-cli -p "$REDIS_PORT" flushall >/dev/null  # a new run: no views, no end
 conf="$T/kill.conf"
 write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
@@ -53,8 +55,8 @@ write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1
   "metrics.listen=127.0.0.1:$mbase"
 sed -i '/^ps = *$/d' "$conf"
 for i in 0 1 2; do start "kill-w$i" "$BIN" worker --config "$conf" --index "$i"; done
-wait_for "$T/kill-w1.log" "in view [0-9]*: 0,1,2 " 30
-wait_for "$T/kill-w1.log" "global [2-9][0-9][0-9] " 60
+wait_members "$conf" 1 3 30
+wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
 # The redos so far (the views of the start), member 0 and member 2.
 r0=$(redone 0) || true
 r2=$(redone 2) || true
@@ -62,8 +64,8 @@ r2=$(redone 2) || true
 n0=$(wc -l <"$T/kill-w0.log")
 n2=$(wc -l <"$T/kill-w2.log")
 kill -9 "$PID_kill_w1"
-wait_for "$T/kill-w0.log" "in view [0-9]*: 0,2 " 30
-wait_for "$T/kill-w2.log" "in view [0-9]*: 0,2 " 30
+wait_members "$conf" 0 2 30
+wait_members "$conf" 2 2 30
 got=""
 for ((i = 0; i < 600; i++)); do
   a=$(redone 0) || true
@@ -88,8 +90,8 @@ if [ -z "$got" ]; then
 fi
 mv "$T/kill-w1.log" "$T/kill-w1-first.log"
 start kill-w1 "$BIN" worker --config "$conf" --index 1
-wait_for "$T/kill-w1.log" "fetched member [02]'s state" 30
-wait_for "$T/kill-w1.log" "in view [0-9]*: 0,1,2 " 30
+wait_metric "$conf" worker 1 "m['paramserv_ring_fetched_states_total'] >= 1" 30
+wait_members "$conf" 1 3 30
 for i in 0 1 2; do
   v="PID_kill_w$i"
   wait_exit "${!v}" 300 || fail "kill: worker $i exited $?"
@@ -108,16 +110,16 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 conf="$T/pause.conf"
 write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=2000" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
-  "cluster.peer_timeout_ms=2000" "worker.heartbeat_ms=300"
+  "cluster.peer_timeout_ms=2000" "worker.heartbeat_ms=300" "$(metrics_on 4)"
 sed -i '/^ps = *$/d' "$conf"
 for i in 0 1 2; do start "pause-w$i" "$BIN" worker --config "$conf" --index "$i"; done
-wait_for "$T/pause-w1.log" "in view [0-9]*: 0,1,2 " 30
-wait_for "$T/pause-w1.log" "global [2-9][0-9][0-9] " 60
+wait_members "$conf" 1 3 30
+wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
 kill -STOP "$PID_pause_w1"
-wait_for "$T/pause-w0.log" "in view [0-9]*: 0,2 " 30
-wait_for "$T/pause-w2.log" "in view [0-9]*: 0,2 " 30
+wait_members "$conf" 0 2 30
+wait_members "$conf" 2 2 30
 kill -CONT "$PID_pause_w1"
-wait_for "$T/pause-w1.log" "fetched member [02]'s state" 30
+wait_metric "$conf" worker 1 "m['paramserv_ring_fetched_states_total'] >= 1" 30
 for i in 0 1 2; do
   v="PID_pause_w$i"
   wait_exit "${!v}" 300 || fail "pause: worker $i exited $?"
@@ -139,11 +141,12 @@ redis-cli -p "$REDIS_PORT" flushall >/dev/null
 conf="$T/silent.conf"
 write_config "$conf" 0 2 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
-  "cluster.peer_timeout_ms=1000" "redis.timeout_ms=500" "worker.heartbeat_ms=300"
+  "cluster.peer_timeout_ms=1000" "redis.timeout_ms=500" "worker.heartbeat_ms=300" \
+  "$(metrics_on 3)"
 sed -i '/^ps = *$/d' "$conf"
 for i in 0 1; do start "silent-w$i" "$BIN" worker --config "$conf" --index "$i"; done
-wait_for "$T/silent-w0.log" "in view [0-9]*: 0,1 " 30
-wait_for "$T/silent-w0.log" "global [2-9][0-9][0-9] " 60
+wait_members "$conf" 0 2 30
+wait_metric "$conf" worker 0 "m['paramserv_ring_global_step'] >= 200" 60
 kill -STOP "$PID_redis"
 # Between steps it waits out the ring's timeout (1500 ms); a member whose
 # step broke meanwhile waits in its view change: training waits either way.

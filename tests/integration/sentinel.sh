@@ -53,11 +53,11 @@ mkdir -p "$hist"
 write_config "$T/c.conf" 2 2 "model.name=mlp" "train.last_step=1500" "train.threads=1" \
   "train.log_every=50" "replication.mode=log" "replication.interval_ms=200" \
   "redis.timeout_ms=1000" "redis.sentinels=127.0.0.1:$S1, 127.0.0.1:$S2, 127.0.0.1:$S3" \
-  "redis.master_name=paramserv" "cluster.history_dir=$hist"
+  "redis.master_name=paramserv" "cluster.history_dir=$hist" "$(metrics_on 5)"
 start_shards ps "$T/c.conf" 2
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
-wait_for "$T/w0.log" "step 300 global" 60
+wait_steps "$T/c.conf" 0 300 60
 acks() { cat "$hist"/worker-*.history 2>/dev/null | grep -c '^ack ' || true; }
 before=$(acks)
 

@@ -51,43 +51,42 @@ start_shards ps "$conf" 2
 start w0 "$BIN" worker --config "$conf" --index 0
 start w1 "$BIN" worker --config "$conf" --index 1
 
-# steps: the local steps both workers logged so far (w1b: the restarted
-# worker 1, when it runs).
+# steps: the local steps both workers trained so far (their
+# paramserv_worker_steps_total; after its restart, worker 1's new
+# incarnation's).
 steps() {
-  local f n total=0
-  for f in "$T/w0.log" "$T/${1:-w1}.log"; do
-    n=$(sed -n 's/^worker\.[01]: info: step \([0-9]*\) global.*/\1/p' "$f" | tail -n 1)
-    total=$((total + ${n:-0}))
-  done
-  echo "$total"
+  local a b
+  a=$(metric "$conf" worker 0 paramserv_worker_steps_total)
+  b=$(metric "$conf" worker 1 paramserv_worker_steps_total)
+  echo $((${a:-0} + ${b:-0}))
 }
 now() { date +%s.%N; }
 rss() { awk '/^VmRSS:/ { print $2 }' "/proc/$PID_ps0/status"; }  # kB
 RSS_MAX=0
-# phase NAME STEPS [W1]: until the workers (0, and 1 as log W1) took
+# phase NAME STEPS: until the workers took
 # STEPS more steps (120 s at most; about 6 s), the shard's RSS sampled meanwhile;
 # sets RATE, their samples/s.
 phase() {
   local s0 t0 s1 t1 i r
-  s0=$(steps "${3:-}") t0=$(now)
+  s0=$(steps) t0=$(now)
   for ((i = 0; i < 2400; i++)); do
     r=$(rss)
     ((r > RSS_MAX)) && RSS_MAX=$r
-    (($(steps "${3:-}") >= s0 + $2)) && break
+    (($(steps) >= s0 + $2)) && break
     sleep 0.05
   done
-  s1=$(steps "${3:-}") t1=$(now)
+  s1=$(steps) t1=$(now)
   ((s1 >= s0 + $2)) || fail "$1: the workers took $((s1 - s0)) steps in 120 s, expected $2"
   RATE=$(awk -v s="$((s1 - s0))" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", s * 128 / (b - a) }')
 }
 
-wait_for "$T/w0.log" "step 100 global" 60
-wait_for "$T/w1.log" "step 100 global" 60
+wait_steps "$conf" 0 100 60
+wait_steps "$conf" 1 100 60
 # Each phase is about 6 s of training at the warm-up's pace (a sanitized
 # build takes 3-5 times as long a step): as many steps as that.
 s0=$(steps) t0=$(now)
-wait_for "$T/w0.log" "step 300 global" 60
-wait_for "$T/w1.log" "step 300 global" 60
+wait_steps "$conf" 0 300 60
+wait_steps "$conf" 1 300 60
 STEPS=$(awk -v s="$(($(steps) - s0))" -v a="$t0" -v b="$(now)" \
   'BEGIN { n = int(s / (b - a) * 6 / 100) * 100; print n < 300 ? 300 : n }')
 phase baseline "$STEPS"
@@ -121,10 +120,10 @@ flood_rate=$RATE
 # A worker killed mid-flood comes back through it, and the other trains on.
 kill -9 "$PID_w1"
 wait_exit "$PID_w1" 10 || true
-w0_at_kill=$(sed -n 's/^worker\.0: info: step \([0-9]*\) global.*/\1/p' "$T/w0.log" | tail -n 1)
+w0_at_kill=$(metric "$conf" worker 0 paramserv_worker_steps_total)
 start w1b "$BIN" worker --config "$conf" --index 1
-wait_for "$T/w1b.log" "step 50 global" 60
-w0_now=$(sed -n 's/^worker\.0: info: step \([0-9]*\) global.*/\1/p' "$T/w0.log" | tail -n 1)
+wait_steps "$conf" 1 50 60
+w0_now=$(metric "$conf" worker 0 paramserv_worker_steps_total)
 ((w0_now > w0_at_kill)) || fail "worker 0 made no progress after worker 1's kill (step $w0_at_kill)"
 r=$(rss)
 ((r > RSS_MAX)) && RSS_MAX=$r
@@ -133,7 +132,7 @@ kill -TERM "$PID_flood"
 wait_exit "$PID_flood" 30 || fail "slow_clients.py exited $?"
 # The same run after the flood: the machine's load drifts (other jobs),
 # so the flood's rate is set against the mean of before and after.
-phase after "$STEPS" w1b
+phase after "$STEPS"
 after_rate=$RATE
 lines1=$(wc -l <"$T/ps0.log")
 grown=$((lines1 - lines0))

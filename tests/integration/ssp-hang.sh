@@ -10,16 +10,18 @@ start_redis
 conf="$T/ssp.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.consistency=ssp" "train.staleness=3" \
   "train.last_step=1500" "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
-  "worker.heartbeat_ms=200"
+  "worker.heartbeat_ms=200" "$(metrics_on 5)"
 start_shards ps "$conf" 2
 start w0 "$BIN" worker --config "$conf" --index 0
 start w1 "$BIN" worker --config "$conf" --index 1
-wait_for "$T/w1.log" "step 100 global" 60
+wait_steps "$conf" 1 100 60
+# Its steps just before the stop (a few more may finish in between).
+stopped=$(metric "$conf" worker 1 paramserv_worker_steps_total)
 kill -STOP "$PID_w1"
-stopped=$(grep -o 'step [0-9]* global' "$T/w1.log" | tail -n 1 | awk '{print $2}')
+[[ $stopped =~ ^[0-9]+$ ]] || fail "worker 1's paramserv_worker_steps_total: '$stopped'"
 # Without the heartbeat, worker 0 could not get more than staleness (3)
 # steps ahead of the hung worker; with it, it goes 200 steps past.
-wait_for "$T/w0.log" "step $((stopped + 200)) global" 30
+wait_steps "$conf" 0 $((stopped + 200)) 30
 wait_for "$T/ps0.log" "heartbeat lapsed" 1
 kill -CONT "$PID_w1"
 wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"

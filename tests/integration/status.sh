@@ -34,7 +34,7 @@ start_shards ps "$T/c.conf" 2
 start w0 "$BIN" worker --config "$T/c.conf" --index 0
 start w1 "$BIN" worker --config "$T/c.conf" --index 1
 start chief "$BIN" chief --config "$T/c.conf"
-wait_for "$T/chief.log" "checkpoint ckpt-" 20
+wait_summary "$T/ckpt" "o.get('event') == 'checkpoint'" 20
 # Every worker heart-beats after its first step.
 # (A status that fails is retried until the deadline, not the end of the
 # script: set -e would end it at the first failing $(...).)

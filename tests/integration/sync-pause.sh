@@ -13,11 +13,12 @@ start_redis
 last=1200
 conf="$T/sync-pause.conf"
 write_config "$conf" 2 2 "model.name=mlp" "train.consistency=sync" "train.sync_timeout_ms=500" \
-  "train.last_step=$last" "train.threads=1" "train.log_every=50" "replication.mode=log"
+  "train.last_step=$last" "train.threads=1" "train.log_every=50" "replication.mode=log" \
+  "$(metrics_on 5)"
 start_shards ps "$conf" 2
 start w0 "$BIN" worker --config "$conf" --index 0
 start w1 "$BIN" worker --config "$conf" --index 1
-wait_for "$T/w1.log" "step 200 global" 60
+wait_steps "$conf" 1 200 60
 kill -STOP "$PID_w1"
 # The fault: worker 1 stays stopped for 1.5 s, three sync timeouts.
 wait_for "$T/ps0.log" "applied them without the missing workers" 10

@@ -28,16 +28,11 @@ write_config "$T/c.conf" 2 2 "model.name=mlp" "train.threads=1" "replication.mod
 # From the chief's summaries ($D/summaries.jsonl) after their first $B
 # lines (chief B's, once it runs: chief A is paused then, and exits as it
 # wakes): ckpts, the checkpoints committed; gstep, the last global step.
-ckpts() {
-  tail -n +"$((B + 1))" "$D/summaries.jsonl" 2>/dev/null | /usr/bin/python3 -c 'import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("event") == "checkpoint": print(o["name"])'
-}
+ckpts() { summary_field "$D" "$B" checkpoint name; }
 gstep() {
-  tail -n +"$((B + 1))" "$D/summaries.jsonl" 2>/dev/null | /usr/bin/python3 -c 'import json, sys
-s = [json.loads(l)["step"] for l in sys.stdin if "steps_per_s" in l]
-print(s[-1] if s else 0)'
+  local g
+  g=$(summary_field "$D" "$B" progress step | tail -n 1)
+  echo "${g:-0}"
 }
 # deleted LOG: the checkpoints a chief's retention deleted (only its log says).
 deleted() { grep -o 'deleted ckpt-[0-9]* (retention)' "$1" | grep -o 'ckpt-[0-9]*' || true; }

@@ -42,10 +42,7 @@ gstep() {
 # ckpt_steps FROM TO: the steps of the checkpoints in the summaries' lines
 # FROM+1..TO (TO empty: to the end).
 ckpt_steps() {
-  sed -n "$(($1 + 1)),${2:-\$}p" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("event") == "checkpoint": print(o["step"])'
+  sed -n "$(($1 + 1)),${2:-\$}p" "$T/ckpt/summaries.jsonl" | summary_field - 0 checkpoint step
 }
 
 # --- a worker waiting for shards that are not there stops on SIGTERM
@@ -126,10 +123,7 @@ name="ckpt-$(printf %09d "$saved")"
 for i in 0 1; do
   wait_summary "$T/ckpt" "o.get('event') == 'restore' and o.get('shard') == $i" 20 "$before"
 done
-restored=$(tail -n +"$((before + 1))" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("event") == "restore": print(o.get("shard"), o.get("source"), o.get("from"), o["step"])')
+restored=$(summary_field "$T/ckpt" "$before" restore shard source from step)
 # Each shard from that checkpoint; shard 0 (whose step is the cluster's) at
 # the saved step.
 [ "$(cut -d' ' -f1-3 <<<"$restored")" = "0 checkpoint $name"$'\n'"1 checkpoint $name" ] &&

@@ -57,13 +57,7 @@ index_tmp() { (cd "$1" && ls -d checkpoint.tmp-* 2>/dev/null | head -n 1) || tru
 # loaded_from: "NAME STEP" of shard 0's restore in the chief's summaries
 # ($D/summaries.jsonl) since restart_cluster: the checkpoint it loaded
 # ("seed" when none) and the global step.  wait_loaded: until there is one.
-loaded_from() {
-  tail -n +"$((SKIP + 1))" "$D/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
-for l in sys.stdin:
-    o = json.loads(l)
-    if o.get("event") == "restore" and o.get("shard") == 0:
-        print(o.get("from"), o["step"]); break'
-}
+loaded_from() { summary_field "$D" "$SKIP" restore shard from step | awk '$1 == 0 { print $2, $3; exit }'; }
 wait_loaded() { wait_summary "$D" "o.get('event') == 'restore' and o.get('shard') == 0" 30 "$SKIP"; }
 
 # step_of NAME: the step in a checkpoint's name, without the zero padding.
@@ -136,9 +130,7 @@ start w-a "$BIN" worker --config "$conf" --index 0
 start chief-a "$BIN" chief --config "$conf"
 wait_summary "$D" "o.get('event') == 'checkpoint'" 30
 kill_chief "$PID_chief_a"
-first=$(/usr/bin/python3 -c 'import json, sys
-print(next("checkpoint %s: step %d" % (o["name"], o["step"]) for o in map(json.loads, open(sys.argv[1]))
-           if o.get("event") == "checkpoint"))' "$D/summaries.jsonl")
+first=$(summary_field "$D" 0 checkpoint name step | awk 'NR == 1 { print "checkpoint " $1 ": step " $2 }')
 echo "ok: a committed checkpoint to start from: chief A wrote $first, then kill -9 ($(elapsed))"
 ps_pid=$PID_ps_a_0
 w_pid=$PID_w_a
@@ -261,9 +253,7 @@ for case in shards manifest rename index retain index-first; do
     fail "worker resumed at '$resumed', the checkpoint $expect says '$pos'"
   # Training goes on, and the next checkpoint commits.
   wait_summary "$D" "o.get('event') == 'checkpoint'" 30 "$SKIP"
-  next=$(tail -n +"$((SKIP + 1))" "$D/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
-print(next("checkpoint %s: step %d" % (o["name"], o["step"]) for o in map(json.loads, sys.stdin)
-           if o.get("event") == "checkpoint"))')
+  next=$(summary_field "$D" "$SKIP" checkpoint name step | awk 'NR == 1 { print "checkpoint " $1 ": step " $2 }')
   [ -z "$tmpdir" ] || [ ! -e "$D/$tmpdir" ] || fail "$tmpdir still there after the restart's retention"
   [ -z "$(index_tmp "$D")" ] || fail "$(index_tmp "$D") still there after the restart's retention"
   echo "ok: whole-cluster restart after the crash at '$stage': shard 0 loaded from $expect" \

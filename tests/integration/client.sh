@@ -121,8 +121,7 @@ start chief2 "$BIN" chief --config "$T/ch.conf"
 for i in 0 1; do
   wait_summary "$T/ckpt" "o.get('event') == 'restore' and o.get('shard') == $i" 30 "$skip"
 done
-loaded=$(tail -n +"$((skip + 1))" "$T/ckpt/summaries.jsonl" | /usr/bin/python3 -c 'import json, sys
-print("\n".join(sorted({o.get("from") for o in map(json.loads, sys.stdin) if o.get("event") == "restore"})))')
+loaded=$(summary_field "$T/ckpt" "$skip" restore from | sort -u)
 [ "$(wc -l <<<"$loaded")" -eq 1 ] && [ "${loaded#ckpt-}" -ge "${saved#ckpt-}" ] ||
   fail "shards loaded from $(paste -sd' ' <<<"$loaded"), the index's latest is $saved"
 saved=$loaded

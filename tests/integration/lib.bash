@@ -1,7 +1,7 @@
 # Helpers for the integration tests: free ports, a cluster config, waiting
 # with a deadline for what the processes say in machine form (READY=1 and
 # STATUS= on the test's NOTIFY_SOCKET, Prometheus series, the chief's
-# summaries, the lease, `paramserv status --json`, history files; a log
+# summaries, the lease, history files; a log
 # line only where the message itself is checked), and cleanup of every
 # process started.
 # Source it; it sets BIN and a work directory $T removed on exit.
@@ -193,6 +193,25 @@ wait_step() {
 # far (0 when none), for wait_summary's SKIP.
 summaries() { cat "$1/summaries.jsonl" 2>/dev/null | wc -l; }
 
+# summary_field DIR SKIP EVENT FIELD...: for each line of checkpoint
+# directory DIR's summaries.jsonl after its first SKIP lines (DIR "-": the
+# lines on standard input) that is a whole JSON object of EVENT ("progress":
+# a progress line), its FIELDs, space-separated, a line each.
+summary_field() {
+  local src=$1 skip=$2
+  shift 2
+  { if [ "$src" = - ]; then cat; else cat "$src/summaries.jsonl" 2>/dev/null; fi; } |
+    tail -n +"$((skip + 1))" | /usr/bin/python3 -c 'import json, sys
+event, fields = sys.argv[1], sys.argv[2:]
+for line in sys.stdin:
+    try:
+        o = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(o, dict) and (o.get("event") == event or event == "progress" and "steps_per_s" in o):
+        print(" ".join(str(o.get(f)) for f in fields))' "$@"
+}
+
 # wait_summary DIR EXPR SECONDS [SKIP]: wait_json on the chief's summaries
 # in checkpoint directory DIR: e.g. o.get('event') == 'checkpoint' (a
 # checkpoint committed), 'restore' (with source and shard), 'chief' (a chief
@@ -300,43 +319,6 @@ wait_steps() {
 wait_more_steps() {
   wait_metric "$1" worker "$2" \
     "m['paramserv_worker_steps_total'] >= m0['paramserv_worker_steps_total'] + $3" "$4"
-}
-
-# wait_status CONF EXPR SECONDS: until `paramserv status --json` of CONF (the
-# nodes' records in Redis: src/replica/REDIS.md) gives an object s that
-# makes the Python expression EXPR true; worker(s, j) is worker j's node.
-# For tests where two processes of one slot overlap (a paused shard and
-# its replacement), so that [metrics] listen cannot serve both.
-wait_status() {
-  local last
-  last=$(/usr/bin/python3 - "$BIN" "$@" 2>&1 <<'PY'
-import json, subprocess, sys, time
-binary, conf, expr, secs = sys.argv[1], sys.argv[2], compile(sys.argv[3], "EXPR", "eval"), float(sys.argv[4])
-def worker(s, j):
-    return next((n for n in s["nodes"] if n["role"] == "worker" and n["index"] == j), {})
-end, s = time.monotonic() + secs, None
-while True:
-    r = subprocess.run([binary, "status", "--config", conf, "--json"], capture_output=True, text=True)
-    try:
-        s = json.loads(r.stdout)
-        if eval(expr, {"worker": worker}, {"s": s}):
-            sys.exit(0)
-    except (ValueError, KeyError, TypeError):
-        pass
-    if time.monotonic() >= end:
-        print(" ".join(f"{n['role']} {n['index']} {n['state']} step {n['step']}" for n in s["nodes"])
-              if s else (r.stderr.strip() or "no answer"), file=sys.stderr)
-        sys.exit(1)
-    time.sleep(0.1)
-PY
-  ) || fail "status of $1: not $2 within $3 s (last: $last)"
-}
-
-# wait_status_steps CONF WORKER STEPS SECONDS: until worker WORKER's
-# heartbeat in Redis says it trained STEPS steps (a heartbeat every
-# [worker] heartbeat_ms).
-wait_status_steps() {
-  wait_status "$1" "(worker(s, $2).get('step') or 0) >= $3" "$4"
 }
 
 # fault_gap S: a chaos test's --fault-gap, S times $PS_TEST_FAULT_GAP_SCALE

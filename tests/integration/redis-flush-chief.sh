@@ -49,8 +49,7 @@ wait_exit "$PID_chief" 300 || fail "the chief (restarted) did not end the run: e
 wait_summary "$T/ckpt" "o.get('event') == 'stop' and o['step'] == $LAST" 1
 [ "$(wc -l <"$T/chief-exits")" = 1 ] || fail "the chief restarted more than once: exits $(paste -sd' ' "$T/chief-exits"): $(grep 'error' "$T/chief.log")"
 # The restarted chief's token: the last "chief" event of the summaries.
-new=$(/usr/bin/python3 -c 'import json, sys
-print([o["token"] for o in map(json.loads, open(sys.argv[1])) if o.get("event") == "chief"][-1])' "$T/ckpt/summaries.jsonl")
+new=$(summary_field "$T/ckpt" 0 chief token | tail -n 1)
 [ -n "$new" ] && [ "$new" -gt "$token" ] || fail "the restarted chief's token ($new) is not above the first's ($token)"
 wait_exit "$PID_w0" 60 || fail "worker 0 exited $? at the end of the run"
 wait_exit "$PID_ps0" 60 || fail "shard 0 exited $? at the end of the run"

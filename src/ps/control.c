@@ -101,8 +101,12 @@ void ps_control_free(server *s) {
 
 static ps_control_outcome on_stop(client *cl, uint64_t req, const ps_msg_stop *st) {
   server *s = cl->srv;
-  if (s->phase == PS_PHASE_DRAINING || s->phase == PS_PHASE_STOPPING)
+  if (s->phase == PS_PHASE_DRAINING || s->phase == PS_PHASE_STOPPING) {
+    /* Stopping already: a chief that asks again (one restarted after its
+     * first STOP, or retrying) gets its answer rather than a wait. */
+    ps_conn_send_pong(cl->conn, req, st->step);
     return PS_CONTROL_NONE;
+  }
   ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64 "; telling the workers",
          st->step);
   ps_msg m = {.type = PS_MSG_STOP};

@@ -171,6 +171,19 @@ static void test_no_cut_after_stop(void **state) {
   assert_int_equal(fx_wait_exit(), 0);
 }
 
+/* A second STOP while the shard drains (a chief restarted after its first,
+ * or retrying) is answered with its PONG too, and the shard still exits 0. */
+static void test_second_stop_answered(void **state) {
+  (void)state;
+  fx_start(2, SERVE);
+  peer *chief = fx_connect(PS_ROLE_CHIEF, 0, 1);
+  fx_stop_send(chief, 1, 5);
+  fx_stop_send(chief, 1, 5);
+  assert_int_equal(fx_expect(chief, PS_MSG_PONG).u.ping.token, 5);
+  assert_int_equal(fx_expect(chief, PS_MSG_PONG).u.ping.token, 5);
+  assert_int_equal(fx_wait_exit(), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_only_the_chief, fx_teardown),
@@ -180,6 +193,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_hold_runs_out, fx_teardown),
       cmocka_unit_test_teardown(test_held_push_of_a_closed_worker, fx_teardown),
       cmocka_unit_test_teardown(test_no_cut_after_stop, fx_teardown),
+      cmocka_unit_test_teardown(test_second_stop_answered, fx_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,641 @@
+/* A shard's sparse embedding table (see table.h; the rules and the memory
+ * per row are in TABLE.md). */
+#include "ps/table.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/endian.h"
+#include "common/rng.h"
+
+#define NONE UINT32_MAX
+#define DEFAULT_MAX_PENDING (1u << 20)
+#define BLOCK_BYTES ((size_t)256 << 10)
+#define MIN_SLOTS 16
+
+/* ------------------------------------------------------------------ */
+/* A keyset: records found by key through an open-addressing map, kept  */
+/* in an arena of fixed blocks, on a list from least to most recently   */
+/* touched.  The table has two: its rows, and the keys still pending.   */
+/* ------------------------------------------------------------------ */
+
+/* Every record starts with this; a row's floats follow it. */
+typedef struct rec {
+  uint64_t key;
+  uint64_t step;          /* last touch */
+  uint64_t count;         /* row: updates applied; pending: occurrences */
+  uint32_t prev, next;    /* the list; `next` also chains free records */
+} rec;
+
+/* A map slot.  The tag is the key's hash (its low 32 bits): it gives the
+ * home slot without reading the record, and rules out most records that
+ * are not the key without a cache miss. */
+typedef struct slot {
+  uint32_t rec;           /* NONE: empty */
+  uint32_t tag;
+} slot;
+
+typedef struct keyset {
+  size_t rec_bytes;       /* a multiple of 8 */
+  unsigned shift;         /* records per block: 1 << shift */
+  char **blocks;
+  uint32_t nblocks, cap_blocks;
+  uint32_t used;          /* records [0, used) were handed out at least once */
+  uint32_t free_head, nfree;
+  uint32_t live;
+  uint32_t head, tail;    /* head: least recently touched */
+  slot *slots;            /* nslots, a power of two; NULL before the first record */
+  size_t nslots;
+} keyset;
+
+static void ks_init(keyset *ks, size_t rec_bytes) {
+  memset(ks, 0, sizeof *ks);
+  ks->rec_bytes = rec_bytes;
+  while (ks->shift < 31 && (rec_bytes << (ks->shift + 1)) <= BLOCK_BYTES)
+    ks->shift++;
+  ks->free_head = ks->head = ks->tail = NONE;
+}
+
+static void ks_close(keyset *ks) {
+  for (uint32_t b = 0; b < ks->nblocks; b++)
+    free(ks->blocks[b]);
+  free(ks->blocks);
+  free(ks->slots);
+}
+
+static rec *ks_at(const keyset *ks, uint32_t i) {
+  return (rec *)(ks->blocks[i >> ks->shift] + (size_t)(i & ((1u << ks->shift) - 1)) * ks->rec_bytes);
+}
+
+static uint64_t ks_bytes(const keyset *ks) {
+  return (uint64_t)ks->nblocks * (ks->rec_bytes << ks->shift) +
+         (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(slot);
+}
+
+static uint32_t tag_of(uint64_t key) {
+  return (uint32_t)XXH3_64bits(&key, sizeof key);
+}
+
+/* The slot that holds `key`, or the empty slot where it would go. */
+static size_t ks_probe(const keyset *ks, uint64_t key, uint32_t tag) {
+  size_t mask = ks->nslots - 1;
+  for (size_t i = tag & mask;; i = (i + 1) & mask) {
+    slot s = ks->slots[i];
+    if (s.rec == NONE || (s.tag == tag && ks_at(ks, s.rec)->key == key))
+      return i;
+  }
+}
+
+static uint32_t ks_find(const keyset *ks, uint64_t key) {
+  if (ks->nslots == 0)
+    return NONE;
+  return ks->slots[ks_probe(ks, key, tag_of(key))].rec;
+}
+
+static int ks_grow_map(keyset *ks, size_t nslots) {
+  slot *s = malloc(nslots * sizeof *s);
+  if (s == NULL)
+    return -ENOMEM;
+  memset(s, 0xff, nslots * sizeof *s);
+  for (size_t i = 0; i < ks->nslots; i++) {
+    if (ks->slots[i].rec == NONE)
+      continue;
+    size_t j = ks->slots[i].tag & (nslots - 1);
+    while (s[j].rec != NONE)
+      j = (j + 1) & (nslots - 1);
+    s[j] = ks->slots[i];
+  }
+  free(ks->slots);
+  ks->slots = s;
+  ks->nslots = nslots;
+  return 0;
+}
+
+/* Make room for `target` live records: the map at most 3/4 full, and
+ * enough records free or in allocated blocks.  Nothing else changes, so a
+ * caller reserves before it starts a change it must finish. */
+static int ks_reserve(keyset *ks, uint64_t target) {
+  if (target >= NONE)
+    return -ENOMEM;
+  size_t nslots = ks->nslots ? ks->nslots : MIN_SLOTS;
+  while (target * 4 > (uint64_t)nslots * 3)
+    nslots *= 2;
+  if (nslots != ks->nslots && ks_grow_map(ks, nslots) != 0)
+    return -ENOMEM;
+  uint64_t need = target > ks->live ? target - ks->live : 0;
+  while ((uint64_t)ks->nfree + ((uint64_t)ks->nblocks << ks->shift) - ks->used < need) {
+    if (((uint64_t)ks->nblocks + 1) << ks->shift > NONE)
+      return -ENOMEM;
+    if (ks->nblocks == ks->cap_blocks) {
+      uint32_t cap = ks->cap_blocks ? 2 * ks->cap_blocks : 8;
+      char **b = realloc(ks->blocks, cap * sizeof *b);
+      if (b == NULL)
+        return -ENOMEM;
+      ks->blocks = b;
+      ks->cap_blocks = cap;
+    }
+    if ((ks->blocks[ks->nblocks] = malloc(ks->rec_bytes << ks->shift)) == NULL)
+      return -ENOMEM;
+    ks->nblocks++;
+  }
+  return 0;
+}
+
+static void lru_unlink(keyset *ks, uint32_t i) {
+  rec *r = ks_at(ks, i);
+  if (r->prev != NONE)
+    ks_at(ks, r->prev)->next = r->next;
+  else
+    ks->head = r->next;
+  if (r->next != NONE)
+    ks_at(ks, r->next)->prev = r->prev;
+  else
+    ks->tail = r->prev;
+}
+
+/* Link record i after every record of a step at most its own.  From the
+ * tail, so a record stamped now (stamp()) goes in at once. */
+static void lru_insert(keyset *ks, uint32_t i) {
+  rec *r = ks_at(ks, i);
+  uint32_t after = ks->tail;
+  while (after != NONE && ks_at(ks, after)->step > r->step)
+    after = ks_at(ks, after)->prev;
+  r->prev = after;
+  r->next = after == NONE ? ks->head : ks_at(ks, after)->next;
+  if (after == NONE)
+    ks->head = i;
+  else
+    ks_at(ks, after)->next = i;
+  if (r->next == NONE)
+    ks->tail = i;
+  else
+    ks_at(ks, r->next)->prev = i;
+}
+
+/* The step a touch at `step` records: never older than the newest touch
+ * in the keyset, so the list stays ordered by step (TABLE.md: stamps). */
+static uint64_t stamp(const keyset *ks, uint64_t step) {
+  if (ks->tail != NONE && ks_at(ks, ks->tail)->step > step)
+    return ks_at(ks, ks->tail)->step;
+  return step;
+}
+
+static void ks_touch(keyset *ks, uint32_t i, uint64_t step) {
+  uint64_t s = stamp(ks, step);
+  lru_unlink(ks, i);
+  ks_at(ks, i)->step = s;
+  lru_insert(ks, i);
+}
+
+/* A new record for `key` (reserved before), last touched at `step`
+ * (placed by it, not stamped), count 0; its payload is the caller's. */
+static uint32_t ks_add(keyset *ks, uint64_t key, uint64_t step) {
+  uint32_t i;
+  if (ks->free_head != NONE) {
+    i = ks->free_head;
+    ks->free_head = ks_at(ks, i)->next;
+    ks->nfree--;
+  } else {
+    i = ks->used++;
+  }
+  uint32_t tag = tag_of(key);
+  ks->slots[ks_probe(ks, key, tag)] = (slot){i, tag};
+  rec *r = ks_at(ks, i);
+  r->key = key;
+  r->step = step;
+  r->count = 0;
+  lru_insert(ks, i);
+  ks->live++;
+  return i;
+}
+
+/* Take record i out of the map (backward shift: no tombstones, so probe
+ * lengths never grow with deletions) and the list, and free it. */
+static void ks_del(keyset *ks, uint32_t i) {
+  size_t mask = ks->nslots - 1;
+  uint64_t key = ks_at(ks, i)->key;
+  size_t hole = ks_probe(ks, key, tag_of(key));
+  for (size_t j = (hole + 1) & mask; ks->slots[j].rec != NONE; j = (j + 1) & mask) {
+    size_t home = ks->slots[j].tag & mask;
+    /* The entry at j may fill the hole if the hole is not before its
+     * home on its probe path. */
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      ks->slots[hole] = ks->slots[j];
+      hole = j;
+    }
+  }
+  ks->slots[hole].rec = NONE;
+  lru_unlink(ks, i);
+  ks_at(ks, i)->next = ks->free_head;
+  ks->free_head = i;
+  ks->nfree++;
+  ks->live--;
+}
+
+/* ------------------------------------------------------------------ */
+/* The table                                                            */
+/* ------------------------------------------------------------------ */
+
+struct ps_table {
+  ps_table_opts o;
+  int nslots;             /* optimizer slots per row */
+  keyset rows, pend;
+  uint64_t *scratch;      /* a push's keys, sorted to find repeats */
+  size_t scratch_cap;
+  ps_table_stats st;
+};
+
+static float *row_values(const rec *r) {
+  return (float *)(uintptr_t)(r + 1);
+}
+
+static void row_slots(const ps_table *t, const rec *r, float *slots[PS_OPTIM_MAX_SLOTS]) {
+  for (int s = 0; s < PS_OPTIM_MAX_SLOTS; s++)
+    slots[s] = s < t->nslots ? row_values(r) + (size_t)t->o.dim * (size_t)(s + 1) : NULL;
+}
+
+static void report(ps_table *t, ps_table_event kind, uint64_t key) {
+  if (t->o.on_event != NULL)
+    t->o.on_event(t->o.event_arg, kind, key);
+}
+
+int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb) {
+  *out = NULL;
+  if (o->dim < 1 || o->dim > PS_TABLE_MAX_DIM)
+    return ps_err_set(eb, PS_ECONFIG, "sparse table %" PRIu32 ": dim %" PRIu32 ", expected 1..%d",
+                      o->table_id, o->dim, PS_TABLE_MAX_DIM);
+  if (strcmp(ps_optim_name(&o->optim), "unknown") == 0)
+    return ps_err_set(eb, PS_ECONFIG,
+                      "sparse table %" PRIu32 ": optimizer kind %d, expected sgd, momentum, "
+                      "adagrad or adam", o->table_id, (int)o->optim.kind);
+  switch (o->init.kind) {
+  case PS_TABLE_INIT_ZEROS:
+    break;
+  case PS_TABLE_INIT_NORMAL:
+  case PS_TABLE_INIT_UNIFORM:
+    if (!(isfinite(o->init.scale) && o->init.scale > 0))
+      return ps_err_set(eb, PS_ECONFIG,
+                        "sparse table %" PRIu32 ": initializer %s with scale %g, expected a "
+                        "finite scale > 0", o->table_id,
+                        o->init.kind == PS_TABLE_INIT_NORMAL ? "normal" : "uniform",
+                        (double)o->init.scale);
+    break;
+  default:
+    return ps_err_set(eb, PS_ECONFIG,
+                      "sparse table %" PRIu32 ": initializer kind %d, expected zeros, normal "
+                      "or uniform", o->table_id, (int)o->init.kind);
+  }
+  ps_table *t = calloc(1, sizeof *t);
+  if (t == NULL)
+    return -ENOMEM;
+  t->o = *o;
+  if (t->o.max_pending == 0)
+    t->o.max_pending = DEFAULT_MAX_PENDING;
+  t->nslots = ps_optim_nslots(o->optim.kind);
+  size_t floats = (size_t)o->dim * (size_t)(1 + t->nslots);
+  ks_init(&t->rows, (sizeof(rec) + floats * sizeof(float) + 7) & ~(size_t)7);
+  ks_init(&t->pend, sizeof(rec));
+  *out = t;
+  return 0;
+}
+
+void ps_table_free(ps_table *t) {
+  if (t == NULL)
+    return;
+  ks_close(&t->rows);
+  ks_close(&t->pend);
+  free(t->scratch);
+  free(t);
+}
+
+const ps_table_opts *ps_table_options(const ps_table *t) {
+  return &t->o;
+}
+
+void ps_table_init_row(const ps_table_opts *o, uint64_t key, float *out) {
+  /* The stream's seed hashes the three in a fixed byte order, so that every
+   * machine draws the same row. */
+  uint8_t b[20];
+  ps_put_le64(b, o->seed);
+  ps_put_le32(b + 8, o->table_id);
+  ps_put_le64(b + 12, key);
+  ps_rng r;
+  ps_rng_seed(&r, XXH3_64bits(b, sizeof b));
+  for (uint32_t i = 0; i < o->dim; i++) {
+    switch (o->init.kind) {
+    case PS_TABLE_INIT_NORMAL:
+      out[i] = (float)(o->init.scale * ps_rng_normal(&r));
+      break;
+    case PS_TABLE_INIT_UNIFORM:
+      out[i] = (float)(o->init.scale * (2.0 * ps_rng_uniform(&r) - 1.0));
+      break;
+    default:
+      out[i] = 0.0f;
+    }
+  }
+}
+
+void ps_table_pull(const ps_table *t, const uint64_t *keys, size_t n, float *out) {
+  for (size_t i = 0; i < n; i++) {
+    float *dst = out + i * t->o.dim;
+    uint32_t r = ks_find(&t->rows, keys[i]);
+    if (r != NONE)
+      memcpy(dst, row_values(ks_at(&t->rows, r)), t->o.dim * sizeof(float));
+    else
+      ps_table_init_row(&t->o, keys[i], dst);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* Push                                                                 */
+/* ------------------------------------------------------------------ */
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Room for n entries in t->scratch. */
+static int scratch_reserve(ps_table *t, size_t n) {
+  if (n <= t->scratch_cap)
+    return 0;
+  uint64_t *s = realloc(t->scratch, n * sizeof *s);
+  if (s == NULL)
+    return -ENOMEM;
+  t->scratch = s;
+  t->scratch_cap = n;
+  return 0;
+}
+
+/* PS_EFORMAT naming the first repeated key, or 0.  Uses t->scratch. */
+static int check_distinct(ps_table *t, const uint64_t *keys, size_t n, ps_errbuf *eb) {
+  memcpy(t->scratch, keys, n * sizeof *keys);
+  qsort(t->scratch, n, sizeof *t->scratch, cmp_u64);
+  for (size_t i = 1; i < n; i++) {
+    if (t->scratch[i] != t->scratch[i - 1])
+      continue;
+    uint64_t k = t->scratch[i];
+    size_t a = 0, b;
+    while (keys[a] != k)
+      a++;
+    for (b = a + 1; keys[b] != k; b++)
+      ;
+    return ps_err_set(eb, PS_EFORMAT,
+                      "sparse table %" PRIu32 ": push of %zu keys has key %" PRIu64
+                      " at %zu and %zu, expected each key once (gradients summed)",
+                      t->o.table_id, n, k, a, b);
+  }
+  return 0;
+}
+
+static void row_apply(ps_table *t, rec *r, const float *g, float lr) {
+  float *slots[PS_OPTIM_MAX_SLOTS];
+  row_slots(t, r, slots);
+  r->count++;
+  ps_optim_apply(&t->o.optim, lr, r->count, row_values(r), g, slots, t->o.dim);
+}
+
+static void evict_head(ps_table *t, ps_table_event kind) {
+  uint64_t key = ks_at(&t->rows, t->rows.head)->key;
+  ks_del(&t->rows, t->rows.head);
+  if (kind == PS_TABLE_EVICT)
+    t->st.evicted++;
+  else
+    t->st.expired++;
+  report(t, kind, key);
+}
+
+static void forget_head(ps_table *t) {
+  ks_del(&t->pend, t->pend.head);
+  t->st.forgotten++;
+}
+
+/* Create key's row from its initial values and apply its first gradient. */
+static void admit(ps_table *t, uint64_t key, const float *g, float lr, uint64_t step) {
+  if (t->o.max_rows > 0 && t->rows.live >= t->o.max_rows)
+    evict_head(t, PS_TABLE_EVICT);
+  uint32_t i = ks_add(&t->rows, key, stamp(&t->rows, step));
+  rec *r = ks_at(&t->rows, i);
+  ps_table_init_row(&t->o, key, row_values(r));
+  float *slots[PS_OPTIM_MAX_SLOTS];
+  row_slots(t, r, slots);
+  for (int s = 0; s < t->nslots; s++)
+    for (uint32_t j = 0; j < t->o.dim; j++)
+      slots[s][j] = ps_optim_slot_init(&t->o.optim, s);
+  t->st.admitted++;
+  report(t, PS_TABLE_ADMIT, key);
+  row_apply(t, r, g, lr);
+}
+
+/* One occurrence of a key with no row. */
+static void occur(ps_table *t, uint64_t key, const float *g, float lr, uint64_t step) {
+  if (t->o.admit_after <= 1) {
+    admit(t, key, g, lr, step);
+    return;
+  }
+  uint32_t p = ks_find(&t->pend, key);
+  uint64_t c = (p == NONE ? 0 : ks_at(&t->pend, p)->count) + 1;
+  if (c >= t->o.admit_after) {
+    if (p != NONE)
+      ks_del(&t->pend, p);
+    admit(t, key, g, lr, step);
+    return;
+  }
+  t->st.dropped++;
+  if (p == NONE) {
+    if (t->pend.live >= t->o.max_pending)
+      forget_head(t);
+    p = ks_add(&t->pend, key, stamp(&t->pend, step));
+  } else {
+    ks_touch(&t->pend, p, step);
+  }
+  ks_at(&t->pend, p)->count = c;
+}
+
+int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t n, float lr,
+                  uint64_t step, ps_errbuf *eb) {
+  if (scratch_reserve(t, n) != 0)
+    return -ENOMEM;
+  int rc = check_distinct(t, keys, n, eb);
+  if (rc != 0)
+    return rc;
+  /* Which keys have no row (their indices into t->scratch), and what the
+   * push will add, reserved so that it cannot fail halfway. */
+  uint64_t *fresh = t->scratch;
+  size_t nfresh = 0;
+  uint64_t new_rows = 0, new_pend = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ks_find(&t->rows, keys[i]) != NONE)
+      continue;
+    fresh[nfresh++] = i;
+    uint32_t p = t->o.admit_after <= 1 ? NONE : ks_find(&t->pend, keys[i]);
+    if (t->o.admit_after <= 1 || (p != NONE && ks_at(&t->pend, p)->count + 1 >= t->o.admit_after))
+      new_rows++;
+    else if (p == NONE)
+      new_pend++;
+  }
+  uint64_t rows = t->rows.live + new_rows, pend = t->pend.live + new_pend;
+  if (t->o.max_rows > 0 && rows > t->o.max_rows)
+    rows = t->o.max_rows;
+  if (pend > t->o.max_pending)
+    pend = t->o.max_pending;
+  if (ks_reserve(&t->rows, rows) != 0 || ks_reserve(&t->pend, pend) != 0)
+    return -ENOMEM;
+  /* The rows first, so that a row this push updates is not evicted to make
+   * room for one it creates before its turn; then the keys without rows,
+   * in push order. */
+  size_t dim = t->o.dim;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t r = ks_find(&t->rows, keys[i]);
+    if (r == NONE)
+      continue;
+    row_apply(t, ks_at(&t->rows, r), grads + i * dim, lr);
+    ks_touch(&t->rows, r, step);
+  }
+  for (size_t f = 0; f < nfresh; f++) {
+    size_t i = (size_t)fresh[f];
+    occur(t, keys[i], grads + i * dim, lr, step);
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Expiry, removal, lookup                                              */
+/* ------------------------------------------------------------------ */
+
+/* Is the head of ks untouched for at least `idle` steps at `step`? */
+static int head_idle(const keyset *ks, uint64_t idle, uint64_t step) {
+  if (ks->head == NONE)
+    return 0;
+  uint64_t last = ks_at(ks, ks->head)->step;
+  return last <= step && step - last >= idle;
+}
+
+size_t ps_table_expire(ps_table *t, uint64_t step) {
+  if (t->o.idle_steps == 0)
+    return 0;
+  size_t n = 0;
+  /* Both lists are ordered by step, so the idle ones are at their heads. */
+  for (; head_idle(&t->rows, t->o.idle_steps, step); n++)
+    evict_head(t, PS_TABLE_EXPIRE);
+  while (head_idle(&t->pend, t->o.idle_steps, step))
+    forget_head(t);
+  return n;
+}
+
+int ps_table_remove(ps_table *t, uint64_t key) {
+  uint32_t i = ks_find(&t->rows, key);
+  if (i != NONE) {
+    ks_del(&t->rows, i);
+    return 1;
+  }
+  i = ks_find(&t->pend, key);
+  if (i != NONE) {
+    ks_del(&t->pend, i);
+    return 1;
+  }
+  return 0;
+}
+
+static void entry_of(const ps_table *t, const rec *r, int pending, ps_table_entry *out) {
+  float *slots[PS_OPTIM_MAX_SLOTS];
+  *out = (ps_table_entry){.pending = pending, .key = r->key, .count = r->count,
+                          .last_step = r->step};
+  if (pending)
+    return;
+  row_slots(t, r, slots);
+  out->values = row_values(r);
+  for (int s = 0; s < PS_OPTIM_MAX_SLOTS; s++)
+    out->slots[s] = slots[s];
+}
+
+int ps_table_get(const ps_table *t, uint64_t key, ps_table_entry *out) {
+  uint32_t i = ks_find(&t->rows, key);
+  if (i != NONE) {
+    entry_of(t, ks_at(&t->rows, i), 0, out);
+    return 1;
+  }
+  i = ks_find(&t->pend, key);
+  if (i != NONE) {
+    entry_of(t, ks_at(&t->pend, i), 1, out);
+    return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Iteration and restore                                                */
+/* ------------------------------------------------------------------ */
+
+void ps_table_iter_init(const ps_table *t, ps_table_iter *it) {
+  it->pending = 0;
+  it->next = t->rows.head;
+}
+
+int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out) {
+  if (it->next == NONE && !it->pending) {
+    it->pending = 1;
+    it->next = t->pend.head;
+  }
+  if (it->next == NONE)
+    return 0;
+  const keyset *ks = it->pending ? &t->pend : &t->rows;
+  const rec *r = ks_at(ks, it->next);
+  entry_of(t, r, it->pending, out);
+  it->next = r->next;
+  return 1;
+}
+
+int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
+  if (e->pending && t->o.admit_after <= 1)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "sparse table %" PRIu32 ": pending key %" PRIu64 ", expected none "
+                      "(admit_after %" PRIu32 " admits a key on its first push)",
+                      t->o.table_id, e->key, t->o.admit_after);
+  if (e->pending && (e->count < 1 || e->count >= t->o.admit_after))
+    return ps_err_set(eb, PS_EFORMAT,
+                      "sparse table %" PRIu32 ": pending key %" PRIu64 " with count %" PRIu64
+                      ", expected 1..%" PRIu32 " (admit_after %" PRIu32 ")",
+                      t->o.table_id, e->key, e->count, t->o.admit_after - 1, t->o.admit_after);
+  if (!e->pending && e->values == NULL)
+    return ps_err_set(eb, PS_EFORMAT,
+                      "sparse table %" PRIu32 ": row %" PRIu64 " without values, expected %"
+                      PRIu32 " floats", t->o.table_id, e->key, t->o.dim);
+  for (int s = 0; !e->pending && s < t->nslots; s++)
+    if (e->slots[s] == NULL)
+      return ps_err_set(eb, PS_EFORMAT,
+                        "sparse table %" PRIu32 ": row %" PRIu64 " without slot %d, expected "
+                        "%d slots (%s)", t->o.table_id, e->key, s, t->nslots,
+                        ps_optim_name(&t->o.optim));
+  keyset *ks = e->pending ? &t->pend : &t->rows;
+  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+    return -ENOMEM;
+  ps_table_remove(t, e->key);
+  rec *r = ks_at(ks, ks_add(ks, e->key, e->last_step));
+  r->count = e->count;
+  if (e->pending) {
+    while (t->pend.live > t->o.max_pending)
+      forget_head(t);
+    return 0;
+  }
+  float *slots[PS_OPTIM_MAX_SLOTS];
+  row_slots(t, r, slots);
+  memcpy(row_values(r), e->values, t->o.dim * sizeof(float));
+  for (int s = 0; s < t->nslots; s++)
+    memcpy(slots[s], e->slots[s], t->o.dim * sizeof(float));
+  while (t->o.max_rows > 0 && t->rows.live > t->o.max_rows)
+    evict_head(t, PS_TABLE_EVICT);
+  return 0;
+}
+
+ps_table_stats ps_table_get_stats(const ps_table *t) {
+  ps_table_stats s = t->st;
+  s.rows = t->rows.live;
+  s.pending = t->pend.live;
+  s.bytes = sizeof *t + ks_bytes(&t->rows) + ks_bytes(&t->pend) + t->scratch_cap * sizeof(uint64_t);
+  return s;
+}

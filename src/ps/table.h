@@ -1,0 +1,149 @@
+/* A shard's sparse embedding table: 64-bit keys, one row per distinct key,
+ * each row with its own optimizer slots and update count; admission by
+ * count, eviction by idleness and by a row cap.  In memory only, no I/O.
+ * The rules are in src/ps/TABLE.md. */
+#ifndef PS_PS_TABLE_H
+#define PS_PS_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optim/optim.h"
+#include "paramserv/error.h"
+
+#define PS_TABLE_MAX_DIM 65536
+
+/* How a row that was never pushed reads: a pure function of (seed, table
+ * id, key) and this. */
+typedef enum ps_table_init_kind {
+  PS_TABLE_INIT_ZEROS = 0,
+  PS_TABLE_INIT_NORMAL,   /* scale = stddev (mean 0) */
+  PS_TABLE_INIT_UNIFORM,  /* in [-scale, scale) */
+} ps_table_init_kind;
+
+typedef struct ps_table_init {
+  ps_table_init_kind kind;
+  float scale;            /* > 0 and finite for normal and uniform; not read for zeros */
+} ps_table_init;
+
+/* What the table reports to its event callback, in the order it happens. */
+typedef enum ps_table_event {
+  PS_TABLE_ADMIT = 'a',   /* a row was created (its first gradient follows) */
+  PS_TABLE_EXPIRE = 'x',  /* a row was evicted by ps_table_expire (idle_steps) */
+  PS_TABLE_EVICT = 'e',   /* a row was evicted to make room (max_rows) */
+} ps_table_event;
+
+/* Called for every event, synchronously, inside the call that caused it.
+ * It must not call into the table. */
+typedef void ps_table_event_fn(void *arg, ps_table_event kind, uint64_t key);
+
+typedef struct ps_table_opts {
+  uint32_t dim;           /* floats per row, 1..PS_TABLE_MAX_DIM */
+  ps_optim optim;         /* sgd (0 slots), momentum (1), adagrad (1), adam (2); o.lr not read */
+  uint64_t seed;          /* the cluster's seed */
+  uint32_t table_id;      /* which table (categorical field) */
+  ps_table_init init;
+  uint32_t admit_after;   /* a key becomes a row on its N-th push; 0 and 1: on the first */
+  uint64_t idle_steps;    /* ps_table_expire evicts rows untouched this long; 0: never */
+  uint32_t max_rows;      /* a new row past this many evicts the least recently touched; 0: no cap */
+  uint32_t max_pending;   /* keys counted toward admission, at most; 0: 1048576 */
+  ps_table_event_fn *on_event;  /* may be NULL */
+  void *event_arg;
+} ps_table_opts;
+
+typedef struct ps_table ps_table;
+
+/* A new, empty table.  o is copied.  @return 0 and *out, or PS_ECONFIG
+ * (message in eb, naming the table and the option) for a bad option, or
+ * -ENOMEM.  Free it with ps_table_free. */
+int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb);
+void ps_table_free(ps_table *t);
+
+const ps_table_opts *ps_table_options(const ps_table *t);
+
+/* The initial values of `key`'s row (dim floats into out): what a table
+ * with these options reads for a key it holds no row for.  Same result on
+ * every machine. */
+void ps_table_init_row(const ps_table_opts *o, uint64_t key, float *out);
+
+/* Read n rows into out (n * dim floats, row i at out + i * dim).  A key
+ * with no row reads its initial values.  Changes nothing: no row is
+ * created, no occurrence counted, no row's last touch refreshed, so pulls
+ * may run concurrently with each other (not with a change). */
+void ps_table_pull(const ps_table *t, const uint64_t *keys, size_t n, float *out);
+
+/* Apply one push: grads has n * dim floats, row i's gradient at
+ * grads + i * dim.  The keys must be distinct (a worker sums a key's
+ * gradients before it sends them).  In key order: a key with a row has its
+ * gradient applied (the row's own update count is adam's t); a key without
+ * one counts one occurrence and is admitted on its admit_after-th (created
+ * from its initial values, then updated), or else its gradient is dropped.
+ * `step` is the global step the push was made at (see TABLE.md for how it
+ * stamps rows); lr the learning rate for it.
+ * @return 0; or PS_EFORMAT (a key repeated: message in eb) or -ENOMEM, and
+ * then nothing changed and no event was reported. */
+int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t n, float lr,
+                  uint64_t step, ps_errbuf *eb);
+
+/* Evict every row last touched at least idle_steps before `step` (oldest
+ * first, each reported as PS_TABLE_EXPIRE), and forget the occurrence
+ * counts of keys not seen for as long.  Nothing when idle_steps is 0.
+ * @return the rows evicted. */
+size_t ps_table_expire(ps_table *t, uint64_t step);
+
+/* Remove `key`'s row or its pending count, reporting nothing (the caller
+ * decided it: a replayed eviction, a key moved to another shard).
+ * @return 1 if there was one, 0 if not. */
+int ps_table_remove(ps_table *t, uint64_t key);
+
+/* One entry of the table: a row, or a key counted toward admission. */
+typedef struct ps_table_entry {
+  int pending;            /* 0: a row; 1: a pending key (values and slots NULL) */
+  uint64_t key;
+  uint64_t count;         /* row: updates applied (adam's t); pending: occurrences seen */
+  uint64_t last_step;     /* the step it was last touched at (TABLE.md: stamps) */
+  const float *values;    /* row: dim floats */
+  const float *slots[PS_OPTIM_MAX_SLOTS];  /* row: ps_optim_nslots of dim floats each */
+} ps_table_entry;
+
+/* Look one key up.  @return 1 and *out, or 0 when the table holds nothing
+ * for it.  The pointers in *out are valid until the table next changes. */
+int ps_table_get(const ps_table *t, uint64_t key, ps_table_entry *out);
+
+/* Every entry: the rows from least to most recently touched, then the
+ * pending keys in the same order.  The order depends only on the history
+ * of calls, and putting the entries into an empty table in this order
+ * (ps_table_put) gives a table that behaves the same from then on.  The
+ * table must not change between ps_table_iter_init and the last
+ * ps_table_iter_next; the pointers of each entry live as long. */
+typedef struct ps_table_iter {
+  int pending;
+  uint32_t next;
+} ps_table_iter;
+
+void ps_table_iter_init(const ps_table *t, ps_table_iter *it);
+/* @return 1 and the next entry in *out, or 0 at the end. */
+int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out);
+
+/* Restore one entry exactly (values, slots, count and last_step copied),
+ * replacing whatever the table holds for its key, and placed among the
+ * others by last_step (after those of the same step).  Reports no
+ * admission; past max_rows (or max_pending) the least recently touched
+ * row is evicted and reported as on a push (a pending key forgotten).
+ * @return 0; or PS_EFORMAT (eb: a row without values or slots, a pending
+ * count not in 1..admit_after-1) or -ENOMEM, and then nothing changed. */
+int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
+
+typedef struct ps_table_stats {
+  uint64_t rows, pending;    /* held now */
+  uint64_t admitted;         /* rows created by pushes */
+  uint64_t expired, evicted; /* rows evicted by expire, by max_rows */
+  uint64_t forgotten;        /* pending counts dropped (max_pending, idle) */
+  uint64_t dropped;          /* gradients dropped for keys not admitted yet */
+  uint64_t bytes;            /* memory held by the table */
+} ps_table_stats;
+
+/* The counters are over this object's life: ps_table_put does not move them. */
+ps_table_stats ps_table_get_stats(const ps_table *t);
+
+#endif

@@ -2,16 +2,15 @@
 #include "data/criteo.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 #include <zlib.h>
+
+#include "data/gzfile.h"
 
 /* The bounded buffer: several lines of the longest kind, so that a line
  * never has to grow it. */
@@ -265,37 +264,17 @@ int ps_criteo_open(ps_criteo **out, const char *path, int worker, int nworkers, 
   if (nworkers < 1 || worker < 0 || worker >= nworkers)
     return ps_err_set(eb, -EINVAL, "%s: worker %d of %d, expected 0 <= worker < workers", path,
                       worker, nworkers);
-  /* Opened here rather than by gzopen so that errno is ours to report and a
-   * directory or a pipe (which cannot be re-read each epoch) is refused. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return ps_err_set(eb, -e, "%s: cannot open: %s", path, strerror(e));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return ps_err_set(eb, -e, "%s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    int dir = S_ISDIR(st.st_mode);
-    close(fd);
-    return ps_err_set(eb, dir ? -EISDIR : -EINVAL, "%s: cannot read: %s, expected a regular file",
-                      path, dir ? "is a directory" : "not a regular file");
-  }
+  /* A regular file: a pipe cannot be re-read each epoch. */
+  gzFile gz;
+  int rc = ps_gzfile_open(path, &gz, eb);
+  if (rc != 0)
+    return rc;
   ps_criteo *r = calloc(1, sizeof *r);
-  gzFile gz = gzdopen(fd, "rb");
-  if (r == NULL || gz == NULL || (r->path = strdup(path)) == NULL ||
-      (r->buf = malloc(CRITEO_BUF)) == NULL) {
-    if (gz != NULL)
-      gzclose(gz);
-    else
-      close(fd);
+  if (r == NULL || (r->path = strdup(path)) == NULL || (r->buf = malloc(CRITEO_BUF)) == NULL) {
+    gzclose(gz);
     ps_criteo_close(r);
     return ps_err_set(eb, -ENOMEM, "%s: cannot open: out of memory", path);
   }
-  gzbuffer(gz, 1 << 17);
   r->gz = gz;
   r->worker = worker;
   r->nworkers = nworkers;

@@ -2,14 +2,14 @@
 #include "data/idx.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
+
+#include "data/gzfile.h"
 
 /* A bound on what one file may hold, so that a corrupt header or a gzip bomb
  * cannot make us allocate without limit.  Fashion-MNIST's largest file holds
@@ -145,31 +145,10 @@ void ps_idx_close(ps_idx *idx) {
 /* Reads all of `path` through zlib (which passes plain files through
  * unchanged) into a malloc'd buffer that the caller frees. */
 static int read_all(const char *path, uint8_t **bufp, size_t *lenp, ps_errbuf *eb) {
-  /* The file is opened here rather than by gzopen so that errno is ours to
-   * report and a directory is refused before zlib tries to read it. */
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    return ps_err_set(eb, -e, "%s: cannot open: %s", path, strerror(e));
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return ps_err_set(eb, -e, "%s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return ps_err_set(eb, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL,
-                      "%s: cannot read: %s, expected a regular file", path,
-                      S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
-  }
-  gzFile gz = gzdopen(fd, "rb");
-  if (gz == NULL) {
-    close(fd);
-    return ps_err_set(eb, -ENOMEM, "%s: cannot open: out of memory", path);
-  }
-  gzbuffer(gz, 1 << 17);
+  gzFile gz;
+  int orc = ps_gzfile_open(path, &gz, eb);
+  if (orc != 0)
+    return orc;
 
   /* One byte past the largest valid file, so that an oversized file is
    * detected without reading all of it. */

@@ -1,0 +1,16 @@
+/* Opening a data file for reading through zlib, plain or gzip alike: the
+ * one way the readers (idx.c, criteo.c) open their files. */
+#ifndef PS_DATA_GZFILE_H
+#define PS_DATA_GZFILE_H
+
+#include <zlib.h>
+
+#include "paramserv/error.h"
+
+/* Open `path`, a regular file (a directory or a pipe is refused: the
+ * readers read a file whole, or again each epoch), for gzread with a 128 KiB
+ * buffer.  @return 0 and *out, or -errno with a one-line message naming the
+ * path (cannot open, cannot stat, not a regular file, out of memory). */
+int ps_gzfile_open(const char *path, gzFile *out, ps_errbuf *eb);
+
+#endif

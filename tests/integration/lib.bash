@@ -397,12 +397,13 @@ wait_tcp() {
 # wait_count FILE PATTERN N SECONDS: until FILE (a history: machine lines,
 # src/common/history.h) has N lines matching PATTERN.
 wait_count() {
-  local i
+  local i n=0
   for ((i = 0; i < $4 * 20; i++)); do
-    [ "$(grep -c -- "$2" "$1" 2>/dev/null || true)" -ge "$3" ] && return 0
+    n=$(grep -c -- "$2" "$1" 2>/dev/null) || true
+    [ "${n:-0}" -ge "$3" ] && return 0
     sleep 0.05
   done
-  fail "fewer than $3 lines '$2' in $1 within $4 s ($(grep -c -- "$2" "$1" 2>/dev/null || echo 0))"
+  fail "fewer than $3 lines '$2' in $1 within $4 s (${n:-0})"
 }
 
 # start_shards PREFIX CONF N: shards 0..N-1 as PREFIX0, PREFIX1, ...

@@ -93,7 +93,9 @@ done
 [ "$(redis-cli -h "$($H ip 1)" get "{ptest:ps:0}:epoch")" != "$epoch" ] ||
   fail "B took no epoch within 20 s: $(tail -2 "$T/psB.log")"
 t_b=$(now)
-restored=$(grep -o "restored from Redis[^(]*" "$T/psB.log" | head -1)
+# Restored, B serves (its READY=1), though no worker reaches it until X moves.
+wait_serving psB 20
+restored=$(grep -o "restored from Redis[^(]*" "$T/psB.log" | head -1) || true
 [ "$(acks0)" -le $((a1 + 2)) ] || fail "A acknowledged pushes after B took the epoch"
 
 # 3. X moves to h3; the workers find B there.

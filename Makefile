@@ -7,7 +7,7 @@ PREFIX   ?= /usr/local
 LIBDIR   ?= $(PREFIX)/lib
 # make test's fuzz smoke: that every target runs and finds nothing near its
 # seeds (a campaign: make fuzz FUZZ_SECONDS=N, which keeps its corpus).
-FUZZ_SECONDS ?= 5
+FUZZ_SECONDS ?= 3
 # The wire protocol faces the network: its smoke runs longest.
 FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),10)
 

@@ -139,7 +139,7 @@ echo "ok: a member paused past the timeout and resumed: test accuracy $acc"
 # Redis leaves no branch training on), then the ring goes on to the end.
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
 conf="$T/silent.conf"
-write_config "$conf" 0 2 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
+write_config "$conf" 0 2 "cluster.mode=ring" "model.name=mlp" "train.last_step=700" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
   "cluster.peer_timeout_ms=1000" "redis.timeout_ms=500" "worker.heartbeat_ms=300" \
   "$(metrics_on 3)"
@@ -156,7 +156,7 @@ wait_for "$T/silent-w0.log" "ring: Redis answers again" 30
 for i in 0 1; do
   v="PID_silent_w$i"
   wait_exit "${!v}" 300 || fail "silent: worker $i exited $?"
-  grep -q "done: .*global step 1500," "$T/silent-w$i.log" || fail "silent: worker $i did not end at step 1500"
+  grep -q "done: .*global step 700," "$T/silent-w$i.log" || fail "silent: worker $i did not end at step 700"
 done
 echo "ok: Redis silent past the ring's timeout: training waited and went on to the end"
 

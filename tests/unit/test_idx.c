@@ -31,21 +31,6 @@ static int teardown(void **state) {
   return tmpdir_remove();
 }
 
-static void put_raw(const char *name, const void *buf, size_t len, int gz) {
-  const char *p = at(name);
-  if (gz) {
-    gzFile f = gzopen(p, "wb");
-    assert_non_null(f);
-    if (len > 0)
-      assert_int_equal(gzwrite(f, buf, (unsigned)len), (int)len);
-    assert_int_equal(gzclose(f), Z_OK);
-  } else {
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-  }
-}
 
 /* Writes an IDX file: `magic`, `ndim` dims, then `dlen` bytes of `data`. */
 static void put_idx(const char *name, int gz, uint32_t magic, const uint32_t *dims, int ndim,
@@ -62,7 +47,7 @@ static void put_idx(const char *name, int gz, uint32_t magic, const uint32_t *di
   }
   if (dlen > 0)
     memcpy(buf + hdr, data, dlen);
-  put_raw(name, buf, hdr + dlen, gz);
+  tmpdir_put_bytes(name, buf, hdr + dlen, gz);
   free(buf);
 }
 
@@ -263,17 +248,17 @@ static void test_truncated_header(void **state) {
   (void)state;
   /* Magic and one of three dimensions. */
   const uint8_t h[] = {0, 0, 8, 3, 0, 0, 0, 3};
-  put_raw("train-images-idx3-ubyte", h, sizeof h, 0);
+  tmpdir_put_bytes("train-images-idx3-ubyte", h, sizeof h, 0);
   put_labels(0);
   char p[512];
   snprintf(p, sizeof p, "%s", at("train-images-idx3-ubyte"));
   check_load_err(PS_EFORMAT, p, "truncated header: file has 8 bytes, expected 16");
 
   /* Not even a whole magic; an empty gzipped file. */
-  put_raw("train-images-idx3-ubyte", h, 2, 0);
+  tmpdir_put_bytes("train-images-idx3-ubyte", h, 2, 0);
   check_load_err(PS_EFORMAT, p, "truncated header: file has 2 bytes");
   unlink(p);
-  put_raw("train-images-idx3-ubyte.gz", h, 0, 1);
+  tmpdir_put_bytes("train-images-idx3-ubyte.gz", h, 0, 1);
   check_load_err(PS_EFORMAT, at("train-images-idx3-ubyte.gz"), "file has 0 bytes");
 }
 
@@ -340,14 +325,14 @@ static void test_bad_gzip(void **state) {
   size_t n = fread(buf, 1, sizeof buf, f);
   fclose(f);
   assert_true(n > 20);
-  put_raw("train-images-idx3-ubyte.gz", buf, n - 12, 0);
+  tmpdir_put_bytes("train-images-idx3-ubyte.gz", buf, n - 12, 0);
   char path[512];
   snprintf(path, sizeof path, "%s", p);
   check_load_err(PS_EFORMAT, path, "truncated gzip data");
 
   /* A gzip header followed by garbage. */
   const uint8_t junk[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-  put_raw("train-images-idx3-ubyte.gz", junk, sizeof junk, 0);
+  tmpdir_put_bytes("train-images-idx3-ubyte.gz", junk, sizeof junk, 0);
   check_load_err(PS_EFORMAT, path, "corrupt gzip data");
 }
 

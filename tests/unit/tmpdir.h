@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static char tmp[64];
 
@@ -52,6 +53,24 @@ static inline void tmpdir_put(const char *name, const char *text, mode_t mode) {
   assert_int_equal(fwrite(text, 1, strlen(text), f), strlen(text));
   assert_int_equal(fclose(f), 0);
   assert_int_equal(chmod(p, mode), 0);
+}
+
+/* Write `len` bytes to the file `name` in the directory, gzipped (zlib)
+ * when `gz`, else as they are. */
+static inline void tmpdir_put_bytes(const char *name, const void *buf, size_t len, int gz) {
+  const char *p = at(name);
+  if (gz) {
+    gzFile f = gzopen(p, "wb");
+    assert_non_null(f);
+    if (len > 0)
+      assert_int_equal(gzwrite(f, buf, (unsigned)len), (int)len);
+    assert_int_equal(gzclose(f), Z_OK);
+  } else {
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+  }
 }
 
 #endif

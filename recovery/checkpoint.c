@@ -316,7 +316,7 @@ static int check_write_opts(const char *dir, const ps_ckpt_write_opts *o, ps_err
       return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d has %" PRIu32 " optimizer slots, %s "
                         "has %d", i, in->nslots, ps_optim_name(&o->optim), nslots);
     if (s->img == NULL || in->has_accum > 1 ||
-        in->image_floats != ps_state_floats(s->nfloats, in->nslots, in->has_accum, in->nonce))
+        in->image_floats != ps_state_image_floats(in, s->nfloats))
       return ps_err_set(eb, PS_EUSAGE, "checkpoint: shard %d: no image, or one of %" PRIu64
                         " floats that its fields do not describe", i, in->image_floats);
   }

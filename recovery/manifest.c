@@ -381,8 +381,7 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
       return rc;
     /* The fields a manifest derives rather than stores. */
     sh->info.nonce = (uint32_t)nonce;
-    sh->info.image_floats =
-        ps_state_floats(sh->floats, sh->info.nslots, sh->info.has_accum, sh->info.nonce);
+    sh->info.image_floats = ps_state_image_floats(&sh->info, sh->floats);
     uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->info.has_accum);
     if (get_int(s, pre.s, "compressed_size", 0, JSON_SAFE, &v, eb) != 0)
       return PS_ECORRUPT;

@@ -368,7 +368,15 @@ static int setup(run *r) {
     snprintf(r->cfg.history_dir, sizeof r->cfg.history_dir, "%.*s/history",
              (int)sizeof r->cfg.history_dir - 16, r->rundir);
   struct stat sb;
-  if (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+  if (r->cfg.data_format == PS_DATA_CRITEO) {
+    char path[PS_CONFIG_PATH_MAX];
+    ps_config_file_path(&r->cfg, r->cfg.train_data, path, sizeof path);
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+      ps_cmd_error("[data] train %s: %s: expected a Criteo-format file (scripts/gen-ctr writes "
+                   "one)", path, stat(path, &sb) != 0 ? strerror(errno) : "not a regular file");
+      return 2;
+    }
+  } else if (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
     ps_cmd_error("[model] data_dir %s: %s: expected the Fashion-MNIST IDX files (`make deps` "
                  "installs Debian's dataset-fashion-mnist)",
                  r->cfg.data_dir, stat(r->cfg.data_dir, &sb) != 0 ? strerror(errno)

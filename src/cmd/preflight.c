@@ -15,6 +15,7 @@
 
 #include "cmd/cli.h"
 #include "common/config.h"
+#include "data/criteo.h"
 #include "data/idx.h"
 #include "layout/layout.h"
 #include "nn/model.h"
@@ -92,6 +93,30 @@ static void check_model(const ps_config *cfg, tally *t) {
 
 static void check_data(const ps_config *cfg, tally *t) {
   static const char *const splits[] = {"train", "t10k"};
+  if (cfg->data_format == PS_DATA_CRITEO) {
+    const char *files[2] = {cfg->train_data, cfg->test_data}, *keys[2] = {"train", "test"};
+    for (int i = 0; i < 2; i++) {
+      char path[PS_CONFIG_PATH_MAX];
+      ps_criteo *rd = NULL;
+      ps_errbuf eb = {0};
+      if (files[i][0] == '\0')
+        continue;
+      ps_config_file_path(cfg, files[i], path, sizeof path);
+      /* The first batch parses: the format, not every line (a count would
+       * read the whole file). */
+      float label[16], dense[16 * PS_CRITEO_NDENSE];
+      uint64_t keys16[16 * PS_CRITEO_NSPARSE];
+      if (ps_criteo_open(&rd, path, 0, 1, &eb) != 0 ||
+          ps_criteo_next(rd, 16, label, dense, keys16, &eb) < 0) {
+        say("error", "[data] %s: %s", keys[i], eb.msg);
+        t->errors++;
+      } else {
+        say("ok", "[data] %s %s: Criteo format", keys[i], path);
+      }
+      ps_criteo_close(rd);
+    }
+    return;
+  }
   for (int i = 0; i < 2; i++) {
     ps_dataset ds;
     ps_errbuf eb = {0};

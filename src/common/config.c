@@ -416,6 +416,12 @@ static int check_cross(parse_state *st) {
     return fail(st, name_line > 0 && file_line > 0 ? file_line : vars_line,
                 "[model] %s and %s both set: expected one of name, file, variables",
                 name_line > 0 ? "name" : "file", vars_line > 0 ? "variables" : "file");
+  if (c->data_format == PS_DATA_CRITEO && c->train_data[0] == '\0')
+    return fail(st, st->line_of[find_setting("data", "format")],
+                "[data] format = criteo without [data] train: expected the training file");
+  if (c->data_format == PS_DATA_CRITEO && c->mode == PS_MODE_RING)
+    return fail(st, mode_line, "[cluster] mode = ring with [data] format = criteo: expected mode "
+                "= ps (sparse tables live on the shards)");
   if (c->mode == PS_MODE_RING && vars_line > 0)
     return fail(st, vars_line, "[model] variables with [cluster] mode = ring: expected a model "
                 "with layers (ring members compute the gradient themselves)");

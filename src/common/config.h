@@ -30,6 +30,7 @@ typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algo
 /* How workers combine their gradients: through the shards, or around a
  * ring of their own (src/ring/README.md). */
 typedef enum { PS_MODE_PS = 0, PS_MODE_RING } ps_mode;
+typedef enum { PS_DATA_IDX = 0, PS_DATA_CRITEO } ps_data_format;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
 typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
@@ -66,6 +67,11 @@ typedef struct ps_config {
   char variables_file[PS_CONFIG_PATH_MAX];  /* "": none; variables only, no layers */
   char data_dir[PS_CONFIG_PATH_MAX];
   int64_t seed;
+
+  /* [data] */
+  int data_format;                /* ps_data_format */
+  char train_data[PS_CONFIG_PATH_MAX];      /* criteo: the training file */
+  char test_data[PS_CONFIG_PATH_MAX];       /* criteo: the test file ("": none) */
 
   /* [train] */
   char optimizer[16];             /* sgd|momentum|nesterov|adagrad|adam */

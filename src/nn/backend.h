@@ -49,6 +49,10 @@ typedef struct ps_backend_ops {
   void (*to_device)(ps_backend *b, void *dst, const void *host_src, size_t bytes);
   void (*to_host)(ps_backend *b, void *host_dst, const void *src, size_t bytes);
   void (*copy)(ps_backend *b, void *dst, const void *src, size_t bytes);
+  /* rows rows of width floats from src (a row every src_stride floats) to
+   * dst (every dst_stride): the concatenation of an embedding input. */
+  void (*copy2d)(ps_backend *b, int rows, size_t width, float *dst, size_t dst_stride,
+                 const float *src, size_t src_stride);
   /* Optional: host memory that to_device / to_host move fastest (pinned,
    * page-locked, on a GPU).  NULL: plain malloc / free serve.  host_alloc
    * returns NULL on failure; host_free(NULL) does nothing. */
@@ -116,7 +120,10 @@ typedef struct ps_backend_ops {
   /* Log-softmax + negative log-likelihood over n rows of k logits.
    * labels: host memory, n bytes.  Writes dlogits = (softmax - onehot) *
    * scale (when dlogits is not NULL).  Returns, on the host, the sum over
-   * rows of the NLL, and adds to *correct the rows whose argmax is the label. */
+   * rows of the NLL, and adds to *correct the rows whose argmax is the label.
+   * k = 1 is the logistic loss of one logit z and a label y of 0 or 1:
+   * max(z, 0) - z y + log(1 + exp(-|z|)), dlogits = (sigmoid(z) - y) scale,
+   * correct when (z > 0) is y. */
   double (*nll)(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,
                 float scale, float *dlogits, size_t *correct);
 

@@ -332,11 +332,26 @@ static void cpu_dropout_bwd(ps_backend *b, size_t count, float p, const uint8_t 
   apply_mask(count, ps_dropout_scale(p), mask, dy, dx);
 }
 
+static void cpu_copy2d(ps_backend *b, int rows, size_t width, float *dst, size_t dst_stride,
+                       const float *src, size_t src_stride) {
+  (void)b;
+  for (int i = 0; i < rows; i++)
+    memcpy(dst + (size_t)i * dst_stride, src + (size_t)i * src_stride, width * sizeof(float));
+}
+
 static double cpu_nll(ps_backend *b, int n, int k, const float *logits, const uint8_t *labels,
                       float scale, float *dlogits, size_t *correct) {
   (void)b;
   double loss = 0.0;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n && k == 1; i++) {
+    double z = logits[i], y = labels[i] ? 1.0 : 0.0;
+    loss += (z > 0 ? z : 0) - z * y + log1p(exp(-fabs(z)));
+    if (correct != NULL && (z > 0) == (labels[i] != 0))
+      (*correct)++;
+    if (dlogits != NULL)
+      dlogits[i] = (float)(1.0 / (1.0 + exp(-z)) - y) * scale;
+  }
+  for (int i = 0; i < n && k > 1; i++) {
     const float *z = logits + (size_t)i * k;
     int best = 0;
     for (int j = 1; j < k; j++)
@@ -379,6 +394,7 @@ static const ps_backend_ops cpu_ops = {
     .to_device = cpu_copy,
     .to_host = cpu_copy,
     .copy = cpu_copy,
+    .copy2d = cpu_copy2d,
     .zero = cpu_zero,
     .add = cpu_add,
     .gemm = cpu_gemm,

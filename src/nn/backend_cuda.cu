@@ -303,6 +303,18 @@ static void cu_copy(ps_backend *b, void *dst, const void *src, size_t bytes) {
   prof_end(I, PS_CUDA_OP_COPY, -1);
 }
 
+static void cu_copy2d(ps_backend *b, int rows, size_t width, float *dst, size_t dst_stride,
+                      const float *src, size_t src_stride) {
+  cuda_impl *I = use(b);
+  if (rows <= 0 || width == 0)
+    return;
+  prof_begin(I);
+  check(I, cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
+                             width * sizeof(float), (size_t)rows, cudaMemcpyDeviceToDevice,
+                             I->stream), "cudaMemcpy2DAsync on the device");
+  prof_end(I, PS_CUDA_OP_COPY, -1);
+}
+
 static void cu_zero(ps_backend *b, float *p, size_t n) {
   cuda_impl *I = use(b);
   prof_begin(I);
@@ -599,6 +611,15 @@ __global__ void k_nll(int n, int k, const float *logits, const uint8_t *labels, 
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n)
     return;
+  if (k == 1) {
+    /* The logistic loss of one logit, as the CPU computes it. */
+    double z1 = logits[i], y = labels[i] ? 1.0 : 0.0;
+    row_loss[i] = (z1 > 0 ? z1 : 0) - z1 * y + log1p(exp(-fabs(z1)));
+    row_right[i] = (z1 > 0) == (labels[i] != 0);
+    if (dlogits != NULL)
+      dlogits[i] = (float)(1.0 / (1.0 + exp(-z1)) - y) * scale;
+    return;
+  }
   const float *z = logits + (size_t)i * k;
   int best = 0;
   for (int j = 1; j < k; j++)
@@ -926,6 +947,7 @@ static const ps_backend_ops cuda_ops = {
     .to_device = cu_to_device,
     .to_host = cu_to_host,
     .copy = cu_copy,
+    .copy2d = cu_copy2d,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .zero = cu_zero,

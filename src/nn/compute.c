@@ -3,6 +3,7 @@
 #include "nn/compute.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ struct ps_compute {
   /* A device backend's copies of a step's params and batch (NULL when the
    * backend computes on host memory, which then reads the caller's). */
   float *dev_params, *dev_x;
+  float *dev_emb, *dev_demb;  /* a model with sparse tables: its embedding input and gradient */
   /* ps_compute_train_init's: the kept parameters, their gradient (slot
    * 0's on a device; grad_owned when allocated here) and the optimizer's
    * slots, all in slot 0's backend memory. */
@@ -33,6 +35,9 @@ struct ps_compute {
   ps_optim optim;
   /* The current job, read by every thread. */
   const float *params, *x;
+  const float *emb;   /* the embedding input, n x emb_size (NULL: the model has none) */
+  float *demb;        /* its gradient (train) */
+  float *scores;      /* predict: host, n */
   const uint8_t *labels;
   int n, train;
   uint64_t seed, first;
@@ -59,6 +64,8 @@ void ps_compute_free(ps_compute *c) {
         if (t == 0) {
           s->backend->ops->free(s->backend, c->dev_params);
           s->backend->ops->free(s->backend, c->dev_x);
+          s->backend->ops->free(s->backend, c->dev_emb);
+          s->backend->ops->free(s->backend, c->dev_demb);
         }
         ps_model_ws_close(&s->ws);
         ps_backend_free(s->backend);
@@ -114,6 +121,13 @@ ps_compute *ps_compute_new_on(const ps_model *m, int device, int threads, int ma
       c->dev_x = b->ops->alloc(b, (size_t)max_batch * m->in_size * sizeof(float));
       if (c->dev_params == NULL || c->dev_x == NULL)
         goto nomem;
+      if (m->emb_size > 0) {
+        size_t bytes = (size_t)max_batch * m->emb_size * sizeof(float);
+        c->dev_emb = b->ops->alloc(b, bytes);
+        c->dev_demb = b->ops->alloc(b, bytes);
+        if (c->dev_emb == NULL || c->dev_demb == NULL)
+          goto nomem;
+      }
     }
   }
   c->pool = ps_pool_new(threads);
@@ -169,6 +183,10 @@ static void stage_in(ps_compute *c, const float *params, const float *x, int n) 
   }
   b->ops->to_device(b, c->dev_x, x, (size_t)n * c->m->in_size * sizeof(float));
   c->x = c->dev_x;
+  if (c->emb != NULL) {
+    b->ops->to_device(b, c->dev_emb, c->emb, (size_t)n * c->m->emb_size * sizeof(float));
+    c->emb = c->dev_emb;
+  }
 }
 
 static void grad_job(void *arg, int t, int nt) {
@@ -186,7 +204,17 @@ static void grad_job(void *arg, int t, int nt) {
     return;
   }
   const float *x = c->x + (size_t)lo * c->m->in_size;
+  if (c->emb != NULL) {
+    s->ws.emb = c->emb + (size_t)lo * c->m->emb_size;
+    s->ws.demb = c->demb != NULL ? c->demb + (size_t)lo * c->m->emb_size : NULL;
+  }
   ps_model_forward(c->m, &s->ws, c->params, x, hi - lo, c->train, c->seed, c->first + lo);
+  if (c->scores != NULL) {
+    /* predict: the logits, which the caller turns into probabilities. */
+    s->backend->ops->to_host(s->backend, c->scores + lo, s->ws.act[c->m->nlayers - 1],
+                             (size_t)(hi - lo) * sizeof(float));
+    return;
+  }
   if (c->train)
     s->loss = ps_model_backward(c->m, &s->ws, c->params, x, c->labels + lo, hi - lo,
                                 1.0f / (float)c->n, g, &s->correct);
@@ -222,6 +250,7 @@ static double grad_pass(ps_compute *c, const float *params, int stage_params, co
                         size_t *correct) {
   c->params = params;
   c->x = x;
+  c->scores = NULL;
   c->labels = labels;
   c->n = n;
   c->train = 1;
@@ -244,6 +273,8 @@ static double grad_pass(ps_compute *c, const float *params, int stage_params, co
 double ps_compute_grad(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, int n, uint64_t seed, uint64_t first,
                        float *grad, size_t *correct) {
+  c->emb = NULL;
+  c->demb = NULL;
   double loss = grad_pass(c, params, 1, x, labels, n, seed, first, grad, correct);
   if (c->dev_params != NULL) {
     ps_backend *b = c->slots[0].backend;
@@ -252,10 +283,51 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
   return loss;
 }
 
+double ps_compute_grad_emb(ps_compute *c, const float *params, const float *x,
+                           const float *emb, const uint8_t *labels, int n, uint64_t seed,
+                           uint64_t first, float *grad, float *demb, size_t *correct) {
+  c->emb = emb;
+  /* On a device the gradient lands in its copy, then comes over. */
+  c->demb = c->dev_demb != NULL ? c->dev_demb : demb;
+  double loss = grad_pass(c, params, 1, x, labels, n, seed, first, grad, correct);
+  if (c->dev_params != NULL) {
+    ps_backend *b = c->slots[0].backend;
+    b->ops->to_host(b, grad, c->slots[0].grad, c->m->vars.total * sizeof(float));
+    b->ops->to_host(b, demb, c->dev_demb, (size_t)n * c->m->emb_size * sizeof(float));
+  }
+  c->emb = NULL;
+  c->demb = NULL;
+  return loss;
+}
+
+void ps_compute_predict(ps_compute *c, const float *params, const float *x, const float *emb,
+                        int n, float *prob) {
+  for (int done = 0; done < n;) {
+    int chunk = n - done < c->max_batch ? n - done : c->max_batch;
+    c->params = params;
+    c->x = x + (size_t)done * c->m->in_size;
+    c->emb = emb != NULL ? emb + (size_t)done * c->m->emb_size : NULL;
+    c->demb = NULL;
+    c->scores = prob + done;
+    c->n = chunk;
+    c->train = 0;
+    stage_in(c, params, c->x, chunk);
+    ps_pool_run(c->pool, grad_job, c);
+    done += chunk;
+  }
+  for (int i = 0; i < n; i++)
+    prob[i] = 1.0f / (1.0f + expf(-prob[i]));
+  c->scores = NULL;
+  c->emb = NULL;
+}
+
 double ps_compute_eval(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, size_t n, size_t *correct) {
   double loss = 0.0;
   size_t right = 0;
+  c->emb = NULL;
+  c->demb = NULL;
+  c->scores = NULL;
   c->params = params != NULL ? params : c->own_params;
   c->train = 0;
   for (size_t done = 0; done < n;) {

@@ -53,6 +53,18 @@ double ps_compute_grad(ps_compute *c, const float *params, const float *x,
                        const uint8_t *labels, int n, uint64_t seed, uint64_t first,
                        float *grad, size_t *correct);
 
+/* ps_compute_grad for a model with sparse tables: emb (host, n x
+ * m->emb_size) is the batch's embedding input, and demb (host, as large)
+ * gets the gradient of the batch's mean loss with respect to it. */
+double ps_compute_grad_emb(ps_compute *c, const float *params, const float *x,
+                           const float *emb, const uint8_t *labels, int n, uint64_t seed,
+                           uint64_t first, float *grad, float *demb, size_t *correct);
+
+/* The probabilities a one-output (sigmoid) model gives n samples (any n;
+ * host memory; emb NULL for a model without tables) into prob. */
+void ps_compute_predict(ps_compute *c, const float *params, const float *x, const float *emb,
+                        int n, float *prob);
+
 /* Evaluate (no dropout) any number of samples in chunks of max_batch, with
  * params (host memory) or, when params is NULL, the parameters of
  * ps_compute_train_init.

@@ -48,6 +48,8 @@ void ps_layer_forward(const ps_layer *l, ps_backend *b, const float *params, con
     else
       op->copy(b, y, x, (size_t)n * l->out_size * sizeof *y);
     break;
+  case PS_LAYER_CONCAT:
+    break;  /* model.c's: it needs the embedding input */
   }
 }
 
@@ -81,5 +83,7 @@ void ps_layer_backward(const ps_layer *l, ps_backend *b, const float *params, co
     if (dx != NULL)
       op->dropout_bwd(b, (size_t)n * l->out_size, l->p, aux->mask, dy, dx);
     break;
+  case PS_LAYER_CONCAT:
+    break;  /* model.c's: it needs the embedding input */
   }
 }

@@ -16,6 +16,7 @@ typedef enum ps_layer_kind {
   PS_LAYER_MAXPOOL2D,
   PS_LAYER_RELU,
   PS_LAYER_DROPOUT,
+  PS_LAYER_CONCAT,   /* the input, then a slice of the embedding input (model.c runs it) */
 } ps_layer_kind;
 
 typedef struct ps_layer {
@@ -27,6 +28,7 @@ typedef struct ps_layer {
   size_t group;              /* dropout: values dropped together (1, or a channel's plane) */
   int wvar, bvar;            /* variable-table indices of weight and bias, or -1 */
   size_t woff, boff;         /* their offsets in the parameter arena */
+  size_t emb_off, emb_width; /* concat: its slice of a sample's embedding input */
 } ps_layer;
 
 /* Per-layer scratch that a workspace owns (backend memory). */

@@ -128,6 +128,8 @@ const char *ps_layer_type_name(ps_layer_type t) {
   case PS_LT_RELU: return "relu";
   case PS_LT_FLATTEN: return "flatten";
   case PS_LT_LOG_SOFTMAX: return "log_softmax";
+  case PS_LT_EMBEDDING_BAG: return "embedding_bag";
+  case PS_LT_SIGMOID: return "sigmoid";
   }
   return "?";
 }
@@ -185,9 +187,12 @@ int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
       spec->in_h > MAX_SIDE || spec->in_w > MAX_SIDE)
     return ps_err_set(eb, PS_EUSAGE, "%s: input %dx%dx%d: expected 1 to %d each", what,
                       spec->in_c, spec->in_h, spec->in_w, MAX_SIDE);
-  if (spec->nlayers < 1 || spec->layers[spec->nlayers - 1].type != PS_LT_LOG_SOFTMAX)
+  if (spec->nlayers < 1 || (spec->layers[spec->nlayers - 1].type != PS_LT_LOG_SOFTMAX &&
+                            spec->layers[spec->nlayers - 1].type != PS_LT_SIGMOID))
     return ps_err_set(eb, PS_EUSAGE, "%s: the last layer must be log_softmax (the loss is the "
-                                     "negative log-likelihood of its output)", what);
+                                     "negative log-likelihood of its output) or sigmoid (the "
+                                     "logistic loss of one output)", what);
+  int tables = 0;
   shape sh = {spec->in_c, spec->in_h, spec->in_w};
   uint64_t params = 0;
   int trained = 0;
@@ -251,6 +256,47 @@ int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
         b = 65536;
       }
       break;
+    case PS_LT_SIGMOID:
+      if (i != spec->nlayers - 1)
+        fmt = "expected sigmoid last only";
+      else if (in != 1) {
+        fmt = "after a layer of %d outputs: expected 1 (the logit)";
+        a = (int)in;
+      }
+      break;
+    case PS_LT_EMBEDDING_BAG: {
+      int nf = l->field_last - l->field_first + 1;
+      if (l->name[0] == '\0' || strspn(l->name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST"
+                                                 "UVWXYZ0123456789_") != strlen(l->name))
+        fmt = "name: expected 1 to 31 of A-Z a-z 0-9 _ (it names the tables)";
+      else if (l->field_first < 1 || nf < 1) {
+        fmt = "fields [%d, %d]: expected first >= 1 and last >= first";
+        a = l->field_first;
+        b = l->field_last;
+      } else if (l->dim < 1 || l->dim > PS_MODEL_MAX_DIM) {
+        fmt = "dim %d: expected 1 to %d";
+        a = l->dim;
+        b = PS_MODEL_MAX_DIM;
+      } else if (tables + nf > PS_MODEL_MAX_TABLES) {
+        fmt = "%d tables in all: expected at most %d";
+        a = tables + nf;
+        b = PS_MODEL_MAX_TABLES;
+      }
+      for (int j = 0; j < i && fmt == NULL; j++) {
+        const ps_layer_spec *o = &spec->layers[j];
+        if (o->type == PS_LT_EMBEDDING_BAG && o->field_first <= l->field_last &&
+            l->field_first <= o->field_last) {
+          fmt = "a field already embedded by layer %d (field %d): expected each field in one table";
+          a = j + 1;
+          b = o->field_first > l->field_first ? o->field_first : l->field_first;
+        }
+      }
+      if (fmt == NULL) {
+        tables += nf;
+        sh = (shape){(int)(in + (uint64_t)nf * (uint64_t)l->dim), 1, 1};
+      }
+      break;
+    }
     default:
       fmt = "unknown layer type %d";
       a = (int)l->type;
@@ -278,6 +324,14 @@ int ps_model_spec_check(ps_model_spec *spec, const char *what, ps_errbuf *eb) {
                        l->name, l->out, l->kernel, l->stride, l->padding, (double)l->p,
                        l->channels);
       XXH64_update(h, text, (size_t)n);
+      if (l->type == PS_LT_EMBEDDING_BAG) {
+        /* Everything that makes its tables what they are. */
+        n = snprintf(text, sizeof text, "%d %d %d %d %d %.9g %.9g %s %u %u %" PRIu64 ";",
+                     l->field_first, l->field_last, l->dim, l->combiner, l->init_kind,
+                     (double)l->init_scale, (double)l->lr, l->optimizer, l->admit_after,
+                     l->max_rows, l->idle_steps);
+        XXH64_update(h, text, (size_t)n);
+      }
     }
     snprintf(spec->desc, sizeof spec->desc, "model %dx%dx%d-%d #%016" PRIx64, spec->in_c,
              spec->in_h, spec->in_w, spec->classes, (uint64_t)XXH64_digest(h));
@@ -365,6 +419,37 @@ static void windowed(builder *bd, const ps_layer_spec *s) {
   l->out_size = cur_size(bd);
 }
 
+/* The tables of an embedding_bag, one per field, and the layer that
+ * appends their pooled vectors to the activation. */
+static void embedding_bag(builder *bd, const ps_layer_spec *s) {
+  ps_layer *l = push(bd, PS_LAYER_CONCAT);
+  if (l == NULL)
+    return;
+  ps_model *m = bd->m;
+  l->emb_off = m->emb_size;
+  for (int f = s->field_first; f <= s->field_last; f++) {
+    ps_sparse_spec *t = &m->tables[m->ntables++];
+    snprintf(t->name, sizeof t->name, "%s%d", s->name, f);
+    t->field = f - 1;
+    t->dim = s->dim;
+    t->combiner = (ps_combiner)s->combiner;
+    t->init_kind = s->init_kind;
+    t->init_scale = s->init_scale;
+    t->optim = ps_optim_default(PS_OPTIM_ADAGRAD, s->lr);
+    if (ps_optim_parse(s->optimizer[0] ? s->optimizer : "adagrad", &t->optim) != 0)
+      bd->err = -EINVAL;
+    t->optim.lr = s->lr;
+    t->admit_after = s->admit_after;
+    t->max_rows = s->max_rows;
+    t->idle_steps = s->idle_steps;
+    t->offset = m->emb_size;
+    m->emb_size += (size_t)s->dim;
+  }
+  l->emb_width = m->emb_size - l->emb_off;
+  bd->sh = (shape){(int)(l->in_size + l->emb_width), 1, 1};
+  l->out_size = cur_size(bd);
+}
+
 /* Dropout of whole channels (group = one channel's plane) or of single
  * values (group = 1). */
 static void dropout(builder *bd, const ps_layer_spec *s) {
@@ -398,7 +483,9 @@ int ps_model_build(const ps_model_spec *spec, ps_model *m, ps_errbuf *eb) {
     case PS_LT_FLATTEN:
       bd.sh = (shape){(int)cur_size(&bd), 1, 1};
       break;
+    case PS_LT_EMBEDDING_BAG: embedding_bag(&bd, s); break;
     case PS_LT_LOG_SOFTMAX:
+    case PS_LT_SIGMOID:
       break;  /* the loss's */
     }
   }
@@ -505,8 +592,17 @@ const float *ps_model_forward(const ps_model *m, ps_model_ws *ws, const float *p
   for (int i = 0; i < m->nlayers; i++) {
     /* Each dropout layer gets its own stream of masks. */
     uint64_t layer_seed = seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(i + 1));
-    ps_layer_forward(&m->layers[i], ws->backend, params, in, ws->act[i], n, &ws->aux[i], train,
-                     layer_seed, first);
+    const ps_layer *l = &m->layers[i];
+    if (l->kind == PS_LAYER_CONCAT) {
+      /* The activation, then the layer's slice of the embedding input. */
+      ps_backend *b = ws->backend;
+      b->ops->copy2d(b, n, l->in_size, ws->act[i], l->out_size, in, l->in_size);
+      b->ops->copy2d(b, n, l->emb_width, ws->act[i] + l->in_size, l->out_size,
+                     ws->emb + l->emb_off, m->emb_size);
+    } else {
+      ps_layer_forward(l, ws->backend, params, in, ws->act[i], n, &ws->aux[i], train, layer_seed,
+                       first);
+    }
     in = ws->act[i];
   }
   return in;
@@ -523,12 +619,22 @@ double ps_model_backward(const ps_model *m, ps_model_ws *ws, const float *params
   /* The first layer that has parameters needs no input gradient, and
    * nothing below it needs a backward pass at all. */
   int lowest = 0;
-  while (lowest < m->nlayers && m->layers[lowest].wvar < 0)
+  while (lowest < m->nlayers && m->layers[lowest].wvar < 0 &&
+         m->layers[lowest].kind != PS_LAYER_CONCAT)
     lowest++;
   for (int i = m->nlayers - 1; i >= lowest; i--) {
+    const ps_layer *l = &m->layers[i];
     const float *in = i > 0 ? ws->act[i - 1] : x;
     float *dx = i > lowest ? bufs[i & 1] : NULL;
-    ps_layer_backward(&m->layers[i], b, params, in, ws->act[i], dy, dx, grads, n, &ws->aux[i]);
+    if (l->kind == PS_LAYER_CONCAT) {
+      /* The input's part of dy goes down; the rest is the embedding's. */
+      if (dx != NULL)
+        b->ops->copy2d(b, n, l->in_size, dx, l->in_size, dy, l->out_size);
+      b->ops->copy2d(b, n, l->emb_width, ws->demb + l->emb_off, m->emb_size, dy + l->in_size,
+                     l->out_size);
+    } else {
+      ps_layer_backward(l, b, params, in, ws->act[i], dy, dx, grads, n, &ws->aux[i]);
+    }
     dy = dx;
   }
   return loss;

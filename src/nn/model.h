@@ -9,6 +9,7 @@
 
 #include "nn/backend.h"
 #include "nn/layers.h"
+#include "optim/optim.h"
 #include "paramserv/error.h"
 #include "paramserv/vartable.h"
 
@@ -16,6 +17,8 @@
 #define PS_MODEL_MAX_LAYERS 32
 #define PS_MODEL_NAME_MAX 32   /* a layer's name, which prefixes its variables */
 #define PS_MODEL_DESC_MAX 128
+#define PS_MODEL_MAX_TABLES 64   /* sparse tables: categorical fields */
+#define PS_MODEL_MAX_DIM 1024    /* an embedding's floats */
 
 /* What a model description may say a layer is (MODELFILE.md).  flatten and
  * log_softmax build no layer: activations are flat arrays already, and the
@@ -28,7 +31,12 @@ typedef enum ps_layer_type {
   PS_LT_RELU,
   PS_LT_FLATTEN,
   PS_LT_LOG_SOFTMAX,
+  PS_LT_EMBEDDING_BAG,  /* appends the pooled embeddings of categorical fields */
+  PS_LT_SIGMOID,        /* last, after one output: the logistic loss */
 } ps_layer_type;
+
+/* How an embedding_bag pools the rows of a bag of keys. */
+typedef enum ps_combiner { PS_COMBINER_SUM = 0, PS_COMBINER_MEAN, PS_COMBINER_SQRTN } ps_combiner;
 
 typedef struct ps_layer_spec {
   ps_layer_type type;
@@ -37,7 +45,32 @@ typedef struct ps_layer_spec {
   int kernel, stride, padding;   /* conv2d, maxpool */
   float p;                       /* dropout: probability of dropping */
   int channels;                  /* dropout: whole channels (Dropout2d) */
+  /* embedding_bag: one sparse table per field of [field_first, field_last]
+   * (1-based categorical fields), `dim` floats a row; rows start as
+   * init_kind (0 zeros, 1 normal, 2 uniform: ps_table_init_kind's values)
+   * times init_scale; the rows' optimizer and its rate (0: [train] lr);
+   * admission after admit_after pushes, eviction after idle_steps and past
+   * max_rows a shard (0: never). */
+  int field_first, field_last, dim, combiner, init_kind;
+  float init_scale, lr;
+  char optimizer[16];
+  uint32_t admit_after, max_rows;
+  uint64_t idle_steps;
 } ps_layer_spec;
+
+/* One sparse table of a model: one categorical field. */
+typedef struct ps_sparse_spec {
+  char name[PS_MODEL_NAME_MAX + 8];  /* the layer's name and the field: "C7" */
+  int field;                         /* 0-based categorical field (C1 is 0) */
+  int dim;
+  ps_combiner combiner;
+  int init_kind;                     /* ps_table_init_kind's value */
+  float init_scale;
+  ps_optim optim;                    /* the rows' optimizer; optim.lr 0: [train] lr */
+  uint32_t admit_after, max_rows;
+  uint64_t idle_steps;
+  size_t offset;                     /* its pooled vector's place in a sample's embedding input */
+} ps_sparse_spec;
 
 /* A model: its input sample's shape and its layers, from a built-in name
  * or a model file (nn/modelfile.h). */
@@ -76,6 +109,12 @@ typedef struct ps_model {
   int nlayers;
   ps_layer layers[PS_MODEL_MAX_LAYERS];
   size_t in_size;      /* floats per input sample */
+  /* Sparse tables (embedding_bag layers), table t = tables[t], in file
+   * order; emb_size: floats of a sample's embedding input, every table's
+   * pooled vector at its offset. */
+  int ntables;
+  ps_sparse_spec tables[PS_MODEL_MAX_TABLES];
+  size_t emb_size;
 } ps_model;
 
 /* Build the variable table and layers of `spec`.  @return 0, PS_EUSAGE,
@@ -98,6 +137,11 @@ typedef struct ps_model_ws {
   ps_layer_aux aux[PS_MODEL_MAX_LAYERS];
   float *grad_a, *grad_b;           /* ping-pong buffers for dy / dx */
   float *dlogits;
+  /* A model with sparse tables: the batch's embedding input, which the
+   * caller sets before a forward pass, and where a backward pass writes its
+   * gradient (n x m->emb_size each, backend memory, not owned). */
+  const float *emb;
+  float *demb;
 } ps_model_ws;
 
 /* @return 0 or -ENOMEM (nothing left allocated).  Close with ps_model_ws_close. */
@@ -111,7 +155,7 @@ const float *ps_model_forward(const ps_model *m, ps_model_ws *ws, const float *p
 
 /* Loss and backward pass after ps_model_forward on the same x.  Overwrites
  * grads (params' layout) with the gradient of scale * (sum of the n
- * samples' NLL).  labels: host memory.  Adds correct predictions to
+ * samples' NLL), and ws->demb with that of the embedding input.  labels: host memory.  Adds correct predictions to
  * *correct when not NULL.  @return the NLL summed over the n samples. */
 double ps_model_backward(const ps_model *m, ps_model_ws *ws, const float *params,
                          const float *x, const uint8_t *labels, int n, float scale,

@@ -84,7 +84,7 @@ static int get_int(const json_t *obj, const char *key, int def, int lo, int hi, 
 /* Each layer type's keys; its name is ps_layer_type_name's. */
 static const struct {
   ps_layer_type type;
-  const char *const keys[7];
+  const char *const keys[14];
 } LAYERS[] = {
     {PS_LT_DENSE, {"type", "name", "out", NULL}},
     {PS_LT_CONV2D, {"type", "name", "out", "kernel", "stride", "padding", NULL}},
@@ -93,7 +93,85 @@ static const struct {
     {PS_LT_RELU, {"type", NULL}},
     {PS_LT_FLATTEN, {"type", NULL}},
     {PS_LT_LOG_SOFTMAX, {"type", NULL}},
+    {PS_LT_EMBEDDING_BAG, {"type", "name", "fields", "field", "dim", "combiner", "init", "scale",
+                           "optimizer", "lr", "admit_after", "idle_steps", "max_rows", NULL}},
+    {PS_LT_SIGMOID, {"type", NULL}},
 };
+
+static const char *const COMBINERS[] = {"sum", "mean", "sqrtn", NULL};
+static const char *const INITS[] = {"zeros", "normal", "uniform", NULL};
+
+/* One of names (NULL-terminated): its index into *out, def when absent. */
+static int get_choice(const json_t *obj, const char *key, const char *const *names, int def,
+                      const char *expected, int *out, const where *w, ps_errbuf *eb) {
+  const json_t *v = json_object_get(obj, key);
+  if (v == NULL) {
+    *out = def;
+    return 0;
+  }
+  for (int i = 0; json_is_string(v) && names[i] != NULL; i++)
+    if (strcmp(json_string_value(v), names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  return bad(eb, w, key, expected, v);
+}
+
+/* embedding_bag's keys (MODELFILE.md, "Sparse models"). */
+static int parse_embedding(const json_t *o, ps_layer_spec *l, const where *w, ps_errbuf *eb) {
+  const json_t *fields = json_object_get(o, "fields"), *field = json_object_get(o, "field");
+  if ((fields == NULL) == (field == NULL))
+    return bad(eb, w, "fields", "[first, last] (1-based categorical fields) or one \"field\"",
+               fields != NULL ? fields : field);
+  if (field != NULL) {
+    if (get_int(o, "field", -1, 1, 4096, &l->field_first, w, eb) != 0)
+      return PS_EUSAGE;
+    l->field_last = l->field_first;
+  } else {
+    const json_t *a = json_array_get(fields, 0), *b = json_array_get(fields, 1);
+    if (!json_is_array(fields) || json_array_size(fields) != 2 || !json_is_integer(a) ||
+        !json_is_integer(b) || json_integer_value(a) < 1 ||
+        json_integer_value(b) < json_integer_value(a) || json_integer_value(b) > 4096)
+      return bad(eb, w, "fields", "[first, last] with 1 <= first <= last <= 4096", fields);
+    l->field_first = (int)json_integer_value(a);
+    l->field_last = (int)json_integer_value(b);
+  }
+  int rc = get_int(o, "dim", -1, 1, PS_MODEL_MAX_DIM, &l->dim, w, eb);
+  if (rc == 0)
+    rc = get_choice(o, "combiner", COMBINERS, PS_COMBINER_SUM, "sum, mean or sqrtn",
+                    &l->combiner, w, eb);
+  if (rc == 0)
+    rc = get_choice(o, "init", INITS, 1, "zeros, normal or uniform", &l->init_kind, w, eb);
+  if (rc != 0)
+    return rc;
+  const json_t *scale = json_object_get(o, "scale");
+  if (l->init_kind == 0 && scale != NULL)
+    return bad(eb, w, "scale", "no scale for zeros", scale);
+  if (scale != NULL && (!json_is_number(scale) || !(json_number_value(scale) > 0.0) ||
+                        json_number_value(scale) > 1e3))
+    return bad(eb, w, "scale", "a number in (0, 1000]", scale);
+  l->init_scale = l->init_kind == 0 ? 0.0f : scale != NULL ? (float)json_number_value(scale) : 0.01f;
+  const json_t *opt = json_object_get(o, "optimizer");
+  ps_optim probe;
+  if (opt != NULL && (!json_is_string(opt) || json_string_length(opt) >= sizeof l->optimizer ||
+                      ps_optim_parse(json_string_value(opt), &probe) != 0))
+    return bad(eb, w, "optimizer", "sgd, momentum, nesterov, adagrad or adam", opt);
+  snprintf(l->optimizer, sizeof l->optimizer, "%s", opt != NULL ? json_string_value(opt) : "adagrad");
+  const json_t *lr = json_object_get(o, "lr");
+  if (lr != NULL && (!json_is_number(lr) || !(json_number_value(lr) > 0.0) ||
+                     json_number_value(lr) > 1e3))
+    return bad(eb, w, "lr", "a learning rate in (0, 1000] (absent: [train] lr)", lr);
+  l->lr = lr != NULL ? (float)json_number_value(lr) : 0.0f;
+  int admit = 0, idle = 0, rows = 0;
+  if ((rc = get_int(o, "admit_after", 0, 0, 1 << 20, &admit, w, eb)) != 0 ||
+      (rc = get_int(o, "idle_steps", 0, 0, INT32_MAX, &idle, w, eb)) != 0 ||
+      (rc = get_int(o, "max_rows", 0, 0, INT32_MAX, &rows, w, eb)) != 0)
+    return rc;
+  l->admit_after = (uint32_t)admit;
+  l->idle_steps = (uint64_t)idle;
+  l->max_rows = (uint32_t)rows;
+  return 0;
+}
 #define NTYPES (sizeof LAYERS / sizeof LAYERS[0])
 
 static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *file,
@@ -109,12 +187,13 @@ static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *fil
     k++;
   if (k == NTYPES)
     return bad(eb, &w, "type",
-               "dense, conv2d, maxpool, dropout, relu, flatten or log_softmax", t);
+               "dense, conv2d, maxpool, dropout, relu, flatten, embedding_bag, log_softmax or "
+               "sigmoid", t);
   memset(l, 0, sizeof *l);
   l->type = LAYERS[k].type;
   snprintf(w.at, sizeof w.at, "layer %d (%s)", i + 1, ps_layer_type_name(l->type));
   int rc = 0;
-  if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D) {
+  if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D || l->type == PS_LT_EMBEDDING_BAG) {
     const json_t *n = json_object_get(o, "name");
     if (!json_is_string(n) || json_string_length(n) < 1 ||
         json_string_length(n) >= sizeof l->name ||
@@ -125,6 +204,8 @@ static int parse_layer(const json_t *o, int i, ps_layer_spec *l, const char *fil
   }
   if (known_keys(o, LAYERS[k].keys, &w, eb) != 0)
     return PS_EUSAGE;
+  if (l->type == PS_LT_EMBEDDING_BAG)
+    return parse_embedding(o, l, &w, eb);
   if (l->type == PS_LT_DENSE || l->type == PS_LT_CONV2D)
     rc = get_int(o, "out", -1, 1, 1 << 20, &l->out, &w, eb);
   if (rc == 0 && (l->type == PS_LT_CONV2D || l->type == PS_LT_MAXPOOL))
@@ -158,13 +239,14 @@ static int layers_from(const json_t *doc, const char *file, ps_model_spec *spec,
     return PS_EUSAGE;
   memset(spec, 0, sizeof *spec);
   const json_t *in = json_object_get(doc, "input");
-  int dims[3];
-  if (!json_is_array(in) || json_array_size(in) != 3)
-    return bad(eb, &w, "input", "[channels, height, width], as [1, 28, 28]", in);
-  for (int d = 0; d < 3; d++) {
-    const json_t *v = json_array_get(in, (size_t)d);
+  int dims[3] = {1, 1, 1};
+  size_t nd = json_array_size(in);
+  if (!json_is_array(in) || (nd != 3 && nd != 1))
+    return bad(eb, &w, "input", "[channels, height, width], as [1, 28, 28], or [features]", in);
+  for (size_t d = 0; d < nd; d++) {
+    const json_t *v = json_array_get(in, d);
     if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
-      return bad(eb, &w, "input", "[channels, height, width] of integers in [1, 4096]", v);
+      return bad(eb, &w, "input", "[channels, height, width] or [features], integers in [1, 4096]", v);
     dims[d] = (int)json_integer_value(v);
   }
   spec->in_c = dims[0];
@@ -253,6 +335,25 @@ char *ps_modelfile_text(const ps_model_spec *spec, const char *comment, int inde
       char b[32];
       SET(o, "p", json_real(strtod(ps_float_format(l->p, b, sizeof b), NULL)));
       SET(o, "channels", json_boolean(l->channels));
+    }
+    if (l->type == PS_LT_EMBEDDING_BAG) {
+      char b[32];
+      json_t *f = json_array();
+      ok &= json_array_append_new(f, json_integer(l->field_first)) == 0;
+      ok &= json_array_append_new(f, json_integer(l->field_last)) == 0;
+      SET(o, "name", json_string(l->name));
+      SET(o, "fields", f);
+      SET(o, "dim", json_integer(l->dim));
+      SET(o, "combiner", json_string(COMBINERS[l->combiner]));
+      SET(o, "init", json_string(INITS[l->init_kind]));
+      if (l->init_kind != 0)
+        SET(o, "scale", json_real(strtod(ps_float_format(l->init_scale, b, sizeof b), NULL)));
+      SET(o, "optimizer", json_string(l->optimizer));
+      if (l->lr > 0)
+        SET(o, "lr", json_real(strtod(ps_float_format(l->lr, b, sizeof b), NULL)));
+      SET(o, "admit_after", json_integer(l->admit_after));
+      SET(o, "idle_steps", json_integer((json_int_t)l->idle_steps));
+      SET(o, "max_rows", json_integer(l->max_rows));
     }
     ok &= json_array_append_new(layers, o) == 0;
   }

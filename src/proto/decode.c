@@ -60,6 +60,39 @@ static int check_count(const char *name, size_t len, size_t fixed, uint64_t coun
                     name, len, fixed, count, (uint64_t)fixed + 4 * count);
 }
 
+/* The tail after a fixed part: 4 * count bytes of floats, then exactly
+ * `sparse` bytes of blocks of `kind`, compared without overflow; *out
+ * points at the blocks. */
+static int check_sparse(const char *name, const uint8_t *p, size_t len, size_t fixed,
+                        uint64_t count, uint64_t sparse, ps_sparse_kind kind, ps_sparse *out,
+                        ps_errbuf *eb) {
+  size_t rest = len - fixed;
+  if (sparse > rest)
+    return ps_err_set(eb, PS_EFORMAT, "%s: payload is %zu bytes, fewer than its %zu-byte fixed "
+                      "part and %" PRIu64 " bytes of sparse blocks", name, len, fixed, sparse);
+  int rc = check_count(name, len - (size_t)sparse, fixed, count, eb);
+  if (rc != 0)
+    return rc;
+  out->bytes = sparse;
+  out->data = sparse ? p + (len - sparse) : NULL;
+  uint32_t blocks;
+  ps_errbuf why = {0};
+  if (sparse && ps_sparse_check(kind, out->data, sparse, &blocks, &why) != 0)
+    return ps_err_set(eb, PS_EFORMAT, "%s: %s", name, why.msg);
+  return 0;
+}
+
+static int decode_pull(const uint8_t *p, size_t len, ps_msg_pull *m, ps_errbuf *eb) {
+  int rc;
+  if ((rc = check_fixed("PULL", len, PULL_FIXED, eb)) != 0 ||
+      (rc = check_pad("PULL", p, 4, 4, eb)) != 0 || (rc = check_pad("PULL", p, 24, 8, eb)) != 0)
+    return rc;
+  m->worker = ps_get_le32(p);
+  m->step = ps_get_le64(p + 8);
+  return check_sparse("PULL", p, len, PULL_FIXED, 0, ps_get_le64(p + 16), PS_SPARSE_K,
+                      &m->sparse, eb);
+}
+
 static int decode_hello(const uint8_t *p, size_t len, ps_msg_hello *m, ps_errbuf *eb) {
   int rc;
   if ((rc = check_fixed("HELLO", len, HELLO_FIXED, eb)) != 0 ||
@@ -121,13 +154,13 @@ static int decode_error(const uint8_t *p, size_t len, ps_msg_error *m, ps_errbuf
 
 static int decode_pull_reply(const uint8_t *p, size_t len, ps_msg_pull_reply *m, ps_errbuf *eb) {
   int rc;
-  if ((rc = check_fixed("PULL_REPLY", len, PULL_REPLY_FIXED, eb)) != 0 ||
-      (rc = check_pad("PULL_REPLY", p, 24, 8, eb)) != 0)
+  if ((rc = check_fixed("PULL_REPLY", len, PULL_REPLY_FIXED, eb)) != 0)
     return rc;
   m->version = ps_get_le64(p);
   m->global_step = ps_get_le64(p + 8);
   m->count = ps_get_le64(p + 16);
-  if ((rc = check_count("PULL_REPLY", len, PULL_REPLY_FIXED, m->count, eb)) != 0)
+  if ((rc = check_sparse("PULL_REPLY", p, len, PULL_REPLY_FIXED, m->count, ps_get_le64(p + 24),
+                         PS_SPARSE_V, &m->sparse, eb)) != 0)
     return rc;
   m->data = p + PULL_REPLY_FIXED;
   return 0;
@@ -136,14 +169,15 @@ static int decode_pull_reply(const uint8_t *p, size_t len, ps_msg_pull_reply *m,
 static int decode_push(const uint8_t *p, size_t len, ps_msg_push *m, ps_errbuf *eb) {
   int rc;
   if ((rc = check_fixed("PUSH", len, PUSH_FIXED, eb)) != 0 ||
-      (rc = check_pad("PUSH", p, 4, 4, eb)) != 0 || (rc = check_pad("PUSH", p, 40, 8, eb)) != 0)
+      (rc = check_pad("PUSH", p, 4, 4, eb)) != 0)
     return rc;
   m->worker = ps_get_le32(p);
   m->incarnation = ps_get_le64(p + 8);
   m->seq = ps_get_le64(p + 16);
   m->step = ps_get_le64(p + 24);
   m->count = ps_get_le64(p + 32);
-  if ((rc = check_count("PUSH", len, PUSH_FIXED, m->count, eb)) != 0)
+  if ((rc = check_sparse("PUSH", p, len, PUSH_FIXED, m->count, ps_get_le64(p + 40), PS_SPARSE_KV,
+                         &m->sparse, eb)) != 0)
     return rc;
   m->data = p + PUSH_FIXED;
   return 0;
@@ -258,12 +292,6 @@ static int decode_fixed(int type, const uint8_t *p, ps_msg *out, ps_errbuf *eb) 
     m->max_payload = ps_get_le32(p + 48);
     break;
   }
-  case PS_MSG_PULL:
-    if ((rc = check_pad(name, p, 4, 4, eb)) != 0)
-      return rc;
-    out->u.pull.worker = ps_get_le32(p);
-    out->u.pull.step = ps_get_le64(p + 8);
-    break;
   case PS_MSG_PUSH_ACK: {
     ps_msg_push_ack *m = &out->u.push_ack;
     if ((rc = check_pad(name, p, 28, 4, eb)) != 0)
@@ -356,6 +384,9 @@ int ps_proto_decode(const ps_frame_header *h, const uint8_t *payload, size_t len
     break;
   case PS_MSG_ERROR:
     rc = decode_error(payload, len, &out->u.error, eb);
+    break;
+  case PS_MSG_PULL:
+    rc = decode_pull(payload, len, &out->u.pull, eb);
     break;
   case PS_MSG_PULL_REPLY:
     rc = decode_pull_reply(payload, len, &out->u.pull_reply, eb);

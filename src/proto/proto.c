@@ -113,7 +113,7 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
     return ps_err_set(eb, PS_EFORMAT,
                       "%s: header flags are 0x%" PRIx32 ", expected 0 in protocol version %d",
                       name, h->flags, PS_PROTO_VERSION);
-  uint64_t cap = is_float_type(h->type) ? max_payload : PS_PROTO_SMALL_PAYLOAD_MAX;
+  uint64_t cap = is_large_type(h->type) ? max_payload : PS_PROTO_SMALL_PAYLOAD_MAX;
   if (h->length > cap)
     return ps_err_set(eb, PS_EFORMAT,
                       "%s: payload is %" PRIu32 " bytes, more than the cap of %" PRIu64, name,
@@ -127,12 +127,22 @@ int ps_proto_decode_header(const uint8_t *buf, uint64_t max_payload, ps_frame_he
 
 /* The payload length msg encodes to, after checking that it is a message
  * the decoder would accept (so that no peer ever receives a frame it must
- * refuse).  Returns 0 or -1. */
-static int payload_length(const ps_msg *msg, uint32_t *len) {
+ * refuse); its sparse blocks are checked when `blocks` (a prefix's are the
+ * caller's to write, only their length counts).  Returns 0 or -1. */
+static int payload_length(const ps_msg *msg, int blocks, uint32_t *len) {
   int type = msg->type;
   if (type < 1 || type > PS_MSG_TYPE_MAX)
     return -1;
   uint64_t n = fixed_size[type];
+  ps_sparse_kind kind;
+  const ps_sparse *sp = sparse_of(msg, &kind);
+  if (sp != NULL && sp->bytes > 0) {
+    uint32_t nb;
+    if (sp->bytes > UINT32_MAX ||
+        (blocks && (sp->data == NULL || ps_sparse_check(kind, sp->data, sp->bytes, &nb, NULL))))
+      return -1;
+    n += sp->bytes;
+  }
   if (fence_field((ps_msg *)msg) != NULL && ps_proto_fence(msg) == 0)
     return -1;
   switch (type) {
@@ -159,7 +169,7 @@ static int payload_length(const ps_msg *msg, uint32_t *len) {
   case PS_MSG_FETCH_REPLY:
   case PS_MSG_RING_CHUNK: {
     uint64_t count = float_count(msg);
-    if (count > (UINT32_MAX - n) / 4 || (count > 0 && float_data(msg) == NULL))
+    if (n > UINT32_MAX || count > (UINT32_MAX - n) / 4 || (count > 0 && float_data(msg) == NULL))
       return -1;
     n += 4 * count;
     break;
@@ -225,12 +235,14 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
   case PS_MSG_PULL:
     ps_put_le32(p, msg->u.pull.worker);
     ps_put_le64(p + 8, msg->u.pull.step);
+    ps_put_le64(p + 16, msg->u.pull.sparse.bytes);
     break;
   case PS_MSG_PULL_REPLY: {
     const ps_msg_pull_reply *m = &msg->u.pull_reply;
     ps_put_le64(p, m->version);
     ps_put_le64(p + 8, m->global_step);
     ps_put_le64(p + 16, m->count);
+    ps_put_le64(p + 24, m->sparse.bytes);
     break;
   }
   case PS_MSG_PUSH: {
@@ -240,6 +252,7 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
     ps_put_le64(p + 16, m->seq);
     ps_put_le64(p + 24, m->step);
     ps_put_le64(p + 32, m->count);
+    ps_put_le64(p + 40, m->sparse.bytes);
     break;
   }
   case PS_MSG_PUSH_ACK: {
@@ -327,7 +340,7 @@ static void put_fixed(const ps_msg *msg, uint8_t *p) {
 
 size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, size_t cap) {
   uint32_t len;
-  if (payload_length(msg, &len) != 0 || cap < PS_PROTO_HEADER_SIZE ||
+  if (payload_length(msg, 1, &len) != 0 || cap < PS_PROTO_HEADER_SIZE ||
       cap - PS_PROTO_HEADER_SIZE < len)
     return 0;
   put_header(out, msg->type, request_id, len);
@@ -348,10 +361,17 @@ size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, siz
       p[fixed + i] = msg_byte_ok(c) ? c : '?';
     }
     break;
-  default:
-    if (is_float_type(msg->type) && tail > 0)
-      memcpy(p + fixed, float_data(msg), tail);
+  default: {
+    /* The floats, then any sparse blocks. */
+    ps_sparse_kind kind;
+    const ps_sparse *sp = sparse_of(msg, &kind);
+    size_t blocks = sp != NULL ? (size_t)sp->bytes : 0;
+    if (is_float_type(msg->type) && tail > blocks)
+      memcpy(p + fixed, float_data(msg), tail - blocks);
+    if (blocks > 0)
+      memcpy(p + len - blocks, sp->data, blocks);
     break;
+  }
   }
   return PS_PROTO_HEADER_SIZE + (size_t)len;
 }
@@ -364,7 +384,7 @@ size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *o
    * stand-in pointer lets payload_length accept a NULL data pointer. */
   ps_msg m = *msg;
   set_float_data(&m, (const uint8_t *)"");
-  if (payload_length(&m, &len) != 0)
+  if (payload_length(&m, 0, &len) != 0)
     return 0;
   put_header(out, m.type, request_id, len);
   put_fixed(&m, out + PS_PROTO_HEADER_SIZE);
@@ -375,6 +395,11 @@ uint64_t ps_proto_max_payload(uint64_t floats) {
   if (floats > (UINT64_MAX - FLOAT_FIXED_MAX) / 4)
     return UINT64_MAX;
   return FLOAT_FIXED_MAX + 4 * floats;
+}
+
+uint64_t ps_proto_max_payload_sparse(uint64_t floats, uint64_t sparse) {
+  uint64_t n = ps_proto_max_payload(floats);
+  return sparse > UINT64_MAX - n ? UINT64_MAX : n + sparse;
 }
 
 /* ------------------------------------------------------------------------ */

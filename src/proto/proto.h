@@ -10,7 +10,7 @@
 #include "ps/state.h"
 
 #define PS_PROTO_MAGIC 0x56525350u  /* the bytes "PSRV" */
-#define PS_PROTO_VERSION 3
+#define PS_PROTO_VERSION 4
 #define PS_PROTO_HEADER_SIZE 24
 #define PS_PROTO_NONCE_SIZE 32
 #define PS_PROTO_PROOF_SIZE 32      /* HMAC-SHA256 */
@@ -92,9 +92,65 @@ typedef struct ps_msg_welcome {
   uint32_t max_payload;   /* the cap the shard enforces */
 } ps_msg_welcome;
 
+/* Sparse sections (PROTOCOL.md, "Sparse blocks"): after a PULL's fixed
+ * part, a PULL_REPLY's or a PUSH's floats, zero or more blocks, one per
+ * table in ascending table order, each a 16-byte head (table u32, dim u32,
+ * n u64, n >= 1) and then, by kind: K the n keys (u64, strictly
+ * ascending: a PULL's rows to read), KV the keys and n * dim floats (a
+ * PUSH's gradients of those rows), V the n * dim floats (a PULL_REPLY's
+ * rows, in the order its PULL asked).  Keys and floats need not be
+ * aligned in a payload: read them with memcpy. */
+#define PS_PROTO_SPARSE_DIM_MAX 65536
+#define PS_SPARSE_HEAD 16
+
+typedef enum ps_sparse_kind { PS_SPARSE_K = 1, PS_SPARSE_KV = 2, PS_SPARSE_V = 3 } ps_sparse_kind;
+
+/* A message's sparse blocks: `bytes` of them at `data` (decoded: inside
+ * the payload; to encode: the caller's, valid blocks). */
+typedef struct ps_sparse {
+  uint64_t bytes;
+  const uint8_t *data;
+} ps_sparse;
+
+/* One block, pointing into its section: keys NULL for V, values NULL for K. */
+typedef struct ps_sparse_block {
+  uint32_t table, dim;
+  uint64_t n;
+  const uint8_t *keys;    /* n u64, little-endian */
+  const uint8_t *values;  /* n * dim floats, row i at values + 4 * dim * i */
+} ps_sparse_block;
+
+typedef struct ps_sparse_iter {
+  const uint8_t *p, *end;
+} ps_sparse_iter;
+
+/* Walk the blocks of a section ps_sparse_check accepted (a decoded
+ * message's): @return 1 and the next block in *out, or 0 at the end. */
+void ps_sparse_iter_init(const ps_sparse *s, ps_sparse_iter *it);
+int ps_sparse_iter_next(ps_sparse_iter *it, ps_sparse_kind kind, ps_sparse_block *out);
+
+/* Bytes of one block of this kind, dim and n (UINT64_MAX on overflow). */
+uint64_t ps_sparse_block_bytes(ps_sparse_kind kind, uint32_t dim, uint64_t n);
+
+/* Write one block at out (cap bytes): keys (K, KV; n ascending) and values
+ * (KV, V; n * dim floats).  @return its bytes, or 0 when it does not fit or
+ * would be refused (n 0, dim outside 1..PS_PROTO_SPARSE_DIM_MAX, keys not
+ * strictly ascending, a NULL array it needs). */
+size_t ps_sparse_put(uint8_t *out, size_t cap, ps_sparse_kind kind, uint32_t table, uint32_t dim,
+                     uint64_t n, const uint64_t *keys, const float *values);
+
+/* Is data[0 .. bytes) a section of blocks of this kind, exactly?  Tables
+ * strictly ascending, dims in range, n >= 1, keys strictly ascending, no
+ * byte left over.  @return 0 with the number of blocks in *blocks, or
+ * PS_EFORMAT with one line in eb ("sparse block 2 (table 5): key 17 not
+ * above key 17"). */
+int ps_sparse_check(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes, uint32_t *blocks,
+                    ps_errbuf *eb);
+
 typedef struct ps_msg_pull {
   uint32_t worker;
   uint64_t step;          /* the step the worker will compute at (sync, ssp) */
+  ps_sparse sparse;       /* K blocks: the rows to send back (none: a dense pull) */
 } ps_msg_pull;
 
 /* A message that carries floats points at them inside the decoded buffer:
@@ -104,6 +160,7 @@ typedef struct ps_msg_pull_reply {
   uint64_t global_step;
   uint64_t count;
   const uint8_t *data;
+  ps_sparse sparse;       /* V blocks, after the floats: the rows asked */
 } ps_msg_pull_reply;
 
 typedef struct ps_msg_push {
@@ -113,6 +170,7 @@ typedef struct ps_msg_push {
   uint64_t step;          /* the global step the gradient was computed at */
   uint64_t count;
   const uint8_t *data;
+  ps_sparse sparse;       /* KV blocks, after the floats: the rows' gradients */
 } ps_msg_push;
 
 typedef struct ps_msg_push_ack {
@@ -285,9 +343,12 @@ size_t ps_proto_encode(const ps_msg *msg, uint64_t request_id, uint8_t *out, siz
 size_t ps_proto_encode_prefix(const ps_msg *msg, uint64_t request_id, uint8_t *out);
 
 /* The largest payload a frame of float-carrying type can need for a slice
- * of `floats` floats (80 + 4 * floats, saturating): what a shard passes as
+ * of `floats` floats (96 + 4 * floats, saturating): what a shard passes as
  * max_payload.  A FETCH_REPLY or LOAD piece is at most `floats` long. */
 uint64_t ps_proto_max_payload(uint64_t floats);
+
+/* The same with room for `sparse` bytes of sparse blocks (saturating). */
+uint64_t ps_proto_max_payload_sparse(uint64_t floats, uint64_t sparse);
 
 /* HMAC-SHA256 (OpenSSL) with key `secret` over the server's nonce and the
  * HELLO's identity: nonce || role || index || incarnation || layout_hash ||

@@ -20,7 +20,7 @@ enum {
   CHALLENGE_SIZE = 48,
   HELLO_FIXED = 58,
   WELCOME_SIZE = 56,
-  PULL_SIZE = 16,
+  PULL_FIXED = 32,
   PULL_REPLY_FIXED = 32,
   PUSH_FIXED = 48,
   PUSH_ACK_SIZE = 32,
@@ -40,12 +40,12 @@ enum {
   STOP_SIZE = 16,
   RING_JOIN_SIZE = 24,
   RING_CHUNK_FIXED = 48,
-  FLOAT_FIXED_MAX = 80,     /* the largest fixed part of a float-carrying type */
+  FLOAT_FIXED_MAX = LOAD_FIXED, /* the largest fixed part of a float-carrying type */
 };
 
 static const uint32_t fixed_size[PS_MSG_TYPE_MAX + 1] = {
     [PS_MSG_CHALLENGE] = CHALLENGE_SIZE,   [PS_MSG_HELLO] = HELLO_FIXED,
-    [PS_MSG_WELCOME] = WELCOME_SIZE,       [PS_MSG_PULL] = PULL_SIZE,
+    [PS_MSG_WELCOME] = WELCOME_SIZE,       [PS_MSG_PULL] = PULL_FIXED,
     [PS_MSG_PULL_REPLY] = PULL_REPLY_FIXED, [PS_MSG_PUSH] = PUSH_FIXED,
     [PS_MSG_PUSH_ACK] = PUSH_ACK_SIZE,     [PS_MSG_STATS] = STATS_SIZE,
     [PS_MSG_STATS_REPLY] = STATS_REPLY_SIZE, [PS_MSG_ERROR] = ERROR_FIXED,
@@ -72,6 +72,21 @@ _Static_assert(PS_PROTO_HEADER_SIZE + STATS_REPLY_SIZE <= PS_PROTO_PREFIX_MAX,
 static inline int is_float_type(int type) {
   return type == PS_MSG_PULL_REPLY || type == PS_MSG_PUSH || type == PS_MSG_FETCH_REPLY ||
          type == PS_MSG_LOAD || type == PS_MSG_RING_CHUNK;
+}
+
+/* Types whose payload may pass the small cap: the float-carrying ones and
+ * a PULL's keys. */
+static inline int is_large_type(int type) { return is_float_type(type) || type == PS_MSG_PULL; }
+
+/* The sparse blocks a PULL, PULL_REPLY or PUSH carries (NULL: another
+ * type), and their kind. */
+static inline const ps_sparse *sparse_of(const ps_msg *m, ps_sparse_kind *kind) {
+  switch (m->type) {
+  case PS_MSG_PULL: *kind = PS_SPARSE_K; return &m->u.pull.sparse;
+  case PS_MSG_PULL_REPLY: *kind = PS_SPARSE_V; return &m->u.pull_reply.sparse;
+  case PS_MSG_PUSH: *kind = PS_SPARSE_KV; return &m->u.push.sparse;
+  default: return NULL;
+  }
 }
 
 /* The count and data of a float-carrying message. */

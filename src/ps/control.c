@@ -22,8 +22,8 @@ typedef struct held_push {
   struct held_push *next;
   client *cl;             /* holds a reference */
   uint64_t req;
-  ps_msg_push p;          /* p.data points at the copy below */
-  float data[];
+  ps_msg_push p;          /* p.data and p.sparse.data point at the copy below */
+  float data[];           /* the floats, then the sparse blocks */
 } held_push;
 
 /* Pushes flow again; the held ones wait for ps_control_drain. */
@@ -56,7 +56,7 @@ int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
   server *s = cl->srv;
   if (s->phase != PS_PHASE_HELD)
     return 0;
-  held_push *h = malloc(sizeof *h + p->count * sizeof(float));
+  held_push *h = malloc(sizeof *h + p->count * sizeof(float) + p->sparse.bytes);
   if (h == NULL) {
     ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding a push",
                  s->index);
@@ -68,6 +68,10 @@ int ps_control_hold_push(client *cl, uint64_t req, const ps_msg_push *p) {
   h->p = *p;
   memcpy(h->data, p->data, p->count * sizeof(float));
   h->p.data = (const uint8_t *)h->data;
+  if (p->sparse.bytes > 0) {
+    memcpy(h->data + p->count, p->sparse.data, p->sparse.bytes);
+    h->p.sparse.data = (const uint8_t *)(h->data + p->count);
+  }
   cl->refs++;
   if (s->held_tail)
     s->held_tail->next = h;

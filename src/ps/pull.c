@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/endian.h"
 #include "net/conn.h"
 #include "proto/proto.h"
 #include "ps/server_internal.h"
@@ -76,12 +77,64 @@ static void reply_written(void *arg, int status) {
   reply_buf_release(arg);
 }
 
+static void free_written(void *arg, int status) {
+  (void)status;
+  free(arg);
+}
+
+/* A reply to a PULL that asked for rows: the slice and a V block per K
+ * block asked, built whole in one buffer (the rows are read now, so the
+ * reply is one version however long its write takes). */
+static void sparse_reply(client *cl, uint64_t req, ps_msg *m) {
+  server *s = cl->srv;
+  ps_sparse asked = {.bytes = cl->pull_keys_bytes, .data = cl->pull_keys};
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  uint64_t sparse = 0;
+  ps_sparse_iter_init(&asked, &it);
+  while (ps_sparse_iter_next(&it, PS_SPARSE_K, &b))
+    sparse += ps_sparse_block_bytes(PS_SPARSE_V, b.dim, b.n);
+  size_t dense = ps_shard_options(s->shard)->nfloats * sizeof(float);
+  m->u.pull_reply.sparse.bytes = sparse;
+  uint8_t prefix[PS_PROTO_PREFIX_MAX];
+  size_t plen = ps_proto_encode_prefix(m, req, prefix);
+  uint8_t *body = plen ? malloc(dense + sparse) : NULL;
+  if (body == NULL) {
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull reply",
+                 s->index);
+    return;
+  }
+  memcpy(body, ps_shard_values(s->shard), dense);
+  uint8_t *p = body + dense;
+  ps_sparse_iter_init(&asked, &it);
+  while (ps_sparse_iter_next(&it, PS_SPARSE_K, &b)) {
+    /* PROTOCOL.md's block head, then the rows, read straight into place:
+     * the copied keys are 8-byte aligned (each block is 16 + 8 n bytes
+     * from the buffer's start), the rows 4-byte aligned. */
+    ps_put_le32(p, b.table);
+    ps_put_le32(p + 4, b.dim);
+    ps_put_le64(p + 8, b.n);
+    ps_shard_table_pull(s->shard, (int)b.table, (const uint64_t *)(const void *)b.keys,
+                        (size_t)b.n, (float *)(void *)(p + 16));
+    p += ps_sparse_block_bytes(PS_SPARSE_V, b.dim, b.n);
+  }
+  s->pulls++;
+  if (ps_conn_send(cl->conn, prefix, plen, body, dense + sparse, free_written, body) != 0) {
+    free(body);
+    ps_conn_close(cl->conn);
+  }
+}
+
 void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
   ps_msg m = {.type = PS_MSG_PULL_REPLY};
   m.u.pull_reply.version = ps_shard_version(s->shard);
   m.u.pull_reply.global_step = ps_shard_global_step(s->shard);
   m.u.pull_reply.count = ps_shard_options(s->shard)->nfloats;
+  if (cl->pull_keys_bytes > 0) {
+    sparse_reply(cl, req, &m);
+    return;
+  }
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
   size_t plen = ps_proto_encode_prefix(&m, req, prefix);
   size_t bytes = ps_shard_options(s->shard)->nfloats * sizeof(float);

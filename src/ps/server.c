@@ -139,6 +139,29 @@ static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
     REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
     return;
   }
+  /* The keys wait with the pull (held in sync and ssp); the rows are read
+   * when it is answered. */
+  server *s = cl->srv;
+  char why[256];
+  if (p->sparse.bytes > 0 &&
+      ps_shard_sparse_check(s->shard, PS_SPARSE_K, p->sparse.data, p->sparse.bytes, why,
+                            sizeof why) != 0) {
+    REFUSE(cl, PS_ELAYOUT, 0, "PULL: %s", why);
+    return;
+  }
+  if (p->sparse.bytes > cl->pull_keys_cap) {
+    uint8_t *k = realloc(cl->pull_keys, p->sparse.bytes);
+    if (k == NULL) {
+      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a pull's keys",
+                   s->index);
+      return;
+    }
+    cl->pull_keys = k;
+    cl->pull_keys_cap = p->sparse.bytes;
+  }
+  if (p->sparse.bytes > 0)
+    memcpy(cl->pull_keys, p->sparse.data, p->sparse.bytes);
+  cl->pull_keys_bytes = p->sparse.bytes;
   ps_consistency_pull(cl, req, p->step);
 }
 
@@ -185,13 +208,21 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
            p->count, ps_shard_options(s->shard)->nfloats);
     return;
   }
+  char why[256];
+  if (p->sparse.bytes > 0 &&
+      ps_shard_sparse_check(s->shard, PS_SPARSE_KV, p->sparse.data, p->sparse.bytes, why,
+                            sizeof why) != 0) {
+    REFUSE(cl, PS_ELAYOUT, 0, "PUSH: %s", why);
+    return;
+  }
   if (ps_control_hold_push(cl, req, p))
     return;
   uint64_t before = ps_shard_version(s->shard);
   ps_journal j;
   uint64_t global_before = ps_shard_global_step(s->shard);
   ps_push_result r =
-      ps_shard_push(s->shard, p->worker, p->incarnation, p->seq, p->step, p->data, &j);
+      ps_shard_push(s->shard, p->worker, p->incarnation, p->seq, p->step, p->data,
+                    p->sparse.data, p->sparse.bytes, &j);
   if (r == PS_SHARD_APPLIED)
     ps_metric_observe(s->series[S_STALENESS],
                       global_before > p->step ? (double)(global_before - p->step) : 0.0);
@@ -588,11 +619,16 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   ps_model_spec_format(&s->model.spec, desc, sizeof desc);
   ps_shard_opts so = ps_shard_opts_for(cfg, &s->layout, index);
+  if (ps_shard_opts_tables(&so, cfg, &s->model, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s", eb.msg);
+    goto out;
+  }
   if ((s->shard = ps_shard_new(&so, NULL)) == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;
   }
-  s->max_payload = ps_proto_max_payload(so.nfloats);
+  s->max_payload = ps_proto_max_payload_sparse(
+      so.nfloats, ps_shard_sparse_max(&so, (uint64_t)cfg->batch * (uint64_t)cfg->window));
   /* The address first: a machine that does not hold it (its replacement
    * took it) must fail before it takes the shard's epoch in Redis, which
    * would fence the replacement out.  An address in use here is another

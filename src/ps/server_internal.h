@@ -98,6 +98,8 @@ struct client {
   uint32_t index;
   uint64_t incarnation;
   ps_cons_pull pull;      /* consistency.c */
+  uint8_t *pull_keys;     /* the held PULL's sparse blocks (K), copied; pull.c answers them */
+  uint64_t pull_keys_bytes, pull_keys_cap;
   char name[96];          /* "worker 1 (127.0.0.1:5000)" for log lines */
   int refused;            /* REFUSE logged why it is closing */
   int refs;               /* acks waiting for Redis hold the client */
@@ -107,8 +109,10 @@ struct client {
 /* Drop a reference (an ack kept for Redis, a held push): the client is
  * freed with its last one once its connection is gone. */
 static inline void client_unref(client *cl) {
-  if (--cl->refs == 0 && cl->closed)
+  if (--cl->refs == 0 && cl->closed) {
+    free(cl->pull_keys);
     free(cl);
+  }
 }
 
 /* Log, answer with ERROR, close.  The shard's state is not touched.  Lines

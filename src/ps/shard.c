@@ -10,6 +10,7 @@
 
 #include "common/endian.h"
 #include "paramserv/error.h"
+#include "proto/proto.h"
 
 struct ps_shard {
   ps_shard_opts o;
@@ -23,6 +24,12 @@ struct ps_shard {
   uint64_t journal;       /* entries made so far (ps_journal.n of the last) */
   ps_once *once;          /* nworkers entries */
   ps_shard_counts counts;
+  ps_table *tables[PS_SHARD_MAX_TABLES];  /* o.ntables */
+  uint64_t *keys;         /* a block's keys, aligned (the wire's are not) */
+  size_t keys_cap;
+  uint8_t *tsec;          /* a LOAD's table section, until load_end parses it */
+  uint64_t tsec_bytes;
+  int tsec_failed;        /* no room for it */
 };
 
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index) {
@@ -55,6 +62,31 @@ ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, i
   return so;
 }
 
+int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m,
+                         ps_errbuf *eb) {
+  _Static_assert(PS_SHARD_MAX_TABLES >= PS_MODEL_MAX_TABLES, "every table of a model fits");
+  o->ntables = 0;
+  if (m->ntables == 0)
+    return 0;
+  if (cfg->consistency == PS_CONSISTENCY_SYNC)
+    return ps_err_set(eb, PS_ECONFIG, "%s: a model with sparse tables under [train] consistency "
+                      "= sync: expected async or ssp (a sync step does not sum rows yet)",
+                      cfg->path);
+  for (int t = 0; t < m->ntables; t++) {
+    const ps_sparse_spec *s = &m->tables[t];
+    ps_table_opts *to = &o->tables[t];
+    *to = (ps_table_opts){.dim = (uint32_t)s->dim, .optim = s->optim, .seed = (uint64_t)cfg->seed,
+                          .table_id = (uint32_t)t,
+                          .init = {.kind = (ps_table_init_kind)s->init_kind,
+                                   .scale = s->init_scale},
+                          .admit_after = s->admit_after, .idle_steps = s->idle_steps,
+                          .max_rows = s->max_rows};
+    o->table_lr[t] = s->optim.lr > 0 ? s->optim.lr : (float)cfg->lr;
+  }
+  o->ntables = m->ntables;
+  return 0;
+}
+
 static float *alloc_floats(size_t n) {
   void *p = NULL;
   size_t bytes = (n ? n : 1) * sizeof(float);
@@ -71,6 +103,10 @@ static float *alloc_floats(size_t n) {
 static void shard_close(ps_shard *s) {
   if (s == NULL)
     return;
+  for (int t = 0; t < s->o.ntables; t++)
+    ps_table_free(s->tables[t]);
+  free(s->keys);
+  free(s->tsec);
   free(s->values);
   for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
     free(s->slots[i]);
@@ -100,6 +136,8 @@ static int shard_init(ps_shard *s, const ps_shard_opts *o, const float *initial)
     if (!failed)
       memset(s->accum, 0, o->nfloats * sizeof(float));
   }
+  for (int t = 0; t < o->ntables && !failed; t++)
+    failed = ps_table_new(&o->tables[t], &s->tables[t], NULL) != 0;
   if (failed) {
     shard_close(s);
     return -ENOMEM;
@@ -160,10 +198,45 @@ int ps_shard_sync_set_target(ps_shard *s, int target, ps_journal *out) {
   return 1;
 }
 
+/* The rows of a push's KV blocks.  Each table first expires what idled
+ * past its idle_steps at the push's step, so that a replay of the journal
+ * evicts exactly as the shard did.  A table that cannot grow is fatal: part
+ * of the push may be applied, and no acknowledgement may cover that; the
+ * process restarts from what Redis holds, and the worker sends it again. */
+static void push_sparse(ps_shard *s, const void *sparse, uint64_t bytes, uint64_t step) {
+  for (int t = 0; t < s->o.ntables; t++)
+    ps_table_expire(s->tables[t], step);
+  ps_sparse sp = {.bytes = bytes, .data = sparse};
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  ps_sparse_iter_init(&sp, &it);
+  while (ps_sparse_iter_next(&it, PS_SPARSE_KV, &b)) {
+    if (b.n > s->keys_cap) {
+      free(s->keys);
+      s->keys_cap = b.n;
+      s->keys = malloc(b.n * sizeof *s->keys);
+    }
+    ps_errbuf eb = {0};
+    int rc = s->keys == NULL ? -ENOMEM : 0;
+    if (rc == 0) {
+      memcpy(s->keys, b.keys, b.n * sizeof *s->keys);
+      /* The floats follow 8-byte keys from a 4-byte aligned block: aligned. */
+      rc = ps_table_push(s->tables[b.table], s->keys, (const float *)(const void *)b.values,
+                         b.n, s->o.table_lr[b.table], step, &eb);
+    }
+    if (rc != 0) {
+      fprintf(stderr, "shard %d: sparse table %u: %s\n", s->o.index, b.table,
+              rc == -ENOMEM ? "out of memory" : eb.msg);
+      abort();
+    }
+  }
+}
+
 /* The rules of a push; `limit`: refuse one past last_step (a replay
  * applies what was applied, whatever last_step is now). */
 static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                           uint64_t step, const void *g, ps_journal *out, int limit) {
+                           uint64_t step, const void *g, const void *sparse,
+                           uint64_t sparse_bytes, ps_journal *out, int limit) {
   if (limit && s->o.last_step > 0 && s->version >= s->o.last_step) {
     /* The global step is at the limit: the run's last checkpoint is cut
      * there, so nothing more is applied. */
@@ -192,6 +265,8 @@ static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, u
   /* The payload sits 16-byte aligned in the read buffer (net/conn.c), so
    * it can be read as floats in place. */
   const float *grad = g;
+  if (sparse_bytes > 0)
+    push_sparse(s, sparse, sparse_bytes, step);
   if (s->o.consistency == PS_CONSISTENCY_SYNC) {
     for (size_t i = 0; i < s->o.nfloats; i++)
       s->accum[i] += grad[i];
@@ -202,13 +277,37 @@ static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, u
   }
   s->counts.applied++;
   journal(s, out, (ps_journal){.kind = PS_JOURNAL_PUSH, .worker = worker,
-                               .incarnation = incarnation, .seq = seq, .step = step, .g = grad});
+                               .incarnation = incarnation, .seq = seq, .step = step, .g = grad,
+                               .sparse = sparse_bytes ? sparse : NULL,
+                               .sparse_bytes = sparse_bytes});
   return PS_SHARD_APPLIED;
 }
 
 ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                             uint64_t step, const void *g, ps_journal *out) {
-  return push(s, worker, incarnation, seq, step, g, out, 1);
+                             uint64_t step, const void *g, const void *sparse,
+                             uint64_t sparse_bytes, ps_journal *out) {
+  return push(s, worker, incarnation, seq, step, g, sparse, sparse_bytes, out, 1);
+}
+
+int ps_shard_sparse_check(const ps_shard *s, int kind, const void *sparse, uint64_t bytes,
+                          char *why, size_t why_len) {
+  ps_sparse sp = {.bytes = bytes, .data = sparse};
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  ps_sparse_iter_init(&sp, &it);
+  while (ps_sparse_iter_next(&it, (ps_sparse_kind)kind, &b)) {
+    if (b.table >= (uint32_t)s->o.ntables) {
+      snprintf(why, why_len, "sparse block of table %u: the model has %d sparse tables", b.table,
+               s->o.ntables);
+      return PS_ELAYOUT;
+    }
+    if (b.dim != s->o.tables[b.table].dim) {
+      snprintf(why, why_len, "sparse block of table %u with dim %u: the table's dim is %u",
+               b.table, b.dim, s->o.tables[b.table].dim);
+      return PS_ELAYOUT;
+    }
+  }
+  return 0;
 }
 
 int ps_shard_replay(ps_shard *s, const ps_journal *e) {
@@ -220,7 +319,8 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
       return PS_ECORRUPT;
     /* A push the exactly-once table already holds was logged only once, so
      * it cannot come back here; whatever it returns, the entry is used. */
-    if (push(s, e->worker, e->incarnation, e->seq, e->step, e->g, NULL, 0) != PS_SHARD_APPLIED)
+    if (push(s, e->worker, e->incarnation, e->seq, e->step, e->g, e->sparse, e->sparse_bytes,
+             NULL, 0) != PS_SHARD_APPLIED)
       s->journal++;
     return 0;
   case PS_JOURNAL_FLUSH:
@@ -239,14 +339,119 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
 
 /* ------------------------------------------------------------ images */
 
+/* The table section (PROTOCOL.md, "The cut image"), per table in order: a
+ * 16-byte head (rows u64, pending keys u64), then each row as 24 bytes
+ * (key, count, last_step: u64) and its values and slots (dim floats each),
+ * then each pending key as its 24 bytes; in ps_table_iter order, so that
+ * putting them back in that order rebuilds an equal table. */
+enum { TSEC_HEAD = 16, TSEC_ENTRY = 24 };
+
+static uint64_t row_bytes(const ps_table_opts *o) {
+  return TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
+}
+
+static uint64_t table_floats(const ps_shard *s) {
+  uint64_t bytes = 0;
+  for (int t = 0; t < s->o.ntables; t++) {
+    ps_table_stats st = ps_table_get_stats(s->tables[t]);
+    bytes += TSEC_HEAD + st.rows * row_bytes(&s->o.tables[t]) + st.pending * TSEC_ENTRY;
+  }
+  return bytes / sizeof(float);
+}
+
+static uint8_t *tsec_write(const ps_shard *s, uint8_t *p) {
+  for (int t = 0; t < s->o.ntables; t++) {
+    const ps_table *tb = s->tables[t];
+    ps_table_stats st = ps_table_get_stats(tb);
+    ps_put_le64(p, st.rows);
+    ps_put_le64(p + 8, st.pending);
+    p += TSEC_HEAD;
+    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
+    ps_table_iter it;
+    ps_table_entry e;
+    ps_table_iter_init(tb, &it);
+    while (ps_table_iter_next(tb, &it, &e)) {
+      ps_put_le64(p, e.key);
+      ps_put_le64(p + 8, e.count);
+      ps_put_le64(p + 16, e.last_step);
+      p += TSEC_ENTRY;
+      if (e.pending)
+        continue;
+      memcpy(p, e.values, dim * sizeof(float));
+      p += dim * sizeof(float);
+      for (size_t k = 0; k < ns; k++, p += dim * sizeof(float))
+        memcpy(p, e.slots[k], dim * sizeof(float));
+    }
+  }
+  return p;
+}
+
+/* Replace every table by the section's (bytes long, 4-byte aligned). */
+static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *eb) {
+  const uint8_t *end = p + bytes;
+  float *row = NULL;
+  int rc = 0;
+  for (int t = 0; t < s->o.ntables && rc == 0; t++) {
+    ps_table *fresh = NULL;
+    if ((rc = ps_table_new(&s->o.tables[t], &fresh, eb)) != 0)
+      break;
+    ps_table_free(s->tables[t]);
+    s->tables[t] = fresh;
+    if (bytes == 0)
+      continue;  /* an image without a section: empty tables */
+    if ((uint64_t)(end - p) < TSEC_HEAD) {
+      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: the state's table section ends before "
+                      "its head", t);
+      break;
+    }
+    uint64_t nrows = ps_get_le64(p), npend = ps_get_le64(p + 8), rb = row_bytes(&s->o.tables[t]);
+    p += TSEC_HEAD;
+    uint64_t left = (uint64_t)(end - p);
+    if (nrows > left / rb || npend > (left - nrows * rb) / TSEC_ENTRY) {
+      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: %" PRIu64 " rows and %" PRIu64
+                      " pending keys do not fit the %" PRIu64 " bytes left of the state", t,
+                      nrows, npend, left);
+      break;
+    }
+    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
+    free(row);
+    if ((row = malloc(dim * (1 + ns) * sizeof(float))) == NULL) {
+      rc = ps_err_set(eb, -ENOMEM, "out of memory restoring sparse table %d", t);
+      break;
+    }
+    for (uint64_t i = 0; i < nrows + npend && rc == 0; i++) {
+      ps_table_entry e = {.pending = i >= nrows, .key = ps_get_le64(p),
+                          .count = ps_get_le64(p + 8), .last_step = ps_get_le64(p + 16)};
+      p += TSEC_ENTRY;
+      if (!e.pending) {
+        memcpy(row, p, dim * (1 + ns) * sizeof(float));
+        p += dim * (1 + ns) * sizeof(float);
+        e.values = row;
+        for (size_t k = 0; k < ns; k++)
+          e.slots[k] = row + dim * (1 + k);
+      }
+      ps_errbuf why = {0};
+      if ((rc = ps_table_put(s->tables[t], &e, &why)) != 0)
+        ps_err_set(eb, rc == -ENOMEM ? -ENOMEM : PS_ECORRUPT, "sparse table %d, entry %" PRIu64
+                   ": %s", t, i, rc == -ENOMEM ? "out of memory" : why.msg);
+    }
+  }
+  free(row);
+  if (rc == 0 && bytes > 0 && p != end)
+    rc = ps_err_set(eb, PS_ECORRUPT, "the state's table section has %td bytes past its tables",
+                    end - p);
+  return rc;
+}
+
 ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
   ps_state_info in = {
       .nslots = (uint32_t)ps_optim_nslots(o->optim.kind),
       .has_accum = o->consistency == PS_CONSISTENCY_SYNC,
       .target = (uint32_t)(o->replicas_to_aggregate > 1 ? o->replicas_to_aggregate : 1),
       .nonce = (uint32_t)o->nworkers,
+      .table_floats = (uint64_t)o->ntables * TSEC_HEAD / sizeof(float),  /* empty tables */
   };
-  in.image_floats = ps_state_floats(o->nfloats, in.nslots, in.has_accum, in.nonce);
+  in.image_floats = ps_state_image_floats(&in, o->nfloats);
   return in;
 }
 
@@ -256,6 +461,8 @@ ps_state_info ps_shard_state_info(const ps_shard *s) {
   in.global_step = s->global_step;
   in.accum_count = (uint32_t)s->accum_count;
   in.target = (uint32_t)s->target;
+  in.table_floats = table_floats(s);
+  in.image_floats = ps_state_image_floats(&in, s->o.nfloats);
   return in;
 }
 
@@ -269,6 +476,7 @@ void ps_shard_state_write(const ps_shard *s, float *img) {
     memcpy(ps_state_segment(img, n, 1 + in.nslots), s->accum, bytes);
   for (uint32_t j = 0; j < in.nonce; j++)
     ps_state_once_put(&in, n, img, j, s->once[j]);
+  tsec_write(s, (uint8_t *)(img + ps_state_tables_at(&in, n)));
 }
 
 int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,
@@ -293,14 +501,34 @@ void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t 
   /* The rows' bytes land in the table as they are; load_end decodes them.
    * Rows for workers this cluster does not have are dropped. */
   _Static_assert(sizeof(ps_once) == 16, "a row of the table is a row of the image");
-  uint64_t byte = (off - segs_end) * sizeof(float), room = (uint64_t)s->o.nworkers * 16;
-  if (count > 0 && byte < room) {
-    uint64_t len = count * sizeof(float);
-    memcpy((uint8_t *)s->once + byte, from, (size_t)(len < room - byte ? len : room - byte));
+  uint64_t once_end = ps_state_tables_at(info, n);
+  if (count > 0 && off < once_end) {
+    uint64_t take = once_end - off < count ? once_end - off : count;
+    uint64_t byte = (off - segs_end) * sizeof(float), room = (uint64_t)s->o.nworkers * 16;
+    if (byte < room) {
+      uint64_t len = take * sizeof(float);
+      memcpy((uint8_t *)s->once + byte, from, (size_t)(len < room - byte ? len : room - byte));
+    }
+    off += take;
+    from += take * sizeof(float);
+    count -= take;
   }
+  /* The table section is kept whole until load_end parses it. */
+  if (count == 0 || s->tsec_failed)
+    return;
+  uint64_t want = info->table_floats * sizeof(float);
+  if (s->tsec == NULL || s->tsec_bytes != want) {
+    free(s->tsec);
+    s->tsec_bytes = want;
+    if ((s->tsec = malloc(want ? want : 1)) == NULL) {
+      s->tsec_failed = 1;
+      return;
+    }
+  }
+  memcpy(s->tsec + (off - once_end) * sizeof(float), from, (size_t)count * sizeof(float));
 }
 
-void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info) {
+int ps_shard_state_load_end(ps_shard *s, const ps_state_info *info, ps_errbuf *eb) {
   s->accum_count = (int)info->accum_count;
   /* 0 is the config's; a larger cluster's target is capped at this one's. */
   s->target = info->target > 0 && info->target < (uint32_t)s->o.replicas_to_aggregate
@@ -311,11 +539,25 @@ void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info) {
   /* Workers the image lacks start with none. */
   for (int j = 0; j < s->o.nworkers; j++)
     s->once[j] = (uint32_t)j < info->nonce ? ps_state_once_decode(&s->once[j]) : (ps_once){0};
+  int rc = 0;
+  if (s->tsec_failed)
+    rc = ps_err_set(eb, -ENOMEM, "out of memory for a state's table section of %" PRIu64
+                    " bytes", info->table_floats * sizeof(float));
+  else if (info->table_floats > 0 && s->tsec == NULL)
+    rc = ps_err_set(eb, PS_ECORRUPT, "the state's table section never came");
+  else
+    rc = tsec_read(s, s->tsec, info->table_floats * sizeof(float), eb);
+  free(s->tsec);
+  s->tsec = NULL;
+  s->tsec_bytes = 0;
+  s->tsec_failed = 0;
+  return rc;
 }
 
-void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img) {
+int ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img,
+                        ps_errbuf *eb) {
   ps_shard_state_load_piece(s, info, 0, img, info->image_floats);
-  ps_shard_state_load_end(s, info);
+  return ps_shard_state_load_end(s, info, eb);
 }
 
 void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }
@@ -350,4 +592,21 @@ int ps_shard_sync_target(const ps_shard *s) { return s->target; }
 
 void ps_shard_set_values(ps_shard *s, const float *values) {
   memcpy(s->values, values, s->o.nfloats * sizeof(float));
+}
+
+uint64_t ps_shard_sparse_max(const ps_shard_opts *o, uint64_t keys) {
+  uint64_t bytes = 0;
+  for (int t = 0; t < o->ntables; t++)
+    bytes += ps_sparse_block_bytes(PS_SPARSE_KV, o->tables[t].dim, keys);
+  return bytes;
+}
+
+int ps_shard_ntables(const ps_shard *s) { return s->o.ntables; }
+uint32_t ps_shard_table_dim(const ps_shard *s, int t) { return s->o.tables[t].dim; }
+const ps_table *ps_shard_table(const ps_shard *s, int t) { return s->tables[t]; }
+ps_table_stats ps_shard_table_stats(const ps_shard *s, int t) {
+  return ps_table_get_stats(s->tables[t]);
+}
+void ps_shard_table_pull(const ps_shard *s, int t, const uint64_t *keys, size_t n, float *out) {
+  ps_table_pull(s->tables[t], keys, n, out);
 }

@@ -11,6 +11,10 @@
 #include "common/config.h"
 #include "optim/optim.h"
 #include "ps/state.h"
+#include "ps/table.h"
+
+/* Sparse tables a shard holds at most (one per categorical field). */
+#define PS_SHARD_MAX_TABLES 64
 
 typedef struct ps_shard_opts {
   int index;                /* shard index; shard 0 keeps the global step */
@@ -22,6 +26,12 @@ typedef struct ps_shard_opts {
   int replicas_to_aggregate;  /* sync: gradients per step (>= 1) */
   int sync_sum;             /* sync: apply the sum of a step's pushes, not their mean */
   uint64_t last_step;       /* > 0: a push at this version or past it is STALE (the run's end) */
+  /* Sparse tables (ps/table.h): this shard's part of each, the keys the
+   * hash ring gives it (LAYOUT.md, section 6); their events are not
+   * reported (on_event is not read).  table_lr: the rows' learning rate. */
+  int ntables;
+  ps_table_opts tables[PS_SHARD_MAX_TABLES];
+  float table_lr[PS_SHARD_MAX_TABLES];
 } ps_shard_opts;
 
 /* One entry of the shard's journal: a change of the state that a replay
@@ -44,6 +54,8 @@ typedef struct ps_journal {
   uint64_t step;          /* push: the global step it was computed at */
   int target;             /* target: the new count */
   const float *g;         /* push: the gradient, nfloats floats, borrowed */
+  const void *sparse;     /* push: its sparse blocks (PROTOCOL.md, KV), borrowed */
+  uint64_t sparse_bytes;  /* 0: none */
 } ps_journal;
 
 /* The state: opaque (shard.c defines it). */
@@ -53,6 +65,15 @@ typedef struct ps_shard ps_shard;
  * `layout`, optimizer and schedule from [train]). */
 #include "layout/layout.h"
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index);
+
+/* The sparse tables of model m (its embedding_bag layers) into o: each
+ * shard holds a table of every one, for the keys the hash ring gives it.
+ * @return 0, or PS_ECONFIG (one line in eb) for a model the shards cannot
+ * serve so (sparse tables under consistency = sync, which has no sum of
+ * rows yet; more tables than PS_SHARD_MAX_TABLES). */
+#include "nn/model.h"
+int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m,
+                         ps_errbuf *eb);
 
 /* A new state; values start as `initial` (copied) or zero when NULL, slots
  * at the optimizer's initial values.  @return it, or NULL out of memory. */
@@ -89,7 +110,9 @@ typedef enum ps_push_result {
 } ps_push_result;
 
 /* Apply one worker's gradient for the whole slice (g: nfloats floats, may
- * be unaligned: read with memcpy semantics).  Exactly once: a push whose
+ * be unaligned: read with memcpy semantics) and for the rows of its sparse
+ * blocks (`sparse`, `sparse_bytes`: KV blocks as PROTOCOL.md gives them,
+ * checked by ps_shard_sparse_check; 0 bytes: none).  Exactly once: a push whose
  * seq is at most the last applied from the same (worker, incarnation) is a
  * DUPLICATE and changes nothing; a newer incarnation resets the worker's
  * sequence.  `step` is the global step the gradient was computed at; the
@@ -98,7 +121,29 @@ typedef enum ps_push_result {
  * and advances the version.  worker must be < nworkers.  On APPLIED, *out
  * (when not NULL) is the journal entry to log; its g points at `g`. */
 ps_push_result ps_shard_push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
-                             uint64_t step, const void *g, ps_journal *out);
+                             uint64_t step, const void *g, const void *sparse,
+                             uint64_t sparse_bytes, ps_journal *out);
+
+/* Do these sparse blocks (kind: PS_SPARSE_K of a PULL, PS_SPARSE_KV of a
+ * PUSH; already accepted by the decoder) name only tables this shard holds,
+ * each with its dim?  @return 0, or PS_ELAYOUT with one line in why. */
+int ps_shard_sparse_check(const ps_shard *s, int kind, const void *sparse, uint64_t bytes,
+                          char *why, size_t why_len);
+
+/* The most bytes of sparse blocks a frame of this shard carries (a PUSH's
+ * KV blocks, the largest) when each names at most `keys` keys per table
+ * (a step's batch times the window: one key per field per sample). */
+uint64_t ps_shard_sparse_max(const ps_shard_opts *o, uint64_t keys);
+
+/* Sparse tables: how many, table t's dim, its rows' values for n keys into
+ * out (n * dim floats; a key without a row reads its initial values; nothing
+ * changes), and its figures. */
+int ps_shard_ntables(const ps_shard *s);
+uint32_t ps_shard_table_dim(const ps_shard *s, int t);
+void ps_shard_table_pull(const ps_shard *s, int t, const uint64_t *keys, size_t n, float *out);
+ps_table_stats ps_shard_table_stats(const ps_shard *s, int t);
+/* Table t, read-only (the iterator, ps_table_get): tools and tests. */
+const ps_table *ps_shard_table(const ps_shard *s, int t);
 
 /* Sync: apply the mean of the gradients gathered so far for this step, if
  * any: the timeout path, when workers are missing.  The steps after it are
@@ -140,8 +185,11 @@ int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why
                          size_t why_len);
 
 /* Replace the state with the image (checked by ps_shard_state_check): values,
- * slots, accumulator, version, global step and exactly-once table. */
-void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img);
+ * slots, accumulator, version, global step, exactly-once table and sparse
+ * tables.  @return 0, or PS_ECORRUPT (a table section that does not parse:
+ * eb says where) or -ENOMEM, the state then not one to serve. */
+int ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img,
+                        ps_errbuf *eb);
 
 /* The same, piece by piece, so that a large image never needs a second
  * copy in memory: floats [off, off + count) of the image go straight into
@@ -150,7 +198,7 @@ void ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *im
  * not one to serve.  The pieces must lie inside info->image_floats. */
 void ps_shard_state_load_piece(ps_shard *s, const ps_state_info *info, uint64_t off,
                                const void *src, uint64_t count);
-void ps_shard_state_load_end(ps_shard *s, const ps_state_info *info);
+int ps_shard_state_load_end(ps_shard *s, const ps_state_info *info, ps_errbuf *eb);
 
 /* The journal count of a state loaded from a replica (the image does not
  * carry it: a checkpoint's state starts a journal of its own). */

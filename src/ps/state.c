@@ -79,6 +79,11 @@ uint64_t ps_state_floats(size_t n, uint32_t nslots, uint32_t has_accum, uint32_t
   return (uint64_t)n * (1 + (uint64_t)nslots + has_accum) + 4 * (uint64_t)nonce;
 }
 
+uint64_t ps_state_image_floats(const ps_state_info *in, size_t n) {
+  uint64_t base = ps_state_floats(n, in->nslots, in->has_accum, in->nonce);
+  return in->table_floats > UINT64_MAX - base ? UINT64_MAX : base + in->table_floats;
+}
+
 static const uint8_t *rows_c(const ps_state_info *in, size_t n, const float *img) {
   return (const uint8_t *)(img + n * ps_state_segments(in));
 }
@@ -106,13 +111,14 @@ int ps_state_check(const ps_state_info *want, size_t n, const ps_state_info *got
     return PS_ELAYOUT;
   }
   if (got->nslots == want->nslots && got->has_accum == want->has_accum &&
-      got->image_floats == ps_state_floats(n, got->nslots, got->has_accum, got->nonce))
+      got->image_floats == ps_state_image_floats(got, n))
     return 0;
   snprintf(why, why_len,
-           "state of %" PRIu64 " floats with %" PRIu32 " slots, accumulator %" PRIu32 " and %"
-           PRIu32 " exactly-once rows; this shard holds %zu floats with %" PRIu32
-           " slots and accumulator %" PRIu32,
-           got->image_floats, got->nslots, got->has_accum, got->nonce, n, want->nslots,
+           "state of %" PRIu64 " floats with %" PRIu32 " slots, accumulator %" PRIu32 ", %"
+           PRIu32 " exactly-once rows and %" PRIu64 " floats of tables; this shard holds %zu "
+           "floats with %" PRIu32 " slots and accumulator %" PRIu32,
+           got->image_floats, got->nslots, got->has_accum, got->nonce, got->table_floats, n,
+           want->nslots,
            want->has_accum);
   return PS_ELAYOUT;
 }

@@ -5,8 +5,10 @@
  * An image of a slice of n floats is, as floats: the values, the nslots
  * optimizer slots, the sync accumulator when has_accum, each n long, then
  * `nonce` exactly-once rows of 16 bytes (incarnation, last sequence;
- * little-endian u64), 4 floats' room each (PROTOCOL.md, "The cut image").
- * The fixed fields travel beside it in a ps_state_info. */
+ * little-endian u64), 4 floats' room each, then `table_floats` floats of
+ * the shard's sparse tables (their rows and pending keys: ps/shard.c
+ * writes and reads that section, PROTOCOL.md "The cut image" gives its
+ * layout).  The fixed fields travel beside it in a ps_state_info. */
 #ifndef PS_PS_STATE_H
 #define PS_PS_STATE_H
 
@@ -45,7 +47,8 @@ typedef struct ps_once {
   X(uint32_t, accum_count, UINT32_MAX, PROGRESS)    /* sync: gradients summed into it */     \
   X(uint32_t, target, UINT32_MAX, PROGRESS)         /* sync: gradients that complete a step  \
                                                        (0: the config's) */                  \
-  X(uint32_t, nonce, UINT32_MAX, DERIVED)           /* exactly-once rows */
+  X(uint32_t, nonce, UINT32_MAX, DERIVED)           /* exactly-once rows */                  \
+  X(uint64_t, table_floats, UINT64_MAX, DERIVED)    /* the sparse tables' section */
 
 typedef struct ps_state_info {
 #define PS_STATE_MEMBER_(type, name, max, role) type name;
@@ -97,8 +100,17 @@ const ps_state_field *ps_state_wire_get(const uint8_t *p, ps_state_info *in, uin
 /* Carry from's PROGRESS fields into in, an image's shape. */
 void ps_state_carry(ps_state_info *in, const ps_state_info *from);
 
-/* Floats of an image with these counts. */
+/* Floats of an image with these counts and no sparse tables. */
 uint64_t ps_state_floats(size_t n, uint32_t nslots, uint32_t has_accum, uint32_t nonce);
+
+/* Floats of the image `in` describes for n-float segments: the above plus
+ * its table section. */
+uint64_t ps_state_image_floats(const ps_state_info *in, size_t n);
+
+/* Where the table section starts: floats after the exactly-once rows. */
+static inline uint64_t ps_state_tables_at(const ps_state_info *in, size_t n) {
+  return ps_state_floats(n, in->nslots, in->has_accum, in->nonce);
+}
 
 /* Segments of n floats at the image's start: values, slots, accumulator. */
 static inline uint32_t ps_state_segments(const ps_state_info *in) {

@@ -261,8 +261,10 @@ static ps_state_answer on_load(ps_state_service *ss, ps_conn *c, uint64_t req,
   ss->load_next = l->offset + l->count;
   ps_state_answer a = {.outcome = PS_STATE_ANSWERED};
   if (ss->load_next == in->image_floats) {
-    ps_shard_state_load_end(ss->shard, in);
+    ps_errbuf eb = {0};
     ss->load_next = 0;
+    if (ps_shard_state_load_end(ss->shard, in, &eb) != 0)
+      return refuse(eb.code == -ENOMEM ? -ENOMEM : PS_EFORMAT, 0, "LOAD: %s", eb.msg);
     a.outcome = PS_STATE_LOADED;
   }
   ps_conn_send_pong(c, req, l->offset + l->count);

@@ -28,7 +28,7 @@ void ps_shard_keys_init(ps_shard_keys *k, const char *cluster, int index);
 void ps_shard_keys_log(ps_shard_keys *k, uint64_t epoch);
 
 /* The replica's format (REDIS.md): the meta hash's `format` field. */
-#define PS_SNAP_FORMAT "3"
+#define PS_SNAP_FORMAT "4"
 
 /* A snapshot is the shard's state image (ps_shard_state_write) cut into
  * chunks of this many floats, each one LZ4 block. */

@@ -190,7 +190,9 @@ static void append_now(ps_replica *r, const ps_journal *e) {
     r->ev.appended(r->ev.arg, e->n, "Redis is not connected");
     return;
   }
-  size_t raw = e->kind == PS_JOURNAL_PUSH ? ps_shard_options(r->shard)->nfloats * sizeof(float) : 0;
+  /* A push's `v`: its gradient for the slice, then its sparse blocks. */
+  size_t dense = e->kind == PS_JOURNAL_PUSH ? ps_shard_options(r->shard)->nfloats * sizeof(float) : 0;
+  size_t raw = dense + (e->kind == PS_JOURNAL_PUSH ? (size_t)e->sparse_bytes : 0);
   size_t need = XADD_HEAD_MAX + raw + 2;
   if (need > r->entry_cap) {
     char *p = realloc(r->entry, need);
@@ -204,8 +206,10 @@ static void append_now(ps_replica *r, const ps_journal *e) {
   /* The gradient goes in as it is: LZ4 saved 7-9% of a gradient's bytes
    * (and 1-3% of a state's) for more CPU than sending them costs. */
   char *g = r->entry + XADD_HEAD_MAX;
-  if (raw > 0)
-    memcpy(g, e->g, raw);
+  if (dense > 0)
+    memcpy(g, e->g, dense);
+  if (raw > dense)
+    memcpy(g + dense, e->sparse, raw - dense);
   append_req *q = malloc(sizeof *q);
   if (q == NULL) {
     r->ev.appended(r->ev.arg, e->n, "out of memory");

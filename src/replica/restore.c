@@ -14,6 +14,7 @@
 #include "common/backoff.h"
 #include "common/log.h"
 #include "common/timeutil.h"
+#include "proto/proto.h"
 #include "replica/keys.h"
 #include "replica/registry.h"
 
@@ -58,11 +59,13 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   uint64_t journal, chunks, nfloats, nondurable = 0;
   ps_state_info in = {0};
   const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
-  /* Format 2 stored its chunks as LZ4 blocks; 3 stores them raw. */
+  /* Format 2 stored its chunks as LZ4 blocks; 3 and 4 store them raw;
+   * 4 adds the sparse tables (table_floats, sparse blocks in `v`). */
   int lz4 = fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "2") == 0;
-  if (!lz4 && (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0))
+  int old = lz4 || (fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "3") == 0);
+  if (!old && (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0))
     return ps_err_set(eb, PS_EVERSION,
-                      "%s: replica format %s, this shard reads formats 2 and %s (restore from a "
+                      "%s: replica format %s, this shard reads formats 2 to %s (restore from a "
                       "checkpoint: delete the keys of %s)",
                       k->meta, fmt && fmt->str ? fmt->str : "(none)", PS_SNAP_FORMAT, k->tag);
   if (snap == NULL || snap->type != REDIS_REPLY_STRING || hash_u64(meta, "journal", &journal) ||
@@ -70,7 +73,9 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata", k->meta);
   /* The state's fixed fields, each under its own name (state.h). */
   for (const ps_state_field *f = ps_state_fields; f < ps_state_fields + PS_STATE_NFIELDS; f++) {
-    uint64_t v;
+    uint64_t v = 0;
+    if (old && strcmp(f->name, "table_floats") == 0)
+      continue;  /* no tables before format 4 */
     if (hash_u64(meta, f->name, &v))
       return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (no %s)", k->meta,
                         f->name);
@@ -128,8 +133,9 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     freeReplyObject(r);
   }
   free(piece);
+  if (rc == 0)
+    rc = ps_shard_state_load_end(s, &in, eb);
   if (rc == 0) {
-    ps_shard_state_load_end(s, &in);
     ps_shard_set_journal(s, journal);
     info->snap_version = version;
     info->snap_journal = journal;
@@ -192,10 +198,26 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
         /* `v`: the gradient as it is; `g`: an LZ4 block (format 2). */
         const redisReply *v = hash_get(f, "v"), *gz = v ? NULL : hash_get(f, "g");
         size_t want = o->nfloats * sizeof(float);
-        if (v != NULL && (v->type != REDIS_REPLY_STRING || v->len != want)) {
+        /* `v` is the slice's gradient, then the push's sparse blocks. */
+        if (v != NULL && (v->type != REDIS_REPLY_STRING || v->len < want ||
+                          (v->len > want && o->ntables == 0))) {
           rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: gradient of %zu bytes, expected %zu",
                           k->log, id, v->type == REDIS_REPLY_STRING ? v->len : 0, want);
           break;
+        }
+        if (v != NULL && v->len > want) {
+          char why[256];
+          ps_errbuf sb = {0};
+          uint32_t nb = 0;
+          j.sparse = v->str + want;
+          j.sparse_bytes = v->len - want;
+          if (ps_sparse_check(PS_SPARSE_KV, j.sparse, j.sparse_bytes, &nb, &sb) != 0 ||
+              ps_shard_sparse_check(s, PS_SPARSE_KV, j.sparse, j.sparse_bytes, why,
+                                    sizeof why) != 0) {
+            rc = ps_err_set(eb, PS_ECORRUPT, "%s entry %s: sparse blocks: %s", k->log, id,
+                            sb.msg[0] ? sb.msg : why);
+            break;
+          }
         }
         if (v != NULL) {
           j.g = (const float *)(const void *)v->str;

@@ -478,7 +478,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
     float inv = 1.0f / (float)ps_ring_size(ring);
     for (size_t i = 0; i < total; i++)
       work[i] *= inv;
-    ps_shard_push(state, 0, 1, step + 1, step, work, NULL);
+    ps_shard_push(state, 0, 1, step + 1, step, work, NULL, 0, NULL);
     ps_history_line(m.history, "step %" PRIu64 " %" PRIu64 " %d", m.epoch, step + 1,
                     ps_ring_size(ring));
     have_grad = 0;

@@ -97,10 +97,10 @@ int ps_ring_fetch_state(ps_ring *r, int rank, ps_errbuf *eb) {
     r->fetching = 0;
     return ps_err_set(eb, -EPIPE, "%s", r->why);
   }
-  ps_shard_state_load(r->state, &r->fetch_info, r->fetch_img);
+  int rc2 = ps_shard_state_load(r->state, &r->fetch_info, r->fetch_img, eb);
   free(r->fetch_img);
   r->fetch_img = NULL;
-  return 0;
+  return rc2;
 }
 
 void ps_ring_set_holds(ps_ring *r, int holds, int waiting) {

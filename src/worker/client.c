@@ -30,6 +30,7 @@
 #include "net/conn.h"
 #include "nn/model.h"
 #include "proto/proto.h"
+#include "worker/client_sparse.h"
 #include "worker/control.h"
 
 #define BACKOFF_BASE_MS 100
@@ -67,12 +68,19 @@ typedef struct link {
   uint32_t ack_status;
   int consistency;
   ps_msg req;              /* OP_REQ: the request (a LOAD's floats are borrowed) */
+  /* Sparse tables (client_sparse.h): the push's blocks for this shard,
+   * kept with its slice until acked; the pull's keys; a buffer for the
+   * frames built from them. */
+  ps_sparse_part push_part, pull_part;
+  uint8_t *tail;
+  size_t tail_cap;
 } link;
 
 struct ps_client {
   uv_loop_t loop;
   uint64_t bytes_in_closed, bytes_out_closed;  /* of the connections closed so far */
   float *pull_pending;     /* ps_client_push_pull_start's params, until finished */
+  const ps_sparse_batch *want_pending;  /* and its rows (the caller's, kept as long) */
   int pull_started;        /* its pull was begun (op_start), not yet finished */
   ps_config cfg;
   int role;                /* PS_ROLE_WORKER, or PS_ROLE_CHIEF (worker/control.h) */
@@ -104,6 +112,8 @@ struct ps_client {
   ps_history *history;     /* [cluster] history_dir: every ack a worker saw */
   ps_client_reply_fn reply_fn;  /* OP_REQ */
   void *reply_arg;
+  ps_hashring ring;        /* which shard holds a sparse row (LAYOUT.md, section 6) */
+  ps_sparse_batch want;    /* the current pull's rows: where they go */
 };
 
 static void set_error(ps_client *c, int code, const char *fmt, ...)
@@ -160,11 +170,48 @@ static size_t push_prefix(link *l, uint8_t prefix[PS_PROTO_PREFIX_MAX]) {
   m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
                                                         : c->links[0].global_step;
   m.u.push.count = c->layout.shard_floats[l->index];
+  m.u.push.sparse.bytes = l->push_part.len;
   return ps_proto_encode_prefix(&m, l->push_req, prefix);
 }
 
 static size_t slice_bytes(const link *l) {
   return l->cl->layout.shard_floats[l->index] * sizeof(float);
+}
+
+/* The link's frame tail: when `push`, the push's sparse blocks (the push's
+ * last bytes), then, when `pull`, the whole PULL frame of the current
+ * operation.  Copied by the write (ps_conn_send_with).  @return its
+ * length, or 0 with the connection closed when out of memory (the next
+ * call connects again and sends it all). */
+static size_t build_tail(link *l, int push, int pull) {
+  ps_msg m;
+  size_t push_len = push ? l->push_part.len : 0;
+  size_t need = push_len + (pull ? PS_PROTO_HEADER_SIZE + PS_PROTO_PREFIX_MAX + l->pull_part.len : 0);
+  if (need > l->tail_cap) {
+    uint8_t *p = realloc(l->tail, need);
+    if (p == NULL) {
+      ps_conn_close(l->conn);
+      return 0;
+    }
+    l->tail = p;
+    l->tail_cap = need;
+  }
+  if (push_len > 0)
+    memcpy(l->tail, l->push_part.bytes, push_len);
+  if (!pull)
+    return push_len;
+  l->req_id = ++l->cl->next_req;
+  memset(&m, 0, sizeof m);
+  m.type = PS_MSG_PULL;
+  m.u.pull.worker = (uint32_t)l->cl->index;
+  m.u.pull.step = l->pull_step;
+  m.u.pull.sparse = (ps_sparse){.bytes = l->pull_part.len, .data = l->pull_part.bytes};
+  size_t n = ps_proto_encode(&m, l->req_id, l->tail + push_len, need - push_len);
+  if (n == 0) {
+    ps_conn_close(l->conn);
+    return 0;
+  }
+  return push_len + n;
 }
 
 /* The slice stays untouched until its ack, which comes after the write. */
@@ -173,19 +220,11 @@ static void send_push(link *l) {
     return;
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
   size_t plen = push_prefix(l, prefix);
-  ps_conn_send(l->conn, prefix, plen, l->slice, slice_bytes(l), NULL, NULL);
+  size_t tail = build_tail(l, 1, 0);
+  if (tail == 0 && l->push_part.len > 0)
+    return;
+  ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), l->tail, tail, NULL, NULL);
   l->push_unsent = 0;
-}
-
-/* The PULL of the current operation (its request id is the next one). */
-static ps_msg pull_msg(link *l) {
-  l->req_id = ++l->cl->next_req;
-  ps_msg m;
-  memset(&m, 0, sizeof m);
-  m.type = PS_MSG_PULL;
-  m.u.pull.worker = (uint32_t)l->cl->index;
-  m.u.pull.step = l->pull_step;
-  return m;
 }
 
 static void send_op(link *l) {
@@ -193,8 +232,9 @@ static void send_op(link *l) {
   if (l->op == OP_NONE || l->done || l->state != L_READY)
     return;
   if (l->op == OP_PULL) {
-    ps_msg m = pull_msg(l);
-    ps_conn_send_msg(l->conn, &m, l->req_id);
+    size_t n = build_tail(l, 0, 1);
+    if (n > 0)
+      ps_conn_send_with(l->conn, NULL, 0, NULL, 0, l->tail, n, NULL, NULL);
     return;
   }
   l->req_id = ++c->next_req;
@@ -214,11 +254,12 @@ static void send_op(link *l) {
  * with the push's end, and answers it before it logs the push. */
 static void send_push_op(link *l) {
   if (l->push_wait && l->push_unsent && l->state == L_READY && l->op == OP_PULL && !l->done) {
-    uint8_t prefix[PS_PROTO_PREFIX_MAX], pull[PS_PROTO_HEADER_SIZE + PS_PROTO_SMALL_PAYLOAD_MAX];
+    uint8_t prefix[PS_PROTO_PREFIX_MAX];
     size_t plen = push_prefix(l, prefix);
-    ps_msg m = pull_msg(l);
-    size_t n = ps_proto_encode(&m, l->req_id, pull, sizeof pull);
-    ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), pull, n, NULL, NULL);
+    size_t n = build_tail(l, 1, 1);
+    if (n == 0)
+      return;
+    ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), l->tail, n, NULL, NULL);
     l->push_unsent = 0;
     return;
   }
@@ -314,7 +355,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
         ps_conn_close(conn);
         return;
       }
-      ps_conn_handshake_done(conn, ps_proto_max_payload(c->layout.shard_floats[l->index]));
+      /* Replies with rows are bounded by the cap the shard announces (its
+       * pushes' cap, which holds as many rows with their keys). */
+      uint64_t cap = ps_proto_max_payload(c->layout.shard_floats[l->index]);
+      ps_conn_handshake_done(conn, m.u.welcome.max_payload > cap ? m.u.welcome.max_payload : cap);
       l->state = L_READY;
       l->version = m.u.welcome.version;
       l->global_step = m.u.welcome.global_step;
@@ -351,6 +395,13 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       if (m.u.pull_reply.count != c->layout.shard_floats[l->index])
         break;
       /* The payload is 16-byte aligned (net/conn.c), its floats at +32. */
+      char why[256];
+      if (ps_sparse_scatter(&l->pull_part, &m.u.pull_reply.sparse, &c->want, why,
+                            sizeof why) != 0) {
+        set_error(c, PS_EFORMAT, "shard %d's PULL_REPLY: %s", l->index, why);
+        ps_conn_close(conn);
+        return;
+      }
       ps_layout_scatter(&c->layout, &c->model.vars, l->index, (const float *)m.u.pull_reply.data,
                         c->params);
       l->version = l->pulled_version = m.u.pull_reply.version;
@@ -517,9 +568,22 @@ static int run_op(ps_client *c) {
   return op_finish(c);
 }
 
-/* Set every link's operation to a pull into params. */
-static void pull_prepare(ps_client *c, float *params) {
+/* Set every link's operation to a pull into params, and of the rows of
+ * `want` (NULL: none) into its rows.  @return 0, or -ENOMEM / -EINVAL from
+ * the split (nothing then asked). */
+static int pull_prepare(ps_client *c, float *params, const ps_sparse_batch *want) {
   c->params = params;
+  int rc = 0;
+  for (int i = 0; i < c->nlinks; i++)
+    ps_sparse_part_clear(&c->links[i].pull_part);
+  c->want.ntables = 0;
+  if (want != NULL && want->ntables > 0) {
+    ps_sparse_part *parts[PS_CONFIG_MAX_NODES];
+    for (int i = 0; i < c->nlinks; i++)
+      parts[i] = &c->links[i].pull_part;
+    c->want = *want;
+    rc = ps_sparse_split(&c->ring, want, PS_SPARSE_K, parts);
+  }
   /* ssp: the push in flight counts, the shards applied it before this pull. */
   uint64_t clock = c->clock_base + c->pushes + (uint64_t)push_in_flight(c);
   for (int i = 0; i < c->nlinks; i++) {
@@ -539,18 +603,24 @@ static void pull_prepare(ps_client *c, float *params) {
       l->pull_step = 0;
     }
   }
+  if (rc != 0)
+    set_error(c, rc, "sparse rows to pull: %s", rc == -ENOMEM ? "out of memory"
+                                                              : "keys not in ascending order");
+  return rc;
 }
 
-int ps_client_pull(ps_client *c, float *params) {
+int ps_client_pull_sparse(ps_client *c, float *params, const ps_sparse_batch *want) {
   /* Sync's pull asks for the step its push was counted in: its ack says. */
   if (c->links[0].consistency == PS_CONSISTENCY_SYNC) {
     int rc = ps_client_flush(c);
     if (rc != 0)
       return rc;
   }
-  pull_prepare(c, params);
-  return run_op(c);
+  int rc = pull_prepare(c, params, want);
+  return rc != 0 ? rc : run_op(c);
 }
+
+int ps_client_pull(ps_client *c, float *params) { return ps_client_pull_sparse(c, params, NULL); }
 
 int ps_client_flush(ps_client *c) {
   if (!push_in_flight(c))
@@ -561,13 +631,24 @@ int ps_client_flush(ps_client *c) {
   return run_op(c);
 }
 
-/* The next push of `grad`, after the acks of the one before; sent now
- * unless `later` (then with the operation op_start begins).  @return 0 or
- * a negative code (of the previous push's acks). */
-static int push_begin(ps_client *c, const float *grad, int later) {
+/* The next push of `grad` and the rows of `sp` (NULL: none), after the
+ * acks of the one before; sent now unless `later` (then with the operation
+ * op_start begins).  @return 0 or a negative code (of the previous push's
+ * acks, or the split's). */
+static int push_begin(ps_client *c, const float *grad, const ps_sparse_batch *sp, int later) {
   int rc = ps_client_flush(c);
   if (rc != 0)
     return rc;
+  ps_sparse_part *parts[PS_CONFIG_MAX_NODES];
+  for (int i = 0; i < c->nlinks; i++) {
+    parts[i] = &c->links[i].push_part;
+    ps_sparse_part_clear(parts[i]);
+  }
+  if (sp != NULL && sp->ntables > 0 && (rc = ps_sparse_split(&c->ring, sp, PS_SPARSE_KV, parts))) {
+    set_error(c, rc, "sparse rows to push: %s", rc == -ENOMEM ? "out of memory"
+                                                               : "keys not in ascending order");
+    return rc;
+  }
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
     ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
@@ -583,28 +664,40 @@ static int push_begin(ps_client *c, const float *grad, int later) {
   return 0;
 }
 
-int ps_client_push_async(ps_client *c, const float *grad) { return push_begin(c, grad, 0); }
+int ps_client_push_async(ps_client *c, const float *grad) {
+  return push_begin(c, grad, NULL, 0);
+}
 
-int ps_client_push_pull_start(ps_client *c, const float *grad, float *params) {
+int ps_client_push_pull_start_sparse(ps_client *c, const float *grad,
+                                     const ps_sparse_batch *pushed, float *params,
+                                     const ps_sparse_batch *want) {
   /* Sync's pull waits for the push's acks first: nothing to send together. */
   int sync = c->links[0].consistency == PS_CONSISTENCY_SYNC;
-  int rc = push_begin(c, grad, !sync);
+  int rc = push_begin(c, grad, pushed, !sync);
   if (rc != 0)
     return rc;
   c->pull_pending = params;
+  c->want_pending = want;
   if (!sync) {
-    pull_prepare(c, params);
+    if ((rc = pull_prepare(c, params, want)) != 0)
+      return rc;
     op_start(c);
     c->pull_started = 1;
   }
   return 0;
 }
 
+int ps_client_push_pull_start(ps_client *c, const float *grad, float *params) {
+  return ps_client_push_pull_start_sparse(c, grad, NULL, params, NULL);
+}
+
 int ps_client_pull_finish(ps_client *c) {
   float *params = c->pull_pending;
+  const ps_sparse_batch *want = c->want_pending;
   c->pull_pending = NULL;
+  c->want_pending = NULL;
   if (!c->pull_started)
-    return params != NULL ? ps_client_pull(c, params) : 0;
+    return params != NULL ? ps_client_pull_sparse(c, params, want) : 0;
   c->pull_started = 0;
   return op_finish(c);
 }
@@ -701,11 +794,16 @@ void ps_client_free(ps_client *c) {
     uv_walk(&c->loop, close_walk, NULL);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);
-    for (int i = 0; i < c->nlinks; i++)
+    for (int i = 0; i < c->nlinks; i++) {
       free(c->links[i].slice);
+      free(c->links[i].tail);
+      ps_sparse_part_free(&c->links[i].push_part);
+      ps_sparse_part_free(&c->links[i].pull_part);
+    }
     free(c->links);
   }
   ps_history_close(c->history);
+  ps_hashring_free(&c->ring);
   ps_layout_close(&c->layout);
   ps_model_close(&c->model);
   free(c);
@@ -752,6 +850,11 @@ static ps_client *client_start(ps_client *c, ps_errbuf *eb) {
       ps_client_free(c);
       return NULL;
     }
+  }
+  if (ps_hashring_init(&c->ring, c->nlinks, PS_HASHRING_VNODES) != 0) {
+    ps_err_set(eb, -ENOMEM, "out of memory for the hash ring");
+    ps_client_free(c);
+    return NULL;
   }
   if (c->role == PS_ROLE_WORKER)
     c->history = ps_history_open(&c->cfg, "worker", c->index);

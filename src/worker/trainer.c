@@ -30,6 +30,56 @@ volatile sig_atomic_t *ps_trainer_start_process(const ps_config *cfg, int index)
   return &stop_requested;
 }
 
+/* The buffers every data format needs: parameters, gradient, a batch. */
+static int alloc_step(ps_trainer *t) {
+  const ps_model *model = t->model;
+  t->params = ps_compute_host_alloc(t->compute, t->total * sizeof *t->params);
+  t->grad = ps_compute_host_alloc(t->compute, t->total * sizeof *t->grad);
+  t->x = ps_compute_host_alloc(t->compute, (size_t)t->batch * model->in_size * sizeof *t->x);
+  t->y = malloc((size_t)t->batch);
+  if (t->params == NULL || t->grad == NULL || t->x == NULL || t->y == NULL) {
+    ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", t->batch, t->total);
+    return 1;
+  }
+  return 0;
+}
+
+static int open_criteo(ps_trainer *t, const ps_config *cfg, const ps_model *model, int index) {
+  ps_errbuf eb = {0};
+  char path[PS_CONFIG_PATH_MAX];
+  if (model->in_size != PS_CRITEO_NDENSE || model->spec.classes != 1) {
+    ps_log(PS_LOG_ERROR, "%s: [data] format = criteo with a model of %zu inputs and %d outputs: "
+           "expected input [%d] (the integer features) and one output (sigmoid), as in "
+           "models/ctr.json", cfg->path, model->in_size, model->spec.classes, PS_CRITEO_NDENSE);
+    return 2;
+  }
+  for (int k = 0; k < model->ntables; k++)
+    if (model->tables[k].field >= PS_CRITEO_NSPARSE) {
+      ps_log(PS_LOG_ERROR, "%s: sparse table %s reads categorical field %d: Criteo data has "
+             "fields 1 to %d", cfg->path, model->tables[k].name, model->tables[k].field + 1,
+             PS_CRITEO_NSPARSE);
+      return 2;
+    }
+  if (ps_criteo_open(&t->reader, ps_config_file_path(cfg, cfg->train_data, path, sizeof path),
+                     index, cfg->nworkers, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "[data] train: %s", eb.msg);
+    return eb.code == -ENOMEM ? 1 : 2;
+  }
+  size_t b = (size_t)t->batch;
+  t->labels = malloc(b * sizeof *t->labels);
+  t->keys = malloc(b * PS_CRITEO_NSPARSE * sizeof *t->keys);
+  if (model->emb_size > 0) {
+    t->emb = malloc(b * model->emb_size * sizeof *t->emb);
+    t->demb = malloc(b * model->emb_size * sizeof *t->demb);
+  }
+  if (t->labels == NULL || t->keys == NULL ||
+      (model->emb_size > 0 && (t->emb == NULL || t->demb == NULL))) {
+    ps_log(PS_LOG_ERROR, "out of memory (batch %d)", t->batch);
+    return 1;
+  }
+  return alloc_step(t);
+}
+
 int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, int index) {
   ps_errbuf eb = {0};
   memset(t, 0, sizeof *t);
@@ -49,6 +99,13 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
     ps_log(PS_LOG_ERROR, "[worker] device: %s", eb.msg);
     return eb.code == -ENODEV ? 2 : 1;
   }
+  if (cfg->data_format == PS_DATA_CRITEO)
+    return open_criteo(t, cfg, model, index);
+  if (model->ntables > 0) {
+    ps_log(PS_LOG_ERROR, "%s: a model with sparse tables reads [data] format = criteo, not %s",
+           cfg->path, "idx");
+    return 2;
+  }
   if (ps_dataset_load(cfg->data_dir, "train", &t->train, &eb) != 0 ||
       (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &t->test, &eb) != 0)) {
     /* A data set that is missing or broken: a restart would not change it. */
@@ -59,12 +116,10 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
     ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
     return 2;
   }
-  t->params = ps_compute_host_alloc(t->compute, t->total * sizeof *t->params);
-  t->grad = ps_compute_host_alloc(t->compute, t->total * sizeof *t->grad);
-  t->x = ps_compute_host_alloc(t->compute, (size_t)t->batch * model->in_size * sizeof *t->x);
-  t->y = malloc((size_t)t->batch);
+  if (alloc_step(t) != 0)
+    return 1;
   t->idx = malloc((size_t)t->batch * sizeof *t->idx);
-  if (t->params == NULL || t->grad == NULL || t->x == NULL || t->y == NULL || t->idx == NULL ||
+  if (t->idx == NULL ||
       ps_sampler_init(&t->sampler, t->train.n, index, cfg->nworkers, (uint64_t)cfg->seed) != 0) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d, %zu parameters)", t->batch, t->total);
     return 1;
@@ -73,6 +128,11 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
 }
 
 void ps_trainer_close(ps_trainer *t) {
+  ps_criteo_close(t->reader);
+  free(t->labels);
+  free(t->keys);
+  free(t->emb);
+  free(t->demb);
   free(t->idx);
   free(t->y);
   if (t->compute != NULL) {
@@ -88,7 +148,37 @@ void ps_trainer_close(ps_trainer *t) {
 }
 
 size_t ps_trainer_batch(ps_trainer *t) {
-  return ps_dataset_batch(&t->train, &t->sampler, t->idx, (size_t)t->batch, t->x, t->y);
+  if (t->reader == NULL)
+    return ps_dataset_batch(&t->train, &t->sampler, t->idx, (size_t)t->batch, t->x, t->y);
+  ps_errbuf eb = {0};
+  ssize_t n = ps_criteo_next(t->reader, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
+  if (n < 0) {
+    ps_log(PS_LOG_ERROR, "[data] train: %s", eb.msg);
+    exit(n == -ENOMEM ? 1 : 2);
+  }
+  for (ssize_t i = 0; i < n; i++)
+    t->y[i] = t->labels[i] > 0.5f;
+  return (size_t)n;
+}
+
+ps_data_pos ps_trainer_pos(const ps_trainer *t) {
+  return t->reader != NULL ? ps_criteo_pos(t->reader) : t->sampler.pos;
+}
+
+int ps_trainer_seek(ps_trainer *t, ps_data_pos pos) {
+  if (t->reader == NULL)
+    return ps_sampler_seek(&t->sampler, pos);
+  ps_errbuf eb = {0};
+  int rc = ps_criteo_seek(t->reader, pos, &eb);
+  if (rc != 0 && rc != -EINVAL) {
+    ps_log(PS_LOG_ERROR, "[data] train: %s", eb.msg);
+    exit(rc == -ENOMEM ? 1 : 2);
+  }
+  return rc;
+}
+
+size_t ps_trainer_part_size(const ps_trainer *t) {
+  return t->reader != NULL ? 0 : ps_sampler_part_size(&t->sampler);
 }
 
 int ps_trainer_final_test(ps_trainer *t, const float *params, uint64_t global_step) {

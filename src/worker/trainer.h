@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "data/criteo.h"
 #include "data/idx.h"
 #include "data/sampler.h"
 #include "nn/compute.h"
@@ -17,8 +18,12 @@
 
 typedef struct ps_trainer {
   ps_compute *compute;
-  ps_dataset train, test;   /* test: worker 0's only */
-  ps_sampler sampler;       /* this worker's part of train */
+  ps_dataset train, test;   /* idx: test is worker 0's only */
+  ps_sampler sampler;       /* idx: this worker's part of train */
+  ps_criteo *reader;        /* criteo: this worker's part of [data] train, streamed */
+  float *labels;            /* criteo: the batch's labels as read */
+  uint64_t *keys;           /* criteo: the batch's keys, PS_CRITEO_NSPARSE a sample */
+  float *emb, *demb;        /* a model with sparse tables: its embedding input and gradient */
   const ps_model *model;
   size_t total;             /* floats of the model */
   int batch;
@@ -39,8 +44,17 @@ volatile sig_atomic_t *ps_trainer_start_process(const ps_config *cfg, int index)
 int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, int index);
 void ps_trainer_close(ps_trainer *t);
 
-/* The sampler's next batch into x and y.  @return its samples. */
+/* The next batch into x and y (and keys, criteo).  @return its samples.
+ * A bad line in a criteo file ends the process (exit status 2: the data's
+ * fault, which a restart would meet again) after one line naming it. */
 size_t ps_trainer_batch(ps_trainer *t);
+
+/* Where this worker is in its part of the data; jump there (0, or -EINVAL
+ * past the part: logged by the caller); the samples of a part an epoch
+ * (0 for criteo: its files are streamed, not counted). */
+ps_data_pos ps_trainer_pos(const ps_trainer *t);
+int ps_trainer_seek(ps_trainer *t, ps_data_pos pos);
+size_t ps_trainer_part_size(const ps_trainer *t);
 
 /* Worker 0, at the end: the test accuracy of `params` (the whole model, in
  * the arena's order), printed as "final test_acc A global_step S" for the

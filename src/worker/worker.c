@@ -26,8 +26,11 @@
 #include "paramserv/client.h"
 #include "replica/registry.h"
 #include "ring/member.h"
+#include "nn/auc.h"
+#include "worker/client_sparse.h"
 #include "worker/control.h"
 #include "worker/elastic.h"
+#include "worker/embed.h"
 #include "worker/trainer.h"
 
 /* The worker's series (src/common/METRICS.md).  The counts live in the
@@ -79,6 +82,77 @@ static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t 
   ps_metric_set(x[W_GLOBAL_STEP], (double)ps_client_global_step(c));
 }
 
+/* A model with sparse tables: the batch in t's buffers, its keys into e,
+ * and its rows pulled with the weights. */
+static int sparse_pull(ps_client *client, ps_trainer *t, ps_embed *e, size_t n, float *params) {
+  ps_sparse_batch b;
+  ps_embed_keys(e, t->keys, (int)n);
+  ps_embed_batch(e, &b);
+  return ps_client_pull_sparse(client, params, &b);
+}
+
+/* Worker 0, at the end, with a test file: the model's AUC and log loss on
+ * it, the rows of each test batch pulled from the shards (a pull creates no
+ * row: TABLE.md).  Printed as "final test_auc A test_logloss L global_step
+ * S" for the scripts.  @return 0, or a negative code (logged). */
+static int final_test_ctr(const ps_config *cfg, ps_client *client, ps_trainer *t, ps_embed *e,
+                          float *params, uint64_t global_step) {
+  char path[PS_CONFIG_PATH_MAX];
+  ps_errbuf eb = {0};
+  ps_criteo *rd = NULL;
+  size_t cap = 0, total = 0;
+  float *scores = NULL;
+  uint8_t *labels = NULL;
+  int rc = ps_criteo_open(&rd, ps_config_file_path(cfg, cfg->test_data, path, sizeof path), 0, 1,
+                          &eb);
+  for (ssize_t n = t->batch; rc == 0 && n == t->batch;) {
+    /* One pass: a batch short of full ends it; a full one read from the
+     * pass after (the file a multiple of the batch) is not used. */
+    n = ps_criteo_next(rd, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
+    if (n < 0) {
+      rc = (int)n;
+      break;
+    }
+    if (n == 0 || ps_criteo_pos(rd).epoch > 0)
+      break;
+    if (total + (size_t)n > cap) {
+      cap = cap ? cap * 2 : 65536;
+      float *s = realloc(scores, cap * sizeof *scores);
+      uint8_t *l = s ? realloc(labels, cap) : NULL;
+      scores = s ? s : scores;
+      labels = l ? l : labels;
+      if (s == NULL || l == NULL) {
+        rc = ps_err_set(&eb, -ENOMEM, "out of memory for the test scores");
+        break;
+      }
+    }
+    if ((rc = sparse_pull(client, t, e, (size_t)n, params)) != 0) {
+      ps_err_set(&eb, rc, "%s", ps_client_error(client));
+      break;
+    }
+    ps_embed_pool(e, t->emb);
+    ps_compute_predict(t->compute, params, t->x, t->emb, (int)n, scores + total);
+    for (ssize_t i = 0; i < n; i++)
+      labels[total + (size_t)i] = t->labels[i] > 0.5f;
+    total += (size_t)n;
+  }
+  ps_criteo_close(rd);
+  if (rc == 0) {
+    double ll = 0;
+    for (size_t i = 0; i < total; i++) {
+      double p = scores[i] < 1e-7f ? 1e-7 : scores[i] > 1 - 1e-7f ? 1 - 1e-7 : scores[i];
+      ll -= labels[i] ? log(p) : log(1 - p);
+    }
+    printf("final test_auc %.4f test_logloss %.4f samples %zu global_step %" PRIu64 "\n",
+           ps_auc(scores, labels, total), total ? ll / (double)total : 0.0, total, global_step);
+  } else {
+    ps_log(PS_LOG_ERROR, "[data] test: %s", eb.msg);
+  }
+  free(scores);
+  free(labels);
+  return rc;
+}
+
 int ps_worker_run(const ps_config *cfg, int index) {
   if (cfg->mode == PS_MODE_RING)
     return ps_ring_member_run(cfg, index);
@@ -91,6 +165,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   ps_elastic el = {0};
   ps_metrics *metrics = NULL;
   ps_metric *series[W_N];
+  ps_embed emb[2] = {0};
   ps_client *client = ps_client_new(cfg->path, index, &eb);
   if (client == NULL) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
@@ -107,6 +182,20 @@ int ps_worker_run(const ps_config *cfg, int index) {
   status = 1;
   size_t total = t.total;
   float *params = t.params, *grad = t.grad;
+  /* Sparse tables: the batch computed on (emb[cur]) and the next (its rows
+   * pulled with the push of this one). */
+  int sparse = model->ntables > 0, cur = 0;
+  if (sparse && (cfg->window > 1 || cfg->algorithm != PS_ALGO_GRADIENTS)) {
+    ps_log(PS_LOG_ERROR, "%s: a model with sparse tables trains with [train] algorithm = "
+           "gradients and window = 1", cfg->path);
+    status = 2;
+    goto out;
+  }
+  for (int k = 0; k < 2 * sparse; k++)
+    if (ps_embed_init(&emb[k], model, t.batch, PS_CRITEO_NSPARSE) != 0) {
+      ps_log(PS_LOG_ERROR, "out of memory for the sparse rows of a batch");
+      goto out;
+    }
   /* Averaging and EASGD keep a replica of their own; what they push, and
    * DOWNPOUR's summed gradient, go in `sum`. */
   int elastic = cfg->algorithm != PS_ALGO_GRADIENTS;
@@ -139,7 +228,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
   }
   uint64_t last = ps_client_last_step(client);
   ps_log(PS_LOG_INFO, "worker %d of %d: %zu samples a epoch, batch %d, %d threads, step limit %" PRIu64
-         "; %s", index, cfg->nworkers, ps_sampler_part_size(&t.sampler), t.batch,
+         "; %s", index, cfg->nworkers, ps_trainer_part_size(&t), t.batch,
          ps_compute_threads(t.compute), last, ps_compute_describe(t.compute));
 
   /* Test only: poison the gradients after this many local steps, to
@@ -167,14 +256,14 @@ int ps_worker_run(const ps_config *cfg, int index) {
        * first pull above asked as clock 0: it is answered at once, and the
        * next pull corrects the shards' view.) */
       ps_client_set_clock(client, clock);
-      if (ps_sampler_seek(&t.sampler, pos) == 0)
+      if (ps_trainer_seek(&t, pos) == 0)
         ps_log(PS_LOG_INFO, "resumed data position epoch %" PRIu64 " offset %" PRIu64
                " from Redis (incarnation %" PRIu64 "), clock %" PRIu64, pos.epoch, pos.offset,
                epoch, clock);
       else
         ps_log(PS_LOG_WARN, "data position epoch %" PRIu64 " offset %" PRIu64 " from Redis is "
                "past this worker's %zu samples; starting from the beginning", pos.epoch, pos.offset,
-               ps_sampler_part_size(&t.sampler));
+               ps_trainer_part_size(&t));
     }
   }
   /* The batch is prepared while the shards apply the push and answer the
@@ -182,16 +271,28 @@ int ps_worker_run(const ps_config *cfg, int index) {
    * position of the batches already pushed, what a restart resumes from. */
   size_t n = 0;
   int have_batch = 0;
-  ps_data_pos trained = t.sampler.pos;
+  ps_data_pos trained = ps_trainer_pos(&t);
+  ps_sparse_batch pushed, want;
   while (rc == 0 && !*stop && (last == 0 || ps_client_global_step(client) < last)) {
-    if (!have_batch)
+    if (!have_batch) {
       n = ps_trainer_batch(&t);
+      if (sparse && (rc = sparse_pull(client, &t, &emb[cur], n, params)) != 0)
+        break;
+    }
     have_batch = 0;
     /* Dropout masks are keyed by the sample's place in this worker's
      * stream, unique per (worker, sample). */
     uint64_t first = ((uint64_t)index << 48) + samples;
-    double loss = ps_compute_grad(t.compute, params, t.x, t.y, (int)n, (uint64_t)cfg->seed, first,
-                                  grad, NULL);
+    double loss;
+    if (sparse) {
+      ps_embed_pool(&emb[cur], t.emb);
+      loss = ps_compute_grad_emb(t.compute, params, t.x, t.emb, t.y, (int)n, (uint64_t)cfg->seed,
+                                 first, grad, t.demb, NULL);
+      ps_embed_scatter(&emb[cur], t.demb);
+    } else {
+      loss = ps_compute_grad(t.compute, params, t.x, t.y, (int)n, (uint64_t)cfg->seed, first,
+                             grad, NULL);
+    }
     local++;
     samples += n;
     ps_notify_watchdog();
@@ -223,12 +324,28 @@ int ps_worker_run(const ps_config *cfg, int index) {
     }
     /* The time in the client's calls is time waiting for the shards; the
      * batch prepared between them is not. */
-    double w0 = ps_now_s();
-    rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
-    stall += ps_now_s() - w0;
-    trained = t.sampler.pos;
-    if (rc == 0) {
+    double w0;
+    if (sparse) {
+      /* The next batch first: its rows come with the reply to this push. */
+      trained = ps_trainer_pos(&t);
       n = ps_trainer_batch(&t);
+      ps_embed_keys(&emb[1 - cur], t.keys, (int)n);
+      ps_embed_batch(&emb[cur], &pushed);
+      ps_embed_batch(&emb[1 - cur], &want);
+      cur = 1 - cur;
+      have_batch = 1;
+      w0 = ps_now_s();
+      rc = ps_client_push_pull_start_sparse(client, grad, &pushed, params, &want);
+      stall += ps_now_s() - w0;
+    } else {
+      w0 = ps_now_s();
+      rc = ps_client_push_pull_start(client, summed ? sum : grad, elastic ? el.center : params);
+      stall += ps_now_s() - w0;
+      trained = ps_trainer_pos(&t);
+    }
+    if (rc == 0) {
+      if (!sparse)
+        n = ps_trainer_batch(&t);
       have_batch = 1;
       w0 = ps_now_s();
       rc = ps_client_pull_finish(client);
@@ -246,7 +363,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       ps_log(PS_LOG_INFO,
              "step %" PRIu64 " global %" PRIu64 " loss %.4f samples/s %.1f epoch %" PRIu64,
              local, ps_client_global_step(client), loss_sum / (double)steps_log,
-             (double)samples_log / (now - tlog), t.sampler.pos.epoch);
+             (double)samples_log / (now - tlog), ps_trainer_pos(&t).epoch);
       ps_metric_set(series[W_LOSS], loss_sum / (double)steps_log);
       tlog = now;
       loss_sum = 0.0;
@@ -275,12 +392,18 @@ int ps_worker_run(const ps_config *cfg, int index) {
          index, local, ps_client_global_step(client), samples, secs,
          secs > 0 ? (double)samples / secs : 0.0, bytes_out, bytes_in,
          ps_client_pushes(client), ps_client_duplicates(client), ps_client_stale(client));
-  if (index == 0 && !*stop && ps_trainer_final_test(&t, params, ps_client_global_step(client)) != 0)
+  if (index == 0 && !*stop && sparse && cfg->test_data[0] != '\0' &&
+      final_test_ctr(cfg, client, &t, &emb[0], params, ps_client_global_step(client)) != 0)
+    goto out;
+  if (index == 0 && !*stop && !sparse && t.reader == NULL &&
+      ps_trainer_final_test(&t, params, ps_client_global_step(client)) != 0)
     goto out;
   fflush(stdout);
   status = 0;
 out:
   ps_metrics_free(metrics);
+  ps_embed_free(&emb[0]);
+  ps_embed_free(&emb[1]);
   free(sum);
   ps_elastic_free(&el);
   ps_trainer_close(&t);

@@ -30,7 +30,20 @@ static const uint8_t *floats_of(const ps_msg *m, uint64_t *count) {
   }
 }
 
+/* The sparse blocks of a PULL, PULL_REPLY or PUSH, or NULL. */
+static ps_sparse *sparse_of(ps_msg *m) {
+  switch (m->type) {
+  case PS_MSG_PULL: return &m->u.pull.sparse;
+  case PS_MSG_PULL_REPLY: return &m->u.pull_reply.sparse;
+  case PS_MSG_PUSH: return &m->u.push.sparse;
+  default: return NULL;
+  }
+}
+
 static void clear_floats(ps_msg *m) {
+  ps_sparse *sp = sparse_of(m);
+  if (sp != NULL)
+    sp->data = NULL;
   switch (m->type) {
   case PS_MSG_PUSH: m->u.push.data = NULL; break;
   case PS_MSG_PULL_REPLY: m->u.pull_reply.data = NULL; break;
@@ -50,6 +63,10 @@ static int same_msg(const ps_msg *a, const ps_msg *b) {
   if (na != nb || (na > 0 && memcmp(fa, fb, 4 * na) != 0))
     return 0;
   ps_msg x = *a, y = *b;
+  const ps_sparse *sa = sparse_of(&x), *sb = sparse_of(&y);
+  if (sa != NULL && (sa->bytes != sb->bytes ||
+                     (sa->bytes > 0 && memcmp(sa->data, sb->data, sa->bytes) != 0)))
+    return 0;
   clear_floats(&x);
   clear_floats(&y);
   return memcmp(&x, &y, sizeof x) == 0;
@@ -79,10 +96,13 @@ static void check_accepted(const ps_frame_header *h, const uint8_t *frame, const
   /* The zero-copy path: prefix then the floats gives the same frame. */
   uint64_t count;
   const uint8_t *f = floats_of(m, &count);
+  ps_msg copy = *m;
+  const ps_sparse *sp = sparse_of(&copy);
+  uint64_t blocks = sp != NULL ? sp->bytes : 0;
   if (f != NULL) {
     uint8_t prefix[PS_PROTO_PREFIX_MAX];
     size_t np = ps_proto_encode_prefix(m, h->request_id, prefix);
-    if (np == 0 || np + 4 * count != n || memcmp(prefix, frame, np) != 0)
+    if (np == 0 || np + 4 * count + blocks != n || memcmp(prefix, frame, np) != 0)
       abort();
   } else if (ps_proto_encode_prefix(m, h->request_id, re) != 0) {
     abort();

@@ -361,7 +361,7 @@ static const bad_case bad_cases[] = {
     {C PSW "[checkpoint]\ndir =\n", "cluster.conf:5:", "[checkpoint] dir", "1 to 1023 characters"},
     /* sections and keys */
     {C PSW "\n[trian]\nbatch = 5\n", "cluster.conf:5:", "unknown section [trian]",
-     "expected one of cluster, redis, model, train, layout, replication, checkpoint, chief, worker"},
+     "expected one of cluster, redis, model, data, train, layout, replication, checkpoint, chief, worker"},
     {C PSW "[trian]\n", "cluster.conf:4:", "unknown section [trian]", "expected one of cluster"},
     {C PSW "[train]\nbach = 5\n", "cluster.conf:5:", "unknown key [train] bach",
      "expected one of optimizer, lr, momentum"},

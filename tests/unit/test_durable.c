@@ -141,7 +141,7 @@ static int push(fx *f, uint64_t seq) {
   for (size_t i = 0; i < n; i++)
     g[i] = 0.001f * (float)(i % 7);
   ps_journal j;
-  ps_push_result r = ps_shard_push(f->shard, 0, 1, seq, ps_shard_version(f->shard), g, &j);
+  ps_push_result r = ps_shard_push(f->shard, 0, 1, seq, ps_shard_version(f->shard), g, NULL, 0, &j);
   assert_int_equal(r, PS_SHARD_APPLIED);
   ps_durable_journal(f->d, &j);  /* no frame: appended now, the gradient copied */
   free(g);

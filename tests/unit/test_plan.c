@@ -174,10 +174,10 @@ static void sync_shards(const cluster *k, ps_shard **sh) {
     sh[i] = ps_shard_new(&so, NULL);
     assert_non_null(sh[i]);
     float *g = gradient(k, i);
-    assert_int_equal(ps_shard_push(sh[i], 0, 100, 4, 0, g, NULL), PS_SHARD_APPLIED);
-    assert_int_equal(ps_shard_push(sh[i], 1, 200, 6, 0, g, NULL), PS_SHARD_APPLIED);
+    assert_int_equal(ps_shard_push(sh[i], 0, 100, 4, 0, g, NULL, 0, NULL), PS_SHARD_APPLIED);
+    assert_int_equal(ps_shard_push(sh[i], 1, 200, 6, 0, g, NULL, 0, NULL), PS_SHARD_APPLIED);
     assert_int_equal(ps_shard_sync_flush(sh[i], &(ps_journal){0}), 1);
-    assert_int_equal(ps_shard_push(sh[i], 2, 300, 9, 1, g, NULL), PS_SHARD_APPLIED);
+    assert_int_equal(ps_shard_push(sh[i], 2, 300, 9, 1, g, NULL, 0, NULL), PS_SHARD_APPLIED);
     free(g);
     ps_state_info in = ps_shard_state_info(sh[i]);
     assert_int_equal(in.version, 1);

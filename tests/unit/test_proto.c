@@ -32,6 +32,7 @@ static void sample_state(ps_state_info *st) {
   st->accum_count = 0x51525354u;
   st->target = 0x61626364u;
   st->nonce = 0x71727374u;
+  st->table_floats = 0x0000818283848586u;
 }
 
 /* A valid message of `type` in which every field has a distinct value, so
@@ -217,6 +218,9 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
   case PS_MSG_PULL:
     assert_int_equal(a->u.pull.worker, b->u.pull.worker);
     assert_true(a->u.pull.step == b->u.pull.step);
+    assert_true(a->u.pull.sparse.bytes == b->u.pull.sparse.bytes);
+    if (a->u.pull.sparse.bytes > 0)
+      assert_memory_equal(a->u.pull.sparse.data, b->u.pull.sparse.data, a->u.pull.sparse.bytes);
     break;
   case PS_MSG_PULL_REPLY:
     assert_true(a->u.pull_reply.version == b->u.pull_reply.version);
@@ -224,6 +228,10 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     assert_true(a->u.pull_reply.count == b->u.pull_reply.count);
     if (a->u.pull_reply.count > 0)
       assert_memory_equal(a->u.pull_reply.data, b->u.pull_reply.data, 4 * a->u.pull_reply.count);
+    assert_true(a->u.pull_reply.sparse.bytes == b->u.pull_reply.sparse.bytes);
+    if (a->u.pull_reply.sparse.bytes > 0)
+      assert_memory_equal(a->u.pull_reply.sparse.data, b->u.pull_reply.sparse.data,
+                          a->u.pull_reply.sparse.bytes);
     break;
   case PS_MSG_PUSH:
     assert_int_equal(a->u.push.worker, b->u.push.worker);
@@ -233,6 +241,9 @@ static void assert_msg_equal(const ps_msg *a, const ps_msg *b) {
     assert_true(a->u.push.count == b->u.push.count);
     if (a->u.push.count > 0)
       assert_memory_equal(a->u.push.data, b->u.push.data, 4 * a->u.push.count);
+    assert_true(a->u.push.sparse.bytes == b->u.push.sparse.bytes);
+    if (a->u.push.sparse.bytes > 0)
+      assert_memory_equal(a->u.push.sparse.data, b->u.push.sparse.data, a->u.push.sparse.bytes);
     break;
   case PS_MSG_PUSH_ACK:
     assert_true(a->u.push_ack.seq == b->u.push_ack.seq);
@@ -348,14 +359,14 @@ static void test_roundtrip_every_type(void **state) {
     assert_msg_equal(&m, &out);
     /* The exact sizes of PROTOCOL.md. */
     static const size_t want[PS_MSG_TYPE_MAX + 1] = {
-        0,       48,      58 + 10, 56, 16,      32 + 20, 48 + 20, 32, 0, 88, 16 + 48, 8, 8,
-        /* CUT */ 24, 56, 16,      32, 32 + 20, 80 + 20, 16,
+        0,       48,      58 + 10, 56, 32,      32 + 20, 48 + 20, 32, 0, 88, 16 + 48, 8, 8,
+        /* CUT */ 24, 72, 16,      32, 32 + 20, 96 + 20, 16,
         /* RING_JOIN */ 24, 48 + 20};
     assert_int_equal(h.length, want[type]);
   }
 }
 
-/* The offsets of PROTOCOL.md's tables for the chief's messages (version 3), read back
+/* The offsets of PROTOCOL.md's tables for the chief's messages (version 4), read back
  * from the encoded bytes rather than through the decoder, so that a field
  * that the encoder and the decoder both put at the same wrong offset shows
  * up. */
@@ -392,7 +403,9 @@ static void test_v3_payload_bytes(void **state) {
     assert_int_equal(ps_get_le32(b + 32), 0x51525354u);
     assert_int_equal(ps_get_le32(b + 36), 0x61626364u);
     assert_int_equal(ps_get_le32(b + 40), 0x71727374u);
-    assert_int_equal(ps_get_le32(b + 44), 0);
+    assert_true(ps_get_le64(b + 44) == 0x0000818283848586u);
+    for (int z = 52; z < 64; z++)
+      assert_int_equal(b[z], 0);
   }
   encode_sample(PS_MSG_CUT_REPLY, &m);
   assert_true(ps_get_le64(p) == 0xd1d2d3d4d5d6d7d8u);
@@ -417,9 +430,9 @@ static void test_v3_payload_bytes(void **state) {
   encode_sample(PS_MSG_LOAD, &m);
   assert_true(ps_get_le64(p) == FENCE);
   assert_true(ps_get_le64(p + 8) == 0);
-  assert_true(ps_get_le64(p + 64) == 0x0000414243444546u - 5);
-  assert_true(ps_get_le64(p + 72) == 5);
-  assert_memory_equal(p + 80, floats, sizeof floats);
+  assert_true(ps_get_le64(p + 80) == 0x0000414243444546u - 5);
+  assert_true(ps_get_le64(p + 88) == 5);
+  assert_memory_equal(p + 96, floats, sizeof floats);
 
   encode_sample(PS_MSG_STOP, &m);
   assert_true(ps_get_le64(p) == FENCE);
@@ -433,7 +446,7 @@ static void test_fence_vector(void **state) {
   ps_msg m = {.type = PS_MSG_CUT};
   m.u.cut = (ps_msg_cut){.fence = 7, .cut_id = 3, .hold_ms = 1500};
   static const uint8_t want[48] = {
-      'P', 'S', 'R', 'V', 3, 0, 13, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 24, 0, 0, 0,
+      'P', 'S', 'R', 'V', 4, 0, 13, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 24, 0, 0, 0,
       7,   0,   0,   0,   0, 0, 0,  0, 3, 0, 0, 0, 0, 0, 0, 0, 0xdc, 0x05, 0, 0, 0, 0, 0, 0};
   assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), sizeof want);
   assert_memory_equal(frame, want, sizeof want);
@@ -452,7 +465,7 @@ static void test_header_bytes(void **state) {
   (void)state;
   ps_msg m;
   size_t n = encode_sample(PS_MSG_PING, &m);
-  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 3, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
+  static const uint8_t want[32] = {'P', 'S', 'R', 'V', 4, 0, 11, 0, 0, 0, 0, 0, 8, 7, 6, 5,
                                    4,   3,   2,   1,   8, 0, 0,  0, 0xc8, 0xc7, 0xc6, 0xc5,
                                    0xc4, 0xc3, 0xc2, 0xc1};
   assert_int_equal(n, sizeof want);
@@ -498,7 +511,7 @@ static void test_encode_prefix(void **state) {
   } types[] = {{PS_MSG_PULL_REPLY, 24 + 32},
                {PS_MSG_PUSH, 24 + 48},
                {PS_MSG_FETCH_REPLY, 24 + 32},
-               {PS_MSG_LOAD, 24 + 80}};
+               {PS_MSG_LOAD, 24 + 96}};
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     ps_msg m, out;
     size_t n = encode_sample(types[i].type, &m);
@@ -537,10 +550,10 @@ static void test_encode_prefix(void **state) {
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 56);
   sample(PS_MSG_LOAD, &m);  /* an image of ~2^46 floats: the bound is the length */
   m.u.load.offset = 0;
-  m.u.load.count = (UINT32_MAX - 80) / 4 + 1;
+  m.u.load.count = (UINT32_MAX - 96) / 4 + 1;
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
-  m.u.load.count = (UINT32_MAX - 80) / 4;
-  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 104);
+  m.u.load.count = (UINT32_MAX - 96) / 4;
+  assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 120);
   /* The prefix is held to LOAD's rules, too. */
   m.u.load.offset = m.u.load.state.image_floats - m.u.load.count + 1;
   assert_int_equal(ps_proto_encode_prefix(&m, 1, frame), 0);
@@ -630,12 +643,12 @@ static void test_encode_refuses_invalid(void **state) {
   m.u.load.state.image_floats = 4;
   assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
   m.u.load.state.image_floats = 5;
-  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 80 + 20);
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 96 + 20);
   /* An empty piece at the very end is within the image. */
   m.u.load.offset = 5;
   m.u.load.count = 0;
   m.u.load.data = NULL;
-  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 80);
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), PS_PROTO_HEADER_SIZE + 96);
 
   /* Every chief -> shard frame needs a fence token: 0 is refused. */
   static const int fenced[] = {PS_MSG_CUT, PS_MSG_RESUME, PS_MSG_FETCH, PS_MSG_LOAD, PS_MSG_STOP};
@@ -690,14 +703,18 @@ static void test_other_version(void **state) {
   /* A version-1 peer is refused, with both versions named. */
   ps_put_le16(frame + 4, 1);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 1, expected version 3");
+                "protocol version 1, expected version 4");
   /* So is version 2, whose chief frames carried no fence token. */
   ps_put_le16(frame + 4, 2);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 2, expected version 3");
-  ps_put_le16(frame + 4, 4);
+                "protocol version 2, expected version 4");
+  /* And version 3, whose PULL had no keys and whose state block had no tables. */
+  ps_put_le16(frame + 4, 3);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
-                "protocol version 4, expected version 3");
+                "protocol version 3, expected version 4");
+  ps_put_le16(frame + 4, 5);
+  expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION,
+                "protocol version 5, expected version 4");
   ps_put_le16(frame + 4, 0);
   expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EVERSION, "version 0");
   /* Version 1's 80-byte STATS_REPLY, should one get past the header. */
@@ -754,21 +771,24 @@ static void test_payload_cap(void **state) {
     assert_non_null(strstr(eb.msg, needle));
   }
 
-  /* A float-carrying frame is held to the caller's cap instead: 80 (LOAD's
-   * fixed part, the largest) + 4 * floats. */
+  /* A float-carrying frame (and a PULL, whose keys may be many) is held to
+   * the caller's cap instead: 96 (LOAD's fixed part, the largest) + 4 *
+   * floats. */
   uint64_t cap = ps_proto_max_payload(5);
-  assert_int_equal(cap, 80 + 20);
-  assert_int_equal(ps_proto_max_payload(0), 80);
+  assert_int_equal(cap, 96 + 20);
+  assert_int_equal(ps_proto_max_payload(0), 96);
+  assert_int_equal(ps_proto_max_payload_sparse(5, 1000), 96 + 20 + 1000);
+  assert_true(ps_proto_max_payload_sparse(5, UINT64_MAX - 10) == UINT64_MAX);
   static const int with_floats[] = {PS_MSG_PULL_REPLY, PS_MSG_PUSH, PS_MSG_FETCH_REPLY,
-                                    PS_MSG_LOAD};
+                                    PS_MSG_LOAD, PS_MSG_PULL};
   for (size_t i = 0; i < sizeof with_floats / sizeof with_floats[0]; i++) {
     encode_sample(with_floats[i], &m);
-    ps_put_le32(frame + 20, 80 + 20);
+    ps_put_le32(frame + 20, 96 + 20);
     assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), 0);
-    ps_put_le32(frame + 20, 80 + 21);
+    ps_put_le32(frame + 20, 96 + 21);
     assert_int_equal(ps_proto_decode_header(frame, cap, &h, &eb), PS_EFORMAT);
     char needle[96];
-    snprintf(needle, sizeof needle, "%s: payload is 101 bytes, more than the cap of 100",
+    snprintf(needle, sizeof needle, "%s: payload is 117 bytes, more than the cap of 116",
              ps_proto_type_name(with_floats[i]));
     assert_non_null(strstr(eb.msg, needle));
     /* The small cap does not apply to floats. */
@@ -783,8 +803,8 @@ static void test_payload_cap(void **state) {
   load.u.load.offset = 0;
   load.u.load.count = 5;
   assert_int_equal(ps_proto_encode(&load, 1, frame, sizeof frame), 24 + ps_proto_max_payload(5));
-  assert_true(ps_proto_max_payload((UINT64_MAX - 80) / 4) == UINT64_MAX - 3);
-  assert_true(ps_proto_max_payload((UINT64_MAX - 80) / 4 + 1) == UINT64_MAX);
+  assert_true(ps_proto_max_payload((UINT64_MAX - 96) / 4) == UINT64_MAX - 3);
+  assert_true(ps_proto_max_payload((UINT64_MAX - 96) / 4 + 1) == UINT64_MAX);
   assert_true(ps_proto_max_payload(UINT64_MAX / 2) == UINT64_MAX);
 }
 
@@ -817,7 +837,7 @@ static void test_length_mismatch_with_header(void **state) {
   ps_frame_header h;
   assert_int_equal(ps_proto_decode_header(frame, MAX_PAYLOAD, &h, &eb), 0);
   assert_int_equal(ps_proto_decode(&h, frame + 24, n - 24 - 1, &out, &eb), PS_EFORMAT);
-  assert_non_null(strstr(eb.msg, "header says 16"));
+  assert_non_null(strstr(eb.msg, "header says 32"));
 }
 
 static void test_count_mismatch(void **state) {
@@ -839,10 +859,10 @@ static void test_count_mismatch(void **state) {
   expect_reject(32 + 22, PS_EFORMAT,
                 "FETCH_REPLY: payload is 54 bytes, expected 32 + 4 * count (count 6) = 56");
   encode_sample(PS_MSG_LOAD, &m);
-  ps_put_le64(frame + 24 + 72, 4);
-  expect_reject(80 + 20, PS_EFORMAT,
-                "LOAD: payload is 100 bytes, expected 80 + 4 * count (count 4) = 96");
-  expect_reject(80 + 17, PS_EFORMAT, "LOAD: payload is 97 bytes, expected 80 + 4 * count");
+  ps_put_le64(frame + 24 + 88, 4);
+  expect_reject(96 + 20, PS_EFORMAT,
+                "LOAD: payload is 116 bytes, expected 96 + 4 * count (count 4) = 112");
+  expect_reject(96 + 17, PS_EFORMAT, "LOAD: payload is 113 bytes, expected 96 + 4 * count");
 }
 
 static void test_count_overflow(void **state) {
@@ -868,12 +888,12 @@ static void test_count_overflow(void **state) {
   /* LOAD's count is checked against the bytes before the image bounds. */
   encode_sample(PS_MSG_LOAD, &m);
   ps_put_le64(frame + 24 + 32, UINT64_MAX);  /* image_floats */
-  ps_put_le64(frame + 24 + 72, UINT64_C(1) << 62);
-  expect_reject(80, PS_EFORMAT,
-                "LOAD: payload is 80 bytes, expected 80 + 4 * count (count 4611686018427387904)");
-  ps_put_le64(frame + 24 + 72, UINT64_MAX);
-  expect_reject(80 + 20, PS_EFORMAT,
-                "LOAD: payload is 100 bytes, expected 80 + 4 * count (count 18446744073709551615), "
+  ps_put_le64(frame + 24 + 88, UINT64_C(1) << 62);
+  expect_reject(96, PS_EFORMAT,
+                "LOAD: payload is 96 bytes, expected 96 + 4 * count (count 4611686018427387904)");
+  ps_put_le64(frame + 24 + 88, UINT64_MAX);
+  expect_reject(96 + 20, PS_EFORMAT,
+                "LOAD: payload is 116 bytes, expected 96 + 4 * count (count 18446744073709551615), "
                 "which overflows");
 }
 
@@ -884,10 +904,10 @@ static void test_nonzero_padding(void **state) {
     int from, to;  /* inclusive payload offsets */
   } pads[] = {
       {PS_MSG_CHALLENGE, 33, 35}, {PS_MSG_HELLO, 1, 3},       {PS_MSG_WELCOME, 5, 7},
-      {PS_MSG_WELCOME, 52, 55},   {PS_MSG_PULL, 4, 7},        {PS_MSG_PULL_REPLY, 24, 31},
-      {PS_MSG_PUSH, 4, 7},        {PS_MSG_PUSH, 40, 47},      {PS_MSG_PUSH_ACK, 28, 31},
-      {PS_MSG_ERROR, 10, 15},     {PS_MSG_CUT, 20, 23},       {PS_MSG_CUT_REPLY, 52, 55},
-      {PS_MSG_FETCH_REPLY, 24, 31}, {PS_MSG_LOAD, 8, 15},     {PS_MSG_LOAD, 60, 63},
+      {PS_MSG_WELCOME, 52, 55},   {PS_MSG_PULL, 4, 7},        {PS_MSG_PULL, 24, 31},
+      {PS_MSG_PUSH, 4, 7},        {PS_MSG_PUSH_ACK, 28, 31},
+      {PS_MSG_ERROR, 10, 15},     {PS_MSG_CUT, 20, 23},       {PS_MSG_CUT_REPLY, 60, 71},
+      {PS_MSG_FETCH_REPLY, 24, 31}, {PS_MSG_LOAD, 8, 15},     {PS_MSG_LOAD, 68, 79},
   };
   for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
     for (int off = pads[i].from; off <= pads[i].to; off++) {
@@ -990,36 +1010,36 @@ static void test_load_bounds(void **state) {
   uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
   encode_sample(PS_MSG_LOAD, &m);
   ps_put_le64(p + 32, 100);  /* image_floats */
-  ps_put_le64(p + 64, 95);   /* offset: the last 5 floats */
-  assert_int_equal(decode_frame(80 + 20, &out), 0);
+  ps_put_le64(p + 80, 95);   /* offset: the last 5 floats */
+  assert_int_equal(decode_frame(96 + 20, &out), 0);
   assert_true(out.u.load.offset == 95 && out.u.load.count == 5);
   assert_true(out.u.load.state.image_floats == 100);
-  assert_ptr_equal(out.u.load.data, p + 80);
-  ps_put_le64(p + 64, 0);
-  assert_int_equal(decode_frame(80 + 20, &out), 0);
+  assert_ptr_equal(out.u.load.data, p + 96);
+  ps_put_le64(p + 80, 0);
+  assert_int_equal(decode_frame(96 + 20, &out), 0);
 
-  ps_put_le64(p + 64, 96);
-  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 96..+5 lie outside the image of 100");
-  ps_put_le64(p + 64, 101);
-  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 101..+5 lie outside the image of 100");
+  ps_put_le64(p + 80, 96);
+  expect_reject(96 + 20, PS_EFORMAT, "LOAD: floats 96..+5 lie outside the image of 100");
+  ps_put_le64(p + 80, 101);
+  expect_reject(96 + 20, PS_EFORMAT, "LOAD: floats 101..+5 lie outside the image of 100");
   /* offset + count wraps to 4, which a careless check would take for in bounds. */
-  ps_put_le64(p + 64, UINT64_MAX);
-  expect_reject(80 + 20, PS_EFORMAT,
+  ps_put_le64(p + 80, UINT64_MAX);
+  expect_reject(96 + 20, PS_EFORMAT,
                 "LOAD: floats 18446744073709551615..+5 lie outside the image of 100");
-  ps_put_le64(p + 64, 0);
+  ps_put_le64(p + 80, 0);
   ps_put_le64(p + 32, 4);
-  expect_reject(80 + 20, PS_EFORMAT, "LOAD: floats 0..+5 lie outside the image of 4");
+  expect_reject(96 + 20, PS_EFORMAT, "LOAD: floats 0..+5 lie outside the image of 4");
   ps_put_le64(p + 32, 0);
-  expect_reject(80 + 20, PS_EFORMAT, "outside the image of 0");
+  expect_reject(96 + 20, PS_EFORMAT, "outside the image of 0");
 
   /* Empty pieces: within the image up to its end, not past it. */
-  ps_put_le64(p + 72, 0);
+  ps_put_le64(p + 88, 0);
   ps_put_le64(p + 32, 100);
-  ps_put_le64(p + 64, 100);
-  assert_int_equal(decode_frame(80, &out), 0);
+  ps_put_le64(p + 80, 100);
+  assert_int_equal(decode_frame(96, &out), 0);
   assert_true(out.u.load.count == 0);
-  ps_put_le64(p + 64, 101);
-  expect_reject(80, PS_EFORMAT, "LOAD: floats 101..+0 lie outside the image of 100");
+  ps_put_le64(p + 80, 101);
+  expect_reject(96, PS_EFORMAT, "LOAD: floats 101..+0 lie outside the image of 100");
 }
 
 static void test_stats_reply_flags(void **state) {
@@ -1175,6 +1195,147 @@ static void test_auth_check(void **state) {
   assert_int_equal(ps_proto_auth_check(key, sizeof key - 1, nonce, &h), 0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Sparse blocks (version 4)                                                */
+/* ------------------------------------------------------------------------ */
+
+static const uint64_t skeys[3] = {5, 0x8000000000000001u, UINT64_MAX};
+static const float svals[6] = {1.5f, -2.0f, 3.25f, 0.0f, -0.5f, 7.0f};
+
+/* Two blocks of kind k: table 2 (dim 2, 3 rows), table 9 (dim 1, 2 rows). */
+static size_t sample_blocks(ps_sparse_kind k, uint8_t *out, size_t cap) {
+  size_t a = ps_sparse_put(out, cap, k, 2, 2, 3, skeys, svals);
+  size_t b = ps_sparse_put(out + a, cap - a, k, 9, 1, 2, skeys + 1, svals);
+  assert_true(a > 0 && b > 0);
+  return a + b;
+}
+
+/* PULL with keys, PUSH with keys and gradients, PULL_REPLY with rows: each
+ * round trips, at PROTOCOL.md's offsets, and the iterator gives the blocks
+ * back. */
+static void test_sparse_roundtrip(void **state) {
+  (void)state;
+  static const struct {
+    int type;
+    ps_sparse_kind kind;
+    size_t at_sparse, fixed;  /* where `sparse` sits; the fixed part */
+  } cases[] = {{PS_MSG_PULL, PS_SPARSE_K, 16, 32},
+               {PS_MSG_PUSH, PS_SPARSE_KV, 40, 48},
+               {PS_MSG_PULL_REPLY, PS_SPARSE_V, 24, 32}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t blocks[512];
+    size_t nb = sample_blocks(cases[i].kind, blocks, sizeof blocks);
+    ps_msg m, out;
+    sample(cases[i].type, &m);
+    ps_sparse sp = {.bytes = nb, .data = blocks};
+    if (cases[i].type == PS_MSG_PULL)
+      m.u.pull.sparse = sp;
+    else if (cases[i].type == PS_MSG_PUSH)
+      m.u.push.sparse = sp;
+    else
+      m.u.pull_reply.sparse = sp;
+    size_t n = ps_proto_encode(&m, 7, frame, sizeof frame);
+    size_t floats_bytes = cases[i].type == PS_MSG_PULL ? 0 : sizeof floats;
+    assert_int_equal(n, PS_PROTO_HEADER_SIZE + cases[i].fixed + floats_bytes + nb);
+    const uint8_t *p = frame + PS_PROTO_HEADER_SIZE;
+    assert_true(ps_get_le64(p + cases[i].at_sparse) == nb);
+    assert_memory_equal(p + cases[i].fixed + floats_bytes, blocks, nb);
+    /* The first block's head: table, dim, n. */
+    const uint8_t *b = p + cases[i].fixed + floats_bytes;
+    assert_int_equal(ps_get_le32(b), 2);
+    assert_int_equal(ps_get_le32(b + 4), 2);
+    assert_true(ps_get_le64(b + 8) == 3);
+    assert_int_equal(decode_frame((uint32_t)(n - PS_PROTO_HEADER_SIZE), &out), 0);
+    assert_msg_equal(&m, &out);
+    ps_sparse_kind kind;
+    const ps_sparse *got = cases[i].type == PS_MSG_PULL   ? &out.u.pull.sparse
+                           : cases[i].type == PS_MSG_PUSH ? &out.u.push.sparse
+                                                          : &out.u.pull_reply.sparse;
+    kind = cases[i].kind;
+    ps_sparse_iter it;
+    ps_sparse_block blk;
+    ps_sparse_iter_init(got, &it);
+    assert_true(ps_sparse_iter_next(&it, kind, &blk));
+    assert_int_equal(blk.table, 2);
+    assert_true(blk.n == 3 && blk.dim == 2);
+    if (kind != PS_SPARSE_V)
+      assert_true(ps_get_le64(blk.keys + 16) == UINT64_MAX);
+    if (kind != PS_SPARSE_K)
+      assert_memory_equal(blk.values, svals, sizeof svals);
+    assert_true(ps_sparse_iter_next(&it, kind, &blk));
+    assert_true(blk.table == 9 && blk.n == 2 && blk.dim == 1);
+    assert_false(ps_sparse_iter_next(&it, kind, &blk));
+  }
+}
+
+/* Blocks the decoder refuses, each with a line naming the block, and the
+ * encoder refusing to write them. */
+static void test_sparse_refused(void **state) {
+  (void)state;
+  uint8_t blocks[512], bad[512];
+  size_t nb = sample_blocks(PS_SPARSE_KV, blocks, sizeof blocks);
+  static const struct {
+    size_t at;       /* a byte of the section to change */
+    int width;       /* 4 or 8 */
+    uint64_t value;
+    const char *want;
+  } cases[] = {
+      {4, 4, 0, "sparse block 0 (table 2): dim 0, expected 1..65536"},
+      {4, 4, 65537, "dim 65537"},
+      {8, 8, 0, "sparse block 0 (table 2): 0 rows"},
+      {8, 8, UINT64_C(1) << 61, "more than 2^64"},
+      {8, 8, 7, "7 rows of dim 2 need more bytes"},
+      {16 + 8, 8, 5, "key 5 (row 1) not above key 5"},
+      {16 + 16, 8, 1, "key 1 (row 2) not above key 9223372036854775809"},
+      {0, 4, 9, "sparse block 1: table 9 after table 9"},
+      {0, 4, 10, "table 9 after table 10"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    memcpy(bad, blocks, nb);
+    if (cases[i].width == 4)
+      ps_put_le32(bad + cases[i].at, (uint32_t)cases[i].value);
+    else
+      ps_put_le64(bad + cases[i].at, cases[i].value);
+    ps_msg m;
+    sample(PS_MSG_PUSH, &m);
+    m.u.push.sparse = (ps_sparse){.bytes = nb, .data = bad};
+    assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), 0);
+    /* The same bytes on the wire. */
+    m.u.push.sparse = (ps_sparse){.bytes = nb, .data = blocks};
+    size_t n = ps_proto_encode(&m, 1, frame, sizeof frame);
+    memcpy(frame + n - nb, bad, nb);
+    expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EFORMAT, cases[i].want);
+    assert_non_null(strstr(eb.msg, "PUSH: "));
+  }
+  /* A section cut short, one with a byte past its blocks, and a `sparse`
+   * longer than the payload. */
+  ps_msg m;
+  sample(PS_MSG_PUSH, &m);
+  m.u.push.sparse = (ps_sparse){.bytes = nb, .data = blocks};
+  size_t n = ps_proto_encode(&m, 1, frame, sizeof frame);
+  uint32_t len = (uint32_t)(n - PS_PROTO_HEADER_SIZE);
+  ps_put_le64(frame + PS_PROTO_HEADER_SIZE + 40, nb - 4);
+  expect_reject(len - 4, PS_EFORMAT, "PUSH: sparse block 1 (table 9): 2 rows of dim 1 need more");
+  ps_put_le64(frame + PS_PROTO_HEADER_SIZE + 40, nb - 30);
+  expect_reject(len - 30, PS_EFORMAT, "sparse block 1: 10 bytes left, a block head needs 16");
+  ps_put_le64(frame + PS_PROTO_HEADER_SIZE + 40, len);
+  expect_reject(len, PS_EFORMAT, "fewer than its 48-byte fixed part and");
+  /* A PULL whose `sparse` does not match its length. */
+  sample(PS_MSG_PULL, &m);
+  n = ps_proto_encode(&m, 1, frame, sizeof frame);
+  ps_put_le64(frame + PS_PROTO_HEADER_SIZE + 16, 16);
+  expect_reject((uint32_t)(n - PS_PROTO_HEADER_SIZE), PS_EFORMAT, "PULL: payload is 32 bytes");
+  /* The writer's own checks. */
+  uint64_t down[2] = {9, 3};
+  assert_int_equal(ps_sparse_put(bad, sizeof bad, PS_SPARSE_K, 0, 1, 2, down, NULL), 0);
+  assert_int_equal(ps_sparse_put(bad, sizeof bad, PS_SPARSE_K, 0, 1, 0, skeys, NULL), 0);
+  assert_int_equal(ps_sparse_put(bad, sizeof bad, PS_SPARSE_KV, 0, 0, 1, skeys, svals), 0);
+  assert_int_equal(ps_sparse_put(bad, sizeof bad, PS_SPARSE_KV, 0, 1, 1, skeys, NULL), 0);
+  assert_int_equal(ps_sparse_put(bad, 20, PS_SPARSE_KV, 0, 2, 1, skeys, svals), 0);
+  assert_int_equal(ps_sparse_put(bad, 32, PS_SPARSE_KV, 0, 2, 1, skeys, svals), 32);
+  assert_true(ps_sparse_block_bytes(PS_SPARSE_V, 65536, UINT64_MAX / 1000) == UINT64_MAX);
+}
+
 static void test_names(void **state) {
   (void)state;
   assert_string_equal(ps_proto_type_name(PS_MSG_PUSH), "PUSH");
@@ -1191,7 +1352,7 @@ static void test_names(void **state) {
   assert_string_equal(ps_proto_type_name(20), "RING_JOIN");
   assert_string_equal(ps_proto_type_name(21), "RING_CHUNK");
   assert_int_equal(PS_MSG_TYPE_MAX, 21);
-  assert_int_equal(PS_PROTO_VERSION, 3);
+  assert_int_equal(PS_PROTO_VERSION, 4);
   assert_string_equal(ps_proto_type_name(0), "unknown");
   assert_string_equal(ps_proto_type_name(22), "unknown");
   assert_string_equal(ps_proto_type_name(-1), "unknown");
@@ -1232,6 +1393,8 @@ int main(void) {
       cmocka_unit_test(test_error_message),
       cmocka_unit_test(test_hmac_vector),
       cmocka_unit_test(test_auth_check),
+      cmocka_unit_test(test_sparse_roundtrip),
+      cmocka_unit_test(test_sparse_refused),
       cmocka_unit_test(test_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

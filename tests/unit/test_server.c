@@ -30,7 +30,7 @@ static ps_shard *chief_state(int pushes) {
   assert_non_null(sh);
   float *g = fx_gradient(0.25f);
   for (int i = 1; i <= pushes; i++)
-    assert_int_equal(ps_shard_push(sh, 1, 9, (uint64_t)i, 0, g, NULL), PS_SHARD_APPLIED);
+    assert_int_equal(ps_shard_push(sh, 1, 9, (uint64_t)i, 0, g, NULL, 0, NULL), PS_SHARD_APPLIED);
   free(g);
   free(v);
   return sh;

@@ -68,14 +68,14 @@ static void test_async_replay_is_exact(void **state) {
   for (int k = 0; k < 6; k++) {
     grad(g, k);
     ps_journal j;
-    assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 5, (uint64_t)(k / 2 + 1), 0, g, &j),
+    assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 5, (uint64_t)(k / 2 + 1), 0, g, NULL, 0, &j),
                      PS_SHARD_APPLIED);
     assert_int_equal(j.n, (uint64_t)k + 1);
     assert_int_equal(j.version, (uint64_t)k + 1);
     record(&log[n++], &j);
   }
   /* A duplicate makes no entry. */
-  assert_int_equal(ps_shard_push(live, 0, 5, 1, 0, g, NULL), PS_SHARD_DUPLICATE);
+  assert_int_equal(ps_shard_push(live, 0, 5, 1, 0, g, NULL, 0, NULL), PS_SHARD_DUPLICATE);
   assert_int_equal(ps_shard_journal(live), 6);
   for (int k = 0; k < n; k++)
     assert_int_equal(ps_shard_replay(again, &log[k].j), 0);
@@ -102,7 +102,7 @@ static void test_sync_flush_and_target_replay(void **state) {
   float g[N];
   ps_journal j;
   grad(g, 1);
-  assert_int_equal(ps_shard_push(live, 0, 1, 1, 0, g, &j), PS_SHARD_APPLIED);
+  assert_int_equal(ps_shard_push(live, 0, 1, 1, 0, g, NULL, 0, &j), PS_SHARD_APPLIED);
   record(&log[n++], &j);
   assert_int_equal(ps_shard_version(live), 0);  /* one of two gradients: the step is open */
   assert_int_equal(ps_shard_sync_flush(live, &j), 1);
@@ -110,7 +110,7 @@ static void test_sync_flush_and_target_replay(void **state) {
   assert_int_equal(ps_shard_version(live), 1);
   assert_int_equal(ps_shard_state_info(live).target, 1);
   grad(g, 2);
-  assert_int_equal(ps_shard_push(live, 0, 1, 2, 1, g, &j), PS_SHARD_APPLIED);
+  assert_int_equal(ps_shard_push(live, 0, 1, 2, 1, g, NULL, 0, &j), PS_SHARD_APPLIED);
   record(&log[n++], &j);
   assert_int_equal(ps_shard_version(live), 2);  /* target 1: one gradient completes a step */
   assert_int_equal(ps_shard_sync_set_target(live, 2, &j), 1);
@@ -136,7 +136,7 @@ static void test_state_load_in_pieces(void **state) {
   for (int k = 0; k < 5; k++) {
     grad(g, k);
     assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 7 + (uint64_t)(k % 2),
-                                   (uint64_t)(k / 2 + 1), ps_shard_version(live), g, NULL),
+                                   (uint64_t)(k / 2 + 1), ps_shard_version(live), g, NULL, 0, NULL),
                      PS_SHARD_APPLIED);
   }
   ps_state_info in = ps_shard_state_info(live);
@@ -154,7 +154,7 @@ static void test_state_load_in_pieces(void **state) {
     memcpy(raw + 1, img + off, count * sizeof(float));
     ps_shard_state_load_piece(again, &in, off, raw + 1, count);
   }
-  ps_shard_state_load_end(again, &in);
+  assert_int_equal(ps_shard_state_load_end(again, &in, NULL), 0);
   ps_shard_set_journal(again, ps_shard_journal(live));
   assert_same_state(again, live);
   free(img);
@@ -177,12 +177,12 @@ static void test_load_target_capped(void **state) {
   ps_shard_state_write(s, img);
   in.target = 3;
   ps_shard_state_load_piece(s, &in, 0, img, in.image_floats);
-  ps_shard_state_load_end(s, &in);
+  assert_int_equal(ps_shard_state_load_end(s, &in, NULL), 0);
   assert_int_equal(ps_shard_sync_target(s), 2);
   float g[N];
   for (uint32_t w = 0; w < 2; w++) {
     grad(g, (int)w);
-    assert_int_equal(ps_shard_push(s, w, 1, 1, 0, g, NULL), PS_SHARD_APPLIED);
+    assert_int_equal(ps_shard_push(s, w, 1, 1, 0, g, NULL, 0, NULL), PS_SHARD_APPLIED);
   }
   assert_int_equal(ps_shard_version(s), 1);
   free(img);
@@ -202,7 +202,7 @@ static void test_last_step(void **state) {
   for (int k = 0; k < 4; k++) {
     grad(g, k);
     ps_journal j;
-    ps_push_result r = ps_shard_push(s, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, &j);
+    ps_push_result r = ps_shard_push(s, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, NULL, 0, &j);
     assert_int_equal(r, k < 3 ? PS_SHARD_APPLIED : PS_SHARD_STALE);
     if (r == PS_SHARD_APPLIED)
       record(&log[k], &j);

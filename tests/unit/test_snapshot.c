@@ -124,7 +124,7 @@ static void push3(fx *f) {
     for (size_t i = 0; i < n; i++)
       g[i] = 0.001f * (float)((i + f->seq) % 13) - 0.006f;
     f->seq++;
-    assert_int_equal(ps_shard_push(f->shard, 0, 1, f->seq, ps_shard_version(f->shard), g, NULL),
+    assert_int_equal(ps_shard_push(f->shard, 0, 1, f->seq, ps_shard_version(f->shard), g, NULL, 0, NULL),
                      PS_SHARD_APPLIED);
     ps_snaps_updated(&f->snaps);
   }

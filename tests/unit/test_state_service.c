@@ -111,7 +111,7 @@ static void push(ps_shard *s, uint64_t seq) {
   float g[N];
   for (int i = 0; i < N; i++)
     g[i] = 0.01f * (float)((i + (int)seq) % 5);
-  assert_int_equal(ps_shard_push(s, 0, 1, seq, 0, g, NULL), PS_SHARD_APPLIED);
+  assert_int_equal(ps_shard_push(s, 0, 1, seq, 0, g, NULL, 0, NULL), PS_SHARD_APPLIED);
 }
 
 static int setup(void **state) {

@@ -1,0 +1,51 @@
+/* A step's sparse inputs on the worker: each table's distinct keys of a
+ * batch (what the worker pulls and pushes), the pooled embedding input the
+ * network reads (nn/model.h: emb), and the rows' gradients from the
+ * network's gradient of that input.  One key per sample and field, as
+ * Criteo's data has: a bag of one, which every combiner leaves as it is.
+ * No I/O. */
+#ifndef PS_WORKER_EMBED_H
+#define PS_WORKER_EMBED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nn/model.h"
+#include "worker/sparse_split.h"
+
+typedef struct ps_embed {
+  const ps_model *model;
+  int max_batch, nfields;      /* nfields: keys per sample in the data */
+  int n;                       /* samples of the current batch */
+  /* Per table: the batch's distinct keys ascending (nkeys), each sample's
+   * index among them (bag), the rows pulled for them and their gradients. */
+  uint64_t *keys[PS_MODEL_MAX_TABLES];
+  size_t nkeys[PS_MODEL_MAX_TABLES];
+  uint32_t *bag[PS_MODEL_MAX_TABLES];
+  float *rows[PS_MODEL_MAX_TABLES], *grads[PS_MODEL_MAX_TABLES];
+  uint64_t *sort;              /* scratch: (key, sample) pairs */
+} ps_embed;
+
+/* For batches of up to max_batch samples with nfields keys each (a table's
+ * field must be below it).  @return 0, -EINVAL (a table's field out of
+ * range) or -ENOMEM.  Free with ps_embed_free (also after a failure). */
+int ps_embed_init(ps_embed *e, const ps_model *m, int max_batch, int nfields);
+void ps_embed_free(ps_embed *e);
+
+/* Take a batch's keys: keys[i * nfields + f] is sample i's key of field f. */
+void ps_embed_keys(ps_embed *e, const uint64_t *keys, int n);
+
+/* The batch's rows as the client splits them: keys, and rows to pull into
+ * or gradients to push. */
+void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b);
+
+/* The embedding input of the batch (n x model->emb_size floats) from the
+ * rows pulled. */
+void ps_embed_pool(const ps_embed *e, float *emb);
+
+/* The rows' gradients (grads) from the network's gradient of its embedding
+ * input (demb, n x emb_size): each row gets the sum over the samples that
+ * hold its key. */
+void ps_embed_scatter(ps_embed *e, const float *demb);
+
+#endif

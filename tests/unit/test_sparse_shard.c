@@ -1,0 +1,293 @@
+/* A shard's sparse tables (src/ps/shard.c) and the worker's split of a
+ * step's rows by shard (src/worker/sparse_split.c): pushes of rows,
+ * a replay of the journal that repeats every admission and eviction, the
+ * state image's table section, and the rows coming back to their places. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout/hashring.h"
+#include "ps/shard.h"
+#include "worker/sparse_split.h"
+
+#define N 5      /* dense floats */
+#define DIM 4
+#define NT 2     /* tables */
+#define MAXK 16  /* keys per table per push */
+
+static ps_shard_opts opts(void) {
+  ps_shard_opts o = {.index = 0, .nworkers = 2, .nfloats = N, .replicas_to_aggregate = 1};
+  o.optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f);
+  o.ntables = NT;
+  for (int t = 0; t < NT; t++) {
+    o.tables[t] = (ps_table_opts){.dim = DIM, .optim = ps_optim_default(PS_OPTIM_ADAGRAD, 0.1f),
+                                  .seed = 7, .table_id = (uint32_t)t,
+                                  .init = {PS_TABLE_INIT_NORMAL, 0.1f}};
+    o.table_lr[t] = 0.1f;
+  }
+  /* Table 1 admits on the second push of a key, holds 6 rows, and expires
+   * rows idle for 4 steps. */
+  o.tables[1].admit_after = 2;
+  o.tables[1].max_rows = 6;
+  o.tables[1].idle_steps = 4;
+  return o;
+}
+
+/* One push's rows: for each table, keys from a small pool (so that some
+ * repeat and some are new), ascending, with gradients. */
+typedef struct step_rows {
+  uint64_t keys[NT][MAXK];
+  float grads[NT][MAXK * DIM];
+  ps_sparse_batch b;
+} step_rows;
+
+static void make_rows(step_rows *r, int k) {
+  memset(r, 0, sizeof *r);
+  r->b.ntables = NT;
+  for (int t = 0; t < NT; t++) {
+    size_t n = 0;
+    for (uint64_t key = 1; key <= 40 && n < MAXK; key++)
+      if ((key * 2654435761u + (uint64_t)k * 40503u + (uint64_t)t) % 5 < 2)
+        r->keys[t][n++] = key * 1000003u;
+    for (size_t i = 0; i < n * DIM; i++)
+      r->grads[t][i] = (float)((int)((i * 3 + (size_t)k * 5) % 9) - 4) / 8.0f;
+    r->b.dims[t] = DIM;
+    r->b.keys[t] = r->keys[t];
+    r->b.n[t] = n;
+    r->b.grads[t] = r->grads[t];
+  }
+}
+
+/* Its KV blocks, all for shard 0 (a ring of one). */
+static void blocks(const step_rows *r, ps_sparse_part *part) {
+  ps_hashring ring;
+  assert_int_equal(ps_hashring_init(&ring, 1, 4), 0);
+  ps_sparse_part *parts[1] = {part};
+  assert_int_equal(ps_sparse_split(&ring, &r->b, PS_SPARSE_KV, parts), 0);
+  uint32_t nb = 0;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV, part->bytes, part->len, &nb, &eb), 0);
+  ps_hashring_free(&ring);
+}
+
+static float *image(const ps_shard *s, ps_state_info *in) {
+  *in = ps_shard_state_info(s);
+  float *img = malloc(in->image_floats * sizeof(float));
+  assert_non_null(img);
+  ps_shard_state_write(s, img);
+  return img;
+}
+
+static void assert_same_image(const ps_shard *a, const ps_shard *b) {
+  ps_state_info ia, ib;
+  float *xa = image(a, &ia), *xb = image(b, &ib);
+  assert_int_equal(ia.image_floats, ib.image_floats);
+  assert_int_equal(ia.table_floats, ib.table_floats);
+  assert_memory_equal(xa, xb, ia.image_floats * sizeof(float));
+  free(xa);
+  free(xb);
+}
+
+/* Pushes with rows, recorded as the journal would hold them; replayed into
+ * a fresh shard they give the same image: the same rows, slots, counts,
+ * stamps and pending keys, after admissions, evictions for room and
+ * expiries. */
+static void test_replay_repeats_admissions_and_evictions(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *live = ps_shard_new(&o, NULL), *again = ps_shard_new(&o, NULL);
+  assert_non_null(live);
+  assert_non_null(again);
+  float g[N] = {0.1f, -0.2f, 0.3f, 0.0f, 0.5f};
+  enum { STEPS = 30 };
+  ps_journal j[STEPS];
+  ps_sparse_part part[STEPS];
+  memset(part, 0, sizeof part);
+  for (int k = 0; k < STEPS; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part[k]);
+    assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 1, (uint64_t)(k / 2 + 1), (uint64_t)k,
+                                   g, part[k].bytes, part[k].len, &j[k]),
+                     PS_SHARD_APPLIED);
+    assert_ptr_equal(j[k].sparse, part[k].bytes);
+    assert_int_equal(j[k].sparse_bytes, part[k].len);
+  }
+  ps_table_stats st = ps_shard_table_stats(live, 1);
+  assert_true(st.evicted + st.expired > 0);  /* the test reaches the eviction paths */
+  assert_true(st.rows <= 6);
+  assert_true(st.pending > 0);
+  assert_true(ps_shard_table_stats(live, 0).rows > 6);
+  for (int k = 0; k < STEPS; k++)
+    assert_int_equal(ps_shard_replay(again, &j[k]), 0);
+  assert_same_image(live, again);
+  /* A duplicate changes nothing, rows included. */
+  assert_int_equal(ps_shard_push(live, 0, 1, 1, 0, g, part[0].bytes, part[0].len, NULL),
+                   PS_SHARD_DUPLICATE);
+  assert_same_image(live, again);
+  for (int k = 0; k < STEPS; k++)
+    ps_sparse_part_free(&part[k]);
+  ps_shard_free(live);
+  ps_shard_free(again);
+}
+
+/* An image with tables, loaded piece by piece into a fresh shard: the same
+ * image, and the same rows pulled. */
+static void test_image_round_trip(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *live = ps_shard_new(&o, NULL), *copy = ps_shard_new(&o, NULL);
+  float g[N] = {0};
+  ps_sparse_part part = {0};
+  for (int k = 0; k < 12; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part);
+    ps_shard_push(live, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part.bytes, part.len, NULL);
+  }
+  ps_state_info in;
+  float *img = image(live, &in);
+  assert_true(in.table_floats > (uint64_t)NT * 4);
+  char why[256];
+  assert_int_equal(ps_shard_state_check(copy, &in, why, sizeof why), 0);
+  /* In pieces of 7 floats, last to first: any order. */
+  for (uint64_t end = in.image_floats; end > 0;) {
+    uint64_t off = end >= 7 ? end - 7 : 0;
+    ps_shard_state_load_piece(copy, &in, off, img + off, end - off);
+    end = off;
+  }
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_shard_state_load_end(copy, &in, &eb), 0);
+  assert_same_image(live, copy);
+  uint64_t keys[3] = {1000003u, 7000021u, 999};
+  float a[3 * DIM], b[3 * DIM];
+  for (int t = 0; t < NT; t++) {
+    ps_shard_table_pull(live, t, keys, 3, a);
+    ps_shard_table_pull(copy, t, keys, 3, b);
+    assert_memory_equal(a, b, sizeof a);
+  }
+  /* A table section cut short is refused, naming it. */
+  in.table_floats -= 1;
+  in.image_floats -= 1;
+  assert_int_not_equal(ps_shard_state_load(copy, &in, img, &eb), 0);
+  assert_non_null(strstr(eb.msg, "sparse table"));
+  free(img);
+  ps_sparse_part_free(&part);
+  ps_shard_free(live);
+  ps_shard_free(copy);
+}
+
+/* A fresh shard's image has empty tables; a dense model's has none. */
+static void test_shapes(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_state_info shape = ps_shard_state_shape(&o);
+  assert_int_equal(shape.table_floats, NT * 4);
+  ps_shard *s = ps_shard_new(&o, NULL);
+  ps_state_info in = ps_shard_state_info(s);
+  assert_int_equal(in.table_floats, NT * 4);
+  assert_int_equal(in.image_floats, shape.image_floats);
+  ps_shard_free(s);
+  o.ntables = 0;
+  assert_int_equal(ps_shard_state_shape(&o).table_floats, 0);
+}
+
+/* Blocks naming a table the shard does not hold, or another dim, are
+ * refused before anything is applied. */
+static void test_sparse_check(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *s = ps_shard_new(&o, NULL);
+  uint8_t buf[256];
+  uint64_t key = 5;
+  float row[8] = {0};
+  char why[256];
+  size_t n = ps_sparse_put(buf, sizeof buf, PS_SPARSE_KV, 2, DIM, 1, &key, row);
+  assert_true(n > 0);
+  assert_int_equal(ps_shard_sparse_check(s, PS_SPARSE_KV, buf, n, why, sizeof why), PS_ELAYOUT);
+  assert_non_null(strstr(why, "table 2"));
+  n = ps_sparse_put(buf, sizeof buf, PS_SPARSE_KV, 1, 8, 1, &key, row);
+  assert_int_equal(ps_shard_sparse_check(s, PS_SPARSE_KV, buf, n, why, sizeof why), PS_ELAYOUT);
+  assert_non_null(strstr(why, "dim 8"));
+  n = ps_sparse_put(buf, sizeof buf, PS_SPARSE_KV, 1, DIM, 1, &key, row);
+  assert_int_equal(ps_shard_sparse_check(s, PS_SPARSE_KV, buf, n, why, sizeof why), 0);
+  ps_shard_free(s);
+}
+
+/* A step's rows over 3 shards: each key goes to the shard the ring names,
+ * in ascending order; the replies come back to each key's place. */
+static void test_split_and_scatter(void **state) {
+  (void)state;
+  ps_hashring ring;
+  assert_int_equal(ps_hashring_init(&ring, 3, PS_HASHRING_VNODES), 0);
+  step_rows r;
+  make_rows(&r, 3);
+  ps_sparse_part k[3] = {{0}}, *parts[3] = {&k[0], &k[1], &k[2]};
+  assert_int_equal(ps_sparse_split(&ring, &r.b, PS_SPARSE_K, parts), 0);
+  float rows[NT][MAXK * DIM];
+  for (int t = 0; t < NT; t++)
+    r.b.rows[t] = rows[t];
+  memset(rows, 0, sizeof rows);
+  size_t seen = 0;
+  for (int s = 0; s < 3; s++) {
+    /* The shard's answer: each row holds its key's low bits and its table. */
+    uint8_t reply[4096];
+    size_t len = 0;
+    ps_sparse q = {.bytes = k[s].len, .data = k[s].bytes};
+    ps_sparse_iter it;
+    ps_sparse_block b;
+    ps_sparse_iter_init(&q, &it);
+    while (ps_sparse_iter_next(&it, PS_SPARSE_K, &b)) {
+      float vals[MAXK * DIM];
+      for (uint64_t i = 0; i < b.n; i++) {
+        uint64_t key;
+        memcpy(&key, b.keys + 8 * i, 8);
+        assert_int_equal(ps_hashring_owner(&ring, b.table, key), s);
+        for (int d = 0; d < DIM; d++)
+          vals[i * DIM + (uint64_t)d] = (float)(key % 100000) + (float)b.table * 0.25f;
+      }
+      seen += b.n;
+      len += ps_sparse_put(reply + len, sizeof reply - len, PS_SPARSE_V, b.table, b.dim, b.n, NULL,
+                           vals);
+    }
+    ps_sparse rep = {.bytes = len, .data = reply};
+    char why[256];
+    assert_int_equal(ps_sparse_scatter(&k[s], &rep, &r.b, why, sizeof why), 0);
+  }
+  assert_int_equal(seen, r.b.n[0] + r.b.n[1]);
+  for (int t = 0; t < NT; t++)
+    for (size_t i = 0; i < r.b.n[t]; i++)
+      assert_true(rows[t][i * DIM + DIM - 1] ==
+                  (float)(r.keys[t][i] % 100000) + (float)t * 0.25f);
+  /* A reply for another table is refused. */
+  uint8_t bad[256];
+  float vals[MAXK * DIM] = {0};
+  ps_sparse q = {.bytes = k[0].len, .data = k[0].bytes};
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  ps_sparse_iter_init(&q, &it);
+  assert_true(ps_sparse_iter_next(&it, PS_SPARSE_K, &b));
+  size_t len = ps_sparse_put(bad, sizeof bad, PS_SPARSE_V, b.table + 5, b.dim, b.n, NULL, vals);
+  ps_sparse rep = {.bytes = len, .data = bad};
+  char why[256];
+  assert_int_equal(ps_sparse_scatter(&k[0], &rep, &r.b, why, sizeof why), PS_EFORMAT);
+  for (int s = 0; s < 3; s++)
+    ps_sparse_part_free(&k[s]);
+  ps_hashring_free(&ring);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_replay_repeats_admissions_and_evictions),
+      cmocka_unit_test(test_image_round_trip),
+      cmocka_unit_test(test_shapes),
+      cmocka_unit_test(test_sparse_check),
+      cmocka_unit_test(test_split_and_scatter),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

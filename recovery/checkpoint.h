@@ -249,6 +249,8 @@ typedef struct ps_ckpt_shard_data {
   float *values;
   float *slots[PS_OPTIM_MAX_SLOTS];      /* NULL past nslots */
   float *accum;                          /* NULL without has_accum */
+  float *tables;                         /* the sparse tables' section (FORMAT.md 2.1) */
+  size_t table_bytes;                    /* its bytes: 0 for a model without tables */
 } ps_ckpt_shard_data;
 
 /* Read shard i's file: its size must be the manifest's compressed size, the

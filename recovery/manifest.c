@@ -379,10 +379,18 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     }
     if (rc != 0)
       return rc;
-    /* The fields a manifest derives rather than stores. */
+    /* The fields a manifest derives rather than stores; table_floats only
+     * with sparse tables. */
     sh->info.nonce = (uint32_t)nonce;
+    if (json_object_get(s, "table_floats") != NULL &&
+        get_u64(s, pre.s, "table_floats", &sh->info.table_floats, eb) != 0)
+      return PS_ECORRUPT;
+    if (sh->info.table_floats > (uint64_t)JSON_SAFE / sizeof(float))
+      return ps_err_set(eb, PS_ECORRUPT, "%stable_floats: found %" PRIu64 ", expected at most %"
+                        PRIu64, pre.s, sh->info.table_floats, (uint64_t)JSON_SAFE / sizeof(float));
     sh->info.image_floats = ps_state_image_floats(&sh->info, sh->floats);
-    uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->info.has_accum);
+    uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->info.has_accum) +
+                   sh->info.table_floats * sizeof(float);
     if (get_int(s, pre.s, "compressed_size", 0, JSON_SAFE, &v, eb) != 0)
       return PS_ECORRUPT;
     sh->compressed_size = (uint64_t)v;

@@ -183,6 +183,10 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
       APPEND(once, json_pair_u64(row.incarnation, row.last_seq));
     }
     SET(js, "once", once);
+    /* A model with sparse tables: the section the file holds after the
+     * segments (absent: none). */
+    if (in->table_floats > 0)
+      SET(js, "table_floats", json_u64(in->table_floats));
     SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
     SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));
     SET(js, "xxh64", json_hex64(recs[i].xxh64));

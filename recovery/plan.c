@@ -59,10 +59,14 @@ int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_
                       c->name, i, cs->info.nslots, cs->info.has_accum ? "a" : "no",
                       cfg->optimizer, cfg->consistency == PS_CONSISTENCY_SYNC ? "sync" : "async/ssp",
                       shape.nslots, shape.has_accum ? "one" : "none");
-  /* The file holds the image's segments: it decompresses in place, and the
-   * manifest's rows follow (rows for workers this cluster lacks dropped). */
+  /* The file holds the image's segments, then its table section: it
+   * decompresses in place, the table section moves past the manifest's
+   * rows, which go in between (rows for workers this cluster lacks
+   * dropped). */
   *info = shape;
   ps_state_carry(info, &cs->info);
+  info->table_floats = cs->info.table_floats;
+  info->image_floats = ps_state_image_floats(info, so.nfloats);
   *img = malloc((size_t)info->image_floats * sizeof(float));
   if (*img == NULL)
     return ps_err_set(eb, -ENOMEM, "out of memory for shard %d's state image", i);
@@ -72,6 +76,9 @@ int ps_plan_shard_image(const ps_config *cfg, const ps_layout *layout, const ps_
     *img = NULL;
     return rc;
   }
+  memmove(*img + ps_state_tables_at(info, so.nfloats),
+          *img + (size_t)ps_state_segments(info) * so.nfloats,
+          (size_t)info->table_floats * sizeof(float));
   for (uint32_t j = 0; j < info->nonce; j++)
     ps_state_once_put(info, so.nfloats, *img, j,
                       j < cs->info.nonce ? cs->once[j] : (ps_once){0});

@@ -42,11 +42,14 @@
 typedef uint32_t __attribute__((may_alias)) word32;
 
 /* The uncompressed shard file as equal segments (values, slots, accum),
- * read through a cursor that yields it unfiltered or shuffled. */
+ * read through a cursor that yields them unfiltered or shuffled, then the
+ * sparse tables' section as it is (FORMAT.md 2.1). */
 typedef struct stream {
   const unsigned char *seg[2 + PS_OPTIM_MAX_SLOTS];
   int nseg;
   size_t seg_floats;
+  const unsigned char *tail;  /* the table section: never filtered */
+  size_t tail_bytes, tail_off;
   int s;          /* current segment */
   size_t off;     /* none: byte offset in it; shuffle: float index in it */
   int plane;      /* shuffle: byte plane 0..3 */
@@ -57,10 +60,15 @@ typedef struct stream {
  * the end. */
 static size_t stream_next(stream *st, ps_ckpt_filter f, unsigned char *scratch, size_t cap,
                           const unsigned char **out) {
+  int segs_done = f == PS_CKPT_FILTER_NONE ? st->s == st->nseg : st->plane == 4;
+  if (segs_done || st->nseg == 0 || st->seg_floats == 0) {
+    size_t n = st->tail_bytes - st->tail_off < cap ? st->tail_bytes - st->tail_off : cap;
+    *out = st->tail + st->tail_off;
+    st->tail_off += n;
+    return n;
+  }
   if (f == PS_CKPT_FILTER_NONE) {
     size_t seg_bytes = st->seg_floats * sizeof(float);
-    if (st->s == st->nseg)
-      return 0;
     size_t n = seg_bytes - st->off < cap ? seg_bytes - st->off : cap;
     *out = st->seg[st->s] + st->off;
     st->off += n;
@@ -146,7 +154,9 @@ static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_
   stream st = {.seg_floats = sh->nfloats};
   for (uint32_t k = 0; k < ps_state_segments(&sh->info); k++)
     st.seg[st.nseg++] = (const unsigned char *)ps_state_segment_c(sh->img, sh->nfloats, k);
-  rec->raw = (uint64_t)st.nseg * sh->nfloats * sizeof(float);
+  st.tail = (const unsigned char *)(sh->img + ps_state_tables_at(&sh->info, sh->nfloats));
+  st.tail_bytes = (size_t)sh->info.table_floats * sizeof(float);
+  rec->raw = (uint64_t)st.nseg * sh->nfloats * sizeof(float) + st.tail_bytes;
 
   /* The XXH64 is of the unfiltered bytes, the segments back to back. */
   XXH64_state_t *h = XXH64_createState();
@@ -155,6 +165,7 @@ static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_
   XXH64_reset(h, 0);
   for (int k = 0; k < st.nseg; k++)
     XXH64_update(h, st.seg[k], sh->nfloats * sizeof(float));
+  XXH64_update(h, st.tail, st.tail_bytes);
   rec->xxh64 = XXH64_digest(h);
   XXH64_freeState(h);
 
@@ -264,9 +275,10 @@ int ps__ckpt_write_shards(const char *tmp, const ps_ckpt_write_opts *o, ps__ckpt
 /* ------------------------------------------------------------------ */
 
 /* Decode the LZ4 frame of an open shard file into dst (dsize bytes),
- * undoing the filter. */
+ * undoing the filter on its first `filtered` bytes (the segments; the
+ * table section after them is stored as it is). */
 static int decode_frame(int fd, const char *path, unsigned char *dst, size_t dsize,
-                        ps_ckpt_filter filter, ps_errbuf *eb) {
+                        size_t filtered, ps_ckpt_filter filter, ps_errbuf *eb) {
   LZ4F_dctx *d = NULL;
   unsigned char *in = malloc(IN_CHUNK);
   unsigned char *scratch = filter == PS_CKPT_FILTER_SHUFFLE ? malloc(CHUNK) : NULL;
@@ -321,8 +333,13 @@ static int decode_frame(int fd, const char *path, unsigned char *dst, size_t dsi
                                          "%zu bytes", path, dsize);
         goto out;
       }
-      if (scratch != NULL)
-        unshuffle(scratch, osz, dst, dsize / sizeof(float), &plane, &uf);
+      if (scratch != NULL) {
+        size_t planes = produced < filtered ? filtered - produced : 0;
+        if (planes > osz)
+          planes = osz;
+        unshuffle(scratch, planes, dst, filtered / sizeof(float), &plane, &uf);
+        memcpy(dst + produced + planes, scratch + planes, osz - planes);
+      }
       produced += osz;
       pos += isz;
     }
@@ -366,7 +383,8 @@ int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) 
                     " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
   size_t dsize = (size_t)s->uncompressed_size;
   if (rc == 0)
-    rc = decode_frame(fd, path, (unsigned char *)dst, dsize, c->filter, eb);
+    rc = decode_frame(fd, path, (unsigned char *)dst, dsize,
+                      dsize - (size_t)s->info.table_floats * sizeof(float), c->filter, eb);
   close(fd);
   if (rc == 0) {
     uint64_t h = XXH64(dst, dsize, 0);
@@ -398,6 +416,8 @@ int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errb
     out->slots[k] = out->buf + (size_t)(1 + k) * s->floats;
   if (s->info.has_accum)
     out->accum = out->buf + (size_t)(1 + s->info.nslots) * s->floats;
+  out->tables = out->buf + (size_t)ps_state_segments(&s->info) * s->floats;
+  out->table_bytes = (size_t)s->info.table_floats * sizeof(float);
   return 0;
 }
 

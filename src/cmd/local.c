@@ -459,7 +459,8 @@ static double median(double *v, size_t n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Worker 0's "final test_acc A" line, when the chief logged no evaluation. */
+/* Worker 0's last "final test_acc A" line (1), or "final test_auc A"
+ * (2: a model with sparse tables), when the chief logged no evaluation. */
 static int worker_accuracy(const run *r, double *acc) {
   char path[PS_CONFIG_PATH_MAX + 32], line[512];
   snprintf(path, sizeof path, "%s/logs/worker-0.log", r->rundir);
@@ -467,9 +468,12 @@ static int worker_accuracy(const run *r, double *acc) {
   int found = 0;
   if (f == NULL)
     return 0;
-  while (fgets(line, sizeof line, f) != NULL)
+  while (fgets(line, sizeof line, f) != NULL) {
     if (sscanf(line, "final test_acc %lf", acc) == 1)
       found = 1;
+    if (sscanf(line, "final test_auc %lf", acc) == 1)
+      found = 2;
+  }
   fclose(f);
   return found;
 }
@@ -505,9 +509,12 @@ static void report(run *r, int status, double now) {
     json_object_set_new(j, "accuracy_step", json_integer(sum->eval_step));
     if (sum->loss >= 0)
       json_object_set_new(j, "loss", json_real(sum->loss));
-  } else if (worker_accuracy(r, &acc)) {
+  } else if (worker_accuracy(r, &acc) == 1) {
     snprintf(line, sizeof line, "test accuracy %.4f (worker 0's final evaluation)", acc);
     json_object_set_new(j, "accuracy", json_real(acc));
+  } else if (worker_accuracy(r, &acc) == 2) {
+    snprintf(line, sizeof line, "test AUC %.4f (worker 0's final evaluation)", acc);
+    json_object_set_new(j, "auc", json_real(acc));
   } else {
     snprintf(line, sizeof line, "no evaluation");
   }

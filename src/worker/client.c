@@ -60,6 +60,8 @@ typedef struct link {
   int pulled_since_push;   /* a pull reply came after it: fresher than its ack */
   uint64_t push_req;       /* its request id on the current connection */
   uint64_t seq;            /* of the current push */
+  uint64_t push_step;      /* its step (async, ssp), fixed when it begins: a push sent again
+                              after a reconnect is the same push, rows' stamps included */
   float *slice;            /* the push's gradient slice, owned */
   /* What the shard said last. */
   uint64_t version, global_step;
@@ -167,8 +169,7 @@ static size_t push_prefix(link *l, uint8_t prefix[PS_PROTO_PREFIX_MAX]) {
   m.u.push.seq = l->seq;
   /* Sync compares the step with the shard's own version; the others use
    * the global step for the learning-rate schedule. */
-  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version
-                                                        : c->links[0].global_step;
+  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version : l->push_step;
   m.u.push.count = c->layout.shard_floats[l->index];
   m.u.push.sparse.bytes = l->push_part.len;
   return ps_proto_encode_prefix(&m, l->push_req, prefix);
@@ -653,6 +654,7 @@ static int push_begin(ps_client *c, const float *grad, const ps_sparse_batch *sp
     link *l = &c->links[i];
     ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
     l->seq++;
+    l->push_step = c->links[0].global_step;
     l->push_wait = 1;
     l->push_unsent = 1;
     l->pulled_since_push = 0;

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The CTR model (models/ctr.json: 26 sparse tables on the shards) on
+# gen-ctr data through `paramserv local`, 2 shards and 2 workers:
+#  1. under kill -9, SIGSTOP and Redis refusing writes (scripts/chaos
+#     --nemesis kill,pause,redis-errors): no acknowledged update lost and
+#     none applied twice, counted exactly by scripts/check-history from the
+#     histories; each fault kind was injected.  The test AUC of both runs is
+#     printed (the 0.005 bar is the full chaos run's, whose figures the
+#     issue's note gives: a run this short moves it by noise);
+#  2. a checkpoint restored into a fresh cluster, which the chief then
+#     checkpoints again at the same step without training: every shard file
+#     is byte for byte the same (the manifests' XXH64 of values, slots and
+#     every table's rows, optimizer slots, counts and stamps), and
+#     `paramserv ckpt verify` accepts both.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/integration/lib.bash
+
+scripts/gen-ctr --train 40000 --test 5000 --seed 3 --train-file "$T/train.txt" \
+  --test-file "$T/test.txt" >"$T/gen.log" 2>&1 || fail "gen-ctr: $(tail -2 "$T/gen.log")"
+
+# --- 1. under faults ---------------------------------------------------------
+set +e
+scripts/chaos --steps 600 --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 0.7)" \
+  --seed 1 --dir "$T/chaos" --binary "$BIN" --model-file models/ctr.json \
+  --data format=criteo --data "train=$T/train.txt" --data "test=$T/test.txt" \
+  --train batch=128 >"$T/chaos.log" 2>&1
+rc=$?
+set -e
+report=$(sed -n '/^== chaos report/,$p' "$T/chaos.log")
+[ -n "$report" ] || fail "scripts/chaos exited $rc without a report: $(tail -3 "$T/chaos.log")"
+for run in chaos calm; do
+  grep -q "^  $run *: history: ok (0 acknowledged updates lost, none applied twice)$" <<<"$report" ||
+    { echo "$report" >&2; fail "the $run run: not 0 lost and 0 applied twice"; }
+done
+grep -q '^exit statuses: chaos 0, calm 0;' <<<"$report" ||
+  { echo "$report" >&2; fail "a run did not end with status 0"; }
+grep -q '^final test AUC: under faults ' <<<"$report" || fail "no test AUC in the report"
+for kind in kill pause redis-errors; do
+  grep -q "\"kind\":\"$kind\"" "$T/chaos/chaos/nemesis.jsonl" || fail "no $kind fault was injected"
+done
+grep -E '^(faults|  (kill|pause|redis-errors) |  acknowledged|  applied|final)' <<<"$report" |
+  sed 's/^ */ok: ctr under faults: /'
+
+# --- 2. a restore compared row by row ----------------------------------------
+cat >"$T/ctr.conf" <<EOF
+[model]
+file = $PWD/models/ctr.json
+[data]
+format = criteo
+train = $T/train.txt
+test = $T/test.txt
+[train]
+batch = 128
+last_step = 300
+[replication]
+mode = off
+EOF
+"$BIN" local --config "$T/ctr.conf" --dir "$T/a" --fresh >"$T/a.log" 2>&1 ||
+  fail "paramserv local (run A) exited $?: $(tail -3 "$T/a.log")"
+ckpt=ckpt-000000300
+[ -f "$T/a/checkpoints/$ckpt/MANIFEST.json" ] || fail "run A wrote no $ckpt: $(tail -3 "$T/a.log")"
+mkdir -p "$T/b"
+cp -r "$T/a/checkpoints" "$T/b/"
+"$BIN" local --config "$T/ctr.conf" --dir "$T/b" >"$T/b.log" 2>&1 ||
+  fail "paramserv local (run B) exited $?: $(tail -3 "$T/b.log")"
+grep -q "restored from checkpoint" "$T/b.log" || fail "run B did not restore: $(tail -3 "$T/b.log")"
+/usr/bin/python3 - "$T/a/checkpoints/$ckpt/MANIFEST.json" "$T/b/checkpoints/$ckpt/MANIFEST.json" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+if a["wall_time"] == b["wall_time"]:
+    sys.exit("run B did not write its own checkpoint at the step")
+for sa, sb in zip(a["shards"], b["shards"]):
+    rows = int(sa.get("table_floats", "0"))
+    if rows == 0:
+        sys.exit(f"shard {sa['index']}: no table section in run A's checkpoint")
+    for k in ("xxh64", "table_floats", "uncompressed_size", "version"):
+        if sa.get(k) != sb.get(k):
+            sys.exit(f"shard {sa['index']}: {k} {sa.get(k)} in run A, {sb.get(k)} after the restore")
+    print(f"ok: restore: shard {sa['index']}: {rows} floats of tables, xxh64 {sa['xxh64']} in both")
+PY
+  fail "the restored cluster's checkpoint differs from the one it restored"
+for d in a b; do
+  "$BIN" ckpt verify "$T/$d/checkpoints" >"$T/verify-$d.log" 2>&1 ||
+    fail "ckpt verify (run $d): $(cat "$T/verify-$d.log")"
+done
+echo "ok: restore: $(cat "$T/verify-b.log")"
+
+# --- 3. a shard killed and restored from Redis, again and again --------------
+# One worker makes training deterministic: the same pushes in the same
+# order, each applied once.  A run whose shards are killed with kill -9
+# (each restarted from its Redis snapshot and the replay of its log, the
+# rows' gradients with it) must end in the very state of a calm run: the
+# final checkpoints' shard files byte for byte the same.
+cat >"$T/log.conf" <<EOF2
+[model]
+file = $PWD/models/ctr.json
+[data]
+format = criteo
+train = $T/train.txt
+test = $T/test.txt
+[train]
+batch = 128
+last_step = 800
+[replication]
+mode = log
+every_updates = 100
+[chief]
+log_every_steps = 20
+EOF2
+"$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/calm3" --fresh >"$T/calm3.log" 2>&1 ||
+  fail "paramserv local (calm) exited $?: $(tail -3 "$T/calm3.log")"
+"$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/kill3" --fresh >"$T/kill3.log" 2>&1 &
+lpid=$!
+for k in 1 2 3 4 5 6; do
+  shard=ps-$((k % 2))
+  wait_summary "$T/kill3/checkpoints" "o.get('steps_per_s') is not None and o.get('step', 0) >= $((k * 110))" 60
+  pid=$(awk -v n="$shard" '$1 == n { print $2 }' "$T/kill3/pids")
+  [ -n "$pid" ] || fail "no pid of $shard in $T/kill3/pids"
+  kill -9 "$pid"
+  wait_ready "$T/kill3" "$shard" 30 "$pid"
+done
+wait "$lpid" || fail "paramserv local (kills) exited $?: $(tail -3 "$T/kill3.log")"
+restores=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in .* + [1-9][0-9]* log entries' || true)
+[ "$restores" -ge 6 ] || fail "$restores restores from Redis with a log replay, expected one per kill (6)"
+/usr/bin/python3 - "$T/calm3/checkpoints/ckpt-000000800/MANIFEST.json" \
+  "$T/kill3/checkpoints/ckpt-000000800/MANIFEST.json" <<'PY' ||
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+for sa, sb in zip(a["shards"], b["shards"]):
+    for k in ("xxh64", "table_floats", "version"):
+        if sa.get(k) != sb.get(k):
+            sys.exit(f"shard {sa['index']}: {k} {sa.get(k)} without kills, {sb.get(k)} with them")
+    print(f"ok: kills: shard {sa['index']}: {int(sa['table_floats'])} floats of tables, "
+          f"version {sa['version']}, xxh64 {sa['xxh64']} with and without kills")
+PY
+  fail "the state after kills and restores from Redis differs from the calm run's"
+echo "ok: kills: $restores restores from Redis (snapshot + log replay), the same state as without"

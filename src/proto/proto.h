@@ -141,9 +141,9 @@ size_t ps_sparse_put(uint8_t *out, size_t cap, ps_sparse_kind kind, uint32_t tab
 
 /* Is data[0 .. bytes) a section of blocks of this kind, exactly?  Tables
  * strictly ascending, dims in range, n >= 1, keys strictly ascending, no
- * byte left over.  @return 0 with the number of blocks in *blocks, or
- * PS_EFORMAT with one line in eb ("sparse block 2 (table 5): key 17 not
- * above key 17"). */
+ * byte left over.  @return 0 with the number of blocks in *blocks (may be
+ * NULL), or PS_EFORMAT with one line in eb ("sparse block 2 (table 5): key
+ * 17 (row 3) not above key 17, expected strictly ascending keys"). */
 int ps_sparse_check(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes, uint32_t *blocks,
                     ps_errbuf *eb);
 

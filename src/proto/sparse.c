@@ -41,9 +41,13 @@ int ps_sparse_iter_next(ps_sparse_iter *it, ps_sparse_kind kind, ps_sparse_block
 int ps_sparse_check(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes, uint32_t *blocks,
                     ps_errbuf *eb) {
   uint64_t at = 0;
-  uint32_t b = 0;
+  uint32_t b = 0, ignored;
   int64_t last_table = -1;
+  if (blocks == NULL)
+    blocks = &ignored;
   *blocks = 0;
+  if (bytes > 0 && data == NULL)
+    return ps_err_set(eb, PS_EFORMAT, "sparse: %" PRIu64 " bytes of blocks and no data", bytes);
   while (at < bytes) {
     if (bytes - at < PS_SPARSE_HEAD)
       return ps_err_set(eb, PS_EFORMAT, "sparse block %" PRIu32 ": %" PRIu64 " bytes left, a "

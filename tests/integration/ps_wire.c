@@ -5,6 +5,7 @@
  * sequence) is acknowledged again but applied once. */
 #include <sys/ioctl.h>
 
+#include "common/endian.h"
 #include "tests/integration/wire_peer.h"
 
 static ps_msg_stats_reply stats(int fd) {
@@ -114,13 +115,13 @@ int main(int argc, char **argv) {
   uint8_t hb[PS_PROTO_HEADER_SIZE];
   int fd = dial();
   expect_challenge(fd);
-  raw_header(hb, 0x12345678, PS_PROTO_VERSION, PS_MSG_PULL, 16);
+  raw_header(hb, 0x12345678, PS_PROTO_VERSION, PS_MSG_PULL, 32);
   send_all(fd, hb, sizeof hb);
   expect_refusal(fd, "bad magic", "magic");
 
   fd = dial();
   expect_challenge(fd);
-  raw_header(hb, PS_PROTO_MAGIC, 7, PS_MSG_PULL, 16);
+  raw_header(hb, PS_PROTO_MAGIC, 7, PS_MSG_PULL, 32);
   send_all(fd, hb, sizeof hb);
   expect_refusal(fd, "protocol version 7", "version");
 
@@ -135,6 +136,14 @@ int main(int argc, char **argv) {
   ps_msg pullm = {.type = PS_MSG_PULL};
   send_msg(fd, &pullm, 1);
   expect_refusal(fd, "PULL before HELLO", "before HELLO");
+
+  /* A PULL may carry keys and so be larger than 2048 bytes, but not before
+   * the handshake: refused from its header. */
+  fd = dial();
+  expect_challenge(fd);
+  raw_header(hb, PS_PROTO_MAGIC, PS_PROTO_VERSION, PS_MSG_PULL, 4000);
+  send_all(fd, hb, sizeof hb);
+  expect_refusal(fd, "a 4000-byte PULL before HELLO", "more than the cap of 2048");
 
   fd = dial();
   ps_msg_challenge ch = expect_challenge(fd);
@@ -166,10 +175,26 @@ int main(int argc, char **argv) {
   expect_refusal(fd, "worker index out of range", "worker index");
 
   fd = good_client(0, 5);
-  uint8_t shortpull[PS_PROTO_HEADER_SIZE + 15] = {0};
-  raw_header(shortpull, PS_PROTO_MAGIC, PS_PROTO_VERSION, PS_MSG_PULL, 15);
+  uint8_t shortpull[PS_PROTO_HEADER_SIZE + 31] = {0};
+  raw_header(shortpull, PS_PROTO_MAGIC, PS_PROTO_VERSION, PS_MSG_PULL, 31);
   send_all(fd, shortpull, sizeof shortpull);
-  expect_refusal(fd, "PULL with a 15-byte payload", "PULL");
+  expect_refusal(fd, "PULL with a 31-byte payload", "PULL");
+
+  /* A sparse section the decoder refuses (a key twice), written by hand:
+   * the encoder would not write it. */
+  fd = good_client(0, 5);
+  {
+    uint8_t f[PS_PROTO_HEADER_SIZE + 32 + 32] = {0};
+    raw_header(f, PS_PROTO_MAGIC, PS_PROTO_VERSION, PS_MSG_PULL, 32 + 32);
+    uint8_t *p = f + PS_PROTO_HEADER_SIZE;
+    ps_put_le64(p + 16, 32);      /* sparse: one block of 2 keys */
+    ps_put_le32(p + 32 + 4, 4);   /* table 0, dim 4 */
+    ps_put_le64(p + 32 + 8, 2);   /* n */
+    ps_put_le64(p + 48, 7);
+    ps_put_le64(p + 56, 7);
+    send_all(fd, f, sizeof f);
+  }
+  expect_refusal(fd, "PULL asking for key 7 twice", "key 7 (row 1) not above key 7");
 
   fd = good_client(0, 5);
   raw_header(hb, PS_PROTO_MAGIC, PS_PROTO_VERSION, PS_MSG_PUSH,

@@ -1336,6 +1336,27 @@ static void test_sparse_refused(void **state) {
   assert_true(ps_sparse_block_bytes(PS_SPARSE_V, 65536, UINT64_MAX / 1000) == UINT64_MAX);
 }
 
+/* PROTOCOL.md's test vector of a PULL with keys: worker 2, step 10,
+ * request id 1, table 3 (dim 4), keys 5 and 9. */
+static void test_sparse_vector(void **state) {
+  (void)state;
+  static const uint8_t want[88] = {
+      0x50, 0x53, 0x52, 0x56, 0x04, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x0a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00,
+      0x04, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x05, 0x00, 0x00,
+      0x00, 0x00, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  uint64_t keys[2] = {5, 9};
+  uint8_t blocks[64];
+  size_t nb = ps_sparse_put(blocks, sizeof blocks, PS_SPARSE_K, 3, 4, 2, keys, NULL);
+  assert_int_equal(nb, 32);
+  ps_msg m = {.type = PS_MSG_PULL};
+  m.u.pull = (ps_msg_pull){.worker = 2, .step = 10, .sparse = {.bytes = nb, .data = blocks}};
+  assert_int_equal(ps_proto_encode(&m, 1, frame, sizeof frame), sizeof want);
+  assert_memory_equal(frame, want, sizeof want);
+}
+
 static void test_names(void **state) {
   (void)state;
   assert_string_equal(ps_proto_type_name(PS_MSG_PUSH), "PUSH");
@@ -1395,6 +1416,7 @@ int main(void) {
       cmocka_unit_test(test_auth_check),
       cmocka_unit_test(test_sparse_roundtrip),
       cmocka_unit_test(test_sparse_refused),
+      cmocka_unit_test(test_sparse_vector),
       cmocka_unit_test(test_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

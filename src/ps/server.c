@@ -134,6 +134,17 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   ps_log(PS_LOG_INFO, "%s: connected (incarnation %" PRIu64 ")", cl->name, cl->incarnation);
 }
 
+/* Sparse blocks that name a table this shard does not hold, or another
+ * dim: refused (ERROR, close).  @return 1 if so. */
+static int sparse_refused(client *cl, const char *type, int kind, const ps_sparse *sp) {
+  char why[256];
+  if (sp->bytes == 0 ||
+      ps_shard_sparse_check(cl->srv->shard, kind, sp->data, sp->bytes, why, sizeof why) == 0)
+    return 0;
+  REFUSE(cl, PS_ELAYOUT, 0, "%s: %s", type, why);
+  return 1;
+}
+
 static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
   if (cl->pull.held) {
     REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
@@ -142,13 +153,8 @@ static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
   /* The keys wait with the pull (held in sync and ssp); the rows are read
    * when it is answered. */
   server *s = cl->srv;
-  char why[256];
-  if (p->sparse.bytes > 0 &&
-      ps_shard_sparse_check(s->shard, PS_SPARSE_K, p->sparse.data, p->sparse.bytes, why,
-                            sizeof why) != 0) {
-    REFUSE(cl, PS_ELAYOUT, 0, "PULL: %s", why);
+  if (sparse_refused(cl, "PULL", PS_SPARSE_K, &p->sparse))
     return;
-  }
   if (p->sparse.bytes > cl->pull_keys_cap) {
     uint8_t *k = realloc(cl->pull_keys, p->sparse.bytes);
     if (k == NULL) {
@@ -208,13 +214,8 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
            p->count, ps_shard_options(s->shard)->nfloats);
     return;
   }
-  char why[256];
-  if (p->sparse.bytes > 0 &&
-      ps_shard_sparse_check(s->shard, PS_SPARSE_KV, p->sparse.data, p->sparse.bytes, why,
-                            sizeof why) != 0) {
-    REFUSE(cl, PS_ELAYOUT, 0, "PUSH: %s", why);
+  if (sparse_refused(cl, "PUSH", PS_SPARSE_KV, &p->sparse))
     return;
-  }
   if (ps_control_hold_push(cl, req, p))
     return;
   uint64_t before = ps_shard_version(s->shard);

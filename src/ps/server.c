@@ -620,10 +620,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   ps_model_spec_format(&s->model.spec, desc, sizeof desc);
   ps_shard_opts so = ps_shard_opts_for(cfg, &s->layout, index);
-  if (ps_shard_opts_tables(&so, cfg, &s->model, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s", eb.msg);
-    goto out;
-  }
+  ps_shard_opts_tables(&so, cfg, &s->model);
   if ((s->shard = ps_shard_new(&so, NULL)) == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;

@@ -67,13 +67,10 @@ typedef struct ps_shard ps_shard;
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index);
 
 /* The sparse tables of model m (its embedding_bag layers) into o: each
- * shard holds a table of every one, for the keys the hash ring gives it.
- * @return 0, or PS_ECONFIG (one line in eb) for a model the shards cannot
- * serve so (sparse tables under consistency = sync, which has no sum of
- * rows yet; more tables than PS_SHARD_MAX_TABLES). */
+ * shard holds a table of every one, for the keys the hash ring gives it;
+ * the rows learn at their layer's lr, or [train] lr. */
 #include "nn/model.h"
-int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m,
-                         ps_errbuf *eb);
+void ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m);
 
 /* A new state; values start as `initial` (copied) or zero when NULL, slots
  * at the optimizer's initial values.  @return it, or NULL out of memory. */

@@ -26,7 +26,6 @@
 #include "paramserv/client.h"
 #include "replica/registry.h"
 #include "ring/member.h"
-#include "nn/auc.h"
 #include "worker/client_sparse.h"
 #include "worker/control.h"
 #include "worker/elastic.h"
@@ -89,68 +88,6 @@ static int sparse_pull(ps_client *client, ps_trainer *t, ps_embed *e, size_t n, 
   ps_embed_keys(e, t->keys, (int)n);
   ps_embed_batch(e, &b);
   return ps_client_pull_sparse(client, params, &b);
-}
-
-/* Worker 0, at the end, with a test file: the model's AUC and log loss on
- * it, the rows of each test batch pulled from the shards (a pull creates no
- * row: TABLE.md).  Printed as "final test_auc A test_logloss L global_step
- * S" for the scripts.  @return 0, or a negative code (logged). */
-static int final_test_ctr(const ps_config *cfg, ps_client *client, ps_trainer *t, ps_embed *e,
-                          float *params, uint64_t global_step) {
-  char path[PS_CONFIG_PATH_MAX];
-  ps_errbuf eb = {0};
-  ps_criteo *rd = NULL;
-  size_t cap = 0, total = 0;
-  float *scores = NULL;
-  uint8_t *labels = NULL;
-  int rc = ps_criteo_open(&rd, ps_config_file_path(cfg, cfg->test_data, path, sizeof path), 0, 1,
-                          &eb);
-  for (ssize_t n = t->batch; rc == 0 && n == t->batch;) {
-    /* One pass: a batch short of full ends it; a full one read from the
-     * pass after (the file a multiple of the batch) is not used. */
-    n = ps_criteo_next(rd, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
-    if (n < 0) {
-      rc = (int)n;
-      break;
-    }
-    if (n == 0 || ps_criteo_pos(rd).epoch > 0)
-      break;
-    if (total + (size_t)n > cap) {
-      cap = cap ? cap * 2 : 65536;
-      float *s = realloc(scores, cap * sizeof *scores);
-      uint8_t *l = s ? realloc(labels, cap) : NULL;
-      scores = s ? s : scores;
-      labels = l ? l : labels;
-      if (s == NULL || l == NULL) {
-        rc = ps_err_set(&eb, -ENOMEM, "out of memory for the test scores");
-        break;
-      }
-    }
-    if ((rc = sparse_pull(client, t, e, (size_t)n, params)) != 0) {
-      ps_err_set(&eb, rc, "%s", ps_client_error(client));
-      break;
-    }
-    ps_embed_pool(e, t->emb);
-    ps_compute_predict(t->compute, params, t->x, t->emb, (int)n, scores + total);
-    for (ssize_t i = 0; i < n; i++)
-      labels[total + (size_t)i] = t->labels[i] > 0.5f;
-    total += (size_t)n;
-  }
-  ps_criteo_close(rd);
-  if (rc == 0) {
-    double ll = 0;
-    for (size_t i = 0; i < total; i++) {
-      double p = scores[i] < 1e-7f ? 1e-7 : scores[i] > 1 - 1e-7f ? 1 - 1e-7 : scores[i];
-      ll -= labels[i] ? log(p) : log(1 - p);
-    }
-    printf("final test_auc %.4f test_logloss %.4f samples %zu global_step %" PRIu64 "\n",
-           ps_auc(scores, labels, total), total ? ll / (double)total : 0.0, total, global_step);
-  } else {
-    ps_log(PS_LOG_ERROR, "[data] test: %s", eb.msg);
-  }
-  free(scores);
-  free(labels);
-  return rc;
 }
 
 int ps_worker_run(const ps_config *cfg, int index) {
@@ -392,9 +329,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
          index, local, ps_client_global_step(client), samples, secs,
          secs > 0 ? (double)samples / secs : 0.0, bytes_out, bytes_in,
          ps_client_pushes(client), ps_client_duplicates(client), ps_client_stale(client));
-  if (index == 0 && !*stop && sparse && cfg->test_data[0] != '\0' &&
-      final_test_ctr(cfg, client, &t, &emb[0], params, ps_client_global_step(client)) != 0)
-    goto out;
+  /* A model with sparse tables is evaluated by the chief (its rows are on
+   * the shards, which the run's end stops). */
   if (index == 0 && !*stop && !sparse && t.reader == NULL &&
       ps_trainer_final_test(&t, params, ps_client_global_step(client)) != 0)
     goto out;

@@ -194,7 +194,7 @@ int ps_train_ctr(ps_train_opts *o, const ps_model_spec *spec, volatile sig_atomi
   ps_model *m = &r.model;
   char desc[128];
   ps_model_spec_format(spec, desc, sizeof desc);
-  if (m->in_size != PS_CRITEO_NDENSE || spec->classes != 1 ||
+  if (m->in_size != PS_CRITEO_NDENSE || spec->classes != 1 || spec->nlayers < 1 ||
       spec->layers[spec->nlayers - 1].type != PS_LT_SIGMOID) {
     ps_cmd_error("--train (Criteo data) with model %s of %zu inputs and %d outputs: expected "
                  "input [%d] (the integer features) and one sigmoid output, as "
@@ -221,9 +221,10 @@ int ps_train_ctr(ps_train_opts *o, const ps_model_spec *spec, volatile sig_atomi
     goto out;
   }
   uint64_t ntrain = 0;
+  int test_bad = 0;
   if (ps_criteo_count(o->train, &ntrain, &eb) != 0 ||
-      (o->test != NULL && o->eval && ps_criteo_count(o->test, &r.ntest, &eb) != 0)) {
-    ps_cmd_error("%s", eb.msg);
+      (test_bad = o->test != NULL && o->eval && ps_criteo_count(o->test, &r.ntest, &eb) != 0)) {
+    ps_cmd_error("--%s %s", test_bad ? "test" : "train", eb.msg);
     status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }
@@ -237,7 +238,7 @@ int ps_train_ctr(ps_train_opts *o, const ps_model_spec *spec, volatile sig_atomi
     goto out;
   status = 1;
   if (ps_criteo_open(&rd, o->train, 0, 1, &eb) != 0) {
-    ps_cmd_error("%s", eb.msg);
+    ps_cmd_error("--train %s", eb.msg);
     status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }

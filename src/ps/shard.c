@@ -11,6 +11,7 @@
 #include "common/endian.h"
 #include "paramserv/error.h"
 #include "proto/proto.h"
+#include "ps/tsec.h"
 
 struct ps_shard {
   ps_shard_opts o;
@@ -339,108 +340,39 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
 
 /* ------------------------------------------------------------ images */
 
-/* The table section (PROTOCOL.md, "The cut image"), per table in order: a
- * 16-byte head (rows u64, pending keys u64), then each row as 24 bytes
- * (key, count, last_step: u64) and its values and slots (dim floats each),
- * then each pending key as its 24 bytes; in ps_table_iter order, so that
- * putting them back in that order rebuilds an equal table. */
-enum { TSEC_HEAD = 16, TSEC_ENTRY = 24 };
-
-static uint64_t row_bytes(const ps_table_opts *o) {
-  return TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
-}
-
+/* The table section: its layout is ps/tsec.h's. */
 static uint64_t table_floats(const ps_shard *s) {
-  uint64_t bytes = 0;
-  for (int t = 0; t < s->o.ntables; t++) {
-    ps_table_stats st = ps_table_get_stats(s->tables[t]);
-    bytes += TSEC_HEAD + st.rows * row_bytes(&s->o.tables[t]) + st.pending * TSEC_ENTRY;
-  }
-  return bytes / sizeof(float);
+  return ps_tsec_bytes(s->tables, s->o.ntables) / sizeof(float);
 }
 
-static uint8_t *tsec_write(const ps_shard *s, uint8_t *p) {
-  for (int t = 0; t < s->o.ntables; t++) {
-    const ps_table *tb = s->tables[t];
-    ps_table_stats st = ps_table_get_stats(tb);
-    ps_put_le64(p, st.rows);
-    ps_put_le64(p + 8, st.pending);
-    p += TSEC_HEAD;
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    ps_table_iter it;
-    ps_table_entry e;
-    ps_table_iter_init(tb, &it);
-    while (ps_table_iter_next(tb, &it, &e)) {
-      ps_put_le64(p, e.key);
-      ps_put_le64(p + 8, e.count);
-      ps_put_le64(p + 16, e.last_step);
-      p += TSEC_ENTRY;
-      if (e.pending)
-        continue;
-      memcpy(p, e.values, dim * sizeof(float));
-      p += dim * sizeof(float);
-      for (size_t k = 0; k < ns; k++, p += dim * sizeof(float))
-        memcpy(p, e.slots[k], dim * sizeof(float));
-    }
-  }
-  return p;
+/* Restoring: each entry of the section into its table as it was. */
+static int tsec_put(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
+  (void)i;
+  ps_shard *s = arg;
+  int rc = ps_table_put(s->tables[t], e, eb);
+  if (rc == -ENOMEM)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  return rc == 0 ? 0 : PS_ECORRUPT;
 }
 
-/* Replace every table by the section's (bytes long, 4-byte aligned). */
+/* Replace every table by the section's (bytes long, 4-byte aligned; 0
+ * bytes: an image without a section, empty tables). */
 static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *eb) {
-  const uint8_t *end = p + bytes;
-  float *row = NULL;
-  int rc = 0;
-  for (int t = 0; t < s->o.ntables && rc == 0; t++) {
+  ps_tsec_table shape[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < s->o.ntables; t++) {
     ps_table *fresh = NULL;
-    if ((rc = ps_table_new(&s->o.tables[t], &fresh, eb)) != 0)
-      break;
+    int rc = ps_table_new(&s->o.tables[t], &fresh, eb);
+    if (rc != 0)
+      return rc;
     ps_table_free(s->tables[t]);
     s->tables[t] = fresh;
-    if (bytes == 0)
-      continue;  /* an image without a section: empty tables */
-    if ((uint64_t)(end - p) < TSEC_HEAD) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: the state's table section ends before "
-                      "its head", t);
-      break;
-    }
-    uint64_t nrows = ps_get_le64(p), npend = ps_get_le64(p + 8), rb = row_bytes(&s->o.tables[t]);
-    p += TSEC_HEAD;
-    uint64_t left = (uint64_t)(end - p);
-    if (nrows > left / rb || npend > (left - nrows * rb) / TSEC_ENTRY) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: %" PRIu64 " rows and %" PRIu64
-                      " pending keys do not fit the %" PRIu64 " bytes left of the state", t,
-                      nrows, npend, left);
-      break;
-    }
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    free(row);
-    if ((row = malloc(dim * (1 + ns) * sizeof(float))) == NULL) {
-      rc = ps_err_set(eb, -ENOMEM, "out of memory restoring sparse table %d", t);
-      break;
-    }
-    for (uint64_t i = 0; i < nrows + npend && rc == 0; i++) {
-      ps_table_entry e = {.pending = i >= nrows, .key = ps_get_le64(p),
-                          .count = ps_get_le64(p + 8), .last_step = ps_get_le64(p + 16)};
-      p += TSEC_ENTRY;
-      if (!e.pending) {
-        memcpy(row, p, dim * (1 + ns) * sizeof(float));
-        p += dim * (1 + ns) * sizeof(float);
-        e.values = row;
-        for (size_t k = 0; k < ns; k++)
-          e.slots[k] = row + dim * (1 + k);
-      }
-      ps_errbuf why = {0};
-      if ((rc = ps_table_put(s->tables[t], &e, &why)) != 0)
-        ps_err_set(eb, rc == -ENOMEM ? -ENOMEM : PS_ECORRUPT, "sparse table %d, entry %" PRIu64
-                   ": %s", t, i, rc == -ENOMEM ? "out of memory" : why.msg);
-    }
+    shape[t] = (ps_tsec_table){.dim = s->o.tables[t].dim,
+                               .nslots = (uint32_t)ps_optim_nslots(s->o.tables[t].optim.kind)};
   }
-  free(row);
-  if (rc == 0 && bytes > 0 && p != end)
-    rc = ps_err_set(eb, PS_ECORRUPT, "the state's table section has %td bytes past its tables",
-                    end - p);
-  return rc;
+  if (bytes == 0)
+    return 0;
+  ps_tsec_visit v = {.entry = tsec_put, .arg = s};
+  return ps_tsec_walk(p, bytes, shape, s->o.ntables, &v, eb);
 }
 
 ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
@@ -449,7 +381,7 @@ ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
       .has_accum = o->consistency == PS_CONSISTENCY_SYNC,
       .target = (uint32_t)(o->replicas_to_aggregate > 1 ? o->replicas_to_aggregate : 1),
       .nonce = (uint32_t)o->nworkers,
-      .table_floats = (uint64_t)o->ntables * TSEC_HEAD / sizeof(float),  /* empty tables */
+      .table_floats = (uint64_t)o->ntables * PS_TSEC_HEAD / sizeof(float),  /* empty tables */
   };
   in.image_floats = ps_state_image_floats(&in, o->nfloats);
   return in;
@@ -476,7 +408,7 @@ void ps_shard_state_write(const ps_shard *s, float *img) {
     memcpy(ps_state_segment(img, n, 1 + in.nslots), s->accum, bytes);
   for (uint32_t j = 0; j < in.nonce; j++)
     ps_state_once_put(&in, n, img, j, s->once[j]);
-  tsec_write(s, (uint8_t *)(img + ps_state_tables_at(&in, n)));
+  ps_tsec_write(s->tables, s->o.ntables, (uint8_t *)(img + ps_state_tables_at(&in, n)));
 }
 
 int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,

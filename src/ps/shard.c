@@ -349,6 +349,10 @@ static uint64_t table_floats(const ps_shard *s) {
 static int tsec_put(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
   (void)i;
   ps_shard *s = arg;
+  ps_table_entry had;
+  if (ps_table_get(s->tables[t], e->key, &had))
+    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                      "table", e->key);
   int rc = ps_table_put(s->tables[t], e, eb);
   if (rc == -ENOMEM)
     return ps_err_set(eb, -ENOMEM, "out of memory");

@@ -81,9 +81,10 @@ int ps_tsec_walk(const void *sec, uint64_t bytes, const ps_tsec_table *tables, i
     left -= PS_TSEC_HEAD;
     if (nrows > left / rb || npend > (left - nrows * rb) / PS_TSEC_ENTRY)
       return ps_err_set(eb, PS_ECORRUPT, "%s: %" PRIu64 " rows of %" PRIu64 " bytes (dim %"
-                        PRIu32 ", %" PRIu32 " slots) and %" PRIu64 " pending keys of %d do not "
+                        PRIu32 ", %" PRIu32 " slot%s) and %" PRIu64 " pending keys of %d do not "
                         "fit the %" PRIu64 " bytes left of the table section", tn, nrows, rb,
-                        tables[t].dim, tables[t].nslots, npend, PS_TSEC_ENTRY, left);
+                        tables[t].dim, tables[t].nslots, tables[t].nslots == 1 ? "" : "s", npend,
+                        PS_TSEC_ENTRY, left);
     ps_errbuf why = {0};
     int rc = 0;
     if (v != NULL && v->head != NULL && (rc = v->head(v->arg, t, nrows, npend, &why)) != 0)

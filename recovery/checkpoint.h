@@ -280,6 +280,14 @@ void ps_ckpt_shard_data_close(ps_ckpt_shard_data *d);
  * @return 0 or its errors. */
 int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb);
 
+/* ps_ckpt_read_values, handing each shard file's data to fn (NULL: none)
+ * as it is read, before it is freed: a reader that needs more of the files
+ * (the export: the table sections) reads each once.  fn's nonzero return
+ * (with its message in eb) stops it. */
+typedef int ps_ckpt_shard_fn(void *arg, int i, const ps_ckpt_shard_data *d, ps_errbuf *eb);
+int ps_ckpt_read_values_each(const ps_ckpt *c, float *arena, ps_ckpt_shard_fn *fn, void *arg,
+                             ps_errbuf *eb);
+
 /* Check every shard file (size, LZ4 frame and its content checksum, size
  * after decompression, XXH64).  @return 0 or the first file's error, as
  * ps_ckpt_read_shard. */

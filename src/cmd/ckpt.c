@@ -33,8 +33,9 @@ static void ckpt_usage(FILE *f) {
       "              optimizer, variables, shards, workers\n"
       "  verify CKPT check every shard file: size, LZ4 frame and checksum, XXH64, and\n"
       "              the sparse tables' sections (keys unique, on their shard)\n"
-      "  export CKPT the variables' values as one .safetensors file or a directory of .npy,\n"
-      "              with the model file and the input normalization\n"
+      "  export CKPT the variables' values as one .safetensors file or a directory of .npy\n"
+      "              (with the sparse tables' rows), the model file and the input\n"
+      "              normalization\n"
       "\n"
       "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
       "checkpoints: then show and export take its newest valid checkpoint and verify\n"
@@ -79,14 +80,20 @@ static void sub_usage(FILE *f, const char *verb) {
                "                        model.json (a model file: src/nn/MODELFILE.md, which\n"
                "                        paramserv train --model-file takes) and\n"
                "                        normalization.json: each input byte b becomes\n"
-               "                        (b / divide - mean) / std\n"
+               "                        (b / divide - mean) / std; and per sparse table\n"
+               "                        <table>.keys.npy (uint64, rows), <table>.values.npy\n"
+               "                        (float32, rows x dim) and, for an optimizer with\n"
+               "                        slots, <table>.slots.npy (float32, rows x slots x dim):\n"
+               "                        every shard's rows by key (keys pending admission\n"
+               "                        are not rows); the sections checked as verify does\n"
                "  --force               write into a directory OUT that is not empty (files\n"
                "                        of the same names replaced, others left), or over an\n"
                "                        existing file OUT; without it either is refused\n"
                "                        (exit 2), so that two exports never mix\n"
                "A checkpoint of a model of variables only has no model file to write.\n"
-               "Optimizer slots are not exported.  CKPT may be a directory of checkpoints:\n"
-               "its newest valid one is exported.\n");
+               "The variables' optimizer slots are not exported, nor are the sparse tables\n"
+               "to safetensors.  CKPT may be a directory of checkpoints: its newest valid\n"
+               "one is exported.\n");
 }
 
 /* Parse the verb's options: only --help, plus --format and --force for

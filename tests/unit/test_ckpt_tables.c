@@ -96,6 +96,7 @@ static int teardown(void **state) {
 
 /* A cluster of n shards of the model, its layout and its ring. */
 typedef struct cluster {
+  const ps_model *m;
   int n;
   ps_layout layout;
   ps_hashring ring;
@@ -103,23 +104,27 @@ typedef struct cluster {
   char desc[128];
 } cluster;
 
-static void cluster_new(fx *f, cluster *c, int n) {
+static void cluster_of(fx *f, const ps_model *m, cluster *c, int n) {
   memset(c, 0, sizeof *c);
+  c->m = m;
   c->n = n;
   ps_errbuf eb = {0};
-  ps_model_spec_format(&f->model.spec, c->desc, sizeof c->desc);
-  assert_int_equal(ps_layout_build(&f->model.vars, c->desc, n, PS_LAYOUT_GREEDY, SIZE_MAX,
+  ps_model_spec_format(&m->spec, c->desc, sizeof c->desc);
+  assert_int_equal(ps_layout_build(&m->vars, c->desc, n, PS_LAYOUT_GREEDY, SIZE_MAX,
                                    &c->layout, &eb), 0);
   assert_int_equal(ps_hashring_init(&c->ring, n, PS_HASHRING_VNODES), 0);
   for (int i = 0; i < n; i++) {
     ps_shard_opts o = {.index = i, .nworkers = 1, .nfloats = c->layout.shard_floats[i],
                        .consistency = PS_CONSISTENCY_ASYNC, .replicas_to_aggregate = 1,
                        .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f)};
-    if (ps_shard_opts_tables(&o, &f->cfg, &f->model, &eb) != 0)
+    if (ps_shard_opts_tables(&o, &f->cfg, m, &eb) != 0)
       fail_msg("%s", eb.msg);
     assert_non_null(c->shards[i] = ps_shard_new(&o, NULL));
   }
 }
+
+/* A cluster of n shards of the fixture's model. */
+static void cluster_new(fx *f, cluster *c, int n) { cluster_of(f, &f->model, c, n); }
 
 static void cluster_free(cluster *c) {
   for (int i = 0; i < c->n; i++)
@@ -221,10 +226,10 @@ static void write_ckpt(fx *f, const cluster *c, images *im, const char *name, ch
   snprintf(dir, sizeof dir, "%s/%s", f->root, name);
   ps_data_pos pos = {0, 0};
   ps_ckpt_write_opts o = {
-      .step = 100, .cluster_id = "test", .model = c->desc, .vars = &f->model.vars,
+      .step = 100, .cluster_id = "test", .model = c->desc, .vars = &c->m->vars,
       .layout = &c->layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
       .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_SHUFFLE, .shards = im->st,
-      .nworkers = 1, .data_pos = &pos, .global_step = 100, .network = &f->model.spec};
+      .nworkers = 1, .data_pos = &pos, .global_step = 100, .network = &c->m->spec};
   ps_errbuf eb = {0};
   if (ps_ckpt_write(dir, &o, NULL, &eb) != 0)
     fail_msg("ps_ckpt_write(%s): %s", dir, eb.msg);
@@ -389,11 +394,209 @@ static void test_verify_section_without_tables(void **state) {
   cluster_free(&c);
 }
 
+/* ------------------------------------------------------------------ */
+
+/* Each table's rows from the live shards, by key: what the export must
+ * hold, into dir/expect/<table>.{keys,values,slots,pending}.raw, and the
+ * tables' names, dims and slots into dir/expect/list.txt. */
+static void write_expected(fx *f, const cluster *c, const char *dir) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/expect", dir);
+  assert_int_equal(sh("mkdir -p '%s'", path), 0);
+  snprintf(path, sizeof path, "%s/expect/list.txt", dir);
+  FILE *list = fopen(path, "w");
+  assert_non_null(list);
+  for (int t = 0; t < NT; t++) {
+    size_t dim = (size_t)f->model.tables[t].dim;
+    size_t ns = (size_t)ps_optim_nslots(f->model.tables[t].optim.kind);
+    fprintf(list, "%s %zu %zu\n", f->model.tables[t].name, dim, ns);
+    /* Every row and pending key of every shard; sorted below. */
+    size_t n = 0, np = 0, cap = 4096;
+    uint64_t *keys = malloc(cap * 8), *pend = malloc(cap * 8);
+    float *vals = malloc(cap * dim * 4), *slots = malloc(cap * (ns ? ns : 1) * dim * 4);
+    for (int i = 0; i < c->n; i++) {
+      const ps_table *tb = ps_shard_table(c->shards[i], t);
+      ps_table_iter it;
+      ps_table_entry e;
+      ps_table_iter_init(tb, &it);
+      while (ps_table_iter_next(tb, &it, &e)) {
+        assert_true(n < cap && np < cap);
+        if (e.pending) {
+          pend[np++] = e.key;
+          continue;
+        }
+        keys[n] = e.key;
+        memcpy(vals + n * dim, e.values, dim * 4);
+        for (size_t k = 0; k < ns; k++)
+          memcpy(slots + (n * ns + k) * dim, e.slots[k], dim * 4);
+        n++;
+      }
+    }
+    /* Selection sort by key: a few hundred rows. */
+    for (size_t a = 0; a < n; a++) {
+      size_t m = a;
+      for (size_t b = a + 1; b < n; b++)
+        if (keys[b] < keys[m])
+          m = b;
+      if (m == a)
+        continue;
+      uint64_t k = keys[a];
+      keys[a] = keys[m];
+      keys[m] = k;
+      float tmp[64];
+      memcpy(tmp, vals + a * dim, dim * 4);
+      memcpy(vals + a * dim, vals + m * dim, dim * 4);
+      memcpy(vals + m * dim, tmp, dim * 4);
+      memcpy(tmp, slots + a * ns * dim, ns * dim * 4);
+      memcpy(slots + a * ns * dim, slots + m * ns * dim, ns * dim * 4);
+      memcpy(slots + m * ns * dim, tmp, ns * dim * 4);
+    }
+    static const char *const ext[] = {"keys", "values", "slots", "pending"};
+    const void *data[] = {keys, vals, slots, pend};
+    size_t len[] = {n * 8, n * dim * 4, n * ns * dim * 4, np * 8};
+    for (int x = 0; x < 4; x++) {
+      snprintf(path, sizeof path, "%s/expect/%s.%s.raw", dir, f->model.tables[t].name, ext[x]);
+      FILE *fp = fopen(path, "wb");
+      assert_non_null(fp);
+      assert_int_equal(fwrite(data[x], 1, len[x], fp), len[x]);
+      assert_int_equal(fclose(fp), 0);
+    }
+    free(keys);
+    free(pend);
+    free(vals);
+    free(slots);
+  }
+  fclose(list);
+}
+
+static const char *const py_check =
+    "import os, struct, sys\n"
+    "import numpy as np\n"
+    "d = sys.argv[1]\n"
+    "for line in open(d + '/expect/list.txt'):\n"
+    "    name, dim, ns = line.split()\n"
+    "    dim, ns = int(dim), int(ns)\n"
+    "    raw = lambda x, t: np.fromfile('%s/expect/%s.%s.raw' % (d, name, x), dtype=t)\n"
+    "    for out in ('npy2', 'npy1'):\n"
+    "        p = '%s/%s/%s.' % (d, out, name)\n"
+    "        head = open(p + 'keys.npy', 'rb').read(10)\n"
+    "        assert head[:8] == b'\\x93NUMPY\\x01\\x00' and (10 + struct.unpack('<H', head[8:])[0]) % 64 == 0\n"
+    "        keys = np.load(p + 'keys.npy')\n"
+    "        vals = np.load(p + 'values.npy')\n"
+    "        assert keys.dtype == np.uint64 and keys.ndim == 1, (keys.dtype, keys.shape)\n"
+    "        n = len(keys)\n"
+    "        assert n > 0 and np.all(keys[1:] > keys[:-1]), 'keys not strictly ascending'\n"
+    "        assert vals.dtype == np.float32 and vals.shape == (n, dim), (vals.dtype, vals.shape)\n"
+    "        assert keys.tobytes() == raw('keys', '<u8').tobytes(), (out, name, 'keys')\n"
+    "        assert vals.tobytes() == raw('values', '<f4').tobytes(), (out, name, 'values')\n"
+    "        assert not np.isin(raw('pending', '<u8'), keys).any(), (out, name, 'a pending key exported')\n"
+    "        if ns == 0:\n"
+    "            assert not os.path.exists(p + 'slots.npy'), (out, name, 'slots of sgd')\n"
+    "        else:\n"
+    "            slots = np.load(p + 'slots.npy')\n"
+    "            assert slots.dtype == np.float32 and slots.shape == (n, ns, dim), slots.shape\n"
+    "            assert slots.tobytes() == raw('slots', '<f4').tobytes(), (out, name, 'slots')\n"
+    "    for x in ('keys', 'values', 'slots'):\n"
+    "        f = '/%s.%s.npy' % (name, x)\n"
+    "        if os.path.exists(d + '/npy1' + f):\n"
+    "            assert open(d + '/npy1' + f, 'rb').read() == open(d + '/npy2' + f, 'rb').read(), f\n"
+    "    print('numpy: %s: %d rows, %d pending keys not exported' % (name, n, len(raw('pending', '<u8'))))\n";
+
+/* The npy export writes each table's rows, all shards together, by key,
+ * with their slots; pending keys are not rows.  The same rows held by 1
+ * shard or by 2 export byte for byte the same. */
+static void test_export(void **state) {
+  fx *f = *state;
+  if (sh("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0)
+    fail_msg("no numpy for /usr/bin/python3: scripts/deps installs it (python3-numpy)");
+  cluster c2, c1;
+  cluster_new(f, &c2, 2);
+  cluster_new(f, &c1, 1);
+  train(f, &c2);
+  train(f, &c1);
+  images i2, i1;
+  images_of(&c2, &i2);
+  images_of(&c1, &i1);
+  char p2[512], p1[512], dir[256], out[600], note[512];
+  write_ckpt(f, &c2, &i2, "export2", p2, sizeof p2);
+  write_ckpt(f, &c1, &i1, "export1", p1, sizeof p1);
+  snprintf(dir, sizeof dir, "%s/export", f->root);
+  assert_int_equal(sh("mkdir -p '%s'", dir), 0);
+  write_expected(f, &c2, dir);
+  ps_ckpt ck;
+  ps_errbuf eb = {0};
+  const char *const paths[2] = {p2, p1}, *const outs[2] = {"npy2", "npy1"};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(ps_ckpt_open(&ck, paths[k], &eb), 0);
+    snprintf(out, sizeof out, "%s/%s", dir, outs[k]);
+    if (ps_ckpt_export(&ck, "npy", out, 0, note, sizeof note, &eb) != 0)
+      fail_msg("%s: %s", out, eb.msg);
+    assert_non_null(strstr(note, "; 3 sparse tables, "));
+    assert_non_null(strstr(note, " rows: <table>.keys.npy and <table>.values.npy, "
+                                 "<table>.slots.npy"));
+    ps_ckpt_close(&ck);
+  }
+  /* safetensors holds the variables and says the tables are not in it. */
+  assert_int_equal(ps_ckpt_open(&ck, p2, &eb), 0);
+  snprintf(out, sizeof out, "%s/model.safetensors", dir);
+  assert_int_equal(ps_ckpt_export(&ck, "safetensors", out, 0, note, sizeof note, &eb), 0);
+  assert_non_null(strstr(note, "; not its 3 sparse tables (--format npy writes them)"));
+  ps_ckpt_close(&ck);
+  snprintf(out, sizeof out, "%s/check.py", dir);
+  FILE *fp = fopen(out, "w");
+  assert_non_null(fp);
+  fputs(py_check, fp);
+  fclose(fp);
+  assert_int_equal(sh("/usr/bin/python3 '%s' '%s'", out, dir), 0);
+  images_free(&c2, &i2);
+  images_free(&c1, &i1);
+  cluster_free(&c2);
+  cluster_free(&c1);
+}
+
+/* Two tables of one name (layers C, field 12, and C1, field 2: both
+ * "C12") would write the same files: refused before anything is written. */
+static void test_export_name_clash(void **state) {
+  fx *f = *state;
+  static const char text[] =
+      "{\"input\": [2], \"layers\": ["
+      "{\"type\": \"embedding_bag\", \"name\": \"C\", \"field\": 12, \"dim\": 2},"
+      "{\"type\": \"embedding_bag\", \"name\": \"C1\", \"field\": 2, \"dim\": 2},"
+      "{\"type\": \"dense\", \"name\": \"out\", \"out\": 1}, {\"type\": \"sigmoid\"}]}";
+  ps_model_spec spec;
+  ps_model m;
+  ps_errbuf eb = {0};
+  if (ps_modelfile_parse(text, strlen(text), "text", &spec, &eb) != 0 ||
+      ps_model_build(&spec, &m, &eb) != 0)
+    fail_msg("%s", eb.msg);
+  assert_string_equal(m.tables[0].name, m.tables[1].name);
+  cluster c;
+  cluster_of(f, &m, &c, 1);
+  images im;
+  images_of(&c, &im);
+  char path[512], out[600];
+  write_ckpt(f, &c, &im, "clash", path, sizeof path);
+  ps_ckpt ck;
+  assert_int_equal(ps_ckpt_open(&ck, path, &eb), 0);
+  snprintf(out, sizeof out, "%s/clash-npy", f->root);
+  assert_int_equal(ps_ckpt_export(&ck, "npy", out, 0, NULL, 0, &eb), PS_EUSAGE);
+  assert_non_null(strstr(eb.msg, "clash-npy: sparse tables 0 and 1 are both named 'C12': "
+                                 "expected distinct names"));
+  struct stat sb;
+  assert_int_not_equal(stat(out, &sb), 0);
+  ps_ckpt_close(&ck);
+  images_free(&c, &im);
+  cluster_free(&c);
+  ps_model_close(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_verify_ok),
       cmocka_unit_test(test_verify_refusals),
       cmocka_unit_test(test_verify_section_without_tables),
+      cmocka_unit_test(test_export),
+      cmocka_unit_test(test_export_name_clash),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -504,7 +504,7 @@ static int metrics_start(server *s, ps_errbuf *eb) {
   int nt = ps_shard_ntables(s->shard);
   const char *names[PS_SHARD_MAX_TABLES];
   for (int t = 0; t < nt; t++)
-    names[t] = s->model.tables[t].name;
+    names[t] = ps_shard_table_name(s->shard, t);
   for (int k = 0; k < T_N && nt > 0; k++)
     ps_metrics_register_family(s->metrics, &table_series[k], "table", names, nt,
                                s->table_series[k]);

@@ -83,6 +83,8 @@ int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model 
                           .admit_after = s->admit_after, .idle_steps = s->idle_steps,
                           .max_rows = s->max_rows};
     o->table_lr[t] = s->optim.lr > 0 ? s->optim.lr : (float)cfg->lr;
+    _Static_assert(sizeof o->table_names[t] >= sizeof s->name, "a table's name fits");
+    snprintf(o->table_names[t], sizeof o->table_names[t], "%s", s->name);
   }
   o->ntables = m->ntables;
   return 0;
@@ -540,6 +542,7 @@ uint64_t ps_shard_sparse_max(const ps_shard_opts *o, uint64_t keys) {
 int ps_shard_ntables(const ps_shard *s) { return s->o.ntables; }
 uint32_t ps_shard_table_dim(const ps_shard *s, int t) { return s->o.tables[t].dim; }
 const ps_table *ps_shard_table(const ps_shard *s, int t) { return s->tables[t]; }
+const char *ps_shard_table_name(const ps_shard *s, int t) { return s->o.table_names[t]; }
 ps_table_stats ps_shard_table_stats(const ps_shard *s, int t) {
   return ps_table_get_stats(s->tables[t]);
 }

@@ -373,7 +373,8 @@ static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *e
     ps_table_free(s->tables[t]);
     s->tables[t] = fresh;
     shape[t] = (ps_tsec_table){.dim = s->o.tables[t].dim,
-                               .nslots = (uint32_t)ps_optim_nslots(s->o.tables[t].optim.kind)};
+                               .nslots = (uint32_t)ps_optim_nslots(s->o.tables[t].optim.kind),
+                               .name = s->o.table_names[t]};
   }
   if (bytes == 0)
     return 0;

@@ -291,7 +291,8 @@ int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void
   wreq *w = malloc(sizeof *w + plen + nlen);
   if (w == NULL)
     return UV_ENOMEM;
-  memcpy(w->bytes, prefix, plen);
+  if (plen)  /* a frame sent whole as `next` has no prefix (NULL) */
+    memcpy(w->bytes, prefix, plen);
   if (nlen)
     memcpy(w->bytes + plen, next, nlen);
   w->c = c;

@@ -482,6 +482,43 @@ static const ps_metric_def shard_series[S_N] = {
     [S_CONNECTIONS] = {PS_METRIC_GAUGE, "paramserv_ps_connections", "peer connections open"},
 };
 
+/* Per sparse table: families labelled table="C7" (METRICS.md). */
+static const ps_metric_def table_series[T_N] = {
+    [T_ROWS] = {PS_METRIC_GAUGE, "paramserv_ps_table_rows", "rows this shard holds of the table"},
+    [T_PENDING] = {PS_METRIC_GAUGE, "paramserv_ps_table_pending_keys",
+                   "keys counted toward admission, not rows yet"},
+    [T_ADMITTED] = {PS_METRIC_COUNTER, "paramserv_ps_table_admitted_total",
+                    "rows created by pushes since the table was last loaded"},
+    [T_EXPIRED] = {PS_METRIC_COUNTER, "paramserv_ps_table_expired_total",
+                   "rows evicted for idleness (idle_steps) since the table was last loaded"},
+    [T_EVICTED] = {PS_METRIC_COUNTER, "paramserv_ps_table_evicted_total",
+                   "rows evicted for room (max_rows) since the table was last loaded"},
+    [T_BYTES] = {PS_METRIC_GAUGE, "paramserv_ps_table_bytes", "memory the table holds"},
+};
+
+/* The shard's registry: its series, and a family of each table series
+ * when the model has sparse tables; then served (metrics.h).  On failure
+ * every series is NULL. */
+static int metrics_start(server *s, ps_errbuf *eb) {
+  s->metrics = ps_metrics_new(s->cfg, "ps", s->index);
+  ps_metrics_register(s->metrics, shard_series, S_N, s->series);
+  int nt = ps_shard_ntables(s->shard);
+  const char *names[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < nt; t++)
+    names[t] = ps_shard_table_name(s->shard, t);
+  for (int k = 0; k < T_N && nt > 0; k++)
+    ps_metrics_register_family(s->metrics, &table_series[k], "table", names, nt,
+                               s->table_series[k]);
+  int rc = ps_metrics_serve(s->metrics, eb);
+  if (rc != 0) {
+    ps_metrics_free(s->metrics);
+    s->metrics = NULL;
+    memset(s->series, 0, sizeof s->series);
+    memset(s->table_series, 0, sizeof s->table_series);
+  }
+  return rc;
+}
+
 /* Copies the counts that live in the shard and the replica. */
 static void metrics_update(server *s) {
   ps_metric **x = s->series;
@@ -497,6 +534,15 @@ static void metrics_update(server *s) {
   ps_metric_set(x[S_RECEIVED], (double)in);
   ps_metric_set(x[S_SENT], (double)out);
   ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
+  for (int t = 0; t < ps_shard_ntables(s->shard); t++) {
+    ps_table_stats st = ps_shard_table_stats(s->shard, t);
+    ps_metric_set(s->table_series[T_ROWS][t], (double)st.rows);
+    ps_metric_set(s->table_series[T_PENDING][t], (double)st.pending);
+    ps_metric_set(s->table_series[T_ADMITTED][t], (double)st.admitted);
+    ps_metric_set(s->table_series[T_EXPIRED][t], (double)st.expired);
+    ps_metric_set(s->table_series[T_EVICTED][t], (double)st.evicted);
+    ps_metric_set(s->table_series[T_BYTES][t], (double)st.bytes);
+  }
   {
     ps_durable_stats d;
     ps_durable_stats_get(s->durable, &d);
@@ -648,8 +694,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   ps_restore_info ri = {0};
   /* A shard that cannot listen serves no metrics either (its series
    * stay NULL): it restores, says why it cannot serve, and exits. */
-  if (listen_rc == 0 &&
-      ps_metrics_start(cfg, "ps", index, shard_series, S_N, s->series, &s->metrics, &eb) != 0) {
+  if (listen_rc == 0 && metrics_start(s, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

@@ -11,6 +11,7 @@
 #include "common/endian.h"
 #include "paramserv/error.h"
 #include "proto/proto.h"
+#include "ps/tsec.h"
 
 struct ps_shard {
   ps_shard_opts o;
@@ -79,6 +80,8 @@ void ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model
                           .admit_after = s->admit_after, .idle_steps = s->idle_steps,
                           .max_rows = s->max_rows};
     o->table_lr[t] = s->optim.lr > 0 ? s->optim.lr : (float)cfg->lr;
+    _Static_assert(sizeof o->table_names[t] >= sizeof s->name, "a table's name fits");
+    snprintf(o->table_names[t], sizeof o->table_names[t], "%s", s->name);
   }
   o->ntables = m->ntables;
 }
@@ -451,58 +454,22 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
 
 /* ------------------------------------------------------------ images */
 
-/* The table section (PROTOCOL.md, "The cut image"), per table in order: a
- * 16-byte head (rows u64, pending keys u64), then each row as 24 bytes
- * (key, count, last_step: u64) and its values and slots (dim floats each),
- * then each pending key as its 24 bytes; in ps_table_iter order, so that
- * putting them back in that order rebuilds an equal table. */
-enum { TSEC_HEAD = 16, TSEC_ENTRY = 24 };
-
-static uint64_t row_bytes(const ps_table_opts *o) {
-  return TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
-}
-
-/* Sync, with tables: the open step's rows follow the tables (their u64
- * length, then the pushed sections as sync_rows holds them). */
+/* The table section: its layout is ps/tsec.h's.  Sync, with tables: the
+ * open step's rows follow the tables (their u64 length, then the pushed
+ * sections as sync_rows holds them). */
 static int has_sync_rows(const ps_shard_opts *o) {
   return o->ntables > 0 && o->consistency == PS_CONSISTENCY_SYNC;
 }
 
 static uint64_t table_floats(const ps_shard *s) {
-  uint64_t bytes = 0;
-  for (int t = 0; t < s->o.ntables; t++) {
-    ps_table_stats st = ps_table_get_stats(s->tables[t]);
-    bytes += TSEC_HEAD + st.rows * row_bytes(&s->o.tables[t]) + st.pending * TSEC_ENTRY;
-  }
+  uint64_t bytes = ps_tsec_bytes(s->tables, s->o.ntables);
   if (has_sync_rows(&s->o))
     bytes += 8 + s->sync_rows_len;
   return bytes / sizeof(float);
 }
 
 static uint8_t *tsec_write(const ps_shard *s, uint8_t *p) {
-  for (int t = 0; t < s->o.ntables; t++) {
-    const ps_table *tb = s->tables[t];
-    ps_table_stats st = ps_table_get_stats(tb);
-    ps_put_le64(p, st.rows);
-    ps_put_le64(p + 8, st.pending);
-    p += TSEC_HEAD;
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    ps_table_iter it;
-    ps_table_entry e;
-    ps_table_iter_init(tb, &it);
-    while (ps_table_iter_next(tb, &it, &e)) {
-      ps_put_le64(p, e.key);
-      ps_put_le64(p + 8, e.count);
-      ps_put_le64(p + 16, e.last_step);
-      p += TSEC_ENTRY;
-      if (e.pending)
-        continue;
-      memcpy(p, e.values, dim * sizeof(float));
-      p += dim * sizeof(float);
-      for (size_t k = 0; k < ns; k++, p += dim * sizeof(float))
-        memcpy(p, e.slots[k], dim * sizeof(float));
-    }
-  }
+  p = ps_tsec_write(s->tables, s->o.ntables, p);
   if (has_sync_rows(&s->o)) {
     ps_put_le64(p, s->sync_rows_len);
     if (s->sync_rows_len > 0)
@@ -531,69 +498,51 @@ static int sync_rows_read(ps_shard *s, const uint8_t *p, uint64_t len, ps_errbuf
   return 0;
 }
 
-/* Replace every table by the section's (bytes long, 4-byte aligned). */
+/* Restoring: each entry of the section into its table as it was. */
+static int tsec_put(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
+  (void)i;
+  ps_shard *s = arg;
+  ps_table_entry had;
+  if (ps_table_get(s->tables[t], e->key, &had))
+    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                      "table", e->key);
+  int rc = ps_table_put(s->tables[t], e, eb);
+  if (rc == -ENOMEM)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  return rc == 0 ? 0 : PS_ECORRUPT;
+}
+
+/* Replace every table by the section's (bytes long, 4-byte aligned; 0
+ * bytes: an image without a section, empty tables). */
 static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *eb) {
-  const uint8_t *end = p + bytes;
-  float *row = NULL;
-  int rc = 0;
-  for (int t = 0; t < s->o.ntables && rc == 0; t++) {
+  ps_tsec_table shape[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < s->o.ntables; t++) {
     ps_table *fresh = NULL;
-    if ((rc = ps_table_new(&s->o.tables[t], &fresh, eb)) != 0)
-      break;
+    int rc = ps_table_new(&s->o.tables[t], &fresh, eb);
+    if (rc != 0)
+      return rc;
     ps_table_free(s->tables[t]);
     s->tables[t] = fresh;
-    if (bytes == 0)
-      continue;  /* an image without a section: empty tables */
-    if ((uint64_t)(end - p) < TSEC_HEAD) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: the state's table section ends before "
-                      "its head", t);
-      break;
-    }
-    uint64_t nrows = ps_get_le64(p), npend = ps_get_le64(p + 8), rb = row_bytes(&s->o.tables[t]);
-    p += TSEC_HEAD;
-    uint64_t left = (uint64_t)(end - p);
-    if (nrows > left / rb || npend > (left - nrows * rb) / TSEC_ENTRY) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: %" PRIu64 " rows and %" PRIu64
-                      " pending keys do not fit the %" PRIu64 " bytes left of the state", t,
-                      nrows, npend, left);
-      break;
-    }
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    free(row);
-    if ((row = malloc(dim * (1 + ns) * sizeof(float))) == NULL) {
-      rc = ps_err_set(eb, -ENOMEM, "out of memory restoring sparse table %d", t);
-      break;
-    }
-    for (uint64_t i = 0; i < nrows + npend && rc == 0; i++) {
-      ps_table_entry e = {.pending = i >= nrows, .key = ps_get_le64(p),
-                          .count = ps_get_le64(p + 8), .last_step = ps_get_le64(p + 16)};
-      p += TSEC_ENTRY;
-      if (!e.pending) {
-        memcpy(row, p, dim * (1 + ns) * sizeof(float));
-        p += dim * (1 + ns) * sizeof(float);
-        e.values = row;
-        for (size_t k = 0; k < ns; k++)
-          e.slots[k] = row + dim * (1 + k);
-      }
-      ps_errbuf why = {0};
-      if ((rc = ps_table_put(s->tables[t], &e, &why)) != 0)
-        ps_err_set(eb, rc == -ENOMEM ? -ENOMEM : PS_ECORRUPT, "sparse table %d, entry %" PRIu64
-                   ": %s", t, i, rc == -ENOMEM ? "out of memory" : why.msg);
-    }
+    shape[t] = (ps_tsec_table){.dim = s->o.tables[t].dim,
+                               .nslots = (uint32_t)ps_optim_nslots(s->o.tables[t].optim.kind),
+                               .name = s->o.table_names[t]};
   }
-  free(row);
   s->sync_rows_len = 0;
-  if (rc == 0 && bytes > 0 && has_sync_rows(&s->o)) {
-    if (end - p < 8 || ps_get_le64(p) != (uint64_t)(end - p - 8))
-      return ps_err_set(eb, PS_ECORRUPT, "the state's table section: %td bytes after its tables, "
-                        "expected the open sync step's rows (their length, then them)", end - p);
-    rc = sync_rows_read(s, p + 8, (uint64_t)(end - p - 8), eb);
-    p = end;
-  }
-  if (rc == 0 && bytes > 0 && p != end)
-    rc = ps_err_set(eb, PS_ECORRUPT, "the state's table section has %td bytes past its tables",
-                    end - p);
-  return rc;
+  if (bytes == 0)
+    return 0;
+  ps_tsec_visit v = {.entry = tsec_put, .arg = s};
+  uint64_t used = 0;
+  int rc = ps_tsec_walk(p, bytes, shape, s->o.ntables, &v, has_sync_rows(&s->o) ? &used : NULL,
+                        eb);
+  if (rc != 0 || !has_sync_rows(&s->o))
+    return rc;
+  const uint8_t *tail = p + used;
+  uint64_t left = bytes - used;
+  if (left < 8 || ps_get_le64(tail) != left - 8)
+    return ps_err_set(eb, PS_ECORRUPT, "the state's table section: %" PRIu64 " bytes after its "
+                      "tables, expected the open sync step's rows (their length, then them)",
+                      left);
+  return sync_rows_read(s, tail + 8, left - 8, eb);
 }
 
 ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
@@ -603,7 +552,8 @@ ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
       .target = (uint32_t)(o->replicas_to_aggregate > 1 ? o->replicas_to_aggregate : 1),
       .nonce = (uint32_t)o->nworkers,
       /* empty tables (and no sync rows) */
-      .table_floats = ((uint64_t)o->ntables * TSEC_HEAD + (has_sync_rows(o) ? 8 : 0)) / sizeof(float),
+      .table_floats = ((uint64_t)o->ntables * PS_TSEC_HEAD + (has_sync_rows(o) ? 8 : 0)) /
+                      sizeof(float),
   };
   in.image_floats = ps_state_image_floats(&in, o->nfloats);
   return in;
@@ -758,6 +708,7 @@ uint64_t ps_shard_sparse_max(const ps_shard_opts *o, uint64_t keys) {
 int ps_shard_ntables(const ps_shard *s) { return s->o.ntables; }
 uint32_t ps_shard_table_dim(const ps_shard *s, int t) { return s->o.tables[t].dim; }
 const ps_table *ps_shard_table(const ps_shard *s, int t) { return s->tables[t]; }
+const char *ps_shard_table_name(const ps_shard *s, int t) { return s->o.table_names[t]; }
 ps_table_stats ps_shard_table_stats(const ps_shard *s, int t) {
   return ps_table_get_stats(s->tables[t]);
 }

@@ -8,11 +8,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layout/hashring.h"
 #include "ps/shard.h"
+#include "ps/tsec.h"
 #include "worker/sparse_split.h"
 
 #define N 5      /* dense floats */
@@ -180,6 +182,78 @@ static void test_image_round_trip(void **state) {
   ps_sparse_part_free(&part);
   ps_shard_free(live);
   ps_shard_free(copy);
+}
+
+/* The section's one reader: a walk of an image's section meets every table
+ * head with the table's counts and every entry in ps_table_iter order, each
+ * row's values the table's own; a callback's refusal is named by table and
+ * entry. */
+typedef struct walk_seen {
+  const ps_shard *s;
+  uint64_t heads[NT][2], entries[NT];
+  int refuse_at;  /* entry index of table 1 to refuse, or -1 */
+} walk_seen;
+
+static int seen_head(void *arg, int t, uint64_t rows, uint64_t pending, ps_errbuf *eb) {
+  (void)eb;
+  walk_seen *w = arg;
+  w->heads[t][0] = rows;
+  w->heads[t][1] = pending;
+  return 0;
+}
+
+static int seen_entry(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
+  walk_seen *w = arg;
+  if (t == 1 && (int)i == w->refuse_at)
+    return ps_err_set(eb, PS_ECORRUPT, "refused key %" PRIu64, e->key);
+  ps_table_entry have;
+  assert_true(ps_table_get(ps_shard_table(w->s, t), e->key, &have));
+  assert_int_equal(have.pending, e->pending);
+  assert_int_equal(have.count, e->count);
+  assert_int_equal(have.last_step, e->last_step);
+  if (!e->pending) {
+    assert_memory_equal(have.values, e->values, DIM * sizeof(float));
+    assert_memory_equal(have.slots[0], e->slots[0], DIM * sizeof(float));
+  }
+  assert_int_equal(i, w->entries[t]);
+  w->entries[t]++;
+  return 0;
+}
+
+static void test_section_walk(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *s = ps_shard_new(&o, NULL);
+  float g[N] = {0};
+  ps_sparse_part part = {0};
+  for (int k = 0; k < 12; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part);
+    ps_shard_push(s, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part.bytes, part.len, NULL);
+  }
+  ps_state_info in;
+  float *img = image(s, &in);
+  const float *sec = img + ps_state_tables_at(&in, N);
+  uint64_t bytes = in.table_floats * sizeof(float);
+  ps_tsec_table shape[NT] = {{DIM, 1, "A1"}, {DIM, 1, "A2"}};
+  walk_seen w = {.s = s, .refuse_at = -1};
+  ps_tsec_visit v = {.head = seen_head, .entry = seen_entry, .arg = &w};
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_tsec_walk(sec, bytes, shape, NT, &v, NULL, &eb), 0);
+  for (int t = 0; t < NT; t++) {
+    ps_table_stats st = ps_shard_table_stats(s, t);
+    assert_int_equal(w.heads[t][0], st.rows);
+    assert_int_equal(w.heads[t][1], st.pending);
+    assert_int_equal(w.entries[t], st.rows + st.pending);
+  }
+  assert_true(w.heads[1][1] > 0);  /* pending keys walked too */
+  w = (walk_seen){.s = s, .refuse_at = 2};
+  assert_int_equal(ps_tsec_walk(sec, bytes, shape, NT, &v, NULL, &eb), PS_ECORRUPT);
+  assert_non_null(strstr(eb.msg, "sparse table 1 (A2), entry 2: refused key "));
+  free(img);
+  ps_sparse_part_free(&part);
+  ps_shard_free(s);
 }
 
 /* A fresh shard's image has empty tables; a dense model's has none. */
@@ -370,6 +444,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_replay_repeats_admissions_and_evictions),
       cmocka_unit_test(test_image_round_trip),
+      cmocka_unit_test(test_section_walk),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_sparse_check),
       cmocka_unit_test(test_split_and_scatter),

@@ -329,7 +329,11 @@ int ps_runconf_make(const ps_runconf_opts *o, ps_config *c, ps_errbuf *eb) {
     if ((rc = absolute_beside(o->user_path, paths[i].value, abs, sizeof abs)) != 0)
       return ps_err_set(eb, rc, "%s: %s = %s: %s", o->user_path, paths[i].name, paths[i].value,
                         strerror(-rc));
-    snprintf(paths[i].value, PS_CONFIG_PATH_MAX, "%s", abs);
+    /* Without its ".." and links when it exists (one that does not is
+     * said by whoever opens it). */
+    char *real = realpath(abs, NULL);
+    snprintf(paths[i].value, PS_CONFIG_PATH_MAX, "%s", real != NULL ? real : abs);
+    free(real);
   }
   if (!given(&s, "checkpoint", "dir") &&
       snprintf(c->checkpoint_dir, sizeof c->checkpoint_dir, "%s/checkpoints", o->rundir) >=

@@ -9,6 +9,7 @@
 #include "chief/eval_ctr.h"
 #include "common/log.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "nn/compute.h"
 
 struct ps_eval {
@@ -43,12 +44,23 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
     }
     return e;
   }
-  if (ps_dataset_load(cfg->data_dir, "t10k", &e->test, &eb) != 0) {
+  char path[PS_CONFIG_PATH_MAX];
+  if (cfg->data_format == PS_DATA_NPY && cfg->test_data[0] == '\0') {
+    ps_log(PS_LOG_INFO, "evaluations off: [data] format = npy without [data] test");
+    free(e);
+    return NULL;
+  }
+  if (cfg->data_format == PS_DATA_NPY
+          ? ps_npy_load(ps_config_file_path(cfg, cfg->test_data, path, sizeof path), &e->test,
+                        &eb) != 0
+          : ps_dataset_load(cfg->data_dir, "t10k", &e->test, &eb) != 0) {
     ps_log(PS_LOG_WARN, "%s: evaluations off", eb.msg);
     free(e);
     return NULL;
   }
-  if (ps_model_check_data(model, e->test.rows, e->test.cols, 10, &eb) != 0) {
+  if (cfg->data_format == PS_DATA_NPY
+          ? ps_model_check_inputs(model, e->test.dim, e->test.classes, &eb) != 0
+          : ps_model_check_data(model, e->test.rows, e->test.cols, 10, &eb) != 0) {
     ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg);
     ps_eval_free(e);
     return NULL;
@@ -60,7 +72,7 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
     ps_eval_free(e);
     return NULL;
   }
-  ps_dataset_images_f32(&e->test, NULL, e->test.n, PS_DATA_MEAN, PS_DATA_STD, e->test_x);
+  ps_dataset_inputs(&e->test, NULL, e->test.n, e->test_x);
   return e;
 }
 

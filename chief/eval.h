@@ -18,8 +18,9 @@ typedef struct ps_eval_result {
   char nonfinite[256];   /* non-empty: the weights held NaN or Inf (what and where) */
 } ps_eval_result;
 
-/* Load the test set (cfg->data_dir, "t10k") and a compute engine for model;
- * a model with sparse tables: its evaluator of [data] test (eval_ctr.h).
+/* Load the test set (cfg->data_dir, "t10k"; npy: [data] test) and a
+ * compute engine for model; a model with sparse tables: its evaluator of
+ * [data] test (eval_ctr.h).
  * @return the evaluator, or NULL when evaluations are off (logged: why). */
 ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model);
 

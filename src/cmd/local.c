@@ -379,7 +379,8 @@ static int setup(run *r) {
                    "one)", path, stat(path, &sb) != 0 ? strerror(errno) : "not a regular file");
       return 2;
     }
-  } else if (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+  } else if (r->cfg.data_format == PS_DATA_IDX &&
+             (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
     ps_cmd_error("[model] data_dir %s: %s: expected the Fashion-MNIST IDX files (`make deps` "
                  "installs Debian's dataset-fashion-mnist)",
                  r->cfg.data_dir, stat(r->cfg.data_dir, &sb) != 0 ? strerror(errno)
@@ -396,8 +397,9 @@ static int setup(run *r) {
     return 2;
   }
   /* paramserv check's checks of the secret (written by ps_runconf_write
-   * when the run makes its own), the model and the checkpoint directory:
-   * what would otherwise fail in a child, restarted. */
+   * when the run makes its own), the model, the checkpoint directory and
+   * npy data (every file read, and the model fitting it): what would
+   * otherwise fail in a child, restarted. */
   if (ps_preflight_files(&r->cfg, 1) != 0)
     return 2;
   if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {

@@ -17,6 +17,7 @@
 #include "common/parse.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "data/sampler.h"
 #include "nn/backend.h"
 #include "nn/compute.h"
@@ -29,10 +30,10 @@ static void train_usage(FILE *f) {
   fprintf(f,
       "usage: paramserv train [OPTIONS]\n"
       "\n"
-      "Train a built-in model or a model file on an IDX data set, or a CTR model on\n"
-      "Criteo data (--train), in this one process (no parameter server) and print,\n"
-      "per epoch, the mean loss, the test accuracy (Criteo: the test AUC and log\n"
-      "loss) and samples/s.\n"
+      "Train a built-in model or a model file on an IDX data set or on your own data\n"
+      "as numpy files (--npy), or a CTR model on Criteo data (--train), in this one\n"
+      "process (no parameter server) and print, per epoch, the mean loss, the test\n"
+      "accuracy (Criteo: the test AUC and log loss) and samples/s.\n"
       "\n"
       "  --model mlp|cnn       model (default mlp)\n"
       "  --hidden SIZES        mlp hidden sizes, comma-separated (default 256,128)\n"
@@ -54,6 +55,10 @@ static void train_usage(FILE *f) {
       "  --threads T           compute threads on the cpu (default: all cores)\n"
       "  --seed S              seed of initial weights, data order and dropout (default 1)\n"
       "  --data DIR            IDX directory (default " PS_DATA_DEFAULT_DIR ")\n"
+      "  --npy DIR             train on DIR/X.npy (float32, N x D) and DIR/y.npy (labels,\n"
+      "                        N) instead, fed as they are (src/data/NPY.md)\n"
+      "  --npy-test DIR        with --npy: the test set, DIR/X.npy and DIR/y.npy (without\n"
+      "                        it, no test accuracy)\n"
       "  --train FILE          Criteo-format training data instead (plain or gzip,\n"
       "                        src/data/CRITEO.md), read in the file's order each\n"
       "                        epoch: the model must take input [13] and end in\n"
@@ -104,7 +109,7 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_MODEL_FILE, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
          O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE, O_CKPT_DIR, O_CKPT_EVERY,
-         O_KEEP, O_INIT_FROM, O_TRAIN, O_TEST };
+         O_KEEP, O_INIT_FROM, O_TRAIN, O_TEST, O_NPY, O_NPY_TEST };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
@@ -130,6 +135,8 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
       {"data", required_argument, 0, O_DATA},
       {"train", required_argument, 0, O_TRAIN},
       {"test", required_argument, 0, O_TEST},
+      {"npy", required_argument, 0, O_NPY},
+      {"npy-test", required_argument, 0, O_NPY_TEST},
       {"max-steps", required_argument, 0, O_MAX_STEPS},
       {"train-limit", required_argument, 0, O_TRAIN_LIMIT},
       {"no-eval", no_argument, 0, O_NO_EVAL},
@@ -174,6 +181,8 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
     case O_DATA: o->data = optarg; data = 1; break;
     case O_TRAIN: o->train = optarg; break;
     case O_TEST: o->test = optarg; break;
+    case O_NPY: o->npy = optarg; break;
+    case O_NPY_TEST: o->npy_test = optarg; break;
     case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
     case O_TRAIN_LIMIT: rc = ps_cmd_flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
     case O_NO_EVAL: o->eval = 0; break;
@@ -211,6 +220,18 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
                  named ? "model" : "hidden");
     return -1;
   }
+  if (o->npy != NULL && (data || o->train != NULL)) {
+    ps_cmd_error("--npy with --%s: expected one data set, numpy files (--npy), IDX (--data) or "
+                 "Criteo (--train)", data ? "data" : "train");
+    return -1;
+  }
+  if (o->npy_test != NULL && o->npy == NULL) {
+    ps_cmd_error("--npy-test without --npy: expected the training data as numpy files too");
+    return -1;
+  }
+  /* The user's own data is evaluated only on the test set they give. */
+  if (o->npy != NULL && o->npy_test == NULL)
+    o->eval = 0;
   if (o->ckpt_dir == NULL && (every || keep)) {
     ps_cmd_error("--%s without --checkpoint-dir: expected a directory to write checkpoints into",
                  every ? "checkpoint-every" : "keep");
@@ -303,6 +324,29 @@ static int has_tables(const ps_model_spec *spec) {
   return 0;
 }
 
+/* --npy DIR and --npy-test DIR (src/data/NPY.md): the data sets, which
+ * the model must fit.  @return 0, or the exit status after one line. */
+static int load_npy(const ps_train_opts *o, const ps_model *model, ps_dataset *train,
+                    ps_dataset *test) {
+  ps_errbuf eb = {0};
+  if (ps_npy_load(o->npy, train, &eb) != 0 ||
+      (o->npy_test != NULL && ps_npy_load(o->npy_test, test, &eb) != 0)) {
+    ps_cmd_error("%s", eb.msg);
+    return eb.code == -ENOMEM ? 1 : 2;
+  }
+  if (o->npy_test != NULL && test->dim != train->dim) {
+    ps_cmd_error("--npy-test %s: %zu floats a sample, --npy %s %zu: expected the same",
+                 o->npy_test, test->dim, o->npy, train->dim);
+    return 2;
+  }
+  int classes = test->classes > train->classes ? test->classes : train->classes;
+  if (ps_model_check_inputs(model, train->dim, classes, &eb) != 0) {
+    ps_cmd_error("--npy %s: %s", o->npy, eb.msg);
+    return 2;
+  }
+  return 0;
+}
+
 int ps_cmd_train(int argc, char **argv) {
   ps_train_opts o;
   int rc = parse_opts(argc, argv, &o);
@@ -354,6 +398,8 @@ int ps_cmd_train(int argc, char **argv) {
     status = 2;
     goto out;
   }
+  if (o.npy != NULL)
+    solo.norm = PS_DATA_NORM_NONE;  /* what its checkpoints say the inputs were */
   if (o.init_from != NULL && !resumed) {
     ps_ckpt c;
     if (ps_cmd_open_ckpt(o.init_from, &c) != 0) {
@@ -383,19 +429,24 @@ int ps_cmd_train(int argc, char **argv) {
       status = 2;
     goto out;
   }
-  if (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
-      (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0)) {
+  int lrc = o.npy != NULL ? load_npy(&o, &model, &train, &test) : 0;
+  if (lrc != 0) {
+    status = lrc;
+    goto out;
+  }
+  if (o.npy == NULL && (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
+                        (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0))) {
     ps_cmd_error("%s", eb.msg);
     status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }
-  if (o.eval && (test.rows != train.rows || test.cols != train.cols)) {
+  if (o.npy == NULL && o.eval && (test.rows != train.rows || test.cols != train.cols)) {
     ps_cmd_error("%s: training images are %ux%u, test images %ux%u: expected the same size",
                  o.data, train.rows, train.cols, test.rows, test.cols);
     status = 2;
     goto out;
   }
-  if (ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
+  if (o.npy == NULL && ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
     ps_cmd_error("%s: %s", o.data, eb.msg);
     status = 2;
     goto out;
@@ -422,7 +473,7 @@ int ps_cmd_train(int argc, char **argv) {
       ps_cmd_error("out of memory for the test set");
       goto out;
     }
-    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
+    ps_dataset_inputs(&test, NULL, test.n, test_x);
   }
   /* The weights: a resumed checkpoint's (with its optimizer state), a
    * warm start's, or the seeded initialization. */
@@ -457,8 +508,14 @@ int ps_cmd_train(int argc, char **argv) {
          " threads, seed %" PRIu64 "\n",
          ps_model_spec_format(&spec, desc, sizeof desc), total, ps_optim_name(&o.optim), o.lr,
          ps_sched_name(&o.sched), o.batch, (int64_t)ps_compute_threads(compute), o.seed);
-  printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
-         ps_compute_describe(compute));
+  if (o.npy != NULL)
+    printf("train: data %s (npy, %zu floats a sample, %d classes, used as they are)%s%s: %zu "
+           "training, %zu test samples; %s\n", o.npy, train.dim, train.classes,
+           o.npy_test ? ", test " : "", o.npy_test ? o.npy_test : "", train.n, test.n,
+           ps_compute_describe(compute));
+  else
+    printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
+           ps_compute_describe(compute));
   fflush(stdout);
 
   /* A resumed run goes on where the checkpoint stood: its step, the

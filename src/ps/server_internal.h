@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "common/history.h"
+#include "common/lathist.h"
 #include "common/log.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -29,7 +30,7 @@ typedef struct ps_metric ps_metric;
 /* The shard's series (src/common/METRICS.md), in server.c's table. */
 enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, S_LAG_VERSIONS,
        S_LAG_SECONDS, S_NONDURABLE, S_ACKS_WAITING, S_RESTORES, S_RESTORE_SECONDS, S_INCARNATION,
-       S_RECEIVED, S_SENT, S_CONNECTIONS, S_N };
+       S_RECEIVED, S_SENT, S_CONNECTIONS, S_PUSH_ACK, S_N };
 typedef struct reply_buf reply_buf;
 
 /* A shard server's life, one phase at a time:
@@ -74,6 +75,11 @@ typedef struct server {
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
   ps_metrics *metrics;   /* NULL: metrics off */
   ps_metric *series[S_N];
+  /* For the line at the end (ps_server_stop): each push's time from the
+   * shard taking it to its ack's write, and the resident memory once it
+   * listened, before any worker came. */
+  ps_lathist acks;
+  long rss_start_kb;
   /* control.c */
   ps_state_service *state;      /* CUT, FETCH, RESUME, LOAD (state_service.h) */
   uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */

@@ -26,7 +26,6 @@
 #include "paramserv/client.h"
 #include "replica/registry.h"
 #include "ring/member.h"
-#include "nn/auc.h"
 #include "worker/client_sparse.h"
 #include "worker/control.h"
 #include "worker/elastic.h"
@@ -37,7 +36,7 @@
  * client (ps_client_pushes, _duplicates, ...); the loop copies them here
  * after each step. */
 enum { W_STEPS, W_SAMPLES, W_RATE, W_PUSHES, W_DUPLICATES, W_STALE, W_RECONNECTS, W_STALL,
-       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_LOSS, W_N };
+       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_LOSS, W_ROWS, W_N };
 static const ps_metric_def worker_series[W_N] = {
     [W_STEPS] = {PS_METRIC_COUNTER, "paramserv_worker_steps_total",
                  "local steps (batches) this process computed"},
@@ -62,6 +61,8 @@ static const ps_metric_def worker_series[W_N] = {
                        "the global step as of shard 0's last reply"},
     [W_LOSS] = {PS_METRIC_GAUGE, "paramserv_worker_loss",
                 "mean training loss of the last logged interval ([train] log_every steps)"},
+    [W_ROWS] = {PS_METRIC_COUNTER, "paramserv_worker_rows_pulled_total",
+                "sparse rows pulled for training batches (each batch's distinct keys per table)"},
 };
 
 static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t steps,
@@ -91,65 +92,15 @@ static int sparse_pull(ps_client *client, ps_trainer *t, ps_embed *e, size_t n, 
   return ps_client_pull_sparse(client, params, &b);
 }
 
-/* Worker 0, at the end, with a test file: the model's AUC and log loss on
- * it, the rows of each test batch pulled from the shards (a pull creates no
- * row: TABLE.md).  Printed as "final test_auc A test_logloss L global_step
- * S" for the scripts.  @return 0, or a negative code (logged). */
-static int final_test_ctr(const ps_config *cfg, ps_client *client, ps_trainer *t, ps_embed *e,
-                          float *params, uint64_t global_step) {
-  char path[PS_CONFIG_PATH_MAX];
-  ps_errbuf eb = {0};
-  ps_criteo *rd = NULL;
-  size_t cap = 0, total = 0;
-  float *scores = NULL;
-  uint8_t *labels = NULL;
-  int rc = ps_criteo_open(&rd, ps_config_file_path(cfg, cfg->test_data, path, sizeof path), 0, 1,
-                          &eb);
-  for (ssize_t n = t->batch; rc == 0 && n == t->batch;) {
-    /* One pass: a batch short of full ends it; a full one read from the
-     * pass after (the file a multiple of the batch) is not used. */
-    n = ps_criteo_next(rd, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
-    if (n < 0) {
-      rc = (int)n;
-      break;
-    }
-    if (n == 0 || ps_criteo_pos(rd).epoch > 0)
-      break;
-    if (total + (size_t)n > cap) {
-      cap = cap ? cap * 2 : 65536;
-      float *s = realloc(scores, cap * sizeof *scores);
-      uint8_t *l = s ? realloc(labels, cap) : NULL;
-      scores = s ? s : scores;
-      labels = l ? l : labels;
-      if (s == NULL || l == NULL) {
-        rc = ps_err_set(&eb, -ENOMEM, "out of memory for the test scores");
-        break;
-      }
-    }
-    if ((rc = sparse_pull(client, t, e, (size_t)n, params)) != 0) {
-      ps_err_set(&eb, rc, "%s", ps_client_error(client));
-      break;
-    }
-    ps_embed_pool(e, t->emb);
-    ps_compute_predict(t->compute, params, t->x, t->emb, (int)n, scores + total);
-    for (ssize_t i = 0; i < n; i++)
-      labels[total + (size_t)i] = t->labels[i] > 0.5f;
-    total += (size_t)n;
-  }
-  ps_criteo_close(rd);
-  if (rc == 0) {
-    double ll = 0;
-    for (size_t i = 0; i < total; i++) {
-      double p = scores[i] < 1e-7f ? 1e-7 : scores[i] > 1 - 1e-7f ? 1 - 1e-7 : scores[i];
-      ll -= labels[i] ? log(p) : log(1 - p);
-    }
-    printf("final test_auc %.4f test_logloss %.4f samples %zu global_step %" PRIu64 "\n",
-           ps_auc(scores, labels, total), total ? ll / (double)total : 0.0, total, global_step);
-  } else {
-    ps_log(PS_LOG_ERROR, "[data] test: %s", eb.msg);
-  }
-  free(scores);
-  free(labels);
+/* The final test's weights and rows, from the shards (a pull creates no
+ * row: TABLE.md). */
+static int test_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
+  ps_client *client = arg;
+  ps_sparse_batch b;
+  ps_embed_batch(e, &b);
+  int rc = ps_client_pull_sparse(client, params, &b);
+  if (rc != 0)
+    ps_err_set(eb, rc, "%s", ps_client_error(client));
   return rc;
 }
 
@@ -235,7 +186,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
    * exercise the chief's NaN guard end to end. */
   const char *nan_env = getenv("PS_TEST_NAN_AFTER_STEP");
   uint64_t nan_after = nan_env != NULL ? strtoull(nan_env, NULL, 10) : 0;
-  uint64_t local = 0, samples = 0, window_steps = 0;
+  uint64_t local = 0, samples = 0, window_steps = 0, rows_pulled = 0;
   double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0, stall = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
   /* The replica starts from the center (a restarted worker's too). */
@@ -278,6 +229,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
       n = ps_trainer_batch(&t);
       if (sparse && (rc = sparse_pull(client, &t, &emb[cur], n, params)) != 0)
         break;
+      if (sparse)
+        rows_pulled += ps_embed_nrows(&emb[cur]);
     }
     have_batch = 0;
     /* Dropout masks are keyed by the sample's place in this worker's
@@ -330,6 +283,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       trained = ps_trainer_pos(&t);
       n = ps_trainer_batch(&t);
       ps_embed_keys(&emb[1 - cur], t.keys, (int)n);
+      rows_pulled += ps_embed_nrows(&emb[1 - cur]);
       ps_embed_batch(&emb[cur], &pushed);
       ps_embed_batch(&emb[1 - cur], &want);
       cur = 1 - cur;
@@ -355,6 +309,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     }
     double now = ps_now_s();
     metrics_update(series, client, cfg->nps, local, samples, stall);
+    ps_metric_set(series[W_ROWS], (double)rows_pulled);
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
@@ -392,9 +347,14 @@ int ps_worker_run(const ps_config *cfg, int index) {
          index, local, ps_client_global_step(client), samples, secs,
          secs > 0 ? (double)samples / secs : 0.0, bytes_out, bytes_in,
          ps_client_pushes(client), ps_client_duplicates(client), ps_client_stale(client));
-  if (index == 0 && !*stop && sparse && cfg->test_data[0] != '\0' &&
-      final_test_ctr(cfg, client, &t, &emb[0], params, ps_client_global_step(client)) != 0)
-    goto out;
+  if (sparse)
+    printf("worker %d rows: %" PRIu64 " pulled, rows/s %.1f\n", index, rows_pulled,
+           secs > 0 ? (double)rows_pulled / secs : 0.0);
+  if (index == 0 && !*stop && sparse && cfg->test_data[0] != '\0') {
+    if (ps_trainer_final_test_ctr(&t, cfg, &emb[0], params, test_rows, client,
+                                  ps_client_global_step(client)) != 0)
+      goto out;
+  }
   if (index == 0 && !*stop && !sparse && t.reader == NULL &&
       ps_trainer_final_test(&t, params, ps_client_global_step(client)) != 0)
     goto out;

@@ -14,6 +14,7 @@ int ps_cmd_train(int argc, char **argv);
 int ps_cmd_ps(int argc, char **argv);
 int ps_cmd_worker(int argc, char **argv);
 int ps_cmd_bench_ps(int argc, char **argv);
+int ps_cmd_bench_redis_table(int argc, char **argv);
 int ps_cmd_ckpt(int argc, char **argv);
 int ps_cmd_eval(int argc, char **argv);
 int ps_cmd_chief(int argc, char **argv);

@@ -25,6 +25,8 @@ static const verb verbs[] = {
     {"status", ps_cmd_status, "show every node of a cluster, its lease and its checkpoints"},
     {"check", ps_cmd_check, "check a config before a run: files, model, data, ports, Redis"},
     {"bench-ps", ps_cmd_bench_ps, "time pulls and pushes against a running cluster's shards"},
+    {"bench-redis-table", ps_cmd_bench_redis_table,
+     "a benchmark's baseline: a worker whose sparse tables live in Redis"},
 };
 
 static void usage(FILE *f) {

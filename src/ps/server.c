@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/notify.h"
+#include "common/procmem.h"
 #include "common/timeutil.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -171,8 +172,12 @@ static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
   ps_consistency_pull(cl, req, p->step);
 }
 
+/* taken_ns: when ps_server_push took the push (its ack's latency). */
 static void send_ack(client *cl, uint64_t req, uint64_t seq, uint64_t version, uint64_t gstep,
-                     uint32_t status) {
+                     uint32_t status, uint64_t taken_ns) {
+  double secs = (double)(ps_now_ns() - taken_ns) * 1e-9;
+  ps_lathist_add(&cl->srv->acks, secs);
+  ps_metric_observe(cl->srv->series[S_PUSH_ACK], secs);
   ps_msg m = {.type = PS_MSG_PUSH_ACK};
   m.u.push_ack.seq = seq;
   m.u.push_ack.version = version;
@@ -183,7 +188,7 @@ static void send_ack(client *cl, uint64_t req, uint64_t seq, uint64_t version, u
 
 typedef struct pending_ack {
   client *cl;
-  uint64_t req, seq, version, global_step;
+  uint64_t req, seq, version, global_step, taken_ns;
   uint32_t status;
 } pending_ack;
 
@@ -193,12 +198,13 @@ static void ack_durable(void *arg, int acked) {
   pending_ack *a = arg;
   client *cl = a->cl;
   if (acked && !cl->closed)
-    send_ack(cl, a->req, a->seq, a->version, a->global_step, a->status);
+    send_ack(cl, a->req, a->seq, a->version, a->global_step, a->status, a->taken_ns);
   client_unref(cl);
 }
 
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   server *s = cl->srv;
+  uint64_t taken_ns = ps_now_ns();
   if (cl->role != PS_ROLE_WORKER) {
     REFUSE(cl, PS_EFORMAT, 0, "PUSH from a %s: only workers push", ps_role_name(cl->role));
     return;
@@ -254,7 +260,7 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
     if (r == PS_SHARD_APPLIED)
       ps_durable_journal(s->durable, &j);
     pending_ack a = {cl, req, p->seq, ps_shard_version(s->shard),
-                     ps_shard_global_step(s->shard), status};
+                     ps_shard_global_step(s->shard), taken_ns, status};
     durable = ps_durable_submit(s->durable, ps_shard_journal(s->shard), &a, sizeof a, ack_durable);
     if (durable == 0)
       cl->refs++;
@@ -264,7 +270,8 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
                    s->index);
   }
   if (durable == 1)
-    send_ack(cl, req, p->seq, ps_shard_version(s->shard), ps_shard_global_step(s->shard), status);
+    send_ack(cl, req, p->seq, ps_shard_version(s->shard), ps_shard_global_step(s->shard), status,
+             taken_ns);
   if (ps_shard_version(s->shard) != before)
     ps_durable_updated(s->durable);
   ps_consistency_pushed(cl, r, before);
@@ -449,6 +456,8 @@ static const ps_listener_cbs listener_cbs = {.make = new_client, .accepted = on_
 /* ------------------------------------------------------------- metrics */
 
 static const double staleness_bounds[] = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+static const double ack_bounds[] = {0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                    0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5};
 static const ps_metric_def shard_series[S_N] = {
     [S_APPLIED] = {PS_METRIC_COUNTER, "paramserv_ps_pushes_applied_total",
                    "pushes applied to this shard's slice"},
@@ -480,6 +489,9 @@ static const ps_metric_def shard_series[S_N] = {
                     "bytes received from peers"},
     [S_SENT] = {PS_METRIC_COUNTER, "paramserv_ps_sent_bytes_total", "bytes sent to peers"},
     [S_CONNECTIONS] = {PS_METRIC_GAUGE, "paramserv_ps_connections", "peer connections open"},
+    [S_PUSH_ACK] = {PS_METRIC_HISTOGRAM, "paramserv_ps_push_ack_seconds",
+                    "time from taking a push to writing its ack (log mode: its entry durable)",
+                    ack_bounds, sizeof ack_bounds / sizeof ack_bounds[0]},
 };
 
 /* Per sparse table: families labelled table="C7" (METRICS.md). */
@@ -571,6 +583,31 @@ static void close_walk(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+/* At the end, for benchmarks and operators: the acks' latency, and with
+ * sparse tables what they hold against the process's memory (the words
+ * are read by scripts/bench-sparse). */
+static void log_summary(const server *s) {
+  const ps_lathist *a = &s->acks;
+  ps_log(PS_LOG_INFO, "push acks %" PRIu64 ": p50 %.3f ms p99 %.3f ms max %.3f ms mean %.3f ms",
+         a->n, ps_lathist_quantile(a, 0.5) * 1e3, ps_lathist_quantile(a, 0.99) * 1e3,
+         a->max_s * 1e3, a->n ? a->sum_s / (double)a->n * 1e3 : 0.0);
+  int nt = ps_shard_ntables(s->shard);
+  if (nt == 0)
+    return;
+  uint64_t rows = 0, pending = 0, bytes = 0;
+  for (int t = 0; t < nt; t++) {
+    ps_table_stats st = ps_shard_table_stats(s->shard, t);
+    rows += st.rows;
+    pending += st.pending;
+    bytes += st.bytes;
+  }
+  long rss = 0, hwm = 0;
+  ps_procmem_kb(&rss, &hwm);
+  ps_log(PS_LOG_INFO, "sparse tables %d: rows %" PRIu64 " pending %" PRIu64 " table_bytes %" PRIu64
+         "; memory rss_kb %ld hwm_kb %ld start_rss_kb %ld", nt, rows, pending, bytes, rss, hwm,
+         s->rss_start_kb);
+}
+
 void ps_server_stop(server *s, const char *why) {
   if (s->phase == PS_PHASE_STOPPING)
     return;
@@ -578,6 +615,7 @@ void ps_server_stop(server *s, const char *why) {
   ps_notify_stopping();
   ps_log(PS_LOG_INFO, "%s: stopping at version %" PRIu64 ", global step %" PRIu64, why,
          ps_shard_version(s->shard), ps_shard_global_step(s->shard));
+  log_summary(s);
   for (client *c = s->clients; c != NULL; c = c->next)
     ps_conn_close(c->conn);
   ps_durable_stop(s->durable);
@@ -822,6 +860,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_notify_ready("shard %d serving at version %" PRIu64, index, ps_shard_version(s->shard));
   else
     ps_notify_status("shard %d waiting for the chief to initialize it", index);
+  ps_procmem_kb(&s->rss_start_kb, NULL);
   static const char *const modes[] = {"async", "sync", "ssp"};
   static const char *const durability[] = {"off", "snapshot", "log"};
   ps_log(PS_LOG_INFO,

@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "common/history.h"
+#include "common/lathist.h"
 #include "common/log.h"
 #include "layout/layout.h"
 #include "net/conn.h"
@@ -29,7 +30,7 @@ typedef struct ps_metric ps_metric;
 /* The shard's series (src/common/METRICS.md), in server.c's table. */
 enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, S_LAG_VERSIONS,
        S_LAG_SECONDS, S_NONDURABLE, S_ACKS_WAITING, S_RESTORES, S_RESTORE_SECONDS, S_INCARNATION,
-       S_RECEIVED, S_SENT, S_CONNECTIONS, S_N };
+       S_RECEIVED, S_SENT, S_CONNECTIONS, S_PUSH_ACK, S_N };
 /* Its series per sparse table, each a family labelled table="<name>"
  * (server.c's table_series), from ps_table_stats. */
 enum { T_ROWS, T_PENDING, T_ADMITTED, T_EXPIRED, T_EVICTED, T_BYTES, T_N };
@@ -78,6 +79,11 @@ typedef struct server {
   ps_metrics *metrics;   /* NULL: metrics off */
   ps_metric *series[S_N];
   ps_metric *table_series[T_N][PS_SHARD_MAX_TABLES];  /* [T_*][table] */
+  /* For the line at the end (ps_server_stop): each push's time from the
+   * shard taking it to its ack's write, and the resident memory once it
+   * listened, before any worker came. */
+  ps_lathist acks;
+  long rss_start_kb;
   /* control.c */
   ps_state_service *state;      /* CUT, FETCH, RESUME, LOAD (state_service.h) */
   uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */

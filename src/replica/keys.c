@@ -65,6 +65,10 @@ void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epo
   ps_cluster_key(out, cluster, "ring:at:%" PRIu64, epoch);
 }
 
+void ps_key_bench_table(char out[PS_KEY_MAX], const char *cluster, int table) {
+  ps_cluster_key(out, cluster, "bench:table:%d", table);
+}
+
 static struct timeval tv_of(int64_t ms) {
   return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
 }

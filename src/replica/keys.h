@@ -58,6 +58,9 @@ void ps_key_done(char out[PS_KEY_MAX], const char *cluster);
 /* Ring mode (src/ring/README.md): the current view; each view's reports. */
 void ps_key_ring_view(char out[PS_KEY_MAX], const char *cluster);
 void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epoch);
+/* `paramserv bench-redis-table` (a benchmark's baseline): sparse table t's
+ * rows, one hash. */
+void ps_key_bench_table(char out[PS_KEY_MAX], const char *cluster, int table);
 
 /* Where the Redis primary is: [redis] address, or with [redis] sentinels
  * the primary the first Sentinel that answers names for master_name (each

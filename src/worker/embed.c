@@ -64,6 +64,13 @@ void ps_embed_keys(ps_embed *e, const uint64_t *keys, int n) {
   }
 }
 
+size_t ps_embed_nrows(const ps_embed *e) {
+  size_t n = 0;
+  for (int t = 0; t < e->model->ntables; t++)
+    n += e->nkeys[t];
+  return n;
+}
+
 void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b) {
   memset(b, 0, sizeof *b);
   b->ntables = e->model->ntables;

@@ -35,6 +35,10 @@ void ps_embed_free(ps_embed *e);
 /* Take a batch's keys: keys[i * nfields + f] is sample i's key of field f. */
 void ps_embed_keys(ps_embed *e, const uint64_t *keys, int n);
 
+/* Rows the batch names: its distinct keys summed over the tables (what a
+ * pull of its rows fetches). */
+size_t ps_embed_nrows(const ps_embed *e);
+
 /* The batch's rows as the client splits them: keys, and rows to pull into
  * or gradients to push. */
 void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b);

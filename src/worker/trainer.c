@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 
 #include "common/log.h"
 #include "data/npy.h"
+#include "nn/auc.h"
 
 static volatile sig_atomic_t stop_requested;
 
@@ -240,4 +242,61 @@ int ps_trainer_final_test(ps_trainer *t, const float *params, uint64_t global_st
          global_step);
   free(x);
   return 0;
+}
+
+int ps_trainer_final_test_ctr(ps_trainer *t, const ps_config *cfg, ps_embed *e, float *params,
+                              ps_trainer_rows_fn *rows, void *arg, uint64_t global_step) {
+  char path[PS_CONFIG_PATH_MAX];
+  ps_errbuf eb = {0};
+  ps_criteo *rd = NULL;
+  size_t cap = 0, total = 0;
+  float *scores = NULL;
+  uint8_t *labels = NULL;
+  int rc = ps_criteo_open(&rd, ps_config_file_path(cfg, cfg->test_data, path, sizeof path), 0, 1,
+                          &eb);
+  for (ssize_t n = t->batch; rc == 0 && n == t->batch;) {
+    /* One pass: a batch short of full ends it; a full one read from the
+     * pass after (the file a multiple of the batch) is not used. */
+    n = ps_criteo_next(rd, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
+    if (n < 0) {
+      rc = (int)n;
+      break;
+    }
+    if (n == 0 || ps_criteo_pos(rd).epoch > 0)
+      break;
+    if (total + (size_t)n > cap) {
+      cap = cap ? cap * 2 : 65536;
+      float *s = realloc(scores, cap * sizeof *scores);
+      uint8_t *l = s ? realloc(labels, cap) : NULL;
+      scores = s ? s : scores;
+      labels = l ? l : labels;
+      if (s == NULL || l == NULL) {
+        rc = ps_err_set(&eb, -ENOMEM, "out of memory for the test scores");
+        break;
+      }
+    }
+    ps_embed_keys(e, t->keys, (int)n);
+    if ((rc = rows(arg, e, params, &eb)) != 0)
+      break;
+    ps_embed_pool(e, t->emb);
+    ps_compute_predict(t->compute, params, t->x, t->emb, (int)n, scores + total);
+    for (ssize_t i = 0; i < n; i++)
+      labels[total + (size_t)i] = t->labels[i] > 0.5f;
+    total += (size_t)n;
+  }
+  ps_criteo_close(rd);
+  if (rc == 0) {
+    double ll = 0;
+    for (size_t i = 0; i < total; i++) {
+      double p = scores[i] < 1e-7f ? 1e-7 : scores[i] > 1 - 1e-7f ? 1 - 1e-7 : scores[i];
+      ll -= labels[i] ? log(p) : log(1 - p);
+    }
+    printf("final test_auc %.4f test_logloss %.4f samples %zu global_step %" PRIu64 "\n",
+           ps_auc(scores, labels, total), total ? ll / (double)total : 0.0, total, global_step);
+  } else {
+    ps_log(PS_LOG_ERROR, "[data] test: %s", eb.msg);
+  }
+  free(scores);
+  free(labels);
+  return rc;
 }

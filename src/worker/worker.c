@@ -36,7 +36,7 @@
  * client (ps_client_pushes, _duplicates, ...); the loop copies them here
  * after each step. */
 enum { W_STEPS, W_SAMPLES, W_RATE, W_PUSHES, W_DUPLICATES, W_STALE, W_RECONNECTS, W_STALL,
-       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_LOSS, W_N };
+       W_SENT, W_RECEIVED, W_GLOBAL_STEP, W_LOSS, W_ROWS, W_N };
 static const ps_metric_def worker_series[W_N] = {
     [W_STEPS] = {PS_METRIC_COUNTER, "paramserv_worker_steps_total",
                  "local steps (batches) this process computed"},
@@ -61,6 +61,8 @@ static const ps_metric_def worker_series[W_N] = {
                        "the global step as of shard 0's last reply"},
     [W_LOSS] = {PS_METRIC_GAUGE, "paramserv_worker_loss",
                 "mean training loss of the last logged interval ([train] log_every steps)"},
+    [W_ROWS] = {PS_METRIC_COUNTER, "paramserv_worker_rows_pulled_total",
+                "sparse rows pulled for training batches (each batch's distinct keys per table)"},
 };
 
 static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t steps,
@@ -172,7 +174,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
    * exercise the chief's NaN guard end to end. */
   const char *nan_env = getenv("PS_TEST_NAN_AFTER_STEP");
   uint64_t nan_after = nan_env != NULL ? strtoull(nan_env, NULL, 10) : 0;
-  uint64_t local = 0, samples = 0, window_steps = 0;
+  uint64_t local = 0, samples = 0, window_steps = 0, rows_pulled = 0;
   double t0 = ps_now_s(), tlog = t0, loss_sum = 0.0, stall = 0.0;
   uint64_t samples_log = 0, steps_log = 0;
   /* The replica starts from the center (a restarted worker's too). */
@@ -215,6 +217,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
       n = ps_trainer_batch(&t);
       if (sparse && (rc = sparse_pull(client, &t, &emb[cur], n, params)) != 0)
         break;
+      if (sparse)
+        rows_pulled += ps_embed_nrows(&emb[cur]);
     }
     have_batch = 0;
     /* Dropout masks are keyed by the sample's place in this worker's
@@ -267,6 +271,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       trained = ps_trainer_pos(&t);
       n = ps_trainer_batch(&t);
       ps_embed_keys(&emb[1 - cur], t.keys, (int)n);
+      rows_pulled += ps_embed_nrows(&emb[1 - cur]);
       ps_embed_batch(&emb[cur], &pushed);
       ps_embed_batch(&emb[1 - cur], &want);
       cur = 1 - cur;
@@ -292,6 +297,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
     }
     double now = ps_now_s();
     metrics_update(series, client, cfg->nps, local, samples, stall);
+    ps_metric_set(series[W_ROWS], (double)rows_pulled);
     if (registry != NULL && rc == 0) {
       ps_registry_set_clock(registry, ps_client_clock(client));
       ps_registry_tick(registry, &trained, local, (double)local / (now - t0), 0);
@@ -329,6 +335,9 @@ int ps_worker_run(const ps_config *cfg, int index) {
          index, local, ps_client_global_step(client), samples, secs,
          secs > 0 ? (double)samples / secs : 0.0, bytes_out, bytes_in,
          ps_client_pushes(client), ps_client_duplicates(client), ps_client_stale(client));
+  if (sparse)
+    printf("worker %d rows: %" PRIu64 " pulled, rows/s %.1f\n", index, rows_pulled,
+           secs > 0 ? (double)rows_pulled / secs : 0.0);
   /* A model with sparse tables is evaluated by the chief (its rows are on
    * the shards, which the run's end stops). */
   if (index == 0 && !*stop && !sparse && t.reader == NULL &&

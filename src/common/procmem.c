@@ -1,0 +1,28 @@
+/* What this process holds in memory (see procmem.h). */
+#include "common/procmem.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int ps_procmem_kb(long *rss_kb, long *hwm_kb) {
+  long rss = 0, hwm = 0;
+  int found = 0;
+  FILE *f = fopen("/proc/self/status", "re");
+  if (f != NULL) {
+    char line[256];
+    while (fgets(line, sizeof line, f) != NULL) {
+      if (strncmp(line, "VmRSS:", 6) == 0 && sscanf(line + 6, "%ld", &rss) == 1)
+        found |= 1;
+      else if (strncmp(line, "VmHWM:", 6) == 0 && sscanf(line + 6, "%ld", &hwm) == 1)
+        found |= 2;
+    }
+    fclose(f);
+  }
+  if (found != 3)
+    rss = hwm = 0;
+  if (rss_kb != NULL)
+    *rss_kb = rss;
+  if (hwm_kb != NULL)
+    *hwm_kb = hwm;
+  return found == 3 ? 0 : -1;
+}

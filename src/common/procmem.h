@@ -1,0 +1,11 @@
+/* What this process holds in memory, as the kernel counts it: for the
+ * summary lines a process logs at its end (a benchmark reads them). */
+#ifndef PS_COMMON_PROCMEM_H
+#define PS_COMMON_PROCMEM_H
+
+/* VmRSS (resident now) and VmHWM (the most it has been) of
+ * /proc/self/status, in kB, into *rss_kb and *hwm_kb (either may be NULL).
+ * @return 0, or -1 when they cannot be read (no /proc): then both are 0. */
+int ps_procmem_kb(long *rss_kb, long *hwm_kb);
+
+#endif

@@ -38,6 +38,25 @@ for sa, sb in zip(a["shards"], b["shards"]):
 PY
 }
 
+# ctr_conf FILE LAST_STEP REPLICATION: a config of the CTR model on the
+# test's data, training to LAST_STEP, with REPLICATION's lines (and any
+# sections after them) under [replication].
+ctr_conf() {
+  cat >"$1" <<EOF
+[model]
+file = $PWD/models/ctr.json
+[data]
+format = criteo
+train = $T/train.txt
+test = $T/test.txt
+[train]
+batch = 128
+last_step = $2
+[replication]
+$3
+EOF
+}
+
 scripts/gen-ctr --train 40000 --test 5000 --seed 3 --train-file "$T/train.txt" \
   --test-file "$T/test.txt" >"$T/gen.log" 2>&1 || fail "gen-ctr: $(tail -2 "$T/gen.log")"
 
@@ -65,19 +84,7 @@ grep -E '^(faults|  (kill|pause|redis-errors) |  acknowledged|  applied|final)' 
   sed 's/^ */ok: ctr under faults: /'
 
 # --- 2. a restore compared row by row ----------------------------------------
-cat >"$T/ctr.conf" <<EOF
-[model]
-file = $PWD/models/ctr.json
-[data]
-format = criteo
-train = $T/train.txt
-test = $T/test.txt
-[train]
-batch = 128
-last_step = 300
-[replication]
-mode = off
-EOF
+ctr_conf "$T/ctr.conf" 300 "mode = off"
 "$BIN" local --config "$T/ctr.conf" --dir "$T/a" --fresh >"$T/a.log" 2>&1 ||
   fail "paramserv local (run A) exited $?: $(tail -3 "$T/a.log")"
 ckpt=ckpt-000000300
@@ -101,22 +108,10 @@ echo "ok: restore: $(cat "$T/verify-b.log")"
 # (each restarted from its Redis snapshot and the replay of its log, the
 # rows' gradients with it) must end in the very state of a calm run: the
 # final checkpoints' shard files byte for byte the same.
-cat >"$T/log.conf" <<EOF2
-[model]
-file = $PWD/models/ctr.json
-[data]
-format = criteo
-train = $T/train.txt
-test = $T/test.txt
-[train]
-batch = 128
-last_step = 800
-[replication]
-mode = log
+ctr_conf "$T/log.conf" 800 "mode = log
 every_updates = 100
 [chief]
-log_every_steps = 20
-EOF2
+log_every_steps = 20"
 "$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/calm3" --fresh >"$T/calm3.log" 2>&1 ||
   fail "paramserv local (calm) exited $?: $(tail -3 "$T/calm3.log")"
 "$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/kill3" --fresh >"$T/kill3.log" 2>&1 &

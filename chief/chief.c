@@ -385,6 +385,18 @@ static void eval_done(chief *ch, const ps_eval_result *e, int final) {
     fail_nonfinite(ch, e->step, e->nonfinite);
     return;
   }
+  if (e->has_auc) {
+    ps_log(PS_LOG_INFO, "%sevaluation at global step %" PRIu64 ": test AUC %.4f, test log loss "
+           "%.4f", final ? "final " : "", e->step, e->auc, e->loss);
+    if (final)
+      printf("final test_auc %.4f test_logloss %.4f global_step %" PRIu64 "\n", e->auc, e->loss,
+             e->step);
+    fflush(stdout);
+    ps_summary_eval_auc(&ch->sum, e->step, e->loss, e->auc);
+    ps_metric_set(ch->series[C_EVAL_STEP], (double)e->step);
+    ps_metric_set(ch->series[C_EVAL_LOSS], e->loss);
+    return;
+  }
   ps_log(PS_LOG_INFO, "%sevaluation at global step %" PRIu64 ": test loss %.4f, test accuracy "
          "%.4f", final ? "final " : "", e->step, e->loss, e->accuracy);
   if (final)
@@ -394,6 +406,11 @@ static void eval_done(chief *ch, const ps_eval_result *e, int final) {
   ps_metric_set(ch->series[C_EVAL_STEP], (double)e->step);
   ps_metric_set(ch->series[C_EVAL_LOSS], e->loss);
   ps_metric_set(ch->series[C_EVAL_ACCURACY], e->accuracy);
+}
+
+static int eval_tick(void *arg) {
+  chief *ch = arg;
+  return lease_tick(ch) != 0 || stop_signal;
 }
 
 /* Pull the weights and evaluate them; wait: here, and report it. */
@@ -411,7 +428,14 @@ static int evaluate(chief *ch, int wait) {
     free(params);
     return -1;
   }
-  ps_eval_start(ch->eval, ps_client_global_step(ch->client), params, wait);
+  if (ps_eval_needs_client(ch->eval)) {
+    /* Its batches pull their rows: here, the lease kept between them. */
+    if (ps_eval_pulled(ch->eval, ch->client, ps_client_global_step(ch->client), params,
+                       eval_tick, ch) != 0)
+      return -1;
+  } else {
+    ps_eval_start(ch->eval, ps_client_global_step(ch->client), params, wait);
+  }
   ps_eval_result r;
   if (wait && ps_eval_finished(ch->eval, &r))
     eval_done(ch, &r, 1);

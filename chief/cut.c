@@ -187,7 +187,8 @@ void ps_cut_write(ps_cut *job) {
   ps_ckpt_filter filter = PS_CKPT_FILTER_SHUFFLE;
   ps_ckpt_filter_parse(cfg->checkpoint_filter, &filter);
   ps_shard_opts so = ps_shard_opts_for(cfg, env->layout, 0);
-  ps_data_norm norm = PS_DATA_NORM;
+  /* The user's own data (npy) is fed as it is. */
+  ps_data_norm norm = cfg->data_format == PS_DATA_NPY ? PS_DATA_NORM_NONE : PS_DATA_NORM;
   ps_ckpt_write_opts o = {
       .step = job->step,
       .cluster_id = cfg->cluster_id,

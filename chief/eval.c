@@ -6,8 +6,10 @@
 
 #include "chief/bg.h"
 #include "chief/cut.h"
+#include "chief/eval_ctr.h"
 #include "common/log.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "nn/compute.h"
 
 struct ps_eval {
@@ -19,6 +21,7 @@ struct ps_eval {
   float *params;         /* the weights being evaluated */
   ps_eval_result res;
   int ready;             /* res holds an evaluation not yet taken */
+  ps_eval_ctr *ctr;      /* a model with sparse tables: its evaluator instead */
 };
 
 ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
@@ -29,12 +32,35 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
     return NULL;
   }
   e->model = model;
-  if (ps_dataset_load(cfg->data_dir, "t10k", &e->test, &eb) != 0) {
+  if (model->ntables > 0 || cfg->data_format == PS_DATA_CRITEO) {
+    e->ctr = model->ntables > 0 && cfg->data_format == PS_DATA_CRITEO
+                 ? ps_eval_ctr_new(cfg, model, &eb)
+                 : NULL;
+    if (e->ctr == NULL) {
+      ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg[0] ? eb.msg : "a model without sparse "
+             "tables on Criteo data has nothing to evaluate it with here");
+      free(e);
+      return NULL;
+    }
+    return e;
+  }
+  char path[PS_CONFIG_PATH_MAX];
+  if (cfg->data_format == PS_DATA_NPY && cfg->test_data[0] == '\0') {
+    ps_log(PS_LOG_INFO, "evaluations off: [data] format = npy without [data] test");
+    free(e);
+    return NULL;
+  }
+  if (cfg->data_format == PS_DATA_NPY
+          ? ps_npy_load(ps_config_file_path(cfg, cfg->test_data, path, sizeof path), &e->test,
+                        &eb) != 0
+          : ps_dataset_load(cfg->data_dir, "t10k", &e->test, &eb) != 0) {
     ps_log(PS_LOG_WARN, "%s: evaluations off", eb.msg);
     free(e);
     return NULL;
   }
-  if (ps_model_check_data(model, e->test.rows, e->test.cols, 10, &eb) != 0) {
+  if (cfg->data_format == PS_DATA_NPY
+          ? ps_model_check_inputs(model, e->test.dim, e->test.classes, &eb) != 0
+          : ps_model_check_data(model, e->test.rows, e->test.cols, 10, &eb) != 0) {
     ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg);
     ps_eval_free(e);
     return NULL;
@@ -46,7 +72,7 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
     ps_eval_free(e);
     return NULL;
   }
-  ps_dataset_images_f32(&e->test, NULL, e->test.n, PS_DATA_MEAN, PS_DATA_STD, e->test_x);
+  ps_dataset_inputs(&e->test, NULL, e->test.n, e->test_x);
   return e;
 }
 
@@ -92,8 +118,31 @@ void ps_eval_free(ps_eval *e) {
   while (ps_bg_busy(&e->thread) && ps_bg_finished(&e->thread) == NULL)
     usleep(10000);
   free(e->params);
+  ps_eval_ctr_free(e->ctr);
   ps_compute_free(e->compute);
   free(e->test_x);
   ps_dataset_close(&e->test);
   free(e);
+}
+
+int ps_eval_needs_client(const ps_eval *e) { return e->ctr != NULL; }
+
+int ps_eval_pulled(ps_eval *e, ps_client *c, uint64_t step, float *params, int (*tick)(void *),
+                   void *arg) {
+  ps_eval_result *r = &e->res;
+  *r = (ps_eval_result){.step = step};
+  int rc = 0;
+  if (!ps_find_nonfinite(params, e->model->vars.total, -1, r->nonfinite, sizeof r->nonfinite)) {
+    ps_eval_ctr_result cr;
+    ps_errbuf eb = {0};
+    rc = ps_eval_ctr_run(e->ctr, c, params, tick, arg, &cr, &eb);
+    if (rc != 0)
+      ps_log(PS_LOG_WARN, "evaluation at global step %llu: %s", (unsigned long long)step, eb.msg);
+    r->loss = cr.logloss;
+    r->auc = cr.auc;
+    r->has_auc = 1;
+  }
+  free(params);
+  e->ready = rc == 0;
+  return rc == 0 ? 0 : -1;
 }

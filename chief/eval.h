@@ -12,13 +12,29 @@ typedef struct ps_eval ps_eval;
 
 typedef struct ps_eval_result {
   uint64_t step;         /* the global step of the weights */
-  double loss, accuracy;
+  double loss, accuracy; /* a model with sparse tables: loss is the log loss, accuracy unset */
+  int has_auc;           /* a model with sparse tables: its test AUC in auc */
+  double auc;
   char nonfinite[256];   /* non-empty: the weights held NaN or Inf (what and where) */
 } ps_eval_result;
 
-/* Load the test set (cfg->data_dir, "t10k") and a compute engine for model.
+/* Load the test set (cfg->data_dir, "t10k"; npy: [data] test) and a
+ * compute engine for model; a model with sparse tables: its evaluator of
+ * [data] test (eval_ctr.h).
  * @return the evaluator, or NULL when evaluations are off (logged: why). */
 ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model);
+
+/* A model with sparse tables: evaluations pull each test batch's rows,
+ * through the chief's client, so they run on the caller's thread
+ * (ps_eval_pulled) instead of ps_eval_start's. */
+#include "paramserv/client.h"
+int ps_eval_needs_client(const ps_eval *e);
+
+/* Evaluate `params` (pulled at `step`; taken, freed here) with client c,
+ * calling tick(arg) between batches; the result is then finished
+ * (ps_eval_finished).  @return 0, or -1 when the pass failed (logged). */
+int ps_eval_pulled(ps_eval *e, ps_client *c, uint64_t step, float *params, int (*tick)(void *),
+                   void *arg);
 
 /* Wait for an evaluation in flight and free everything; NULL does nothing. */
 void ps_eval_free(ps_eval *e);

@@ -61,6 +61,11 @@ void ps_summary_eval(ps_summary *s, uint64_t step, double loss, double accuracy)
                     loss, "accuracy", accuracy));
 }
 
+void ps_summary_eval_auc(ps_summary *s, uint64_t step, double logloss, double auc) {
+  emit(s, json_pack("{s:f, s:I, s:f, s:f}", "time", now_s(), "step", (json_int_t)step, "loss",
+                    logloss, "auc", auc));
+}
+
 void ps_summary_event(ps_summary *s, uint64_t step, const char *event, const char *fmt, ...) {
   json_t *o = json_pack("{s:f, s:I, s:s}", "time", now_s(), "step", (json_int_t)step, "event",
                         event);

@@ -23,6 +23,8 @@ void ps_summary_close(ps_summary *s);
 
 void ps_summary_progress(ps_summary *s, uint64_t step, double steps_per_s);
 void ps_summary_eval(ps_summary *s, uint64_t step, double loss, double accuracy);
+/* A model with sparse tables: its test log loss and AUC ("loss", "auc"). */
+void ps_summary_eval_auc(ps_summary *s, uint64_t step, double logloss, double auc);
 /* An event with extra fields as jansson json_pack pairs, e.g.
  * ps_summary_event(s, 400, "checkpoint", "{s:s, s:f}", "name", n, "stall_ms", ms);
  * fmt NULL: none. */

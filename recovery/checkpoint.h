@@ -6,8 +6,9 @@
  * commit.c (the file system: names, crash-safe writes, the commit, the
  * index), manifest.c (ps_ckpt: MANIFEST.json parsed, opened) and
  * manifest_build.c (MANIFEST.json built), shardfile.c (shard files
- * written, read and verified), model.c (the model a checkpoint is of), and
- * checkpoint.c on them all (a write, the listing, the newest valid one,
+ * written, read and verified), model.c (the model a checkpoint is of),
+ * tables.c (the shard files' table sections checked and read, on
+ * shardfile.c and model.c), and checkpoint.c on them all (a write, the listing, the newest valid one,
  * retention).  Each section below names its file. */
 #ifndef PS_RECOVERY_CHECKPOINT_H
 #define PS_RECOVERY_CHECKPOINT_H
@@ -17,12 +18,14 @@
 
 #include "data/idx.h"
 #include "data/sampler.h"
+#include "layout/hashring.h"
 #include "layout/layout.h"
 #include "nn/model.h"
 #include "optim/optim.h"
 #include "paramserv/error.h"
 #include "paramserv/vartable.h"
 #include "ps/state.h"
+#include "ps/tsec.h"
 
 /* The version this build writes; it reads every version from
  * PS_CKPT_FORMAT_VERSION_MIN up to it (FORMAT.md section 9). */
@@ -277,6 +280,14 @@ void ps_ckpt_shard_data_close(ps_ckpt_shard_data *d);
  * @return 0 or its errors. */
 int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb);
 
+/* ps_ckpt_read_values, handing each shard file's data to fn (NULL: none)
+ * as it is read, before it is freed: a reader that needs more of the files
+ * (the export: the table sections) reads each once.  fn's nonzero return
+ * (with its message in eb) stops it. */
+typedef int ps_ckpt_shard_fn(void *arg, int i, const ps_ckpt_shard_data *d, ps_errbuf *eb);
+int ps_ckpt_read_values_each(const ps_ckpt *c, float *arena, ps_ckpt_shard_fn *fn, void *arg,
+                             ps_errbuf *eb);
+
 /* Check every shard file (size, LZ4 frame and its content checksum, size
  * after decompression, XXH64).  @return 0 or the first file's error, as
  * ps_ckpt_read_shard. */
@@ -289,6 +300,57 @@ int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
  * *fresh (may be NULL) is 1 when it was read now.  A bit flipped by the
  * disk under unchanged metadata is not seen; restores use ps_ckpt_verify. */
 int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh);
+
+/* ------------------------------------------------------------------ */
+/* The sparse tables: each shard file's table section (tables.c)      */
+/* ------------------------------------------------------------------ */
+
+/* What reading a checkpoint's table sections takes: each table of its
+ * model as the section holds it (dim, optimizer slots, name), and the hash
+ * ring of its shards, which says which shard holds each key. */
+typedef struct ps_ckpt_tables {
+  int ntables;
+  ps_tsec_table t[PS_MODEL_MAX_TABLES];          /* names point into `names` */
+  char names[PS_MODEL_MAX_TABLES][PS_MODEL_NAME_MAX + 8];
+  ps_hashring ring;                              /* c->nshards shards, PS_HASHRING_VNODES */
+} ps_ckpt_tables;
+
+/* The tables of c's model, from its network (ps_ckpt_model).  A checkpoint
+ * none of whose shard files holds a table section needs no model: 0
+ * tables.  @return 0; PS_ECORRUPT for sections in a checkpoint whose
+ * manifest has no network (null: no tables); ps_ckpt_model's errors;
+ * -ENOMEM.  Free with ps_ckpt_tables_close (harmless on a failed open). */
+int ps_ckpt_tables_open(const ps_ckpt *c, ps_ckpt_tables *tt, ps_errbuf *eb);
+void ps_ckpt_tables_close(ps_ckpt_tables *tt);
+
+/* Called for each row (not a pending key) of a checked section, in section
+ * order; its pointers are valid for the call.  @return 0, or nonzero with a
+ * message in eb to stop. */
+typedef int ps_ckpt_row_fn(void *arg, int table, const ps_table_entry *row, ps_errbuf *eb);
+
+/* Check shard i's table section (d: its file as ps_ckpt_read_shard read
+ * it) entry by entry: it parses to its end with every table's dim and
+ * slots (ps_tsec_walk); every key, row or pending, appears once in its
+ * table; every key is shard i's by the hash ring of c->nshards shards
+ * (LAYOUT.md section 6).  A section of 0 bytes is empty tables, as a shard
+ * loads it.  fn (NULL: none) gets each row.  @return 0, PS_ECORRUPT with
+ * one line: "<checkpoint>/shard-1.lz4: sparse table 2 (C3), entry 17: key
+ * 9 is shard 0's by the hash ring of 2 shards, expected shard 1's", -ENOMEM,
+ * or fn's code. */
+int ps_ckpt_shard_tables(const ps_ckpt *c, const ps_ckpt_tables *tt, int i,
+                         const ps_ckpt_shard_data *d, ps_ckpt_row_fn *fn, void *arg,
+                         ps_errbuf *eb);
+
+/* What a check of every section found. */
+typedef struct ps_ckpt_tables_stats {
+  int ntables;
+  uint64_t rows, pending;   /* over every table and shard */
+} ps_ckpt_tables_stats;
+
+/* ps_ckpt_verify, and every shard's table section checked as
+ * ps_ckpt_shard_tables does, each file read once: what `paramserv ckpt
+ * verify` runs.  st may be NULL.  @return 0, or the first error of either. */
+int ps_ckpt_verify_tables(const ps_ckpt *c, ps_ckpt_tables_stats *st, ps_errbuf *eb);
 
 /* ------------------------------------------------------------------ */
 /* The directory: listing, fallback, retention (checkpoint.c); the    */

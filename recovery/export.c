@@ -111,17 +111,18 @@ static int export_safetensors(const ps_ckpt *c, const float *arena, const model_
 
 /* NPY 1.0: magic, version 1.0, u16 LE header length, then a Python dict
  * literal padded with spaces and ended by '\n' so that the data starts at a
- * multiple of 64 bytes. */
-static size_t npy_header(const ps_ckpt_var *v, char *out, size_t cap) {
-  char shape[128];
+ * multiple of 64 bytes.  descr: '<f4' (float32) or '<u8' (uint64). */
+static size_t npy_header(const char *descr, int ndim, const uint64_t *shape, char *out,
+                         size_t cap) {
+  char dims[160];
   size_t w = 0;
-  for (int d = 0; d < v->ndim; d++)
-    w += (size_t)snprintf(shape + w, sizeof shape - w, "%s%" PRIu32, d ? ", " : "", v->shape[d]);
-  if (v->ndim == 1)
-    snprintf(shape + w, sizeof shape - w, ",");
+  for (int d = 0; d < ndim; d++)
+    w += (size_t)snprintf(dims + w, sizeof dims - w, "%s%" PRIu64, d ? ", " : "", shape[d]);
+  if (ndim == 1)
+    snprintf(dims + w, sizeof dims - w, ",");
   char dict[256];
-  int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }",
-                   shape);
+  int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
+                   descr, dims);
   size_t total = (10 + (size_t)n + 1 + 63) / 64 * 64;  /* magic..len, dict, '\n' */
   size_t hlen = total - 10;
   if (total > cap)
@@ -135,6 +136,19 @@ static size_t npy_header(const ps_ckpt_var *v, char *out, size_t cap) {
   return total;
 }
 
+/* The one npy writer: dir/<name>.npy, its header, then `bytes` of data in
+ * C order (written to a temporary, fsynced, renamed). */
+static int write_npy(const char *dir, const char *name, const char *descr, int ndim,
+                     const uint64_t *shape, const void *data, size_t bytes, ps_errbuf *eb) {
+  char path[PATH_MAX], header[384];
+  if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= sizeof path)
+    return ps_err_set(eb, -ENAMETOOLONG, "%s/%s.npy: path too long", dir, name);
+  size_t hlen = npy_header(descr, ndim, shape, header, sizeof header);
+  const void *bufs[2] = {header, data};
+  size_t lens[2] = {hlen, bytes};
+  return ps__ckpt_write_file(path, bufs, lens, 2, eb);
+}
+
 /* One JSON text into dir/name, ended by a newline. */
 static int write_json(const char *dir, const char *name, const char *text, ps_errbuf *eb) {
   char path[PATH_MAX];
@@ -145,33 +159,189 @@ static int write_json(const char *dir, const char *name, const char *text, ps_er
   return ps__ckpt_write_file(path, bufs, lens, 2, eb);
 }
 
-static int export_npy(const ps_ckpt *c, const float *arena, const model_texts *mt,
-                      const char *dir, ps_errbuf *eb) {
-  for (int i = 0; i < c->nvars; i++) {
-    const char *n = c->vars[i].name;
-    if (n[0] == '\0' || strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strchr(n, '/') != NULL)
-      return ps_err_set(eb, PS_EUSAGE, "%s: variable '%s' cannot be a file name", dir, n);
+/* ------------------------------------------------------------------ */
+/* npy: the sparse tables                                             */
+/* ------------------------------------------------------------------ */
+
+/* One table's rows, gathered from every shard file in section order. */
+typedef struct table_rows {
+  uint64_t n, cap;
+  uint64_t *keys;
+  float *values;   /* n x dim */
+  float *slots;    /* n x nslots x dim: a row's slots are back to back in the section too */
+} table_rows;
+
+typedef struct gather {
+  const ps_ckpt *c;
+  const ps_ckpt_tables *tt;
+  table_rows *tr;  /* tt->ntables */
+} gather;
+
+static int gather_row(void *arg, int t, const ps_table_entry *e, ps_errbuf *eb) {
+  gather *g = arg;
+  table_rows *r = &g->tr[t];
+  size_t dim = g->tt->t[t].dim, ns = g->tt->t[t].nslots;
+  if (r->n == r->cap) {
+    uint64_t cap = r->cap ? 2 * r->cap : 1024;
+    uint64_t *k = realloc(r->keys, (size_t)cap * sizeof *k);
+    if (k != NULL)
+      r->keys = k;
+    float *v = k != NULL ? realloc(r->values, (size_t)cap * dim * sizeof *v) : NULL;
+    if (v != NULL)
+      r->values = v;
+    float *sl = v != NULL && ns > 0 ? realloc(r->slots, (size_t)cap * ns * dim * sizeof *sl)
+                                    : NULL;
+    if (sl != NULL)
+      r->slots = sl;
+    if (k == NULL || v == NULL || (ns > 0 && sl == NULL))
+      return ps_err_set(eb, -ENOMEM, "out of memory for %" PRIu64 " rows", cap);
+    r->cap = cap;
   }
+  r->keys[r->n] = e->key;
+  memcpy(r->values + r->n * dim, e->values, dim * sizeof(float));
+  for (size_t k = 0; k < ns; k++)
+    memcpy(r->slots + (r->n * ns + k) * dim, e->slots[k], dim * sizeof(float));
+  r->n++;
+  return 0;
+}
+
+/* Each shard file's table section, checked as `ckpt verify` checks it. */
+static int gather_shard(void *arg, int i, const ps_ckpt_shard_data *d, ps_errbuf *eb) {
+  gather *g = arg;
+  return ps_ckpt_shard_tables(g->c, g->tt, i, d, gather_row, g, eb);
+}
+
+static void gather_free(gather *g) {
+  for (int t = 0; g->tr != NULL && t < g->tt->ntables; t++) {
+    free(g->tr[t].keys);
+    free(g->tr[t].values);
+    free(g->tr[t].slots);
+  }
+  free(g->tr);
+  g->tr = NULL;
+}
+
+/* The files of table t: "<table>.keys", ".values", ".slots" (no .npy). */
+static const char *const table_files[] = {"keys", "values", "slots"};
+
+/* Would a table's files be another array's?  Tables named alike (two
+ * embedding_bag layers can make the same "C12"), or a variable of the same
+ * name.  @return 0 or PS_EUSAGE before anything is written. */
+static int check_table_names(const ps_ckpt *c, const ps_ckpt_tables *tt, const char *dir,
+                             ps_errbuf *eb) {
+  for (int t = 0; t < tt->ntables; t++) {
+    const char *n = tt->names[t];
+    if (n[0] == '\0' || strchr(n, '/') != NULL)
+      return ps_err_set(eb, PS_EUSAGE, "%s: sparse table %d '%s' cannot be a file name", dir, t,
+                        n);
+    for (int u = 0; u < t; u++)
+      if (strcmp(tt->names[u], n) == 0)
+        return ps_err_set(eb, PS_EUSAGE, "%s: sparse tables %d and %d are both named '%s': "
+                          "expected distinct names (their files would be the same)", dir, u, t,
+                          n);
+    for (size_t k = 0; k < sizeof table_files / sizeof table_files[0]; k++) {
+      char f[PS_MODEL_NAME_MAX + 16];
+      snprintf(f, sizeof f, "%s.%s", n, table_files[k]);
+      for (int v = 0; v < c->nvars; v++)
+        if (strcmp(c->vars[v].name, f) == 0)
+          return ps_err_set(eb, PS_EUSAGE, "%s: sparse table %d's file %s.npy would be variable "
+                            "%s's: expected distinct names", dir, t, f, f);
+    }
+  }
+  return 0;
+}
+
+typedef struct key_at {
+  uint64_t key, at;
+} key_at;
+
+static int by_key(const void *a, const void *b) {
+  uint64_t x = ((const key_at *)a)->key, y = ((const key_at *)b)->key;
+  return x < y ? -1 : x > y;
+}
+
+/* Table t's rows by key ascending, whatever shard held them: keys (uint64,
+ * rows), values (float32, rows x dim) and, for an optimizer with slots,
+ * slots (float32, rows x nslots x dim). */
+static int write_table(const ps_ckpt_tables *tt, int t, const table_rows *r, const char *dir,
+                       ps_errbuf *eb) {
+  uint64_t n = r->n, dim = tt->t[t].dim, ns = tt->t[t].nslots;
+  key_at *order = malloc((size_t)(n ? n : 1) * sizeof *order);
+  uint64_t per = dim * (ns > 1 ? ns : 1) * sizeof(float);
+  void *sorted = malloc((size_t)(n ? n : 1) * (per > 8 ? per : 8));
+  int rc = 0;
+  if (order == NULL || sorted == NULL) {
+    rc = ps_err_set(eb, -ENOMEM, "%s: out of memory for sparse table %s's %" PRIu64 " rows", dir,
+                    tt->names[t], n);
+    goto out;
+  }
+  for (uint64_t i = 0; i < n; i++)
+    order[i] = (key_at){r->keys[i], i};
+  qsort(order, (size_t)n, sizeof *order, by_key);
+  char name[PS_MODEL_NAME_MAX + 16];
+  uint64_t *keys = sorted;
+  for (uint64_t i = 0; i < n; i++)
+    keys[i] = order[i].key;
+  snprintf(name, sizeof name, "%s.keys", tt->names[t]);
+  if ((rc = write_npy(dir, name, "<u8", 1, &n, sorted, (size_t)n * 8, eb)) != 0)
+    goto out;
+  float *rows = sorted;
+  for (uint64_t i = 0; i < n; i++)
+    memcpy(rows + i * dim, r->values + order[i].at * dim, (size_t)dim * sizeof(float));
+  snprintf(name, sizeof name, "%s.values", tt->names[t]);
+  uint64_t shape[3] = {n, dim};
+  if ((rc = write_npy(dir, name, "<f4", 2, shape, sorted, (size_t)(n * dim) * sizeof(float),
+                      eb)) != 0 || ns == 0)
+    goto out;
+  for (uint64_t i = 0; i < n; i++)
+    memcpy(rows + i * ns * dim, r->slots + order[i].at * ns * dim,
+           (size_t)(ns * dim) * sizeof(float));
+  snprintf(name, sizeof name, "%s.slots", tt->names[t]);
+  shape[1] = ns;
+  shape[2] = dim;
+  rc = write_npy(dir, name, "<f4", 3, shape, sorted, (size_t)(n * ns * dim) * sizeof(float), eb);
+out:
+  free(order);
+  free(sorted);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* npy                                                                */
+/* ------------------------------------------------------------------ */
+
+static int export_npy(const ps_ckpt *c, const float *arena, const model_texts *mt,
+                      const gather *g, const char *dir, ps_errbuf *eb) {
   int rc = ps__ckpt_mkdir_p(dir);
   if (rc != 0)
     return ps_err_set(eb, rc, "%s: %s", dir, strerror(-rc));
   for (int i = 0; i < c->nvars; i++) {
     const ps_ckpt_var *v = &c->vars[i];
-    char path[PATH_MAX], header[384];
-    if ((size_t)snprintf(path, sizeof path, "%s/%s.npy", dir, v->name) >= sizeof path)
-      return ps_err_set(eb, -ENAMETOOLONG, "%s/%s.npy: path too long", dir, v->name);
-    size_t hlen = npy_header(v, header, sizeof header);
-    const void *bufs[2] = {header, arena + v->offset};
-    size_t lens[2] = {hlen, v->count * sizeof(float)};
-    if ((rc = ps__ckpt_write_file(path, bufs, lens, 2, eb)) != 0)
+    uint64_t shape[PS_VAR_MAX_DIMS];
+    for (int d = 0; d < v->ndim; d++)
+      shape[d] = v->shape[d];
+    if ((rc = write_npy(dir, v->name, "<f4", v->ndim, shape, arena + v->offset,
+                        v->count * sizeof(float), eb)) != 0)
       return rc;
   }
+  for (int t = 0; t < g->tt->ntables; t++)
+    if ((rc = write_table(g->tt, t, &g->tr[t], dir, eb)) != 0)
+      return rc;
   if (mt->network != NULL && ((rc = write_json(dir, PS_EXPORT_MODEL_FILE, mt->network, eb)) != 0 ||
                               (rc = write_json(dir, PS_EXPORT_NORM_FILE, mt->norm, eb)) != 0))
     return rc;
   return 0;
 }
 
+/* Are the variables' names file names?  @return 0 or PS_EUSAGE. */
+static int check_var_names(const ps_ckpt *c, const char *dir, ps_errbuf *eb) {
+  for (int i = 0; i < c->nvars; i++) {
+    const char *n = c->vars[i].name;
+    if (n[0] == '\0' || strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strchr(n, '/') != NULL)
+      return ps_err_set(eb, PS_EUSAGE, "%s: variable '%s' cannot be a file name", dir, n);
+  }
+  return 0;
+}
 
 /* ------------------------------------------------------------------ */
 /* Both                                                               */
@@ -266,14 +436,47 @@ int ps_ckpt_export(const ps_ckpt *c, const char *format, const char *out, int fo
   if (st && mt.network != NULL)
     snprintf(note, note_len, "the model file and the normalization in its metadata "
              "(paramserv.network, paramserv.normalization)");
-  float *arena = malloc(c->total_floats * sizeof(float) + 1);
-  if (arena == NULL) {
-    model_texts_free(&mt);
-    return ps_err_set(eb, -ENOMEM, "out of memory for %zu floats", c->total_floats);
+  ps_ckpt_tables tt = {0};  /* closing it is harmless whatever failed */
+  gather g = {.c = c, .tt = &tt};
+  if (st) {
+    /* The file holds the variables only: say so when there are tables. */
+    ps_errbuf ignore = {0};
+    if (ps_ckpt_tables_open(c, &tt, &ignore) == 0 && tt.ntables > 0)
+      snprintf(note + strlen(note), note_len - strlen(note), "; not its %d sparse tables "
+               "(--format npy writes them)", tt.ntables);
+    ps_ckpt_tables_close(&tt);
+  } else if ((rc = check_var_names(c, out, eb)) == 0 &&
+             (rc = ps_ckpt_tables_open(c, &tt, eb)) == 0 &&
+             (rc = check_table_names(c, &tt, out, eb)) == 0 && tt.ntables > 0 &&
+             (g.tr = calloc((size_t)tt.ntables, sizeof *g.tr)) == NULL) {
+    /* npy: the sparse tables too, each shard file's section checked as
+     * `ckpt verify` checks it, in the same pass as the values. */
+    rc = ps_err_set(eb, -ENOMEM, "out of memory");
   }
-  rc = ps_ckpt_read_values(c, arena, eb);
+  float *arena = rc == 0 ? malloc(c->total_floats * sizeof(float) + 1) : NULL;
+  if (rc == 0 && arena == NULL)
+    rc = ps_err_set(eb, -ENOMEM, "out of memory for %zu floats", c->total_floats);
   if (rc == 0)
-    rc = st ? export_safetensors(c, arena, &mt, out, eb) : export_npy(c, arena, &mt, out, eb);
+    rc = ps_ckpt_read_values_each(c, arena, g.tr != NULL ? gather_shard : NULL, &g, eb);
+  if (rc == 0)
+    rc = st ? export_safetensors(c, arena, &mt, out, eb) : export_npy(c, arena, &mt, &g, out, eb);
+  if (rc == 0 && !st && tt.ntables > 0) {
+    uint64_t rows = 0;
+    int slots = 0;
+    for (int t = 0; t < tt.ntables; t++) {
+      rows += g.tr[t].n;
+      slots += tt.t[t].nslots > 0;
+    }
+    snprintf(note + strlen(note), note_len - strlen(note), "%s%d sparse table%s, %" PRIu64
+             " rows: <table>.keys.npy and <table>.values.npy%s", note[0] ? "; " : "",
+             tt.ntables, tt.ntables == 1 ? "" : "s", rows,
+             slots == 0 ? "" : slots == tt.ntables ? ", <table>.slots.npy"
+                                                   : ", <table>.slots.npy for those with slots");
+  }
+  if (!st) {
+    gather_free(&g);
+    ps_ckpt_tables_close(&tt);
+  }
   free(arena);
   model_texts_free(&mt);
   return rc;

@@ -539,11 +539,20 @@ int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh) {
 }
 
 int ps_ckpt_read_values(const ps_ckpt *c, float *arena, ps_errbuf *eb) {
+  return ps_ckpt_read_values_each(c, arena, NULL, NULL, eb);
+}
+
+int ps_ckpt_read_values_each(const ps_ckpt *c, float *arena, ps_ckpt_shard_fn *fn, void *arg,
+                             ps_errbuf *eb) {
   for (int i = 0; i < c->nshards; i++) {
     ps_ckpt_shard_data d;
     int rc = ps_ckpt_read_shard(c, i, &d, eb);
     if (rc != 0)
       return rc;
+    if (fn != NULL && (rc = fn(arg, i, &d, eb)) != 0) {
+      ps_ckpt_shard_data_close(&d);
+      return rc;
+    }
     for (int v = 0; v < c->nvars; v++) {
       const ps_ckpt_var *var = &c->vars[v];
       for (int k = 0; k < var->nparts; k++) {

@@ -16,6 +16,7 @@ int ps_solo_open(ps_solo *s, const char *dir, const ps_model *m, const ps_optim 
   s->model = m;
   s->optim = *o;
   s->keep = keep;
+  s->norm = PS_DATA_NORM;
   /* The layout of a one-shard cluster with the default [layout] (greedy,
    * split auto: never, for one shard), which is a ring's too: their chiefs
    * restore these checkpoints and this run resumes from theirs.  One shard
@@ -154,7 +155,7 @@ int ps_solo_write(ps_solo *s, uint64_t step, ps_data_pos pos, ps_ckpt_write_stat
   in.version = step;
   in.global_step = step;
   ps_ckpt_shard_state shard = {.nfloats = s->model->vars.total, .info = in, .img = s->img};
-  ps_data_norm norm = PS_DATA_NORM;
+  ps_data_norm norm = s->norm;
   ps_ckpt_write_opts o = {
       .step = step,
       .cluster_id = "train",

@@ -20,6 +20,8 @@ typedef struct ps_solo {
   ps_layout layout;         /* a one-shard cluster's default: parts in table order */
   ps_state_info info;       /* of the image: nslots, no accumulator, no rows */
   float *img;               /* values, then each slot: (1 + nslots) x total floats */
+  ps_data_norm norm;        /* what the inputs were fed as: PS_DATA_NORM (ps_solo_open), or
+                             * PS_DATA_NORM_NONE for the user's own data (npy) */
 } ps_solo;
 
 /* Set up checkpoints of `m` trained with optimizer `o` in dir: the layout,

@@ -221,8 +221,7 @@ static int rtab_open(rtab *r, const ps_config *cfg, const ps_model *m, int max_b
   if (m->ntables == 0)
     return ps_err_set(eb, PS_ECONFIG, "%s: the model has no sparse tables: nothing to keep in "
                       "Redis (expected an embedding_bag layer, as in models/ctr.json)", cfg->path);
-  if (ps_shard_opts_tables(&r->so, cfg, m, eb) != 0)
-    return eb->code;
+  ps_shard_opts_tables(&r->so, cfg, m);
   for (int t = 0; t < m->ntables; t++) {
     const ps_table_opts *to = &r->so.tables[t];
     if (to->optim.kind == PS_OPTIM_ADAM)

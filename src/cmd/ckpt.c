@@ -31,9 +31,11 @@ static void ckpt_usage(FILE *f) {
       "              whether the index lists it (manifests only: use verify for the files)\n"
       "  show CKPT   a checkpoint's manifest: model (its layers and input normalization),\n"
       "              optimizer, variables, shards, workers\n"
-      "  verify CKPT check every shard file: size, LZ4 frame and checksum, XXH64\n"
-      "  export CKPT the variables' values as one .safetensors file or a directory of .npy,\n"
-      "              with the model file and the input normalization\n"
+      "  verify CKPT check every shard file: size, LZ4 frame and checksum, XXH64, and\n"
+      "              the sparse tables' sections (keys unique, on their shard)\n"
+      "  export CKPT the variables' values as one .safetensors file or a directory of .npy\n"
+      "              (with the sparse tables' rows), the model file and the input\n"
+      "              normalization\n"
       "\n"
       "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
       "checkpoints: then show and export take its newest valid checkpoint and verify\n"
@@ -61,9 +63,12 @@ static void sub_usage(FILE *f, const char *verb) {
   else if (strcmp(verb, "verify") == 0)
     fprintf(f, "usage: paramserv ckpt verify CKPT\n\n"
                "Decompress every shard file and check its size, its LZ4 frame (content\n"
-               "checksum included) and its XXH64 against the manifest.  CKPT may be a\n"
-               "directory of checkpoints: every one is verified, one line each.\n"
-               "Exit status 1 if any fails.\n");
+               "checksum included) and its XXH64 against the manifest.  For a model with\n"
+               "sparse tables, also each file's table section: it parses to its end with\n"
+               "every table's dim and optimizer slots, each key appears once in its table,\n"
+               "and each key is the file's shard's by the hash ring; the line then counts\n"
+               "the rows and pending keys.  CKPT may be a directory of checkpoints: every\n"
+               "one is verified, one line each.  Exit status 1 if any fails.\n");
   else
     fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n\n"
                "Reassemble every variable from the shard files (verified on the way) and\n"
@@ -75,14 +80,20 @@ static void sub_usage(FILE *f, const char *verb) {
                "                        model.json (a model file: src/nn/MODELFILE.md, which\n"
                "                        paramserv train --model-file takes) and\n"
                "                        normalization.json: each input byte b becomes\n"
-               "                        (b / divide - mean) / std\n"
+               "                        (b / divide - mean) / std; and per sparse table\n"
+               "                        <table>.keys.npy (uint64, rows), <table>.values.npy\n"
+               "                        (float32, rows x dim) and, for an optimizer with\n"
+               "                        slots, <table>.slots.npy (float32, rows x slots x dim):\n"
+               "                        every shard's rows by key (keys pending admission\n"
+               "                        are not rows); the sections checked as verify does\n"
                "  --force               write into a directory OUT that is not empty (files\n"
                "                        of the same names replaced, others left), or over an\n"
                "                        existing file OUT; without it either is refused\n"
                "                        (exit 2), so that two exports never mix\n"
                "A checkpoint of a model of variables only has no model file to write.\n"
-               "Optimizer slots are not exported.  CKPT may be a directory of checkpoints:\n"
-               "its newest valid one is exported.\n");
+               "The variables' optimizer slots are not exported, nor are the sparse tables\n"
+               "to safetensors.  CKPT may be a directory of checkpoints: its newest valid\n"
+               "one is exported.\n");
 }
 
 /* Parse the verb's options: only --help, plus --format and --force for
@@ -293,9 +304,10 @@ static int cmd_show(int argc, char **argv) {
 static int verify_one(const char *path) {
   ps_ckpt c;
   ps_errbuf eb = {0};
+  ps_ckpt_tables_stats ts = {0};
   int rc = ps_ckpt_open(&c, path, &eb);
   if (rc == 0)
-    rc = ps_ckpt_verify(&c, &eb);
+    rc = ps_ckpt_verify_tables(&c, &ts, &eb);
   if (rc != 0) {
     ps_cmd_error("%s", eb.msg);
   } else {
@@ -304,8 +316,13 @@ static int verify_one(const char *path) {
       stored += c.shards[i].compressed_size;
       raw += c.shards[i].uncompressed_size;
     }
+    char tables[128] = "";
+    if (ts.ntables > 0)
+      snprintf(tables, sizeof tables, ", %d sparse table%s: %" PRIu64 " rows, %" PRIu64
+               " pending keys", ts.ntables, ts.ntables == 1 ? "" : "s", ts.rows, ts.pending);
     printf("%s: ok (step %" PRIu64 ", %d shard file%s, %" PRIu64 " bytes, %" PRIu64
-           " uncompressed)\n", path, c.step, c.nshards, c.nshards == 1 ? "" : "s", stored, raw);
+           " uncompressed%s)\n", path, c.step, c.nshards, c.nshards == 1 ? "" : "s", stored, raw,
+           tables);
   }
   ps_ckpt_close(&c);
   return rc != 0;

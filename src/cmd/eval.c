@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "nn/compute.h"
 #include "recovery/checkpoint.h"
 
@@ -31,6 +32,8 @@ static void eval_usage(FILE *f) {
       "newest valid one.\n"
       "\n"
       "  --data DIR            IDX directory (default " PS_DATA_DEFAULT_DIR ")\n"
+      "  --npy DIR             instead, your own test set: DIR/X.npy and DIR/y.npy, fed\n"
+      "                        as they are (src/data/NPY.md)\n"
       "  --model-file PATH     the model file of a format version 1 checkpoint of one\n"
       "                        (version 1 named such a model by a hash only); a later\n"
       "                        checkpoint holds its model and needs none\n"
@@ -52,16 +55,17 @@ static void eval_usage(FILE *f) {
 }
 
 typedef struct eval_opts {
-  const char *ckpt, *data, *model_file;
+  const char *ckpt, *data, *model_file, *npy;
   int64_t threads, batch;
   int device;
 } eval_opts;
 
 /* @return 0, 1 for --help (printed), or 2 after printing an error. */
 static int parse_opts(int argc, char **argv, eval_opts *o) {
-  enum { O_DATA = 256, O_MODEL_FILE, O_DEVICE, O_THREADS, O_BATCH, O_LOG_LEVEL };
+  enum { O_DATA = 256, O_MODEL_FILE, O_DEVICE, O_THREADS, O_BATCH, O_LOG_LEVEL, O_NPY };
   static const struct option longopts[] = {
       {"data", required_argument, 0, O_DATA},
+      {"npy", required_argument, 0, O_NPY},
       {"model-file", required_argument, 0, O_MODEL_FILE},
       {"device", required_argument, 0, O_DEVICE},
       {"threads", required_argument, 0, O_THREADS},
@@ -76,10 +80,11 @@ static int parse_opts(int argc, char **argv, eval_opts *o) {
   ps_log_init("eval", PS_LOG_WARN);
   opterr = 0;
   optind = 1;
-  int c;
+  int c, data = 0;
   while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
-    case O_DATA: o->data = optarg; break;
+    case O_DATA: o->data = optarg; data = 1; break;
+    case O_NPY: o->npy = optarg; break;
     case O_MODEL_FILE: o->model_file = optarg; break;
     case O_DEVICE:
       if (ps_parse_device(optarg, &o->device) != 0) {
@@ -110,6 +115,10 @@ static int parse_opts(int argc, char **argv, eval_opts *o) {
   }
   if (optind >= argc) {
     ps_cmd_error("eval: expected a checkpoint CKPT (see paramserv eval --help)");
+    return 2;
+  }
+  if (o->npy != NULL && data) {
+    ps_cmd_error("--npy with --data: expected one test set, numpy files (--npy) or IDX (--data)");
     return 2;
   }
   o->ckpt = argv[optind++];
@@ -155,12 +164,15 @@ int ps_cmd_eval(int argc, char **argv) {
     status = 1;
     goto out;
   }
-  if (ps_dataset_load(o.data, "t10k", &test, &eb) != 0) {
+  if (o.npy != NULL ? ps_npy_load(o.npy, &test, &eb) != 0
+                    : ps_dataset_load(o.data, "t10k", &test, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
+    status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }
-  if (ps_model_check_data(&model, test.rows, test.cols, 10, &eb) != 0) {
-    ps_cmd_error("%s: %s", o.data, eb.msg);
+  if (o.npy != NULL ? ps_model_check_inputs(&model, test.dim, test.classes, &eb) != 0
+                    : ps_model_check_data(&model, test.rows, test.cols, 10, &eb) != 0) {
+    ps_cmd_error("%s: %s", o.npy != NULL ? o.npy : o.data, eb.msg);
     goto out;
   }
   compute = ps_compute_new_on(&model, o.device, (int)o.threads, (int)o.batch, &eb);
@@ -175,11 +187,17 @@ int ps_cmd_eval(int argc, char **argv) {
     status = 1;
     goto out;
   }
+  /* npy features are fed as they are, whatever the checkpoint says of IDX bytes. */
   ps_dataset_images_norm(&test, NULL, test.n, &norm, x);
-  printf("eval: %s (step %" PRIu64 ", format version %d): model %s, %zu parameters; inputs "
-         "(b / %g - %g) / %g\n", c.path, c.step, c.format_version, c.model, model.vars.total,
-         (double)norm.divide, (double)norm.mean, (double)norm.std);
-  printf("eval: data %s: %zu test samples; %s\n", o.data, test.n, ps_compute_describe(compute));
+  if (o.npy != NULL)
+    printf("eval: %s (step %" PRIu64 ", format version %d): model %s, %zu parameters; inputs "
+           "as they are (npy)\n", c.path, c.step, c.format_version, c.model, model.vars.total);
+  else
+    printf("eval: %s (step %" PRIu64 ", format version %d): model %s, %zu parameters; inputs "
+           "(b / %g - %g) / %g\n", c.path, c.step, c.format_version, c.model, model.vars.total,
+           (double)norm.divide, (double)norm.mean, (double)norm.std);
+  printf("eval: data %s: %zu test samples; %s\n", o.npy != NULL ? o.npy : o.data, test.n,
+         ps_compute_describe(compute));
   fflush(stdout);
   size_t right = 0;
   double loss = ps_compute_eval(compute, params, x, test.labels, test.n, &right);

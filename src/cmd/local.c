@@ -156,7 +156,10 @@ static void progress_text(const run *r, char *buf, size_t len) {
   if (s->have_eval) {
     if (s->loss >= 0)
       ADD("  loss %.2f", s->loss);
-    ADD("  acc %.3f", s->accuracy);
+    if (s->have_auc)
+      ADD("  auc %.3f", s->auc);
+    else
+      ADD("  acc %.3f", s->accuracy);
   }
   if (s->have_progress && s->rate > 0) {
     ADD("  %.0f steps/s", s->rate);
@@ -376,7 +379,8 @@ static int setup(run *r) {
                    "one)", path, stat(path, &sb) != 0 ? strerror(errno) : "not a regular file");
       return 2;
     }
-  } else if (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+  } else if (r->cfg.data_format == PS_DATA_IDX &&
+             (stat(r->cfg.data_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
     ps_cmd_error("[model] data_dir %s: %s: expected the Fashion-MNIST IDX files (`make deps` "
                  "installs Debian's dataset-fashion-mnist)",
                  r->cfg.data_dir, stat(r->cfg.data_dir, &sb) != 0 ? strerror(errno)
@@ -393,8 +397,9 @@ static int setup(run *r) {
     return 2;
   }
   /* paramserv check's checks of the secret (written by ps_runconf_write
-   * when the run makes its own), the model and the checkpoint directory:
-   * what would otherwise fail in a child, restarted. */
+   * when the run makes its own), the model, the checkpoint directory and
+   * npy data (every file read, and the model fitting it): what would
+   * otherwise fail in a child, restarted. */
   if (ps_preflight_files(&r->cfg, 1) != 0)
     return 2;
   if (r->cfg.history_dir[0] != '\0' && (rc = mkdirs(r->cfg.history_dir)) != 0) {
@@ -459,8 +464,8 @@ static double median(double *v, size_t n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Worker 0's last "final test_acc A" line (1), or "final test_auc A"
- * (2: a model with sparse tables), when the chief logged no evaluation. */
+/* Worker 0's last "final test_acc A" line, when the chief logged no
+ * evaluation. */
 static int worker_accuracy(const run *r, double *acc) {
   char path[PS_CONFIG_PATH_MAX + 32], line[512];
   snprintf(path, sizeof path, "%s/logs/worker-0.log", r->rundir);
@@ -468,12 +473,9 @@ static int worker_accuracy(const run *r, double *acc) {
   int found = 0;
   if (f == NULL)
     return 0;
-  while (fgets(line, sizeof line, f) != NULL) {
+  while (fgets(line, sizeof line, f) != NULL)
     if (sscanf(line, "final test_acc %lf", acc) == 1)
       found = 1;
-    if (sscanf(line, "final test_auc %lf", acc) == 1)
-      found = 2;
-  }
   fclose(f);
   return found;
 }
@@ -502,19 +504,21 @@ static void report(run *r, int status, double now) {
 
   char line[1024];
   double acc = 0;
-  if (sum->have_eval) {
+  if (sum->have_eval && sum->have_auc) {
+    snprintf(line, sizeof line, "test AUC %.4f at step %" PRId64, sum->auc, sum->eval_step);
+    json_object_set_new(j, "auc", json_real(sum->auc));
+    json_object_set_new(j, "accuracy_step", json_integer(sum->eval_step));
+    json_object_set_new(j, "loss", json_real(sum->loss));
+  } else if (sum->have_eval) {
     snprintf(line, sizeof line, "test accuracy %.4f at step %" PRId64, sum->accuracy,
              sum->eval_step);
     json_object_set_new(j, "accuracy", json_real(sum->accuracy));
     json_object_set_new(j, "accuracy_step", json_integer(sum->eval_step));
     if (sum->loss >= 0)
       json_object_set_new(j, "loss", json_real(sum->loss));
-  } else if (worker_accuracy(r, &acc) == 1) {
+  } else if (worker_accuracy(r, &acc)) {
     snprintf(line, sizeof line, "test accuracy %.4f (worker 0's final evaluation)", acc);
     json_object_set_new(j, "accuracy", json_real(acc));
-  } else if (worker_accuracy(r, &acc) == 2) {
-    snprintf(line, sizeof line, "test AUC %.4f (worker 0's final evaluation)", acc);
-    json_object_set_new(j, "auc", json_real(acc));
   } else {
     snprintf(line, sizeof line, "no evaluation");
   }

@@ -17,7 +17,9 @@
 #include "common/config.h"
 #include "data/criteo.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "layout/layout.h"
+#include "nn/modelfile.h"
 #include "nn/model.h"
 #include "recovery/checkpoint.h"
 #include "replica/keys.h"
@@ -91,8 +93,48 @@ static void check_model(const ps_config *cfg, tally *t) {
   ps_model_close(&model);
 }
 
+/* [data] format = npy: each directory loads (every check of NPY.md) and
+ * the model takes its samples and labels. */
+static void check_npy(const ps_config *cfg, tally *t) {
+  const char *dirs[2] = {cfg->train_data, cfg->test_data}, *keys[2] = {"train", "test"};
+  ps_model model;
+  ps_errbuf eb = {0};
+  /* A model that does not build is check_model's error. */
+  int have_model = ps_model_for_config(cfg, &model, &eb) == 0;
+  for (int i = 0; i < 2; i++) {
+    char path[PS_CONFIG_PATH_MAX];
+    ps_dataset ds;
+    if (dirs[i][0] == '\0')
+      continue;
+    ps_config_file_path(cfg, dirs[i], path, sizeof path);
+    if (ps_npy_load(path, &ds, &eb) != 0) {
+      say("error", "[data] %s: %s", keys[i], eb.msg);
+      t->errors++;
+      continue;
+    }
+    if (have_model && ps_model_check_inputs(&model, ds.dim, ds.classes, &eb) != 0) {
+      say("error", "[data] %s %s: %s", keys[i], path, eb.msg);
+      t->errors++;
+    } else if (i == 0 && ds.n < (size_t)cfg->nworkers) {
+      say("error", "[data] train %s: %zu samples, fewer than the %d workers: expected at least "
+          "one a worker", path, ds.n, cfg->nworkers);
+      t->errors++;
+    } else {
+      say("ok", "[data] %s %s: npy, %zu samples of %zu floats, labels 0..%d", keys[i], path,
+          ds.n, ds.dim, ds.classes - 1);
+    }
+    ps_dataset_close(&ds);
+  }
+  if (have_model)
+    ps_model_close(&model);
+}
+
 static void check_data(const ps_config *cfg, tally *t) {
   static const char *const splits[] = {"train", "t10k"};
+  if (cfg->data_format == PS_DATA_NPY) {
+    check_npy(cfg, t);
+    return;
+  }
   if (cfg->data_format == PS_DATA_CRITEO) {
     const char *files[2] = {cfg->train_data, cfg->test_data}, *keys[2] = {"train", "test"};
     for (int i = 0; i < 2; i++) {
@@ -289,7 +331,9 @@ int ps_preflight_files(const ps_config *cfg, int errors_only) {
   quiet = errors_only;
   check_secret(cfg, &t);
   check_model(cfg, &t);
-  if (!errors_only)
+  /* paramserv local checks an IDX or Criteo data set's place itself; npy
+   * data is read here, so that a bad file is one line before any child. */
+  if (!errors_only || cfg->data_format == PS_DATA_NPY)
     check_data(cfg, &t);
   check_ckpt_dir(cfg, &t);
   quiet = 0;

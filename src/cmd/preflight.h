@@ -13,10 +13,10 @@ struct ps_config;
 int ps_preflight_config(const char *path, struct ps_config *cfg);
 
 /* The checks of the files a config names (the secret, the model, the data
- * set, the checkpoint directory); errors_only (paramserv local, which reads
- * the data set itself): only the errors, as paramserv: error: lines on
- * stderr (ps_cmd_error), and not the data set.  @return the number of
- * errors. */
+ * set, the checkpoint directory); errors_only (paramserv local, which checks
+ * an IDX or Criteo data set itself): only the errors, as paramserv: error:
+ * lines on stderr (ps_cmd_error), and of the data set only npy data's.
+ * @return the number of errors. */
 int ps_preflight_files(const struct ps_config *cfg, int errors_only);
 
 /* Each shard's address (each member's in ring mode): free here, in use, or

@@ -40,7 +40,37 @@ typedef struct row {
   int64_t age_ms;   /* since the last heartbeat; -1 unknown */
   int have_pid, have_inc, have_step, have_rate, have_version, have_lag, have_snap;
   int have_durability;
+  char *tables;     /* shards with sparse tables: the heartbeat's "C1:ROWS:BYTES,..."; NULL none */
 } row;
+
+/* One sparse table's figures on one shard, from its heartbeat. */
+typedef struct table_fig {
+  char name[48];
+  uint64_t rows, bytes;
+} table_fig;
+
+/* The heartbeat's "tables" value: "NAME:ROWS:BYTES" items joined by ','.
+ * @return the items read into out (at most max); a malformed item ends it. */
+static int parse_tables(const char *text, table_fig *out, int max) {
+  int n = 0;
+  for (const char *p = text; p != NULL && *p != '\0' && n < max;) {
+    const char *end = strchr(p, ','), *c1 = strchr(p, ':');
+    size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+    if (c1 == NULL || c1 > p + len || (size_t)(c1 - p) >= sizeof out[n].name)
+      break;
+    char *after;
+    out[n].rows = strtoull(c1 + 1, &after, 10);
+    if (*after != ':')
+      break;
+    out[n].bytes = strtoull(after + 1, &after, 10);
+    if (after != p + len)
+      break;
+    snprintf(out[n].name, sizeof out[n].name, "%.*s", (int)(c1 - p), p);
+    n++;
+    p = end != NULL ? end + 1 : NULL;
+  }
+  return n;
+}
 
 /* ------------------------------------------------------------------ Redis */
 
@@ -111,7 +141,7 @@ static int connect_redis(const ps_config *cfg) {
  * held K" (shards);
  * the lease's is "token T host H pid P". */
 static void parse_payload(row *w, const char *payload) {
-  char buf[512], *save = NULL;
+  char buf[8192], *save = NULL;
   snprintf(buf, sizeof buf, "%s", payload);
   for (char *k = strtok_r(buf, " ", &save); k != NULL; k = strtok_r(NULL, " ", &save)) {
     char *v = strtok_r(NULL, " ", &save);
@@ -135,12 +165,14 @@ static void parse_payload(row *w, const char *payload) {
       w->nondurable = strtoull(v, NULL, 10), w->have_durability = 1;
     else if (strcmp(k, "held") == 0)
       w->held = strtoull(v, NULL, 10);
+    else if (strcmp(k, "tables") == 0 && w->tables == NULL)
+      w->tables = strdup(v);
   }
 }
 
 /* Fill a row from its heartbeat key and its epoch key (REDIS.md §1). */
 static void read_node(const ps_config *cfg, row *w) {
-  char node[PS_KEY_MAX], epoch[PS_KEY_MAX], v[512];
+  char node[PS_KEY_MAX], epoch[PS_KEY_MAX], v[8192];
   if (strcmp(w->role, "ps") == 0) {
     ps_shard_keys k;
     ps_shard_keys_init(&k, cfg->cluster_id, w->index);
@@ -239,6 +271,67 @@ static const char *age_text(double s, char *buf, size_t len) {
   return buf;
 }
 
+static const char *human_bytes(uint64_t b, char *buf, size_t len) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+/* A model with sparse tables: each table's rows and memory on each shard
+ * whose heartbeat says them ("-": a shard down, or one that did not), and
+ * over every shard that did; one line per table, in the model's order. */
+static void print_tables(const row *rows, int n) {
+  static table_fig figs[PS_CONFIG_MAX_NODES][64];
+  int nfig[PS_CONFIG_MAX_NODES] = {0}, first = -1, nps = 0;
+  const row *ps[PS_CONFIG_MAX_NODES];
+  for (int i = 0; i < n && nps < PS_CONFIG_MAX_NODES; i++) {
+    if (strcmp(rows[i].role, "ps") != 0)
+      continue;
+    if (rows[i].tables != NULL && rows[i].state == UP)
+      nfig[nps] = parse_tables(rows[i].tables, figs[nps], 64);
+    if (nfig[nps] > 0 && first < 0)
+      first = nps;
+    ps[nps++] = &rows[i];
+  }
+  if (first < 0)
+    return;
+  printf("\nsparse tables (rows / memory, from each shard's heartbeat):\n%-12s", "TABLE");
+  for (int j = 0; j < nps; j++) {
+    char h[24];
+    snprintf(h, sizeof h, "ps %d", ps[j]->index);
+    printf(" %22s", h);
+  }
+  printf(" %22s\n", "ALL");
+  for (int t = 0; t < nfig[first]; t++) {
+    const char *name = figs[first][t].name;
+    uint64_t rows_all = 0, bytes_all = 0;
+    printf("%-12s", name);
+    for (int j = 0; j < nps; j++) {
+      const table_fig *f = NULL;
+      for (int k = 0; k < nfig[j] && f == NULL; k++)
+        if (strcmp(figs[j][k].name, name) == 0)
+          f = &figs[j][k];
+      char cell[48] = "-", b[24];
+      if (f != NULL) {
+        snprintf(cell, sizeof cell, "%" PRIu64 " / %s", f->rows,
+                 human_bytes(f->bytes, b, sizeof b));
+        rows_all += f->rows;
+        bytes_all += f->bytes;
+      }
+      printf(" %22s", cell);
+    }
+    char cell[48], b[24];
+    snprintf(cell, sizeof cell, "%" PRIu64 " / %s", rows_all, human_bytes(bytes_all, b, sizeof b));
+    printf(" %22s\n", cell);
+  }
+}
+
 #define U64(have, v, buf) \
   ((have) ? (snprintf(buf, sizeof buf, "%" PRIu64, (uint64_t)(v)), buf) : "-")
 
@@ -268,6 +361,7 @@ static void print_table(const ps_config *cfg, const row *rows, int n, const row 
            U64(w->have_snap, w->snap_version, snap), U64(w->have_durability, w->held, held),
            U64(w->have_durability, w->nondurable, nond));
   }
+  print_tables(rows, n);
   printf("\n");
   char t[32];
   if (cfg->nsentinels > 0)
@@ -319,6 +413,17 @@ static int print_json(const ps_config *cfg, const row *rows, int n, const row *l
                                           jint(w->have_durability, (int64_t)w->held),
                                           "nondurable",
                                           jint(w->have_durability, (int64_t)w->nondurable)));
+    if (strcmp(w->role, "ps") == 0) {
+      /* The sparse tables' figures, null without them (or down). */
+      static table_fig figs[64];
+      int nf = w->tables != NULL && w->state == UP ? parse_tables(w->tables, figs, 64) : 0;
+      json_t *tj = nf > 0 ? json_array() : NULL;
+      for (int t = 0; t < nf; t++)
+        json_array_append_new(tj, json_pack("{s:s, s:I, s:I}", "name", figs[t].name, "rows",
+                                            (json_int_t)figs[t].rows, "bytes",
+                                            (json_int_t)figs[t].bytes));
+      json_object_set_new(o, "tables", tj != NULL ? tj : json_null());
+    }
     json_array_append_new(nodes, o);
   }
   json_t *lj = l->state != UP ? NULL
@@ -354,8 +459,9 @@ static void usage(FILE *f) {
           "Show the cluster of FILE as its records in Redis describe it (src/replica/REDIS.md):\n"
           "one row per node (the chief, every shard, every worker) with its state, host, pid,\n"
           "incarnation, AGE of its last heartbeat, its step, and steps/s (workers, chief),\n"
-          "version, replication lag and snapshot version (shards); then the chief's lease and\n"
-          "the newest checkpoint of [checkpoint] dir.\n"
+          "version, replication lag and snapshot version (shards); for a model with sparse\n"
+          "tables, each table's rows and memory on each shard (from its heartbeat); then the\n"
+          "chief's lease and the newest checkpoint of [checkpoint] dir.\n"
           "\n"
           "A node is up while its heartbeat key lives (TTL 3 x [worker] heartbeat_ms), down\n"
           "once it expired, \"never seen\" when it never took an incarnation.\n"
@@ -432,7 +538,10 @@ int ps_cmd_status(int argc, char **argv) {
   clock_gettime(CLOCK_REALTIME, &ts);
   double now = (double)ts.tv_sec + ts.tv_nsec / 1e9;
   if (as_json)
-    return print_json(&cfg, rows, n, &l, &ci, now);
-  print_table(&cfg, rows, n, &l, &ci, now);
-  return 0;
+    rc = print_json(&cfg, rows, n, &l, &ci, now);
+  else
+    print_table(&cfg, rows, n, &l, &ci, now);
+  for (int i = 0; i < n; i++)
+    free(rows[i].tables);
+  return rc;
 }

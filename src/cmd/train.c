@@ -1,5 +1,6 @@
 /* `paramserv train`: one process, no parameter server.  The reference
- * trainer that the distributed runs are measured against. */
+ * trainer that the distributed runs are measured against.  IDX data here;
+ * Criteo data and sparse tables in train_ctr.c. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -11,10 +12,12 @@
 
 #include "cmd/cli.h"
 #include "cmd/cmd.h"
+#include "cmd/train_ctr.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "common/timeutil.h"
 #include "data/idx.h"
+#include "data/npy.h"
 #include "data/sampler.h"
 #include "nn/backend.h"
 #include "nn/compute.h"
@@ -23,26 +26,14 @@
 #include "optim/optim.h"
 #include "recovery/solo.h"
 
-typedef struct train_opts {
-  const char *model, *hidden, *model_file, *data;
-  const char *ckpt_dir, *init_from;  /* --checkpoint-dir, --init-from */
-  int64_t ckpt_every, keep;          /* --checkpoint-every, --keep */
-  int64_t epochs, batch, threads, max_steps, train_limit, warmup;
-  int device;  /* PS_DEVICE_CPU or a CUDA device number */
-  double lr, momentum, weight_decay, gamma, step_epochs, min_lr;
-  uint64_t seed;
-  int eval;
-  ps_optim optim;
-  ps_sched sched;
-} train_opts;
-
 static void train_usage(FILE *f) {
   fprintf(f,
       "usage: paramserv train [OPTIONS]\n"
       "\n"
-      "Train a built-in model or a model file on an IDX data set in this one process\n"
-      "(no parameter server) and print, per epoch, the mean loss, the test accuracy\n"
-      "and samples/s.\n"
+      "Train a built-in model or a model file on an IDX data set or on your own data\n"
+      "as numpy files (--npy), or a CTR model on Criteo data (--train), in this one\n"
+      "process (no parameter server) and print, per epoch, the mean loss, the test\n"
+      "accuracy (Criteo: the test AUC and log loss) and samples/s.\n"
       "\n"
       "  --model mlp|cnn       model (default mlp)\n"
       "  --hidden SIZES        mlp hidden sizes, comma-separated (default 256,128)\n"
@@ -50,7 +41,8 @@ static void train_usage(FILE *f) {
       "  --epochs N            epochs over the training set (default 10)\n"
       "  --batch B             samples per step (default 128)\n"
       "  --optimizer NAME      sgd|momentum|nesterov|adagrad|adam (default adam)\n"
-      "  --lr X                learning rate (default 0.001)\n"
+      "  --lr X                learning rate (default 0.001); with --train also the\n"
+      "                        sparse tables' where the model file gives none\n"
       "  --momentum X          momentum coefficient (default 0.9)\n"
       "  --weight-decay X      L2 penalty added to the gradient (default 0)\n"
       "  --schedule NAME       constant|step|cosine learning-rate schedule (default constant)\n"
@@ -63,6 +55,17 @@ static void train_usage(FILE *f) {
       "  --threads T           compute threads on the cpu (default: all cores)\n"
       "  --seed S              seed of initial weights, data order and dropout (default 1)\n"
       "  --data DIR            IDX directory (default " PS_DATA_DEFAULT_DIR ")\n"
+      "  --npy DIR             train on DIR/X.npy (float32, N x D) and DIR/y.npy (labels,\n"
+      "                        N) instead, fed as they are (src/data/NPY.md)\n"
+      "  --npy-test DIR        with --npy: the test set, DIR/X.npy and DIR/y.npy (without\n"
+      "                        it, no test accuracy)\n"
+      "  --train FILE          Criteo-format training data instead (plain or gzip,\n"
+      "                        src/data/CRITEO.md), read in the file's order each\n"
+      "                        epoch: the model must take input [13] and end in\n"
+      "                        sigmoid, e.g. --model-file models/ctr.json, whose\n"
+      "                        embedding_bag layers become sparse tables here\n"
+      "  --test FILE           with --train: Criteo test data, for the test AUC and log\n"
+      "                        loss at each epoch's end (default: no test)\n"
       "  --max-steps N         stop after N steps in all (default: no limit)\n"
       "  --train-limit N       use only the first N training samples (default: all)\n"
       "  --no-eval             skip the test-set evaluation\n"
@@ -71,7 +74,8 @@ static void train_usage(FILE *f) {
       "                        at each epoch's end and at the end; when D holds\n"
       "                        one, resume from its newest: weights, optimizer state,\n"
       "                        step and data position (it must be of this model and\n"
-      "                        optimizer, else the run is refused, exit 2)\n"
+      "                        optimizer, else the run is refused, exit 2); not with\n"
+      "                        --train (sparse tables) yet\n"
       "  --checkpoint-every N  with --checkpoint-dir, also every N steps (default 0)\n"
       "  --keep K              checkpoints kept in D, the newest by step (default 5;\n"
       "                        0 keeps all)\n"
@@ -92,6 +96,8 @@ static void train_usage(FILE *f) {
       "\n"
       "The last line is machine-readable:\n"
       "  done steps S samples N seconds T samples/s R test_acc A ms/step M\n"
+      "  done steps S samples N seconds T samples/s R test_auc A test_logloss L ms/step M\n"
+      "(the second with --train), A and L \"-\" when there was no test;\n"
       "S steps and N samples in all; T seconds of training, R samples/s and M ms\n"
       "per step from step 2 on: step 1 (the warm-up: a GPU loads its kernels and\n"
       "cuBLAS picks its algorithms there) is not timed, unless it is the only one.\n"
@@ -99,11 +105,11 @@ static void train_usage(FILE *f) {
 }
 
 /* @return 0, 1 for --help (printed), or -1 after printing an error. */
-static int parse_opts(int argc, char **argv, train_opts *o) {
+static int parse_opts(int argc, char **argv, ps_train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_MODEL_FILE, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
          O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE, O_CKPT_DIR, O_CKPT_EVERY,
-         O_KEEP, O_INIT_FROM };
+         O_KEEP, O_INIT_FROM, O_TRAIN, O_TEST, O_NPY, O_NPY_TEST };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
@@ -127,6 +133,10 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
       {"init-from", required_argument, 0, O_INIT_FROM},
       {"seed", required_argument, 0, O_SEED},
       {"data", required_argument, 0, O_DATA},
+      {"train", required_argument, 0, O_TRAIN},
+      {"test", required_argument, 0, O_TEST},
+      {"npy", required_argument, 0, O_NPY},
+      {"npy-test", required_argument, 0, O_NPY_TEST},
       {"max-steps", required_argument, 0, O_MAX_STEPS},
       {"train-limit", required_argument, 0, O_TRAIN_LIMIT},
       {"no-eval", no_argument, 0, O_NO_EVAL},
@@ -137,13 +147,13 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
   const char *optim_name = "adam", *sched_name = "constant";
   int64_t seed = 1;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  *o = (train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
+  *o = (ps_train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
                     .threads = cores > 0 ? cores : 1, .lr = 0.001, .momentum = 0.9,
                     .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU,
                     .keep = 5};
   opterr = 0;
   optind = 1;
-  int c, rc = 0, named = 0, every = 0, keep = 0;
+  int c, rc = 0, named = 0, every = 0, keep = 0, data = 0;
   while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
     switch (c) {
     case O_MODEL: o->model = optarg; named = 1; break;
@@ -168,7 +178,11 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
       }
       break;
     case O_SEED: rc = ps_cmd_flag_i64("seed", optarg, 0, INT64_MAX, &seed); break;
-    case O_DATA: o->data = optarg; break;
+    case O_DATA: o->data = optarg; data = 1; break;
+    case O_TRAIN: o->train = optarg; break;
+    case O_TEST: o->test = optarg; break;
+    case O_NPY: o->npy = optarg; break;
+    case O_NPY_TEST: o->npy_test = optarg; break;
     case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
     case O_TRAIN_LIMIT: rc = ps_cmd_flag_i64("train-limit", optarg, 1, INT64_MAX, &o->train_limit); break;
     case O_NO_EVAL: o->eval = 0; break;
@@ -206,9 +220,33 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
                  named ? "model" : "hidden");
     return -1;
   }
+  if (o->npy != NULL && (data || o->train != NULL)) {
+    ps_cmd_error("--npy with --%s: expected one data set, numpy files (--npy), IDX (--data) or "
+                 "Criteo (--train)", data ? "data" : "train");
+    return -1;
+  }
+  if (o->npy_test != NULL && o->npy == NULL) {
+    ps_cmd_error("--npy-test without --npy: expected the training data as numpy files too");
+    return -1;
+  }
+  /* The user's own data is evaluated only on the test set they give. */
+  if (o->npy != NULL && o->npy_test == NULL)
+    o->eval = 0;
   if (o->ckpt_dir == NULL && (every || keep)) {
     ps_cmd_error("--%s without --checkpoint-dir: expected a directory to write checkpoints into",
                  every ? "checkpoint-every" : "keep");
+    return -1;
+  }
+  /* Criteo data (--train) is its own loop: no IDX directory, and no
+   * checkpoints of sparse tables yet. */
+  if (o->test != NULL && o->train == NULL) {
+    ps_cmd_error("--test without --train: expected a Criteo training file too");
+    return -1;
+  }
+  if (o->train != NULL && (data || o->ckpt_dir != NULL || o->init_from != NULL)) {
+    ps_cmd_error(data ? "--data with --train: expected one of --data (IDX) and --train (Criteo)"
+                 : o->ckpt_dir != NULL ? "--checkpoint-dir with sparse tables: not yet"
+                                       : "--init-from with sparse tables: not yet");
     return -1;
   }
   o->seed = (uint64_t)seed;
@@ -229,9 +267,6 @@ static int parse_opts(int argc, char **argv, train_opts *o) {
   return 0;
 }
 
-/* Checkpoint `step` of the weights and optimizer state compute keeps, at
- * data position pos, into solo's directory; one line either way (a failure
- * is logged by the writer).  @return 0 or -1. */
 /* The signal that asked this run to stop (SIGINT, SIGTERM), 0 for none. */
 static volatile sig_atomic_t stop_signal;
 
@@ -251,6 +286,9 @@ static void catch_stop_signals(void) {
   sigaction(SIGTERM, &sa, NULL);
 }
 
+/* Checkpoint `step` of the weights and optimizer state compute keeps, at
+ * data position pos, into solo's directory; one line either way (a failure
+ * is logged by the writer).  @return 0 or -1. */
 static int save(ps_solo *solo, ps_compute *c, uint64_t step, ps_data_pos pos) {
   float *slots[PS_OPTIM_MAX_SLOTS] = {0};
   for (int k = 0; k < ps_optim_nslots(solo->optim.kind); k++)
@@ -267,8 +305,50 @@ static int save(ps_solo *solo, ps_compute *c, uint64_t step, ps_data_pos pos) {
   return 0;
 }
 
+void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch) {
+  if (o->sched.kind == PS_SCHED_STEP) {
+    o->sched.step_size = (uint64_t)(o->step_epochs * (double)steps_per_epoch + 0.5);
+    o->sched.gamma = (float)o->gamma;
+  }
+  o->sched.total = steps_per_epoch * (uint64_t)o->epochs;
+  o->sched.min_factor = o->lr > 0 ? (float)(o->min_lr / o->lr) : 0.0f;
+  o->sched.warmup = (uint64_t)o->warmup;
+}
+
+/* Whether the spec has an embedding_bag layer: sparse tables, which only
+ * Criteo data feeds. */
+static int has_tables(const ps_model_spec *spec) {
+  for (int i = 0; i < spec->nlayers; i++)
+    if (spec->layers[i].type == PS_LT_EMBEDDING_BAG)
+      return 1;
+  return 0;
+}
+
+/* --npy DIR and --npy-test DIR (src/data/NPY.md): the data sets, which
+ * the model must fit.  @return 0, or the exit status after one line. */
+static int load_npy(const ps_train_opts *o, const ps_model *model, ps_dataset *train,
+                    ps_dataset *test) {
+  ps_errbuf eb = {0};
+  if (ps_npy_load(o->npy, train, &eb) != 0 ||
+      (o->npy_test != NULL && ps_npy_load(o->npy_test, test, &eb) != 0)) {
+    ps_cmd_error("%s", eb.msg);
+    return eb.code == -ENOMEM ? 1 : 2;
+  }
+  if (o->npy_test != NULL && test->dim != train->dim) {
+    ps_cmd_error("--npy-test %s: %zu floats a sample, --npy %s %zu: expected the same",
+                 o->npy_test, test->dim, o->npy, train->dim);
+    return 2;
+  }
+  int classes = test->classes > train->classes ? test->classes : train->classes;
+  if (ps_model_check_inputs(model, train->dim, classes, &eb) != 0) {
+    ps_cmd_error("--npy %s: %s", o->npy, eb.msg);
+    return 2;
+  }
+  return 0;
+}
+
 int ps_cmd_train(int argc, char **argv) {
-  train_opts o;
+  ps_train_opts o;
   int rc = parse_opts(argc, argv, &o);
   if (rc != 0)
     return rc > 0 ? 0 : 2;
@@ -278,6 +358,15 @@ int ps_cmd_train(int argc, char **argv) {
   if ((o.model_file != NULL ? ps_modelfile_load(o.model_file, &spec, &eb)
                             : ps_model_spec_parse(o.model, o.hidden, &spec, &eb)) != 0) {
     ps_cmd_error("%s", eb.msg);
+    return 2;
+  }
+  if (o.train != NULL) {
+    catch_stop_signals();
+    return ps_train_ctr(&o, &spec, &stop_signal);
+  }
+  if (has_tables(&spec)) {
+    ps_cmd_error("--model-file %s has sparse tables: expected --train FILE (Criteo data)",
+                 o.model_file);
     return 2;
   }
   int status = 1;
@@ -309,6 +398,8 @@ int ps_cmd_train(int argc, char **argv) {
     status = 2;
     goto out;
   }
+  if (o.npy != NULL)
+    solo.norm = PS_DATA_NORM_NONE;  /* what its checkpoints say the inputs were */
   if (o.init_from != NULL && !resumed) {
     ps_ckpt c;
     if (ps_cmd_open_ckpt(o.init_from, &c) != 0) {
@@ -338,19 +429,24 @@ int ps_cmd_train(int argc, char **argv) {
       status = 2;
     goto out;
   }
-  if (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
-      (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0)) {
+  int lrc = o.npy != NULL ? load_npy(&o, &model, &train, &test) : 0;
+  if (lrc != 0) {
+    status = lrc;
+    goto out;
+  }
+  if (o.npy == NULL && (ps_dataset_load(o.data, "train", &train, &eb) != 0 ||
+                        (o.eval && ps_dataset_load(o.data, "t10k", &test, &eb) != 0))) {
     ps_cmd_error("%s", eb.msg);
     status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
   }
-  if (o.eval && (test.rows != train.rows || test.cols != train.cols)) {
+  if (o.npy == NULL && o.eval && (test.rows != train.rows || test.cols != train.cols)) {
     ps_cmd_error("%s: training images are %ux%u, test images %ux%u: expected the same size",
                  o.data, train.rows, train.cols, test.rows, test.cols);
     status = 2;
     goto out;
   }
-  if (ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
+  if (o.npy == NULL && ps_model_check_data(&model, train.rows, train.cols, 10, &eb) != 0) {
     ps_cmd_error("%s: %s", o.data, eb.msg);
     status = 2;
     goto out;
@@ -377,7 +473,7 @@ int ps_cmd_train(int argc, char **argv) {
       ps_cmd_error("out of memory for the test set");
       goto out;
     }
-    ps_dataset_images_f32(&test, NULL, test.n, PS_DATA_MEAN, PS_DATA_STD, test_x);
+    ps_dataset_inputs(&test, NULL, test.n, test_x);
   }
   /* The weights: a resumed checkpoint's (with its optimizer state), a
    * warm start's, or the seeded initialization. */
@@ -405,21 +501,21 @@ int ps_cmd_train(int argc, char **argv) {
 
   size_t part = ps_sampler_part_size(&sampler);
   uint64_t steps_per_epoch = (part + (size_t)o.batch - 1) / (size_t)o.batch;
-  if (o.sched.kind == PS_SCHED_STEP) {
-    o.sched.step_size = (uint64_t)(o.step_epochs * (double)steps_per_epoch + 0.5);
-    o.sched.gamma = (float)o.gamma;
-  }
-  o.sched.total = steps_per_epoch * (uint64_t)o.epochs;
-  o.sched.min_factor = o.lr > 0 ? (float)(o.min_lr / o.lr) : 0.0f;
-  o.sched.warmup = (uint64_t)o.warmup;
+  ps_train_sched_setup(&o, steps_per_epoch);
 
   char desc[128];
   printf("train: model %s, %zu parameters, %s lr %g (%s), batch %" PRId64 ", %" PRId64
          " threads, seed %" PRIu64 "\n",
          ps_model_spec_format(&spec, desc, sizeof desc), total, ps_optim_name(&o.optim), o.lr,
          ps_sched_name(&o.sched), o.batch, (int64_t)ps_compute_threads(compute), o.seed);
-  printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
-         ps_compute_describe(compute));
+  if (o.npy != NULL)
+    printf("train: data %s (npy, %zu floats a sample, %d classes, used as they are)%s%s: %zu "
+           "training, %zu test samples; %s\n", o.npy, train.dim, train.classes,
+           o.npy_test ? ", test " : "", o.npy_test ? o.npy_test : "", train.n, test.n,
+           ps_compute_describe(compute));
+  else
+    printf("train: data %s: %zu training, %zu test samples; %s\n", o.data, train.n, test.n,
+           ps_compute_describe(compute));
   fflush(stdout);
 
   /* A resumed run goes on where the checkpoint stood: its step, the

@@ -419,6 +419,10 @@ static int check_cross(parse_state *st) {
   if (c->data_format == PS_DATA_CRITEO && c->train_data[0] == '\0')
     return fail(st, st->line_of[find_setting("data", "format")],
                 "[data] format = criteo without [data] train: expected the training file");
+  if (c->data_format == PS_DATA_NPY && c->train_data[0] == '\0')
+    return fail(st, st->line_of[find_setting("data", "format")],
+                "[data] format = npy without [data] train: expected the directory of X.npy and "
+                "y.npy (src/data/NPY.md)");
   if (c->data_format == PS_DATA_CRITEO && c->mode == PS_MODE_RING)
     return fail(st, mode_line, "[cluster] mode = ring with [data] format = criteo: expected mode "
                 "= ps (sparse tables live on the shards)");

@@ -30,7 +30,7 @@ typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algo
 /* How workers combine their gradients: through the shards, or around a
  * ring of their own (src/ring/README.md). */
 typedef enum { PS_MODE_PS = 0, PS_MODE_RING } ps_mode;
-typedef enum { PS_DATA_IDX = 0, PS_DATA_CRITEO } ps_data_format;
+typedef enum { PS_DATA_IDX = 0, PS_DATA_CRITEO, PS_DATA_NPY } ps_data_format;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
 typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
@@ -70,8 +70,8 @@ typedef struct ps_config {
 
   /* [data] */
   int data_format;                /* ps_data_format */
-  char train_data[PS_CONFIG_PATH_MAX];      /* criteo: the training file */
-  char test_data[PS_CONFIG_PATH_MAX];       /* criteo: the test file ("": none) */
+  char train_data[PS_CONFIG_PATH_MAX];      /* criteo: the training file; npy: its directory */
+  char test_data[PS_CONFIG_PATH_MAX];       /* criteo, npy: the test file or directory ("": none) */
 
   /* [train] */
   char optimizer[16];             /* sgd|momentum|nesterov|adagrad|adam */

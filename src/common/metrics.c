@@ -22,6 +22,12 @@
  * handle them without a lock (and without libatomic). */
 struct ps_metric {
   const ps_metric_def *def;
+  /* A family (ps_metrics_register_family): its label's name and its
+   * children, each with its label's value, escaped; NULL, 0 otherwise. */
+  const char *label;
+  struct ps_metric *kids;
+  int nkids;
+  char value[64];
   uint64_t bits;                     /* counter, gauge: the value */
   uint64_t buckets[MAX_BUCKETS + 1]; /* histogram: not cumulative; summed when formatted */
   uint64_t count, sum_bits;
@@ -101,6 +107,52 @@ void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_met
   }
 }
 
+/* A label value as the text format wants it: a backslash, a double quote
+ * and a newline written as \\, \" and \n.
+ * @return 0, or -1 when it does not fit in cap bytes. */
+static int escape_label(const char *v, char *out, size_t cap) {
+  size_t w = 0;
+  for (; *v != '\0'; v++) {
+    const char *e = *v == '\\' ? "\\\\" : *v == '"' ? "\\\"" : *v == '\n' ? "\\n" : NULL;
+    size_t len = e != NULL ? 2 : 1;
+    if (w + len >= cap)
+      return -1;
+    if (e != NULL)
+      memcpy(out + w, e, 2);
+    else
+      out[w] = *v;
+    w += len;
+  }
+  out[w] = '\0';
+  return 0;
+}
+
+void ps_metrics_register_family(ps_metrics *m, const ps_metric_def *def, const char *label,
+                                const char *const *values, int n, ps_metric **out) {
+  for (int i = 0; i < n; i++)
+    out[i] = NULL;
+  if (m == NULL || m->n >= MAX_METRICS || m->daemon != NULL || n < 1 ||
+      n > PS_METRICS_MAX_CHILDREN || def->kind == PS_METRIC_HISTOGRAM)
+    return;
+  ps_metric *kids = calloc((size_t)n, sizeof *kids);
+  if (kids == NULL)
+    return;
+  for (int i = 0; i < n; i++) {
+    kids[i].def = def;
+    if (escape_label(values[i], kids[i].value, sizeof kids[i].value) != 0) {
+      free(kids);
+      return;
+    }
+  }
+  ps_metric *f = &m->m[m->n++];
+  f->def = def;
+  f->label = label;
+  f->kids = kids;
+  f->nkids = n;
+  for (int i = 0; i < n; i++)
+    out[i] = &kids[i];
+}
+
 void ps_metric_set(ps_metric *x, double v) {
   if (x != NULL)
     __atomic_store_n(&x->bits, to_bits(v), __ATOMIC_RELAXED);
@@ -158,6 +210,13 @@ char *ps_metrics_format(ps_metrics *m) {
     ps_metric *x = &m->m[i];
     const ps_metric_def *d = x->def;
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", d->name, d->help, d->name, types[d->kind]);
+    for (int k = 0; k < x->nkids; k++) {
+      fprintf(f, "%s{%s,%s=\"%s\"} ", d->name, m->labels, x->label, x->kids[k].value);
+      value(f, from_bits(__atomic_load_n(&x->kids[k].bits, __ATOMIC_RELAXED)));
+      fputc('\n', f);
+    }
+    if (x->kids != NULL)
+      continue;
     if (d->kind != PS_METRIC_HISTOGRAM) {
       fprintf(f, "%s{%s} ", d->name, m->labels);
       value(f, from_bits(__atomic_load_n(&x->bits, __ATOMIC_RELAXED)));
@@ -289,5 +348,7 @@ void ps_metrics_free(ps_metrics *m) {
     MHD_stop_daemon(m->daemon);  /* joins its thread, closes the socket */
   if (m->fd >= 0)
     close(m->fd);
+  for (int i = 0; i < m->n; i++)
+    free(m->m[i].kids);
   free(m);
 }

@@ -1,7 +1,9 @@
 /* A process's metrics for a monitoring system: a small registry of
  * counters, gauges and histograms whose values are atomics, served in
  * Prometheus's text format (version 0.0.4) at GET /metrics by
- * libmicrohttpd's own thread.  The series and their meaning: METRICS.md.
+ * libmicrohttpd's own thread.  Every series carries the process's labels
+ * (role, index); a family's series one more (ps_metrics_register_family).
+ * The series and their meaning: METRICS.md.
  *
  * Threads: the process's threads only store into the atomics
  * (ps_metric_set, _add, _observe); the HTTP thread reads and formats them.
@@ -52,6 +54,19 @@ typedef struct ps_metric_def {
  * series: the series is then left out).  defs (and the strings and bounds
  * it points to) must outlive the registry: a static table. */
 void ps_metrics_register(ps_metrics *m, const ps_metric_def *defs, int n, ps_metric **out);
+
+/* A family: series of one name and kind (a counter or a gauge) that differ
+ * in one more label, `label`="<value>", one per value:
+ * paramserv_ps_table_rows{role="ps",index="0",table="C7"}.  Register the
+ * children of values[0..n) (each copied, escaped as the text format wants,
+ * at most 63 bytes so; at most PS_METRICS_MAX_CHILDREN) into out[0..n),
+ * each then set as any series.  The family takes one of the registry's 64
+ * places, its children none.  out[i] is NULL when m is NULL, the registry is
+ * full, def is a histogram or memory ran out.  def and label must outlive
+ * the registry (a static table); values need not. */
+#define PS_METRICS_MAX_CHILDREN 4096
+void ps_metrics_register_family(ps_metrics *m, const ps_metric_def *def, const char *label,
+                                const char *const *values, int n, ps_metric **out);
 
 /* What the endpoint gives its clients, so that no client (a slow one, or
  * a thousand) takes more: connections open at once, from any one address,

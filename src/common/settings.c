@@ -96,7 +96,7 @@ static const char *const strategies[] = {"round-robin", "greedy", NULL};
 /* ENUM choices are stored as their index: these follow the enums' order. */
 static const char *const consistencies[] = {"async", "sync", "ssp", NULL};
 static const char *const modes[] = {"ps", "ring", NULL};
-static const char *const data_formats[] = {"idx", "criteo", NULL};
+static const char *const data_formats[] = {"idx", "criteo", "npy", NULL};
 static const char *const algorithms[] = {"gradients", "averaging", "easgd", NULL};
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
@@ -169,11 +169,11 @@ const ps_setting ps_settings[] = {
      .help = "seed of weight initialization and data shuffling"},
 
     {"data", "format", ENUM, FIELD(data_format), .choices = data_formats, .def = "idx",
-     .help = "idx: Fashion-MNIST in [model] data_dir; criteo: click logs in the files below"},
+     .help = "idx: Fashion-MNIST in [model] data_dir; criteo: click logs; npy: your own X.npy and y.npy (src/data/NPY.md)"},
     {"data", "train", STRING, FIELD(train_data), .def = "",
-     .help = "criteo: training samples, plain or gzip (src/data/CRITEO.md); beside this file if relative"},
+     .help = "criteo: training samples, plain or gzip (src/data/CRITEO.md); npy: the directory of X.npy, y.npy; beside this file if relative"},
     {"data", "test", STRING, FIELD(test_data), .def = "",
-     .help = "criteo: test samples worker 0 evaluates at the end (empty: none)"},
+     .help = "criteo, npy: test samples worker 0 evaluates at the end, as train (empty: none)"},
 
     {"train", "optimizer", STRING, FIELD(optimizer), .choices = optimizers, .def = "adam",
      .help = "sgd, momentum, nesterov, adagrad or adam: the shards apply it (averaging, easgd: each worker)"},

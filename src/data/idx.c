@@ -320,6 +320,8 @@ int ps_dataset_load(const char *dir, const char *split, ps_dataset *ds, ps_errbu
   ds->n = img.dims[0];
   ds->rows = img.dims[1];
   ds->cols = img.dims[2];
+  ds->dim = (size_t)ds->rows * ds->cols;
+  ds->classes = 10;
   ds->images = img.data;
   ds->labels = lab.data;
   return 0;
@@ -334,6 +336,7 @@ void ps_dataset_close(ps_dataset *ds) {
   if (ds == NULL)
     return;
   free(ds->images);
+  free(ds->features);
   free(ds->labels);
   memset(ds, 0, sizeof *ds);
 }
@@ -360,6 +363,12 @@ void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t cou
 
 void ps_dataset_images_norm(const ps_dataset *ds, const size_t *index, size_t count,
                             const ps_data_norm *norm, float *out) {
+  if (ds->features != NULL) {
+    for (size_t k = 0; k < count; k++)
+      memcpy(out + k * ds->dim, ds->features + (index != NULL ? index[k] : k) * ds->dim,
+             ds->dim * sizeof *out);
+    return;
+  }
   /* (b/divide - mean)/std folded into one multiply-add; it differs from the
    * two-step form by an ulp or two. */
   const float a = 1.0f / (norm->divide * norm->std), c = -norm->mean / norm->std;
@@ -370,10 +379,15 @@ void ps_dataset_images_norm(const ps_dataset *ds, const size_t *index, size_t co
   }
 }
 
+void ps_dataset_inputs(const ps_dataset *ds, const size_t *index, size_t count, float *out) {
+  ps_data_norm norm = PS_DATA_NORM;
+  ps_dataset_images_norm(ds, index, count, &norm, out);
+}
+
 size_t ps_dataset_batch(const ps_dataset *ds, ps_sampler *s, size_t *idx, size_t batch, float *x,
                         uint8_t *y) {
   size_t n = ps_sampler_next(s, idx, batch);
-  ps_dataset_images_f32(ds, idx, n, PS_DATA_MEAN, PS_DATA_STD, x);
+  ps_dataset_inputs(ds, idx, n, x);
   for (size_t i = 0; i < n; i++)
     y[i] = ds->labels[idx[i]];
   return n;

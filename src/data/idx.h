@@ -28,6 +28,10 @@ typedef struct ps_data_norm {
 /* The one every process applies: (b / 255 - PS_DATA_MEAN) / PS_DATA_STD. */
 #define PS_DATA_NORM ((ps_data_norm){255.0f, PS_DATA_MEAN, PS_DATA_STD})
 
+/* None: the inputs as they are, (x / 1 - 0) / 1, what a run on the user's
+ * own float32 data (npy: src/data/NPY.md) records in its checkpoints. */
+#define PS_DATA_NORM_NONE ((ps_data_norm){1.0f, 0.0f, 1.0f})
+
 /* One IDX file of unsigned bytes: dims[0] items, each dims[1]*...*dims[ndim-1]. */
 typedef struct ps_idx {
   int ndim;            /* 1 (labels) or 3 (images) */
@@ -54,12 +58,18 @@ int ps_idx_parse(const char *name, const uint8_t *buf, size_t len, int want_ndim
 /* Frees idx->data and zeroes *idx; NULL or an emptied idx is fine. */
 void ps_idx_close(ps_idx *idx);
 
-/* A split of a data set: n images of rows x cols bytes and their labels. */
+/* A split of a data set: n samples of dim floats each and their labels.
+ * IDX (ps_dataset_load): images of rows x cols bytes, which become floats
+ * through PS_DATA_NORM as they are handed out; npy (data/npy.h,
+ * ps_npy_load): the user's float32 features, handed out as they are. */
 typedef struct ps_dataset {
   size_t n;
-  uint32_t rows, cols;
-  uint8_t *images;  /* n * rows * cols, owned */
-  uint8_t *labels;  /* n, owned, each < 10 */
+  uint32_t rows, cols;  /* idx: the images' size; npy: 0 */
+  uint8_t *images;      /* idx: n * rows * cols, owned; npy: NULL */
+  float *features;      /* npy: n * dim, owned, every one finite; idx: NULL */
+  size_t dim;           /* floats a sample: rows * cols (idx), D (npy) */
+  uint8_t *labels;      /* n, owned, each < classes */
+  int classes;          /* idx: 10; npy: the largest label + 1 */
 } ps_dataset;
 
 /* Load split `split` ("train" or "t10k") from `dir`: files
@@ -83,13 +93,19 @@ void ps_dataset_images_f32(const ps_dataset *ds, const size_t *index, size_t cou
                            float mean, float std, float *out);
 
 /* The same with any normalization: (b / norm->divide - mean) / std,
- * divide > 0 and std > 0, as one multiply-add per pixel. */
+ * divide > 0 and std > 0, as one multiply-add per pixel.  An npy data set
+ * has no bytes to normalize: its features are copied as they are. */
 void ps_dataset_images_norm(const ps_dataset *ds, const size_t *index, size_t count,
                             const ps_data_norm *norm, float *out);
 
+/* What a model is fed of samples index[0..count) (or [0, count) when index
+ * is NULL), count * ds->dim floats into out: IDX images normalized with
+ * PS_DATA_NORM, npy features as they are. */
+void ps_dataset_inputs(const ps_dataset *ds, const size_t *index, size_t count, float *out);
+
 /* The sampler's next batch of at most `batch` samples: their indices into
- * idx, their images normalized (PS_DATA_MEAN, PS_DATA_STD) into x, their
- * labels into y.  @return the samples in it (fewer at an epoch's end). */
+ * idx, their inputs (ps_dataset_inputs) into x, their labels into y.
+ * @return the samples in it (fewer at an epoch's end). */
 size_t ps_dataset_batch(const ps_dataset *ds, ps_sampler *s, size_t *idx, size_t batch, float *x,
                         uint8_t *y);
 

@@ -81,10 +81,13 @@ void ps_progress_line(ps_progress *s, const char *line, size_t len, ps_progress_
     s->steps_per_s = number(obj, "steps_per_s", 0);
     s->progress_time = t;
   }
-  if (json_is_number(json_object_get(obj, "accuracy"))) {
+  int auc = json_is_number(json_object_get(obj, "auc"));
+  if (json_is_number(json_object_get(obj, "accuracy")) || auc) {
     s->have_eval = 1;
+    s->have_auc = auc;
     s->eval_step = step;
     s->accuracy = number(obj, "accuracy", 0);
+    s->auc = number(obj, "auc", 0);
     s->loss = number(obj, "loss", -1);
     if (step > s->step)
       s->step = step;

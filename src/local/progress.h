@@ -29,10 +29,12 @@ typedef struct ps_progress {
   double max_gap;
   int64_t max_gap_step;
 
-  /* The latest evaluation: {"time", "step", "loss", "accuracy"}. */
-  int have_eval;
+  /* The latest evaluation: {"time", "step", "loss", "accuracy"}, or for a
+   * model with sparse tables {"time", "step", "loss", "auc"} (have_auc). */
+  int have_eval, have_auc;
   int64_t eval_step;
   double loss, accuracy;
+  double auc;
 
   int stopped; /* a "stop" event: the chief is ending the run */
 

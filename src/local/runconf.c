@@ -314,6 +314,27 @@ int ps_runconf_make(const ps_runconf_opts *o, ps_config *c, ps_errbuf *eb) {
     /* Relative to the run's config, which lives in the same directory. */
     snprintf(c->secret_file, sizeof c->secret_file, "secret");
   }
+  /* The model's and the data's paths are beside the user's file, as its
+   * secret's are: made absolute, for this process's checks (which read the
+   * run's config, elsewhere) as for the children. */
+  struct {
+    char *value;
+    const char *name;
+  } paths[] = {{c->model_file, "[model] file"}, {c->variables_file, "[model] variables"},
+               {c->train_data, "[data] train"}, {c->test_data, "[data] test"}};
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    char abs[PS_CONFIG_PATH_MAX];
+    if (o->user_path == NULL || paths[i].value[0] == '\0' || paths[i].value[0] == '/')
+      continue;
+    if ((rc = absolute_beside(o->user_path, paths[i].value, abs, sizeof abs)) != 0)
+      return ps_err_set(eb, rc, "%s: %s = %s: %s", o->user_path, paths[i].name, paths[i].value,
+                        strerror(-rc));
+    /* Without its ".." and links when it exists (one that does not is
+     * said by whoever opens it). */
+    char *real = realpath(abs, NULL);
+    snprintf(paths[i].value, PS_CONFIG_PATH_MAX, "%s", real != NULL ? real : abs);
+    free(real);
+  }
   if (!given(&s, "checkpoint", "dir") &&
       snprintf(c->checkpoint_dir, sizeof c->checkpoint_dir, "%s/checkpoints", o->rundir) >=
           (int)sizeof c->checkpoint_dir)

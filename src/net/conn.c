@@ -291,7 +291,8 @@ int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void
   wreq *w = malloc(sizeof *w + plen + nlen);
   if (w == NULL)
     return UV_ENOMEM;
-  memcpy(w->bytes, prefix, plen);
+  if (plen)
+    memcpy(w->bytes, prefix, plen);  /* a frame built whole goes as `next` alone */
   if (nlen)
     memcpy(w->bytes + plen, next, nlen);
   w->c = c;

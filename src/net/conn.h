@@ -90,7 +90,8 @@ int ps_conn_try_send(ps_conn *c, const uint8_t *prefix, size_t plen, const void 
 
 /* ps_conn_send of a frame followed by a small frame `next` (nlen bytes,
  * copied), in one write: the peer reads the second with the end of the
- * first (a pull with the push before it). */
+ * first (a pull with the push before it).  With plen and dlen 0 (prefix
+ * and data may then be NULL), `next` alone: a frame built whole. */
 int ps_conn_send_with(ps_conn *c, const uint8_t *prefix, size_t plen, const void *data,
                       size_t dlen, const uint8_t *next, size_t nlen,
                       void (*done)(void *arg, int status), void *arg);

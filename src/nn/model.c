@@ -522,6 +522,25 @@ int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int cla
   return 0;
 }
 
+int ps_model_check_inputs(const ps_model *m, size_t dim, int classes, ps_errbuf *eb) {
+  const ps_model_spec *s = &m->spec;
+  if (m->nlayers == 0)
+    return ps_err_set(eb, PS_EUSAGE, "model '%s' has variables and no layers: expected [model] "
+                      "name or file to train it here (variables train through the client "
+                      "library)", s->desc);
+  if (m->in_size != dim)
+    return ps_err_set(eb, PS_EUSAGE, "model '%s' takes %zu inputs (input %dx%dx%d): expected "
+                      "%zu, the floats of a sample of the data", s->desc, m->in_size, s->in_c,
+                      s->in_h, s->in_w, dim);
+  if (s->classes == 1 && classes > 2)
+    return ps_err_set(eb, PS_EUSAGE, "model '%s' has one output (sigmoid): expected labels 0 "
+                      "and 1, the data's go up to %d", s->desc, classes - 1);
+  if (s->classes > 1 && s->classes < classes)
+    return ps_err_set(eb, PS_EUSAGE, "model '%s' has %d classes: expected at least %d, the "
+                      "data's largest label + 1", s->desc, s->classes, classes);
+  return 0;
+}
+
 void ps_model_close(ps_model *m) {
   if (m == NULL)
     return;

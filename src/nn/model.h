@@ -128,6 +128,13 @@ void ps_model_close(ps_model *m);
 int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int classes,
                         ps_errbuf *eb);
 
+/* Can m train on samples of `dim` floats (the user's own data: npy,
+ * src/data/NPY.md) labelled in [0, classes)?  Its input must hold dim
+ * values, in any shape, and it must have at least `classes` classes, or
+ * one output (sigmoid) and classes <= 2.  @return 0 or PS_EUSAGE with one
+ * line naming the model. */
+int ps_model_check_inputs(const ps_model *m, size_t dim, int classes, ps_errbuf *eb);
+
 /* Buffers for one thread's forward and backward passes over up to
  * max_batch samples, in backend memory. */
 typedef struct ps_model_ws {

@@ -135,6 +135,17 @@ static void on_hello(client *cl, const ps_msg_hello *h) {
   ps_log(PS_LOG_INFO, "%s: connected (incarnation %" PRIu64 ")", cl->name, cl->incarnation);
 }
 
+/* Sparse blocks that name a table this shard does not hold, or another
+ * dim: refused (ERROR, close).  @return 1 if so. */
+static int sparse_refused(client *cl, const char *type, int kind, const ps_sparse *sp) {
+  char why[256];
+  if (sp->bytes == 0 ||
+      ps_shard_sparse_check(cl->srv->shard, kind, sp->data, sp->bytes, why, sizeof why) == 0)
+    return 0;
+  REFUSE(cl, PS_ELAYOUT, 0, "%s: %s", type, why);
+  return 1;
+}
+
 static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
   if (cl->pull.held) {
     REFUSE(cl, PS_EFORMAT, 0, "a second PULL before the first was answered");
@@ -143,13 +154,8 @@ static void on_pull(client *cl, uint64_t req, const ps_msg_pull *p) {
   /* The keys wait with the pull (held in sync and ssp); the rows are read
    * when it is answered. */
   server *s = cl->srv;
-  char why[256];
-  if (p->sparse.bytes > 0 &&
-      ps_shard_sparse_check(s->shard, PS_SPARSE_K, p->sparse.data, p->sparse.bytes, why,
-                            sizeof why) != 0) {
-    REFUSE(cl, PS_ELAYOUT, 0, "PULL: %s", why);
+  if (sparse_refused(cl, "PULL", PS_SPARSE_K, &p->sparse))
     return;
-  }
   if (p->sparse.bytes > cl->pull_keys_cap) {
     uint8_t *k = realloc(cl->pull_keys, p->sparse.bytes);
     if (k == NULL) {
@@ -214,13 +220,8 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
            p->count, ps_shard_options(s->shard)->nfloats);
     return;
   }
-  char why[256];
-  if (p->sparse.bytes > 0 &&
-      ps_shard_sparse_check(s->shard, PS_SPARSE_KV, p->sparse.data, p->sparse.bytes, why,
-                            sizeof why) != 0) {
-    REFUSE(cl, PS_ELAYOUT, 0, "PUSH: %s", why);
+  if (sparse_refused(cl, "PUSH", PS_SPARSE_KV, &p->sparse))
     return;
-  }
   if (ps_control_hold_push(cl, req, p))
     return;
   uint64_t before = ps_shard_version(s->shard);
@@ -493,6 +494,43 @@ static const ps_metric_def shard_series[S_N] = {
                     ack_bounds, sizeof ack_bounds / sizeof ack_bounds[0]},
 };
 
+/* Per sparse table: families labelled table="C7" (METRICS.md). */
+static const ps_metric_def table_series[T_N] = {
+    [T_ROWS] = {PS_METRIC_GAUGE, "paramserv_ps_table_rows", "rows this shard holds of the table"},
+    [T_PENDING] = {PS_METRIC_GAUGE, "paramserv_ps_table_pending_keys",
+                   "keys counted toward admission, not rows yet"},
+    [T_ADMITTED] = {PS_METRIC_COUNTER, "paramserv_ps_table_admitted_total",
+                    "rows created by pushes since the table was last loaded"},
+    [T_EXPIRED] = {PS_METRIC_COUNTER, "paramserv_ps_table_expired_total",
+                   "rows evicted for idleness (idle_steps) since the table was last loaded"},
+    [T_EVICTED] = {PS_METRIC_COUNTER, "paramserv_ps_table_evicted_total",
+                   "rows evicted for room (max_rows) since the table was last loaded"},
+    [T_BYTES] = {PS_METRIC_GAUGE, "paramserv_ps_table_bytes", "memory the table holds"},
+};
+
+/* The shard's registry: its series, and a family of each table series
+ * when the model has sparse tables; then served (metrics.h).  On failure
+ * every series is NULL. */
+static int metrics_start(server *s, ps_errbuf *eb) {
+  s->metrics = ps_metrics_new(s->cfg, "ps", s->index);
+  ps_metrics_register(s->metrics, shard_series, S_N, s->series);
+  int nt = ps_shard_ntables(s->shard);
+  const char *names[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < nt; t++)
+    names[t] = ps_shard_table_name(s->shard, t);
+  for (int k = 0; k < T_N && nt > 0; k++)
+    ps_metrics_register_family(s->metrics, &table_series[k], "table", names, nt,
+                               s->table_series[k]);
+  int rc = ps_metrics_serve(s->metrics, eb);
+  if (rc != 0) {
+    ps_metrics_free(s->metrics);
+    s->metrics = NULL;
+    memset(s->series, 0, sizeof s->series);
+    memset(s->table_series, 0, sizeof s->table_series);
+  }
+  return rc;
+}
+
 /* Copies the counts that live in the shard and the replica. */
 static void metrics_update(server *s) {
   ps_metric **x = s->series;
@@ -508,6 +546,15 @@ static void metrics_update(server *s) {
   ps_metric_set(x[S_RECEIVED], (double)in);
   ps_metric_set(x[S_SENT], (double)out);
   ps_metric_set(x[S_CONNECTIONS], (double)s->nclients);
+  for (int t = 0; t < ps_shard_ntables(s->shard); t++) {
+    ps_table_stats st = ps_shard_table_stats(s->shard, t);
+    ps_metric_set(s->table_series[T_ROWS][t], (double)st.rows);
+    ps_metric_set(s->table_series[T_PENDING][t], (double)st.pending);
+    ps_metric_set(s->table_series[T_ADMITTED][t], (double)st.admitted);
+    ps_metric_set(s->table_series[T_EXPIRED][t], (double)st.expired);
+    ps_metric_set(s->table_series[T_EVICTED][t], (double)st.evicted);
+    ps_metric_set(s->table_series[T_BYTES][t], (double)st.bytes);
+  }
   {
     ps_durable_stats d;
     ps_durable_stats_get(s->durable, &d);
@@ -657,10 +704,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   }
   ps_model_spec_format(&s->model.spec, desc, sizeof desc);
   ps_shard_opts so = ps_shard_opts_for(cfg, &s->layout, index);
-  if (ps_shard_opts_tables(&so, cfg, &s->model, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s", eb.msg);
-    goto out;
-  }
+  ps_shard_opts_tables(&so, cfg, &s->model);
   if ((s->shard = ps_shard_new(&so, NULL)) == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;
@@ -688,8 +732,7 @@ int ps_server_run(const ps_config *cfg, int index) {
   ps_restore_info ri = {0};
   /* A shard that cannot listen serves no metrics either (its series
    * stay NULL): it restores, says why it cannot serve, and exits. */
-  if (listen_rc == 0 &&
-      ps_metrics_start(cfg, "ps", index, shard_series, S_N, s->series, &s->metrics, &eb) != 0) {
+  if (listen_rc == 0 && metrics_start(s, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     goto out;
   }

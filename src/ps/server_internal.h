@@ -31,6 +31,9 @@ typedef struct ps_metric ps_metric;
 enum { S_APPLIED, S_DUPLICATES, S_STALE, S_STALENESS, S_VERSION, S_GLOBAL_STEP, S_LAG_VERSIONS,
        S_LAG_SECONDS, S_NONDURABLE, S_ACKS_WAITING, S_RESTORES, S_RESTORE_SECONDS, S_INCARNATION,
        S_RECEIVED, S_SENT, S_CONNECTIONS, S_PUSH_ACK, S_N };
+/* Its series per sparse table, each a family labelled table="<name>"
+ * (server.c's table_series), from ps_table_stats. */
+enum { T_ROWS, T_PENDING, T_ADMITTED, T_EXPIRED, T_EVICTED, T_BYTES, T_N };
 typedef struct reply_buf reply_buf;
 
 /* A shard server's life, one phase at a time:
@@ -75,6 +78,7 @@ typedef struct server {
   ps_history *history;   /* [cluster] history_dir: each state this process started from */
   ps_metrics *metrics;   /* NULL: metrics off */
   ps_metric *series[S_N];
+  ps_metric *table_series[T_N][PS_SHARD_MAX_TABLES];  /* [T_*][table] */
   /* For the line at the end (ps_server_stop): each push's time from the
    * shard taking it to its ack's write, and the resident memory once it
    * listened, before any worker came. */

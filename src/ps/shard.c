@@ -11,6 +11,7 @@
 #include "common/endian.h"
 #include "paramserv/error.h"
 #include "proto/proto.h"
+#include "ps/tsec.h"
 
 struct ps_shard {
   ps_shard_opts o;
@@ -27,6 +28,10 @@ struct ps_shard {
   ps_table *tables[PS_SHARD_MAX_TABLES];  /* o.ntables */
   uint64_t *keys;         /* a block's keys, aligned (the wire's are not) */
   size_t keys_cap;
+  /* sync: the open step's sparse blocks, each pushed section as its u64
+   * length and its bytes, applied (summed per key) when the step is. */
+  uint8_t *sync_rows;
+  size_t sync_rows_len, sync_rows_cap;
   uint8_t *tsec;          /* a LOAD's table section, until load_end parses it */
   uint64_t tsec_bytes;
   int tsec_failed;        /* no room for it */
@@ -62,16 +67,9 @@ ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, i
   return so;
 }
 
-int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m,
-                         ps_errbuf *eb) {
+void ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m) {
   _Static_assert(PS_SHARD_MAX_TABLES >= PS_MODEL_MAX_TABLES, "every table of a model fits");
   o->ntables = 0;
-  if (m->ntables == 0)
-    return 0;
-  if (cfg->consistency == PS_CONSISTENCY_SYNC)
-    return ps_err_set(eb, PS_ECONFIG, "%s: a model with sparse tables under [train] consistency "
-                      "= sync: expected async or ssp (a sync step does not sum rows yet)",
-                      cfg->path);
   for (int t = 0; t < m->ntables; t++) {
     const ps_sparse_spec *s = &m->tables[t];
     ps_table_opts *to = &o->tables[t];
@@ -82,9 +80,10 @@ int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model 
                           .admit_after = s->admit_after, .idle_steps = s->idle_steps,
                           .max_rows = s->max_rows};
     o->table_lr[t] = s->optim.lr > 0 ? s->optim.lr : (float)cfg->lr;
+    _Static_assert(sizeof o->table_names[t] >= sizeof s->name, "a table's name fits");
+    snprintf(o->table_names[t], sizeof o->table_names[t], "%s", s->name);
   }
   o->ntables = m->ntables;
-  return 0;
 }
 
 static float *alloc_floats(size_t n) {
@@ -106,6 +105,7 @@ static void shard_close(ps_shard *s) {
   for (int t = 0; t < s->o.ntables; t++)
     ps_table_free(s->tables[t]);
   free(s->keys);
+  free(s->sync_rows);
   free(s->tsec);
   free(s->values);
   for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
@@ -157,7 +157,11 @@ static void apply(ps_shard *s, const float *g, uint64_t step) {
     s->global_step = s->version;
 }
 
+static void push_sparse(ps_shard *s, const void *sparse, uint64_t bytes, uint64_t step);
+static void sync_rows_apply(ps_shard *s);
+
 static void sync_apply(ps_shard *s) {
+  sync_rows_apply(s);
   float inv = 1.0f / (float)s->accum_count;
   for (size_t i = 0; i < s->o.nfloats && !s->o.sync_sum; i++)
     s->accum[i] *= inv;
@@ -232,6 +236,115 @@ static void push_sparse(ps_shard *s, const void *sparse, uint64_t bytes, uint64_
   }
 }
 
+/* Sync: keep a push's blocks for its step.  Out of room is fatal, as in
+ * push_sparse. */
+static void sync_rows_add(ps_shard *s, const void *sparse, uint64_t bytes) {
+  size_t need = s->sync_rows_len + 8 + (size_t)bytes;
+  if (need > s->sync_rows_cap) {
+    size_t cap = s->sync_rows_cap ? s->sync_rows_cap : 4096;
+    while (cap < need)
+      cap *= 2;
+    uint8_t *p = realloc(s->sync_rows, cap);
+    if (p == NULL) {
+      fprintf(stderr, "shard %d: out of memory for a sync step's rows\n", s->o.index);
+      abort();
+    }
+    s->sync_rows = p;
+    s->sync_rows_cap = cap;
+  }
+  ps_put_le64(s->sync_rows + s->sync_rows_len, bytes);
+  memcpy(s->sync_rows + s->sync_rows_len + 8, sparse, (size_t)bytes);
+  s->sync_rows_len = need;
+}
+
+typedef struct row_ref {
+  uint64_t key;
+  uint64_t order;        /* the section's place, then the row's: a stable sum */
+  const uint8_t *grad;   /* dim floats, unaligned */
+} row_ref;
+
+static int row_ref_cmp(const void *a, const void *b) {
+  const row_ref *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return (x->order > y->order) - (x->order < y->order);
+}
+
+/* The rows of each table of the open sync step's sections: a key's
+ * gradients summed in arrival order, the mean taken as the dense part's
+ * (or the sum, sync_sum), pushed at the step being completed. */
+static void sync_rows_apply(ps_shard *s) {
+  if (s->sync_rows_len == 0)
+    return;
+  uint64_t step = s->version;
+  for (int t = 0; t < s->o.ntables; t++)
+    ps_table_expire(s->tables[t], step);
+  size_t most = 0;
+  for (size_t at = 0; at < s->sync_rows_len; at += 8 + (size_t)ps_get_le64(s->sync_rows + at))
+    most += (size_t)ps_get_le64(s->sync_rows + at) / 8;  /* more than its rows */
+  row_ref *refs = malloc((most ? most : 1) * sizeof *refs);
+  float *grads = NULL;
+  if (refs == NULL) {
+    fprintf(stderr, "shard %d: out of memory applying a sync step's rows\n", s->o.index);
+    abort();
+  }
+  float scale = s->o.sync_sum ? 1.0f : 1.0f / (float)s->accum_count;
+  for (int t = 0; t < s->o.ntables; t++) {
+    size_t n = 0, dim = s->o.tables[t].dim;
+    uint64_t order = 0;
+    for (size_t at = 0; at < s->sync_rows_len;) {
+      uint64_t bytes = ps_get_le64(s->sync_rows + at);
+      ps_sparse sp = {.bytes = bytes, .data = s->sync_rows + at + 8};
+      ps_sparse_iter it;
+      ps_sparse_block b;
+      ps_sparse_iter_init(&sp, &it);
+      while (ps_sparse_iter_next(&it, PS_SPARSE_KV, &b))
+        for (uint64_t i = 0; b.table == (uint32_t)t && i < b.n; i++)
+          refs[n++] = (row_ref){ps_get_le64(b.keys + 8 * i), order++, b.values + 4 * dim * i};
+      at += 8 + (size_t)bytes;
+    }
+    if (n == 0)
+      continue;
+    qsort(refs, n, sizeof *refs, row_ref_cmp);
+    free(grads);
+    grads = malloc(n * dim * sizeof *grads);
+    if (grads == NULL || n > s->keys_cap) {
+      free(s->keys);
+      s->keys_cap = n;
+      s->keys = malloc(n * sizeof *s->keys);
+    }
+    if (grads == NULL || s->keys == NULL) {
+      fprintf(stderr, "shard %d: out of memory applying a sync step's rows\n", s->o.index);
+      abort();
+    }
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++) {
+      float *g = grads + u * dim;
+      int first = i == 0 || refs[i].key != refs[i - 1].key;
+      for (size_t k = 0; k < dim; k++) {
+        float v;
+        memcpy(&v, refs[i].grad + 4 * k, sizeof v);
+        g[k] = first ? v : g[k] + v;
+      }
+      if (first)
+        s->keys[u] = refs[i].key;
+      if (i + 1 == n || refs[i + 1].key != refs[i].key) {
+        for (size_t k = 0; k < dim; k++)
+          g[k] *= scale;
+        u++;
+      }
+    }
+    ps_errbuf eb = {0};
+    if (ps_table_push(s->tables[t], s->keys, grads, u, s->o.table_lr[t], step, &eb) != 0) {
+      fprintf(stderr, "shard %d: sparse table %d: %s\n", s->o.index, t, eb.msg);
+      abort();
+    }
+  }
+  free(grads);
+  free(refs);
+  s->sync_rows_len = 0;
+}
+
 /* The rules of a push; `limit`: refuse one past last_step (a replay
  * applies what was applied, whatever last_step is now). */
 static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, uint64_t seq,
@@ -265,7 +378,9 @@ static ps_push_result push(ps_shard *s, uint32_t worker, uint64_t incarnation, u
   /* The payload sits 16-byte aligned in the read buffer (net/conn.c), so
    * it can be read as floats in place. */
   const float *grad = g;
-  if (sparse_bytes > 0)
+  if (sparse_bytes > 0 && s->o.consistency == PS_CONSISTENCY_SYNC)
+    sync_rows_add(s, sparse, sparse_bytes);
+  else if (sparse_bytes > 0)
     push_sparse(s, sparse, sparse_bytes, step);
   if (s->o.consistency == PS_CONSISTENCY_SYNC) {
     for (size_t i = 0; i < s->o.nfloats; i++)
@@ -339,108 +454,95 @@ int ps_shard_replay(ps_shard *s, const ps_journal *e) {
 
 /* ------------------------------------------------------------ images */
 
-/* The table section (PROTOCOL.md, "The cut image"), per table in order: a
- * 16-byte head (rows u64, pending keys u64), then each row as 24 bytes
- * (key, count, last_step: u64) and its values and slots (dim floats each),
- * then each pending key as its 24 bytes; in ps_table_iter order, so that
- * putting them back in that order rebuilds an equal table. */
-enum { TSEC_HEAD = 16, TSEC_ENTRY = 24 };
-
-static uint64_t row_bytes(const ps_table_opts *o) {
-  return TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
+/* The table section: its layout is ps/tsec.h's.  Sync, with tables: the
+ * open step's rows follow the tables (their u64 length, then the pushed
+ * sections as sync_rows holds them). */
+static int has_sync_rows(const ps_shard_opts *o) {
+  return o->ntables > 0 && o->consistency == PS_CONSISTENCY_SYNC;
 }
 
 static uint64_t table_floats(const ps_shard *s) {
-  uint64_t bytes = 0;
-  for (int t = 0; t < s->o.ntables; t++) {
-    ps_table_stats st = ps_table_get_stats(s->tables[t]);
-    bytes += TSEC_HEAD + st.rows * row_bytes(&s->o.tables[t]) + st.pending * TSEC_ENTRY;
-  }
+  uint64_t bytes = ps_tsec_bytes(s->tables, s->o.ntables);
+  if (has_sync_rows(&s->o))
+    bytes += 8 + s->sync_rows_len;
   return bytes / sizeof(float);
 }
 
 static uint8_t *tsec_write(const ps_shard *s, uint8_t *p) {
-  for (int t = 0; t < s->o.ntables; t++) {
-    const ps_table *tb = s->tables[t];
-    ps_table_stats st = ps_table_get_stats(tb);
-    ps_put_le64(p, st.rows);
-    ps_put_le64(p + 8, st.pending);
-    p += TSEC_HEAD;
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    ps_table_iter it;
-    ps_table_entry e;
-    ps_table_iter_init(tb, &it);
-    while (ps_table_iter_next(tb, &it, &e)) {
-      ps_put_le64(p, e.key);
-      ps_put_le64(p + 8, e.count);
-      ps_put_le64(p + 16, e.last_step);
-      p += TSEC_ENTRY;
-      if (e.pending)
-        continue;
-      memcpy(p, e.values, dim * sizeof(float));
-      p += dim * sizeof(float);
-      for (size_t k = 0; k < ns; k++, p += dim * sizeof(float))
-        memcpy(p, e.slots[k], dim * sizeof(float));
-    }
+  p = ps_tsec_write(s->tables, s->o.ntables, p);
+  if (has_sync_rows(&s->o)) {
+    ps_put_le64(p, s->sync_rows_len);
+    if (s->sync_rows_len > 0)
+      memcpy(p + 8, s->sync_rows, s->sync_rows_len);
+    p += 8 + s->sync_rows_len;
   }
   return p;
 }
 
-/* Replace every table by the section's (bytes long, 4-byte aligned). */
+/* The open sync step's rows from a section's tail (len bytes at p), each
+ * pushed section checked as a PUSH's would be. */
+static int sync_rows_read(ps_shard *s, const uint8_t *p, uint64_t len, ps_errbuf *eb) {
+  s->sync_rows_len = 0;
+  for (uint64_t at = 0; at < len;) {
+    uint64_t bytes = len - at >= 8 ? ps_get_le64(p + at) : 0;
+    char why[256] = "cut short";
+    ps_errbuf sb = {0};
+    if (len - at < 8 || bytes > len - at - 8 ||
+        ps_sparse_check(PS_SPARSE_KV, p + at + 8, bytes, NULL, &sb) != 0 ||
+        ps_shard_sparse_check(s, PS_SPARSE_KV, p + at + 8, bytes, why, sizeof why) != 0)
+      return ps_err_set(eb, PS_ECORRUPT, "the state's open sync step: rows at byte %" PRIu64
+                        " do not parse: %s", at, sb.msg[0] ? sb.msg : why);
+    sync_rows_add(s, p + at + 8, bytes);
+    at += 8 + bytes;
+  }
+  return 0;
+}
+
+/* Restoring: each entry of the section into its table as it was. */
+static int tsec_put(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
+  (void)i;
+  ps_shard *s = arg;
+  ps_table_entry had;
+  if (ps_table_get(s->tables[t], e->key, &had))
+    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                      "table", e->key);
+  int rc = ps_table_put(s->tables[t], e, eb);
+  if (rc == -ENOMEM)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  return rc == 0 ? 0 : PS_ECORRUPT;
+}
+
+/* Replace every table by the section's (bytes long, 4-byte aligned; 0
+ * bytes: an image without a section, empty tables). */
 static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *eb) {
-  const uint8_t *end = p + bytes;
-  float *row = NULL;
-  int rc = 0;
-  for (int t = 0; t < s->o.ntables && rc == 0; t++) {
+  ps_tsec_table shape[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < s->o.ntables; t++) {
     ps_table *fresh = NULL;
-    if ((rc = ps_table_new(&s->o.tables[t], &fresh, eb)) != 0)
-      break;
+    int rc = ps_table_new(&s->o.tables[t], &fresh, eb);
+    if (rc != 0)
+      return rc;
     ps_table_free(s->tables[t]);
     s->tables[t] = fresh;
-    if (bytes == 0)
-      continue;  /* an image without a section: empty tables */
-    if ((uint64_t)(end - p) < TSEC_HEAD) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: the state's table section ends before "
-                      "its head", t);
-      break;
-    }
-    uint64_t nrows = ps_get_le64(p), npend = ps_get_le64(p + 8), rb = row_bytes(&s->o.tables[t]);
-    p += TSEC_HEAD;
-    uint64_t left = (uint64_t)(end - p);
-    if (nrows > left / rb || npend > (left - nrows * rb) / TSEC_ENTRY) {
-      rc = ps_err_set(eb, PS_ECORRUPT, "sparse table %d: %" PRIu64 " rows and %" PRIu64
-                      " pending keys do not fit the %" PRIu64 " bytes left of the state", t,
-                      nrows, npend, left);
-      break;
-    }
-    size_t dim = s->o.tables[t].dim, ns = (size_t)ps_optim_nslots(s->o.tables[t].optim.kind);
-    free(row);
-    if ((row = malloc(dim * (1 + ns) * sizeof(float))) == NULL) {
-      rc = ps_err_set(eb, -ENOMEM, "out of memory restoring sparse table %d", t);
-      break;
-    }
-    for (uint64_t i = 0; i < nrows + npend && rc == 0; i++) {
-      ps_table_entry e = {.pending = i >= nrows, .key = ps_get_le64(p),
-                          .count = ps_get_le64(p + 8), .last_step = ps_get_le64(p + 16)};
-      p += TSEC_ENTRY;
-      if (!e.pending) {
-        memcpy(row, p, dim * (1 + ns) * sizeof(float));
-        p += dim * (1 + ns) * sizeof(float);
-        e.values = row;
-        for (size_t k = 0; k < ns; k++)
-          e.slots[k] = row + dim * (1 + k);
-      }
-      ps_errbuf why = {0};
-      if ((rc = ps_table_put(s->tables[t], &e, &why)) != 0)
-        ps_err_set(eb, rc == -ENOMEM ? -ENOMEM : PS_ECORRUPT, "sparse table %d, entry %" PRIu64
-                   ": %s", t, i, rc == -ENOMEM ? "out of memory" : why.msg);
-    }
+    shape[t] = (ps_tsec_table){.dim = s->o.tables[t].dim,
+                               .nslots = (uint32_t)ps_optim_nslots(s->o.tables[t].optim.kind),
+                               .name = s->o.table_names[t]};
   }
-  free(row);
-  if (rc == 0 && bytes > 0 && p != end)
-    rc = ps_err_set(eb, PS_ECORRUPT, "the state's table section has %td bytes past its tables",
-                    end - p);
-  return rc;
+  s->sync_rows_len = 0;
+  if (bytes == 0)
+    return 0;
+  ps_tsec_visit v = {.entry = tsec_put, .arg = s};
+  uint64_t used = 0;
+  int rc = ps_tsec_walk(p, bytes, shape, s->o.ntables, &v, has_sync_rows(&s->o) ? &used : NULL,
+                        eb);
+  if (rc != 0 || !has_sync_rows(&s->o))
+    return rc;
+  const uint8_t *tail = p + used;
+  uint64_t left = bytes - used;
+  if (left < 8 || ps_get_le64(tail) != left - 8)
+    return ps_err_set(eb, PS_ECORRUPT, "the state's table section: %" PRIu64 " bytes after its "
+                      "tables, expected the open sync step's rows (their length, then them)",
+                      left);
+  return sync_rows_read(s, tail + 8, left - 8, eb);
 }
 
 ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
@@ -449,7 +551,9 @@ ps_state_info ps_shard_state_shape(const ps_shard_opts *o) {
       .has_accum = o->consistency == PS_CONSISTENCY_SYNC,
       .target = (uint32_t)(o->replicas_to_aggregate > 1 ? o->replicas_to_aggregate : 1),
       .nonce = (uint32_t)o->nworkers,
-      .table_floats = (uint64_t)o->ntables * TSEC_HEAD / sizeof(float),  /* empty tables */
+      /* empty tables (and no sync rows) */
+      .table_floats = ((uint64_t)o->ntables * PS_TSEC_HEAD + (has_sync_rows(o) ? 8 : 0)) /
+                      sizeof(float),
   };
   in.image_floats = ps_state_image_floats(&in, o->nfloats);
   return in;
@@ -604,6 +708,7 @@ uint64_t ps_shard_sparse_max(const ps_shard_opts *o, uint64_t keys) {
 int ps_shard_ntables(const ps_shard *s) { return s->o.ntables; }
 uint32_t ps_shard_table_dim(const ps_shard *s, int t) { return s->o.tables[t].dim; }
 const ps_table *ps_shard_table(const ps_shard *s, int t) { return s->tables[t]; }
+const char *ps_shard_table_name(const ps_shard *s, int t) { return s->o.table_names[t]; }
 ps_table_stats ps_shard_table_stats(const ps_shard *s, int t) {
   return ps_table_get_stats(s->tables[t]);
 }

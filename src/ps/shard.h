@@ -15,6 +15,8 @@
 
 /* Sparse tables a shard holds at most (one per categorical field). */
 #define PS_SHARD_MAX_TABLES 64
+/* A table's name ("C7"), with its NUL. */
+#define PS_SHARD_TABLE_NAME_MAX 48
 
 typedef struct ps_shard_opts {
   int index;                /* shard index; shard 0 keeps the global step */
@@ -32,6 +34,9 @@ typedef struct ps_shard_opts {
   int ntables;
   ps_table_opts tables[PS_SHARD_MAX_TABLES];
   float table_lr[PS_SHARD_MAX_TABLES];
+  /* The tables' names, for what the shard reports ("": table t is named
+   * by its number). */
+  char table_names[PS_SHARD_MAX_TABLES][PS_SHARD_TABLE_NAME_MAX];
 } ps_shard_opts;
 
 /* One entry of the shard's journal: a change of the state that a replay
@@ -67,13 +72,10 @@ typedef struct ps_shard ps_shard;
 ps_shard_opts ps_shard_opts_for(const ps_config *cfg, const ps_layout *layout, int index);
 
 /* The sparse tables of model m (its embedding_bag layers) into o: each
- * shard holds a table of every one, for the keys the hash ring gives it.
- * @return 0, or PS_ECONFIG (one line in eb) for a model the shards cannot
- * serve so (sparse tables under consistency = sync, which has no sum of
- * rows yet; more tables than PS_SHARD_MAX_TABLES). */
+ * shard holds a table of every one, for the keys the hash ring gives it;
+ * the rows learn at their layer's lr, or [train] lr. */
 #include "nn/model.h"
-int ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m,
-                         ps_errbuf *eb);
+void ps_shard_opts_tables(ps_shard_opts *o, const ps_config *cfg, const ps_model *m);
 
 /* A new state; values start as `initial` (copied) or zero when NULL, slots
  * at the optimizer's initial values.  @return it, or NULL out of memory. */
@@ -142,6 +144,8 @@ int ps_shard_ntables(const ps_shard *s);
 uint32_t ps_shard_table_dim(const ps_shard *s, int t);
 void ps_shard_table_pull(const ps_shard *s, int t, const uint64_t *keys, size_t n, float *out);
 ps_table_stats ps_shard_table_stats(const ps_shard *s, int t);
+/* Table t's name from the options ("C7"), or "" when they gave none. */
+const char *ps_shard_table_name(const ps_shard *s, int t);
 /* Table t, read-only (the iterator, ps_table_get): tools and tests. */
 const ps_table *ps_shard_table(const ps_shard *s, int t);
 

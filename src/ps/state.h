@@ -6,8 +6,8 @@
  * optimizer slots, the sync accumulator when has_accum, each n long, then
  * `nonce` exactly-once rows of 16 bytes (incarnation, last sequence;
  * little-endian u64), 4 floats' room each, then `table_floats` floats of
- * the shard's sparse tables (their rows and pending keys: ps/shard.c
- * writes and reads that section, PROTOCOL.md "The cut image" gives its
+ * the shard's sparse tables (their rows and pending keys: ps/tsec.h
+ * writes and reads that section, PROTOCOL.md "The state image" gives its
  * layout).  The fixed fields travel beside it in a ps_state_info. */
 #ifndef PS_PS_STATE_H
 #define PS_PS_STATE_H

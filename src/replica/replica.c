@@ -275,16 +275,29 @@ int ps_replica_append_later(ps_replica *r, const ps_journal *e) {
 
 /* ------------------------------------------------- heartbeat, timers */
 
+/* The heartbeat's payload (REDIS.md §8); with sparse tables, each one's
+ * rows and memory here: "tables C1:ROWS:BYTES,C2:ROWS:BYTES,..." (a table
+ * without a name by its number), which `paramserv status` shows. */
 static void heartbeat(ps_replica *r) {
-  char payload[320], host[128] = "?";
+  enum { TABLE_TEXT = PS_SHARD_TABLE_NAME_MAX + 2 * 21 };
+  char payload[320 + PS_SHARD_MAX_TABLES * TABLE_TEXT], host[128] = "?";
   gethostname(host, sizeof host);
   host[sizeof host - 1] = '\0';
-  snprintf(payload, sizeof payload,
-           "pid %d host %s incarnation %" PRIu64 " step %" PRIu64 " version %" PRIu64
-           " lag %" PRIu64 " nondurable %" PRIu64 " held %" PRIu64,
-           (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard),
-           ps_shard_version(r->shard), ps_replica_lag(r), r->ev.nondurable(r->ev.arg),
-           r->ev.held(r->ev.arg));
+  size_t w = (size_t)snprintf(payload, sizeof payload,
+                              "pid %d host %s incarnation %" PRIu64 " step %" PRIu64
+                              " version %" PRIu64 " lag %" PRIu64 " nondurable %" PRIu64
+                              " held %" PRIu64,
+                              (int)getpid(), host, r->epoch, ps_shard_global_step(r->shard),
+                              ps_shard_version(r->shard), ps_replica_lag(r),
+                              r->ev.nondurable(r->ev.arg), r->ev.held(r->ev.arg));
+  for (int t = 0; t < ps_shard_ntables(r->shard) && w < sizeof payload; t++) {
+    ps_table_stats st = ps_shard_table_stats(r->shard, t);
+    const char *name = ps_shard_table_name(r->shard, t);
+    char num[16];
+    snprintf(num, sizeof num, "%d", t);
+    w += (size_t)snprintf(payload + w, sizeof payload - w, "%s%s:%" PRIu64 ":%" PRIu64,
+                          t == 0 ? " tables " : ",", name[0] ? name : num, st.rows, st.bytes);
+  }
   ps_link_heartbeat(&r->link, payload);
 }
 

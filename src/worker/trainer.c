@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "data/npy.h"
 #include "nn/auc.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -82,6 +83,35 @@ static int open_criteo(ps_trainer *t, const ps_config *cfg, const ps_model *mode
   return alloc_step(t);
 }
 
+/* The user's own data (src/data/NPY.md): [data] train, and for worker 0
+ * [data] test when set; the model must take its samples and classes. */
+static int load_npy(ps_trainer *t, const ps_config *cfg, const ps_model *model, int index) {
+  ps_errbuf eb = {0};
+  char path[PS_CONFIG_PATH_MAX];
+  const char *keys[2] = {"train", "test"}, *dirs[2] = {cfg->train_data, cfg->test_data};
+  ps_dataset *sets[2] = {&t->train, &t->test};
+  for (int i = 0; i < (index == 0 ? 2 : 1); i++) {
+    if (dirs[i][0] == '\0')
+      continue;
+    if (ps_npy_load(ps_config_file_path(cfg, dirs[i], path, sizeof path), sets[i], &eb) != 0) {
+      /* Data that is missing or broken: a restart would not change it. */
+      ps_log(PS_LOG_ERROR, "[data] %s: %s", keys[i], eb.msg);
+      return eb.code == -ENOMEM ? 1 : 2;
+    }
+  }
+  if (t->test.n > 0 && t->test.dim != t->train.dim) {
+    ps_log(PS_LOG_ERROR, "[data] test %s: %zu floats a sample, the training data %zu: expected "
+           "the same", path, t->test.dim, t->train.dim);
+    return 2;
+  }
+  int classes = t->test.classes > t->train.classes ? t->test.classes : t->train.classes;
+  if (ps_model_check_inputs(model, t->train.dim, classes, &eb) != 0) {
+    ps_log(PS_LOG_ERROR, "%s: [data] format = npy: %s", cfg->path, eb.msg);
+    return 2;
+  }
+  return 0;
+}
+
 int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, int index) {
   ps_errbuf eb = {0};
   memset(t, 0, sizeof *t);
@@ -105,17 +135,28 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
     return open_criteo(t, cfg, model, index);
   if (model->ntables > 0) {
     ps_log(PS_LOG_ERROR, "%s: a model with sparse tables reads [data] format = criteo, not %s",
-           cfg->path, "idx");
+           cfg->path, cfg->data_format == PS_DATA_NPY ? "npy" : "idx");
     return 2;
   }
-  if (ps_dataset_load(cfg->data_dir, "train", &t->train, &eb) != 0 ||
-      (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &t->test, &eb) != 0)) {
-    /* A data set that is missing or broken: a restart would not change it. */
-    ps_log(PS_LOG_ERROR, "[model] data_dir: %s", eb.msg);
-    return eb.code == -ENOMEM ? 1 : 2;
+  if (cfg->data_format == PS_DATA_NPY) {
+    int rc = load_npy(t, cfg, model, index);
+    if (rc != 0)
+      return rc;
+  } else {
+    if (ps_dataset_load(cfg->data_dir, "train", &t->train, &eb) != 0 ||
+        (index == 0 && ps_dataset_load(cfg->data_dir, "t10k", &t->test, &eb) != 0)) {
+      /* A data set that is missing or broken: a restart would not change it. */
+      ps_log(PS_LOG_ERROR, "[model] data_dir: %s", eb.msg);
+      return eb.code == -ENOMEM ? 1 : 2;
+    }
+    if (ps_model_check_data(model, t->train.rows, t->train.cols, 10, &eb) != 0) {
+      ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+      return 2;
+    }
   }
-  if (ps_model_check_data(model, t->train.rows, t->train.cols, 10, &eb) != 0) {
-    ps_log(PS_LOG_ERROR, "%s: %s", cfg->path, eb.msg);
+  if (t->train.n < (size_t)cfg->nworkers) {
+    ps_log(PS_LOG_ERROR, "[data] train: %zu samples, fewer than the %d workers: expected at "
+           "least one a worker", t->train.n, cfg->nworkers);
     return 2;
   }
   if (alloc_step(t) != 0)
@@ -185,12 +226,16 @@ size_t ps_trainer_part_size(const ps_trainer *t) {
 
 int ps_trainer_final_test(ps_trainer *t, const float *params, uint64_t global_step) {
   const ps_dataset *test = &t->test;
+  if (test->n == 0) {
+    ps_log(PS_LOG_INFO, "no [data] test: no final test accuracy");
+    return 0;
+  }
   float *x = malloc((test->n ? test->n : 1) * t->model->in_size * sizeof *x);
   if (x == NULL) {
     ps_log(PS_LOG_ERROR, "out of memory for the test set");
     return -ENOMEM;
   }
-  ps_dataset_images_f32(test, NULL, test->n, PS_DATA_MEAN, PS_DATA_STD, x);
+  ps_dataset_inputs(test, NULL, test->n, x);
   size_t right = 0;
   ps_compute_eval(t->compute, params, x, test->labels, test->n, &right);
   printf("final test_acc %.4f global_step %" PRIu64 "\n", (double)right / (double)test->n,

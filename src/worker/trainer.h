@@ -19,8 +19,8 @@
 
 typedef struct ps_trainer {
   ps_compute *compute;
-  ps_dataset train, test;   /* idx: test is worker 0's only */
-  ps_sampler sampler;       /* idx: this worker's part of train */
+  ps_dataset train, test;   /* idx, npy: test is worker 0's only (npy: when [data] test is set) */
+  ps_sampler sampler;       /* idx, npy: this worker's part of train */
   ps_criteo *reader;        /* criteo: this worker's part of [data] train, streamed */
   float *labels;            /* criteo: the batch's labels as read */
   uint64_t *keys;           /* criteo: the batch's keys, PS_CRITEO_NSPARSE a sample */
@@ -59,7 +59,8 @@ size_t ps_trainer_part_size(const ps_trainer *t);
 
 /* Worker 0, at the end: the test accuracy of `params` (the whole model, in
  * the arena's order), printed as "final test_acc A global_step S" for the
- * scripts.  @return 0, or -ENOMEM (logged). */
+ * scripts; nothing but a logged line without a test set (npy without
+ * [data] test).  @return 0, or -ENOMEM (logged). */
 int ps_trainer_final_test(ps_trainer *t, const float *params, uint64_t global_step);
 
 /* Fetch the weights into params and the rows of e's batch (its keys taken

@@ -92,18 +92,6 @@ static int sparse_pull(ps_client *client, ps_trainer *t, ps_embed *e, size_t n, 
   return ps_client_pull_sparse(client, params, &b);
 }
 
-/* The final test's weights and rows, from the shards (a pull creates no
- * row: TABLE.md). */
-static int test_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
-  ps_client *client = arg;
-  ps_sparse_batch b;
-  ps_embed_batch(e, &b);
-  int rc = ps_client_pull_sparse(client, params, &b);
-  if (rc != 0)
-    ps_err_set(eb, rc, "%s", ps_client_error(client));
-  return rc;
-}
-
 int ps_worker_run(const ps_config *cfg, int index) {
   if (cfg->mode == PS_MODE_RING)
     return ps_ring_member_run(cfg, index);
@@ -350,11 +338,8 @@ int ps_worker_run(const ps_config *cfg, int index) {
   if (sparse)
     printf("worker %d rows: %" PRIu64 " pulled, rows/s %.1f\n", index, rows_pulled,
            secs > 0 ? (double)rows_pulled / secs : 0.0);
-  if (index == 0 && !*stop && sparse && cfg->test_data[0] != '\0') {
-    if (ps_trainer_final_test_ctr(&t, cfg, &emb[0], params, test_rows, client,
-                                  ps_client_global_step(client)) != 0)
-      goto out;
-  }
+  /* A model with sparse tables is evaluated by the chief (its rows are on
+   * the shards, which the run's end stops). */
   if (index == 0 && !*stop && !sparse && t.reader == NULL &&
       ps_trainer_final_test(&t, params, ps_client_global_step(client)) != 0)
     goto out;

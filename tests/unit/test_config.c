@@ -390,6 +390,10 @@ static const bad_case bad_cases[] = {
      "[model] file and variables both set", "expected one of name, file, variables"},
     {C "mode = ring\nworkers = 127.0.0.1:7101\n[model]\nvariables = v.json\n", "cluster.conf:5:",
      "[model] variables with [cluster] mode = ring", "expected a model with layers"},
+    /* [data]: the format's files */
+    {C PSW "[data]\nformat = npy\n", "cluster.conf:5:", "[data] format = npy without [data] train",
+     "expected the directory of X.npy and y.npy"},
+    {C PSW "[data]\nformat = npz\n", "cluster.conf:5:", "[data] format = npz", "expected one of idx, criteo, npy"},
     /* ring mode: no shards, and only every-step gradients */
     {C "mode = ring\nworkers = 127.0.0.1:7101\n[train]\nalgorithm = easgd\n", "cluster.conf:2:",
      "[cluster] mode = ring with algorithm = easgd", "expected algorithm = gradients"},

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +78,60 @@ static void test_format(void **state) {
   ps_metrics_free(m);
 }
 
+/* A family: one HELP and TYPE, a series per label value with the
+ * process's labels and its own, values escaped; a histogram family and
+ * metrics off give NULL children. */
+static void test_family(void **state) {
+  (void)state;
+  ps_config c;
+  ps_config_defaults(&c);
+  assert_int_equal(ps_addr_parse("127.0.0.1:9400", &c.metrics_listen), 0);
+  ps_metrics *m = ps_metrics_new(&c, "ps", 0);
+  assert_non_null(m);
+  static const double bounds[] = {1};
+  static const ps_metric_def defs[] = {
+      {.kind = PS_METRIC_GAUGE, .name = "paramserv_ps_table_rows", .help = "rows"},
+      {.kind = PS_METRIC_COUNTER, .name = "paramserv_ps_table_admitted_total", .help = "adm"},
+      {PS_METRIC_HISTOGRAM, "paramserv_ps_table_hist", "h", bounds, 1},
+  };
+  char named[8];
+  snprintf(named, sizeof named, "C7");  /* values are copied */
+  const char *values[3] = {named, "C8", "a\"b\\c\nd"};
+  ps_metric *rows[3], *adm[3], *hist[3];
+  ps_metrics_register_family(m, &defs[0], "table", values, 3, rows);
+  ps_metrics_register_family(m, &defs[1], "table", values, 2, adm);
+  ps_metrics_register_family(m, &defs[2], "table", values, 1, hist);
+  named[0] = 'X';
+  assert_null(hist[0]);
+  for (int i = 0; i < 3; i++)
+    assert_non_null(rows[i]);
+  ps_metric_set(rows[0], 120);
+  ps_metric_set(rows[1], 7);
+  ps_metric_set(rows[2], 1);
+  ps_metric_add(adm[1], 3);
+  char *t = ps_metrics_format(m);
+  assert_non_null(t);
+  static const char *const want =
+      "# HELP paramserv_ps_table_rows rows\n"
+      "# TYPE paramserv_ps_table_rows gauge\n"
+      "paramserv_ps_table_rows{role=\"ps\",index=\"0\",table=\"C7\"} 120\n"
+      "paramserv_ps_table_rows{role=\"ps\",index=\"0\",table=\"C8\"} 7\n"
+      "paramserv_ps_table_rows{role=\"ps\",index=\"0\",table=\"a\\\"b\\\\c\\nd\"} 1\n"
+      "# HELP paramserv_ps_table_admitted_total adm\n"
+      "# TYPE paramserv_ps_table_admitted_total counter\n"
+      "paramserv_ps_table_admitted_total{role=\"ps\",index=\"0\",table=\"C7\"} 0\n"
+      "paramserv_ps_table_admitted_total{role=\"ps\",index=\"0\",table=\"C8\"} 3\n";
+  if (strcmp(t, want) != 0)
+    fail_msg("got:\n%s\nexpected:\n%s", t, want);
+  free(t);
+  ps_metrics_free(m);
+  /* Metrics off: every child NULL, and setting them does nothing. */
+  ps_metrics_register_family(NULL, &defs[0], "table", values, 2, rows);
+  assert_null(rows[0]);
+  assert_null(rows[1]);
+  ps_metric_set(rows[0], 1);
+}
+
 /* NaN and the infinities in Prometheus's spelling (NaN, +Inf, -Inf): C's
  * printf would write nan, inf and -inf, which Prometheus's parser refuses
  * (the whole scrape fails).  A gauge, a counter and a histogram's sum. */
@@ -141,6 +196,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_off),
       cmocka_unit_test(test_format),
+      cmocka_unit_test(test_family),
       cmocka_unit_test(test_nonfinite),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

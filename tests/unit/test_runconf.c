@@ -105,6 +105,21 @@ static void test_user_file(void **state) {
   assert_string_equal(cfg.secret_file, want);
   assert_int_equal(access(at("secret"), F_OK), -1); /* no secret of its own */
 
+  /* The model's and the data's relative paths are made absolute too: the
+   * run's config, which the processes read, lives elsewhere. */
+  tmpdir_put("user3.conf",
+      "[model]\nfile = m.json\n[data]\nformat = npy\ntrain = tr\ntest = /abs/te\n", 0644);
+  snprintf(user, sizeof user, "%s", at("user3.conf"));
+  ps_runconf_opts paths = {.user_path = user, .rundir = tmp, .last_step = -1, .seed = -1};
+  assert_int_equal(ps_runconf_make(&paths, &cfg, &eb), 0);
+  real = realpath(tmp, NULL);
+  snprintf(want, sizeof want, "%s/m.json", real);
+  assert_string_equal(cfg.model_file, want);
+  snprintf(want, sizeof want, "%s/tr", real);
+  assert_string_equal(cfg.train_data, want);
+  assert_string_equal(cfg.test_data, "/abs/te");
+  free(real);
+
   /* The file's own list sets the count when no option does. */
   tmpdir_put("user2.conf", "[cluster]\nps = 10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1\nworkers = 10.0.0.9:1\n",
       0644);

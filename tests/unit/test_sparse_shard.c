@@ -8,11 +8,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layout/hashring.h"
 #include "ps/shard.h"
+#include "ps/tsec.h"
 #include "worker/sparse_split.h"
 
 #define N 5      /* dense floats */
@@ -182,6 +184,78 @@ static void test_image_round_trip(void **state) {
   ps_shard_free(copy);
 }
 
+/* The section's one reader: a walk of an image's section meets every table
+ * head with the table's counts and every entry in ps_table_iter order, each
+ * row's values the table's own; a callback's refusal is named by table and
+ * entry. */
+typedef struct walk_seen {
+  const ps_shard *s;
+  uint64_t heads[NT][2], entries[NT];
+  int refuse_at;  /* entry index of table 1 to refuse, or -1 */
+} walk_seen;
+
+static int seen_head(void *arg, int t, uint64_t rows, uint64_t pending, ps_errbuf *eb) {
+  (void)eb;
+  walk_seen *w = arg;
+  w->heads[t][0] = rows;
+  w->heads[t][1] = pending;
+  return 0;
+}
+
+static int seen_entry(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
+  walk_seen *w = arg;
+  if (t == 1 && (int)i == w->refuse_at)
+    return ps_err_set(eb, PS_ECORRUPT, "refused key %" PRIu64, e->key);
+  ps_table_entry have;
+  assert_true(ps_table_get(ps_shard_table(w->s, t), e->key, &have));
+  assert_int_equal(have.pending, e->pending);
+  assert_int_equal(have.count, e->count);
+  assert_int_equal(have.last_step, e->last_step);
+  if (!e->pending) {
+    assert_memory_equal(have.values, e->values, DIM * sizeof(float));
+    assert_memory_equal(have.slots[0], e->slots[0], DIM * sizeof(float));
+  }
+  assert_int_equal(i, w->entries[t]);
+  w->entries[t]++;
+  return 0;
+}
+
+static void test_section_walk(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *s = ps_shard_new(&o, NULL);
+  float g[N] = {0};
+  ps_sparse_part part = {0};
+  for (int k = 0; k < 12; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part);
+    ps_shard_push(s, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part.bytes, part.len, NULL);
+  }
+  ps_state_info in;
+  float *img = image(s, &in);
+  const float *sec = img + ps_state_tables_at(&in, N);
+  uint64_t bytes = in.table_floats * sizeof(float);
+  ps_tsec_table shape[NT] = {{DIM, 1, "A1"}, {DIM, 1, "A2"}};
+  walk_seen w = {.s = s, .refuse_at = -1};
+  ps_tsec_visit v = {.head = seen_head, .entry = seen_entry, .arg = &w};
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_tsec_walk(sec, bytes, shape, NT, &v, NULL, &eb), 0);
+  for (int t = 0; t < NT; t++) {
+    ps_table_stats st = ps_shard_table_stats(s, t);
+    assert_int_equal(w.heads[t][0], st.rows);
+    assert_int_equal(w.heads[t][1], st.pending);
+    assert_int_equal(w.entries[t], st.rows + st.pending);
+  }
+  assert_true(w.heads[1][1] > 0);  /* pending keys walked too */
+  w = (walk_seen){.s = s, .refuse_at = 2};
+  assert_int_equal(ps_tsec_walk(sec, bytes, shape, NT, &v, NULL, &eb), PS_ECORRUPT);
+  assert_non_null(strstr(eb.msg, "sparse table 1 (A2), entry 2: refused key "));
+  free(img);
+  ps_sparse_part_free(&part);
+  ps_shard_free(s);
+}
+
 /* A fresh shard's image has empty tables; a dense model's has none. */
 static void test_shapes(void **state) {
   (void)state;
@@ -281,13 +355,100 @@ static void test_split_and_scatter(void **state) {
   ps_hashring_free(&ring);
 }
 
+/* Sync: a step's rows wait for its gradients; the step applies each key's
+ * mean over the pushes that carry it (a key in one push only: its
+ * gradient halved, as the dense part's mean over both), as one push of
+ * those means to a table would.  An image cut in the open step carries its
+ * rows: loaded into another shard, the step completes there the same. */
+static void test_sync_step(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  o.consistency = PS_CONSISTENCY_SYNC;
+  o.replicas_to_aggregate = 2;
+  o.tables[1] = o.tables[0];  /* no admission or eviction: the means alone */
+  o.tables[1].table_id = 1;
+  ps_shard *live = ps_shard_new(&o, NULL), *copy = ps_shard_new(&o, NULL);
+  float g[N] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  step_rows r[2];
+  ps_sparse_part part[2] = {{0}};
+  for (int w = 0; w < 2; w++) {
+    make_rows(&r[w], w + 1);
+    blocks(&r[w], &part[w]);
+  }
+  ps_journal j[2];
+  assert_int_equal(ps_shard_push(live, 0, 1, 1, 0, g, part[0].bytes, part[0].len, &j[0]),
+                   PS_SHARD_APPLIED);
+  /* Nothing applied yet: a row reads as its initial values. */
+  uint64_t k0 = r[0].keys[0][0];
+  float before[DIM], init[DIM];
+  ps_shard_table_pull(live, 0, &k0, 1, before);
+  ps_table_init_row(&o.tables[0], k0, init);
+  assert_memory_equal(before, init, sizeof init);
+  /* The image of the open step, into another shard. */
+  ps_state_info in;
+  float *img = image(live, &in);
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_shard_state_load(copy, &in, img, &eb), 0);
+  free(img);
+  assert_int_equal(ps_shard_push(live, 1, 1, 1, 0, g, part[1].bytes, part[1].len, &j[1]),
+                   PS_SHARD_APPLIED);
+  assert_int_equal(ps_shard_version(live), 1);
+  assert_int_equal(ps_shard_push(copy, 1, 1, 1, 0, g, part[1].bytes, part[1].len, NULL),
+                   PS_SHARD_APPLIED);
+  assert_same_image(live, copy);
+  /* The reference: each key's mean pushed to a table of the same options. */
+  for (int t = 0; t < NT; t++) {
+    ps_table *ref = NULL;
+    assert_int_equal(ps_table_new(&o.tables[t], &ref, NULL), 0);
+    uint64_t keys[2 * MAXK];
+    float grads[2 * MAXK * DIM];
+    size_t n = 0;
+    for (uint64_t key = 1; key <= 40; key++) {
+      uint64_t k = key * 1000003u;
+      int seen = 0;
+      float sum[DIM] = {0};
+      for (int w = 0; w < 2; w++)
+        for (size_t i = 0; i < r[w].b.n[t]; i++)
+          if (r[w].keys[t][i] == k) {
+            seen = 1;
+            for (int d = 0; d < DIM; d++)
+              sum[d] += r[w].grads[t][i * DIM + (size_t)d];
+          }
+      if (!seen)
+        continue;
+      keys[n] = k;
+      for (int d = 0; d < DIM; d++)
+        grads[n * DIM + (size_t)d] = sum[d] * 0.5f;
+      n++;
+    }
+    assert_int_equal(ps_table_push(ref, keys, grads, n, o.table_lr[t], 0, NULL), 0);
+    float a[2 * MAXK * DIM], b[2 * MAXK * DIM];
+    ps_table_pull(ref, keys, n, a);
+    ps_shard_table_pull(live, t, keys, n, b);
+    assert_memory_equal(a, b, n * DIM * sizeof(float));
+    ps_table_free(ref);
+  }
+  /* The journal replays to the same state. */
+  ps_shard *again = ps_shard_new(&o, NULL);
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(ps_shard_replay(again, &j[k]), 0);
+  assert_same_image(live, again);
+  for (int w = 0; w < 2; w++)
+    ps_sparse_part_free(&part[w]);
+  ps_shard_free(live);
+  ps_shard_free(copy);
+  ps_shard_free(again);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_replay_repeats_admissions_and_evictions),
       cmocka_unit_test(test_image_round_trip),
+      cmocka_unit_test(test_section_walk),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_sparse_check),
       cmocka_unit_test(test_split_and_scatter),
+      cmocka_unit_test(test_sync_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,7 +62,7 @@ check_build() {
 }
 
 check_build "$BIN"
-"$BIN" train --help | grep -q -- '--device D' || fail "$BIN train --help lacks --device"
+"$BIN" train --help | grep -c -- '--device D' >/dev/null || fail "$BIN train --help lacks --device"
 # A build without CUDA names what it lacks, whatever device it is asked for.
 # Whether $BIN has CUDA is read from the build (make CUDA=1 links the CUDA
 # runtime), not from the message under test.

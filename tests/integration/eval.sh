@@ -53,7 +53,7 @@ read -r w1 w2 step w4 n w6 loss w8 acc <<<"$last"
 awk -v a="$loss" -v b="$chief_loss" 'BEGIN { d = a - b; exit !(d < 0.00006 && d > -0.00006) }' ||
   fail "eval's loss $loss, the chief's $chief_loss"
 echo "ok: paramserv eval of the chief's ckpt-000000300 (strided-cnn, 2 shards): test_loss $loss test_acc $acc (the chief logged $chief_loss, $chief_acc)"
-"$BIN" eval --help | grep -q -- '--data DIR' || fail "eval --help lacks --data"
+"$BIN" eval --help | grep -c -- '--data DIR' >/dev/null || fail "eval --help lacks --data"
 "$BIN" eval "$T/run/checkpoints" | tail -n 1 | grep -qx "eval step 300 .* test_acc $acc" ||
   fail "eval of the directory of checkpoints is not its newest"
 

@@ -85,7 +85,7 @@ print("ok: " + out[0] + "; " + out[1] + " (the sidecar's and the files')")
 PY
 
 # --help, and bad input.
-"$G" --help | grep -q 'planted test auc' || fail "gen-ctr --help exited $? or lacks the output lines"
+"$G" --help | grep -c 'planted test auc' >/dev/null || fail "gen-ctr --help exited $? or lacks the output lines"
 bad() { # bad WANT ARGS...: exit 2 and one stderr line holding WANT
   local want=$1 rc
   shift

@@ -169,4 +169,4 @@ expect2 "the model has 4 variables of" \
   train --model mlp --hidden 32 --train-limit 1280 --epochs 1 --init-from "$D/ckpt-000000200"
 expect2 "$T/none: No such file or directory" "${TRAIN[@]}" --epochs 1 --init-from "$T/none"
 expect2 "--checkpoint-every without --checkpoint-dir" "${TRAIN[@]}" --checkpoint-every 10
-"$BIN" train --help | grep -q -- '--checkpoint-every N' || fail "train --help lacks --checkpoint-every"
+"$BIN" train --help | grep -c -- '--checkpoint-every N' >/dev/null || fail "train --help lacks --checkpoint-every"

@@ -33,8 +33,8 @@ cmp -s "$tmp/loss1" "$tmp/loss2" || fail "same seed, different loss: $(cat "$tmp
 echo "ok: same seed, same loss $(cat "$tmp/loss1")"
 
 # Help for the binary and the verb.
-"$BIN" --help | grep -q '^  train ' || fail "paramserv --help does not list train"
-"$BIN" train --help | grep -q -- '--optimizer' || fail "paramserv train --help lacks --optimizer"
+"$BIN" --help | grep -c '^  train ' >/dev/null || fail "paramserv --help does not list train"
+"$BIN" train --help | grep -c -- '--optimizer' >/dev/null || fail "paramserv train --help lacks --optimizer"
 echo "ok: help"
 
 # Bad usage: one line naming the thing and what was expected, exit 2.

@@ -30,7 +30,7 @@ import struct
 import sys
 import time
 
-MAGIC, VERSION = 0x56525350, 3
+MAGIC, VERSION = 0x56525350, 4
 T_PUSH, T_ERROR = 6, 10
 HEADER = struct.Struct("<IHHIQI")
 

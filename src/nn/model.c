@@ -506,13 +506,29 @@ int ps_model_build(const ps_model_spec *spec, ps_model *m, ps_errbuf *eb) {
   return 0;
 }
 
-int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int classes,
-                        ps_errbuf *eb) {
+/* A model that dense data (images, numpy files) can feed: layers, and no
+ * sparse tables, whose embedding input only categorical fields fill (a
+ * pass without it would read none).  @return 0 or PS_EUSAGE. */
+static int dense_trainable(const ps_model *m, const char *data, ps_errbuf *eb) {
   const ps_model_spec *s = &m->spec;
   if (m->nlayers == 0)
     return ps_err_set(eb, PS_EUSAGE, "model '%s' has variables and no layers: expected [model] "
                       "name or file to train it here (variables train through the client "
                       "library)", s->desc);
+  if (m->ntables > 0)
+    return ps_err_set(eb, PS_EUSAGE, "model '%s' has sparse tables (%s..%s): it trains on "
+                      "Criteo-format data ([data] format = criteo, paramserv train --train), "
+                      "not on %s", s->desc, m->tables[0].name, m->tables[m->ntables - 1].name,
+                      data);
+  return 0;
+}
+
+int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int classes,
+                        ps_errbuf *eb) {
+  const ps_model_spec *s = &m->spec;
+  int rc = dense_trainable(m, "images", eb);
+  if (rc != 0)
+    return rc;
   if (s->in_c != 1 || (uint32_t)s->in_h != rows || (uint32_t)s->in_w != cols)
     return ps_err_set(eb, PS_EUSAGE, "model '%s' takes %dx%dx%d inputs: expected 1x%ux%u, the "
                       "data set's images", s->desc, s->in_c, s->in_h, s->in_w, rows, cols);
@@ -524,10 +540,9 @@ int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int cla
 
 int ps_model_check_inputs(const ps_model *m, size_t dim, int classes, ps_errbuf *eb) {
   const ps_model_spec *s = &m->spec;
-  if (m->nlayers == 0)
-    return ps_err_set(eb, PS_EUSAGE, "model '%s' has variables and no layers: expected [model] "
-                      "name or file to train it here (variables train through the client "
-                      "library)", s->desc);
+  int rc = dense_trainable(m, "numpy files", eb);
+  if (rc != 0)
+    return rc;
   if (m->in_size != dim)
     return ps_err_set(eb, PS_EUSAGE, "model '%s' takes %zu inputs (input %dx%dx%d): expected "
                       "%zu, the floats of a sample of the data", s->desc, m->in_size, s->in_c,

@@ -124,15 +124,17 @@ void ps_model_close(ps_model *m);
 
 /* Can m train on images of rows x cols pixels (one channel) labelled in
  * [0, classes)?  @return 0 or PS_EUSAGE with one line naming the model
- * (a variables-only model has no layers to train with). */
+ * (a variables-only model has no layers to train with; a model with
+ * sparse tables has no embedding input to read from images). */
 int ps_model_check_data(const ps_model *m, uint32_t rows, uint32_t cols, int classes,
                         ps_errbuf *eb);
 
 /* Can m train on samples of `dim` floats (the user's own data: npy,
  * src/data/NPY.md) labelled in [0, classes)?  Its input must hold dim
  * values, in any shape, and it must have at least `classes` classes, or
- * one output (sigmoid) and classes <= 2.  @return 0 or PS_EUSAGE with one
- * line naming the model. */
+ * one output (sigmoid) and classes <= 2, and no sparse tables (as
+ * ps_model_check_data).  @return 0 or PS_EUSAGE with one line naming the
+ * model. */
 int ps_model_check_inputs(const ps_model *m, size_t dim, int classes, ps_errbuf *eb);
 
 /* Buffers for one thread's forward and backward passes over up to

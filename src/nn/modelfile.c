@@ -147,7 +147,9 @@ static int parse_embedding(const json_t *o, ps_layer_spec *l, const where *w, ps
   const json_t *scale = json_object_get(o, "scale");
   if (l->init_kind == 0 && scale != NULL)
     return bad(eb, w, "scale", "no scale for zeros", scale);
-  if (scale != NULL && (!json_is_number(scale) || !(json_number_value(scale) > 0.0) ||
+  /* A positive number a float rounds to 0 is refused too: a table's
+   * scale 0 would fail only when a shard creates the table. */
+  if (scale != NULL && (!json_is_number(scale) || !((float)json_number_value(scale) > 0.0f) ||
                         json_number_value(scale) > 1e3))
     return bad(eb, w, "scale", "a number in (0, 1000]", scale);
   l->init_scale = l->init_kind == 0 ? 0.0f : scale != NULL ? (float)json_number_value(scale) : 0.01f;
@@ -158,7 +160,8 @@ static int parse_embedding(const json_t *o, ps_layer_spec *l, const where *w, ps
     return bad(eb, w, "optimizer", "sgd, momentum, nesterov, adagrad or adam", opt);
   snprintf(l->optimizer, sizeof l->optimizer, "%s", opt != NULL ? json_string_value(opt) : "adagrad");
   const json_t *lr = json_object_get(o, "lr");
-  if (lr != NULL && (!json_is_number(lr) || !(json_number_value(lr) > 0.0) ||
+  /* Likewise the rate: 0 would silently mean the [train] lr. */
+  if (lr != NULL && (!json_is_number(lr) || !((float)json_number_value(lr) > 0.0f) ||
                      json_number_value(lr) > 1e3))
     return bad(eb, w, "lr", "a learning rate in (0, 1000] (absent: [train] lr)", lr);
   l->lr = lr != NULL ? (float)json_number_value(lr) : 0.0f;

@@ -22,7 +22,8 @@ static void check(const ps_ckpt *c) {
    * normalization that divides by nothing but positive numbers. */
   if (c->has_network && (c->network.nlayers < 1 || c->network.nlayers > PS_MODEL_MAX_LAYERS ||
                          strcmp(c->network.desc, c->model) != 0 ||
-                         c->network.layers[c->network.nlayers - 1].type != PS_LT_LOG_SOFTMAX))
+                         (c->network.layers[c->network.nlayers - 1].type != PS_LT_LOG_SOFTMAX &&
+                          c->network.layers[c->network.nlayers - 1].type != PS_LT_SIGMOID)))
     __builtin_trap();
   if (c->builtin[0] != '\0' && !c->has_network)
     __builtin_trap();

@@ -1,7 +1,8 @@
 /* The CUDA backend against the CPU backend, as ggml's test-backend-ops checks
  * its backends: every op on random inputs of several shapes, odd ones
  * included, run on both and compared; then whole forward and backward
- * passes of the mlp and the cnn, ps_compute on both devices, and the
+ * passes of the mlp and the cnn, ps_compute on both devices (a sparse
+ * model's embedding input and its gradient too), and the
  * finite-difference gradient checks of test_model.c run on the GPU.  Built
  * by make CUDA=1 (make cuda-check, which make test runs); where no GPU
  * answers (no NVIDIA device at all) it prints "skip: test_backend_cuda: no GPU
@@ -459,9 +460,36 @@ static void test_dropout(void **state) {
   }
 }
 
+/* A block of columns into another matrix's columns (an embedding_bag's
+ * concatenation), the rest of dst as it was: equal to the bit. */
+static void test_copy2d(void **state) {
+  (void)state;
+  /* rows, width, src stride, dst stride, dst column */
+  const size_t cases[][5] = {{5, 4, 7, 11, 3}, {1, 1, 1, 1, 0}, {1000, 416, 416, 432, 16},
+                             {257, 16, 432, 16, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    size_t rows = cases[c][0], width = cases[c][1], ss = cases[c][2], ds = cases[c][3],
+           at = cases[c][4], ns = rows * ss, nd = rows * ds;
+    float *src = host(ns * 4), *dst = host(nd * 4);
+    fill(src, ns, -1, 1);
+    fill(dst, nd, -1, 1);
+    float *gs = up(src, ns * 4), *gd = up(dst, nd * 4);
+    gpu->ops->copy2d(gpu, (int)rows, width, gd + at, ds, gs, ss);
+    float *got = down(gd, nd * 4);
+    cpu->ops->copy2d(cpu, (int)rows, width, dst + at, ds, src, ss);
+    assert_memory_equal(got, dst, nd * 4);
+    free(got);
+    free(src);
+    free(dst);
+    gfree(gs);
+    gfree(gd);
+  }
+}
+
 static void test_nll(void **state) {
   (void)state;
-  const int shapes[][2] = {{1, 10}, {128, 10}, {77, 37}, {2000, 10}};
+  /* k = 1: the logistic loss of one logit (labels 0 and 1). */
+  const int shapes[][2] = {{1, 10}, {128, 10}, {77, 37}, {2000, 10}, {1, 1}, {333, 1}, {2000, 1}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     int n = shapes[s][0], k = shapes[s][1];
     size_t nz = (size_t)n * k;
@@ -469,7 +497,7 @@ static void test_nll(void **state) {
     uint8_t *labels = host((size_t)n);
     fill(z, nz, -4, 4);
     for (int i = 0; i < n; i++)
-      labels[i] = (uint8_t)ps_rng_below(&rng, (uint64_t)k);
+      labels[i] = (uint8_t)ps_rng_below(&rng, k == 1 ? 2 : (uint64_t)k);
     float *gz = up(z, nz * 4), *gd = gpu->ops->alloc(gpu, nz * 4);
     for (int with_grad = 0; with_grad < 2; with_grad++) {
       size_t right_cpu = 0, right_gpu = 0;
@@ -848,6 +876,63 @@ static void test_compute_train(void **state) {
   ps_model_close(&m);
 }
 
+/* A sparse model (models/ctr.json) through ps_compute on the GPU against 2
+ * CPU threads: a step's loss, gradient and embedding-input gradient (emb
+ * goes over and demb comes back with the step), and the probabilities of a
+ * prediction in chunks of the batch. */
+static void test_sparse_compute(void **state) {
+  (void)state;
+  enum { N = 37, MANY = 3 * N - 5 };
+  ps_model m;
+  gradcheck_build("models/ctr.json", NULL, &m);
+  ps_errbuf eb = {0};
+  ps_compute *cc = ps_compute_new_on(&m, PS_DEVICE_CPU, 2, N, &eb);
+  ps_compute *cg = ps_compute_new_on(&m, device, 1, N, &eb);
+  assert_non_null(cc);
+  if (cg == NULL)
+    fail_msg("%s", eb.msg);
+  size_t total = m.vars.total, E = m.emb_size, nx = MANY * m.in_size;
+  float *params = host(total * 4), *gc = host(total * 4), *gg = host(total * 4);
+  float *x = host(nx * 4), *emb = ps_compute_host_alloc(cg, MANY * E * 4);
+  float *dc = host(N * E * 4), *dg = ps_compute_host_alloc(cg, N * E * 4);
+  float *pc = host(MANY * 4), *pg = host(MANY * 4);
+  uint8_t y[N];
+  assert_non_null(emb);
+  assert_non_null(dg);
+  ps_vartable_init_arena(&m.vars, 8, params);
+  fill(x, nx, 0, 3);
+  /* Pooled vectors as trained rows might be (new rows, at 0.01, would
+   * leave the top MLP near its bias). */
+  fill(emb, MANY * E, -0.5f, 0.5f);
+  for (int i = 0; i < N; i++)
+    y[i] = (uint8_t)ps_rng_below(&rng, 2);
+  size_t rc = 0, rg = 0;
+  double lc = ps_compute_grad_emb(cc, params, x, emb, y, N, 3, 0, gc, dc, &rc);
+  double lg = ps_compute_grad_emb(cg, params, x, emb, y, N, 3, 0, gg, dg, &rg);
+  if (!(fabs(lg - lc) <= 1e-6 * fabs(lc)))
+    fail_msg("sparse step: loss gpu %.9g, cpu %.9g", lg, lc);
+  assert_int_equal(rg, rc);
+  for (int v = 0; v < m.vars.n; v++)
+    expect_close(m.vars.vars[v].name, gg + m.vars.vars[v].offset, gc + m.vars.vars[v].offset,
+                 m.vars.vars[v].count, NMSE_GRAD);
+  expect_close("embedding input gradient", dg, dc, N * E, NMSE_GRAD);
+  ps_compute_predict(cc, params, x, emb, MANY, pc);
+  ps_compute_predict(cg, params, x, emb, MANY, pg);
+  expect_close("sparse model's probabilities", pg, pc, MANY, NMSE_LOGITS);
+  ps_compute_host_free(cg, emb);
+  ps_compute_host_free(cg, dg);
+  free(params);
+  free(gc);
+  free(gg);
+  free(x);
+  free(dc);
+  free(pc);
+  free(pg);
+  ps_compute_free(cc);
+  ps_compute_free(cg);
+  ps_model_close(&m);
+}
+
 /* test_model.c's finite-difference checks, on the GPU. */
 static void test_mlp_gradcheck(void **state) {
   (void)state;
@@ -889,6 +974,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_profile),
       cmocka_unit_test(test_mlp_passes),   cmocka_unit_test(test_cnn_passes),
       cmocka_unit_test(test_compute),      cmocka_unit_test(test_compute_train),
+      cmocka_unit_test(test_copy2d),       cmocka_unit_test(test_sparse_compute),
       cmocka_unit_test(test_mlp_gradcheck),
       cmocka_unit_test(test_cnn_directional),
   };

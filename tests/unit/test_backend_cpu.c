@@ -208,6 +208,28 @@ static void test_maxpool(void **state) {
   ps_backend_free(be);
 }
 
+/* A block of columns into another matrix's columns; the rest of dst as it
+ * was. */
+static void test_copy2d(void **state) {
+  (void)state;
+  ps_backend *be = ps_backend_cpu_new();
+  enum { ROWS = 5, SRC = 7, DST = 11, WIDTH = 4, AT = 3 };
+  float src[ROWS * SRC], dst[ROWS * DST], before[ROWS * DST];
+  fill(src, ROWS * SRC);
+  fill(dst, ROWS * DST);
+  memcpy(before, dst, sizeof dst);
+  be->ops->copy2d(be, ROWS, WIDTH, dst + AT, DST, src + 2, SRC);
+  for (int r = 0; r < ROWS; r++)
+    for (int j = 0; j < DST; j++) {
+      float want = j >= AT && j < AT + WIDTH ? src[r * SRC + 2 + j - AT] : before[r * DST + j];
+      assert_true(dst[r * DST + j] == want);
+    }
+  memcpy(before, dst, sizeof dst);
+  be->ops->copy2d(be, 0, WIDTH, dst, DST, src, SRC);  /* no rows: nothing */
+  assert_memory_equal(dst, before, sizeof dst);
+  ps_backend_free(be);
+}
+
 int main(void) {
   ps_rng_seed(&rng, 7);
   const struct CMUnitTest tests[] = {
@@ -215,6 +237,7 @@ int main(void) {
       cmocka_unit_test(test_conv),
       cmocka_unit_test(test_bias_and_relu),
       cmocka_unit_test(test_maxpool),
+      cmocka_unit_test(test_copy2d),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

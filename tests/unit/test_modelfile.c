@@ -223,6 +223,33 @@ static void test_check_data(void **state) {
   memset(&m, 0, sizeof m);
   assert_int_equal(ps_model_check_data(&m, 28, 28, 10, &eb), PS_EUSAGE);
   assert_non_null(strstr(eb.msg, "variables and no layers"));
+  /* Sparse tables, even on image-shaped inputs of 10 classes: an image
+   * has no categorical fields to fill their embedding input with. */
+  const char *sparse = "{\"input\":[1,28,28],\"layers\":[{\"type\":\"embedding_bag\","
+                       "\"name\":\"C\",\"fields\":[1,2],\"dim\":4},{\"type\":\"dense\","
+                       "\"name\":\"o\",\"out\":10},{\"type\":\"log_softmax\"}]}";
+  ps_model_spec spec;
+  assert_int_equal(ps_modelfile_parse(sparse, strlen(sparse), "m.json", &spec, &eb), 0);
+  assert_int_equal(ps_model_build(&spec, &m, &eb), 0);
+  assert_int_equal(ps_model_check_data(&m, 28, 28, 10, &eb), PS_EUSAGE);
+  assert_non_null(strstr(eb.msg, "has sparse tables (C1..C2): it trains on Criteo-format data"));
+  assert_non_null(strstr(eb.msg, "not on images"));
+  assert_int_equal(ps_model_check_inputs(&m, 784, 10, &eb), PS_EUSAGE);
+  assert_non_null(strstr(eb.msg, "has sparse tables (C1..C2)"));
+  assert_non_null(strstr(eb.msg, "not on numpy files"));
+  ps_model_close(&m);
+}
+
+/* A model without the sparse model's layer types keeps the canonical text
+ * it had before they came (the golden manifest
+ * tests/fuzz/seeds/fuzz_manifest/model-file-v2.json holds this file's), so
+ * its replicas and checkpoints keep their layout hash. */
+static void test_dense_text_kept(void **state) {
+  (void)state;
+  ps_model_spec spec;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_modelfile_load("models/examples/strided-cnn.json", &spec, &eb), 0);
+  assert_string_equal(spec.desc, "model 1x28x28-10 #4a092447815ae4e5");
 }
 
 int main(void) {
@@ -230,6 +257,7 @@ int main(void) {
       cmocka_unit_test(test_shipped_files),   cmocka_unit_test(test_strided_example),
       cmocka_unit_test(test_canonical_text),  cmocka_unit_test(test_bad_files),
       cmocka_unit_test(test_variables),       cmocka_unit_test(test_check_data),
+      cmocka_unit_test(test_dense_text_kept),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

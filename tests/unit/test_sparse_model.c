@@ -221,6 +221,12 @@ static void test_modelfile(void **state) {
       {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"fields\":[1,3],\"dim\":2},"
        "{\"type\":\"embedding_bag\",\"name\":\"G\",\"field\":3,\"dim\":2}",
        "a field already embedded by layer 1 (field 3)"},
+      /* Numbers a float rounds to 0: the lr would mean [train] lr, the
+       * scale a table a shard refuses. */
+      {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"lr\":1e-50}",
+       "lr: found 1e-50, expected a learning rate in (0, 1000]"},
+      {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"scale\":1e-50}",
+       "scale: found 1e-50, expected a number in (0, 1000]"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     char doc[1024];

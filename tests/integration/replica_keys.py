@@ -4,7 +4,7 @@
   replica_keys.py PORT TAG save FILE       every key of TAG, DUMPed, to FILE
   replica_keys.py PORT TAG load FILE       FLUSHALL, then RESTORE them
   replica_keys.py PORT TAG image           the current snapshot's state image
-                                           (raw chunks, format 3) on stdout:
+                                           (raw chunks, format 4) on stdout:
                                            "<version> <sha256>"
   replica_keys.py PORT TAG to-format-2     rewrite it as format 2 wrote it:
                                            chunks and log gradients as LZ4
@@ -58,7 +58,7 @@ def main():
             r.restore(k, 0, v)
     elif cmd == "image":
         m = r.hgetall(meta)
-        assert m[b"format"] == b"3", m[b"format"]
+        assert m[b"format"] == b"4", m[b"format"]
         snap, chunks = m[b"snap"].decode(), int(m[b"chunks"])
         img = b"".join(r.get(f"{tag}:snap:{snap}:{i}") for i in range(chunks))
         assert len(img) == 4 * int(m[b"image_floats"]), (len(img), m[b"image_floats"])

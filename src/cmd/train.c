@@ -305,16 +305,6 @@ static int save(ps_solo *solo, ps_compute *c, uint64_t step, ps_data_pos pos) {
   return 0;
 }
 
-void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch) {
-  if (o->sched.kind == PS_SCHED_STEP) {
-    o->sched.step_size = (uint64_t)(o->step_epochs * (double)steps_per_epoch + 0.5);
-    o->sched.gamma = (float)o->gamma;
-  }
-  o->sched.total = steps_per_epoch * (uint64_t)o->epochs;
-  o->sched.min_factor = o->lr > 0 ? (float)(o->min_lr / o->lr) : 0.0f;
-  o->sched.warmup = (uint64_t)o->warmup;
-}
-
 /* Whether the spec has an embedding_bag layer: sparse tables, which only
  * Criteo data feeds. */
 static int has_tables(const ps_model_spec *spec) {

@@ -44,6 +44,16 @@ typedef struct ctr_run {
   uint8_t *test_y;
 } ctr_run;
 
+void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch) {
+  if (o->sched.kind == PS_SCHED_STEP) {
+    o->sched.step_size = (uint64_t)(o->step_epochs * (double)steps_per_epoch + 0.5);
+    o->sched.gamma = (float)o->gamma;
+  }
+  o->sched.total = steps_per_epoch * (uint64_t)o->epochs;
+  o->sched.min_factor = o->lr > 0 ? (float)(o->min_lr / o->lr) : 0.0f;
+  o->sched.warmup = (uint64_t)o->warmup;
+}
+
 /* Read up to `max` samples (fewer only at the file's end): labels, x and
  * keys, and y from the labels.  @return how many, or a negative code with
  * one line in eb. */

@@ -25,9 +25,10 @@ typedef struct ps_train_opts {
   ps_sched sched;
 } ps_train_opts;
 
-/* Fill o->sched's fields that depend on the run's length (train.c): the
+/* Fill o->sched's fields that depend on the run's length: the
  * step schedule's step size and factor, the total steps, the cosine
- * schedule's final factor and the warm-up. */
+ * schedule's final factor and the warm-up (train_ctr.c, for both loops: the
+ * calls go one way, train.c to train_ctr.c). */
 void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch);
 
 /* Train `spec` (input [13], one sigmoid output; its embedding_bag layers as

@@ -156,18 +156,6 @@ static const char *utc(double t, char *buf, size_t len) {
   return buf;
 }
 
-static const char *human_bytes(uint64_t b, char *buf, size_t len) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 /* ------------------------------------------------------------------ */
 
 static int cmd_ls(int argc, char **argv) {
@@ -210,7 +198,7 @@ static int cmd_ls(int argc, char **argv) {
     for (int s = 0; s < c.nshards; s++)
       bytes += c.shards[s].compressed_size;
     printf("%-16s %10" PRIu64 "  %-20s %6d  %10s  %-20s %s\n", e[i].name, e[i].step,
-           utc(e[i].time, tbuf, sizeof tbuf), c.nshards, human_bytes(bytes, sbuf, sizeof sbuf),
+           utc(e[i].time, tbuf, sizeof tbuf), c.nshards, ps_cmd_human_bytes(bytes, sbuf, sizeof sbuf),
            c.model, e[i].latest ? "latest" : e[i].in_index ? "kept" : "unlisted");
     ps_ckpt_close(&c);
   }
@@ -282,8 +270,8 @@ static int cmd_show(int argc, char **argv) {
            "accum %s, %s stored of %s (%.3f), xxh64 %016" PRIx64 "\n",
            s->file, in->version, in->global_step, s->floats, in->nslots,
            in->nslots == 1 ? "" : "s", in->has_accum ? "yes" : "no",
-           human_bytes(s->compressed_size, b1, sizeof b1),
-           human_bytes(s->uncompressed_size, b2, sizeof b2),
+           ps_cmd_human_bytes(s->compressed_size, b1, sizeof b1),
+           ps_cmd_human_bytes(s->uncompressed_size, b2, sizeof b2),
            (double)s->compressed_size / (double)s->uncompressed_size, s->xxh64);
     if (in->has_accum || c.consistency == PS_CONSISTENCY_SYNC)
       printf("    sync: %" PRIu32 " gradients summed, %" PRIu32 " complete a step\n",

@@ -113,3 +113,15 @@ int ps_cmd_open_ckpt(const char *path, ps_ckpt *c) {
                  "that verifies", path);
   return 1;
 }
+
+const char *ps_cmd_human_bytes(uint64_t b, char *buf, size_t len) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}

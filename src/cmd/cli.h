@@ -6,6 +6,7 @@
 #ifndef PS_CMD_CLI_H
 #define PS_CMD_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct ps_config;
@@ -42,5 +43,8 @@ int ps_cmd_has_manifest(const char *path);
  * path, not a directory, a manifest that cannot be read, no valid
  * checkpoint in it. */
 int ps_cmd_open_ckpt(const char *path, struct ps_ckpt *c);
+
+/* b bytes as "512 B", "1.5 KiB", ... "2.0 TiB" into buf.  @return buf. */
+const char *ps_cmd_human_bytes(uint64_t b, char *buf, size_t len);
 
 #endif

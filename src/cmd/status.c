@@ -271,18 +271,6 @@ static const char *age_text(double s, char *buf, size_t len) {
   return buf;
 }
 
-static const char *human_bytes(uint64_t b, char *buf, size_t len) {
-  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)b;
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    u++;
-  }
-  snprintf(buf, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
-
 /* A model with sparse tables: each table's rows and memory on each shard
  * whose heartbeat says them ("-": a shard down, or one that did not), and
  * over every shard that did; one line per table, in the model's order. */
@@ -320,14 +308,14 @@ static void print_tables(const row *rows, int n) {
       char cell[48] = "-", b[24];
       if (f != NULL) {
         snprintf(cell, sizeof cell, "%" PRIu64 " / %s", f->rows,
-                 human_bytes(f->bytes, b, sizeof b));
+                 ps_cmd_human_bytes(f->bytes, b, sizeof b));
         rows_all += f->rows;
         bytes_all += f->bytes;
       }
       printf(" %22s", cell);
     }
     char cell[48], b[24];
-    snprintf(cell, sizeof cell, "%" PRIu64 " / %s", rows_all, human_bytes(bytes_all, b, sizeof b));
+    snprintf(cell, sizeof cell, "%" PRIu64 " / %s", rows_all, ps_cmd_human_bytes(bytes_all, b, sizeof b));
     printf(" %22s\n", cell);
   }
 }

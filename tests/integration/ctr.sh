@@ -126,9 +126,13 @@ for k in 1 2 3 4 5 6; do
   wait_ready "$T/kill3" "$shard" 90 "$pid"
 done
 wait "$lpid" || fail "paramserv local (kills) exited $?: $(tail -3 "$T/kill3.log")"
-restores=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in .* + [1-9][0-9]* log entries' || true)
-[ "$restores" -ge 6 ] || fail "$restores restores from Redis with a log replay, expected one per kill (6)"
+# Each kill is restored from Redis; a kill just after a snapshot replays no
+# log entry, so the replays are counted apart, and at least one must be.
+restores=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in ' || true)
+replays=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in .* + [1-9][0-9]* log entries' || true)
+[ "$restores" -ge 6 ] || fail "$restores restores from Redis, expected one per kill (6)"
+[ "$replays" -ge 1 ] || fail "none of the $restores restores from Redis replayed a log entry"
 same_state "$T/calm3/checkpoints/ckpt-000000800" "$T/kill3/checkpoints/ckpt-000000800" kills \
   "without kills" "with them" ||
   fail "the state after kills and restores from Redis differs from the calm run's"
-echo "ok: kills: $restores restores from Redis (snapshot + log replay), the same state as without"
+echo "ok: kills: $restores restores from Redis ($replays with a log replay), the same state as without"

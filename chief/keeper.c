@@ -26,19 +26,26 @@ static void lose(ps_lease_keeper *k, const char *fmt, ...) {
   pthread_mutex_unlock(&k->mu);
 }
 
+#define KEEPER_RETRY_NS (100 * 1000000ULL)
+
 static void *keeper_main(void *arg) {
   ps_lease_keeper *k = arg;
   uint64_t third_ns = (uint64_t)k->lease.ms * 1000000ULL / 3;
+  /* After a failed renewal, the next try comes soon: a Redis that refused
+   * or did not answer for a second or two (paused, failing over, out of
+   * memory) must find the lease renewed before it runs out, not a third
+   * of the lease later. */
+  uint64_t retry_ns = third_ns < KEEPER_RETRY_NS ? third_ns : KEEPER_RETRY_NS;
   uint64_t ok_ns = ps_now_ns();
   uint64_t token = k->lease.token;
   int said_away = 0;
   for (;;) {
-    /* Sleep a third of the lease, or until told to stop: on the monotonic
-     * clock (the condition variable's), which a step of the wall clock
-     * does not move. */
+    /* Sleep a third of the lease (after a failure, retry_ns), or until
+     * told to stop: on the monotonic clock (the condition variable's),
+     * which a step of the wall clock does not move. */
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
-    uint64_t ns = (uint64_t)until.tv_nsec + third_ns;
+    uint64_t ns = (uint64_t)until.tv_nsec + (said_away ? retry_ns : third_ns);
     until.tv_sec += (time_t)(ns / 1000000000ULL);
     until.tv_nsec = (long)(ns % 1000000000ULL);
     pthread_mutex_lock(&k->mu);

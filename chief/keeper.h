@@ -1,7 +1,8 @@
 /* The chief's lease, renewed by a thread of its own: whatever the chief's
  * main thread is doing (a restore reading a large checkpoint, a cut, an
  * evaluation), the lease is renewed every third of its time to live on a
- * Redis connection of the keeper's own.  The main thread asks, before each
+ * Redis connection of the keeper's own, and every 100 ms after a renewal
+ * failed until one succeeds.  The main thread asks, before each
  * action others would see, whether the lease is still held. */
 #ifndef PS_CHIEF_KEEPER_H
 #define PS_CHIEF_KEEPER_H

@@ -246,6 +246,7 @@ static void append_now(ps_replica *r, const ps_journal *e) {
     r->ev.appended(r->ev.arg, e->n, "hiredis refused the command");
     return;
   }
+  ps_snaps_logged(&r->snaps, hl + raw + 2);
   if (ps_link_wait_replicas(&r->link) > 0 && ps_link_send_wait(&r->link, ac, on_waited, q) == 0)
     q->waiting = 1;
 }

@@ -60,15 +60,34 @@ void ps_snaps_connected(ps_snaps *s, int claimed) {
   ps_snaps_start(s);
 }
 
+/* In `log` mode a snapshot only compacts: every acknowledged update is in
+ * the log already.  Its cost is a copy of the whole state and the state's
+ * bytes sent, so it waits until the log holds as many bytes as the image
+ * (then it costs no more than the log did, and a restore replays at most
+ * an image's worth of entries); a small dense state passes at once, a
+ * large table waits many intervals.  An idle shard (no update since the
+ * previous tick) snapshots at once: the time is free.  In `snapshot` mode
+ * the snapshots are the durability, on the interval and every_updates. */
+static int compaction_due(const ps_snaps *s) {
+  if (s->link->cfg->replication != PS_REPLICATION_LOG)
+    return 1;
+  ps_state_info in = ps_shard_state_info(s->shard);
+  return s->log_bytes >= in.image_floats * sizeof(float);
+}
+
 void ps_snaps_tick(ps_snaps *s) {
-  if (s->updates > 0 || s->need_full || s->ev.owed(s->ev.arg))
+  int idle = s->updates == s->ticked;
+  s->ticked = s->updates;
+  if (s->need_full || s->ev.owed(s->ev.arg) || (s->updates > 0 && (idle || compaction_due(s))))
     ps_snaps_start(s);
 }
 
 void ps_snaps_updated(ps_snaps *s) {
-  if (++s->updates >= (uint64_t)s->link->cfg->replicate_every_updates)
+  if (++s->updates >= (uint64_t)s->link->cfg->replicate_every_updates && compaction_due(s))
     ps_snaps_start(s);
 }
+
+void ps_snaps_logged(ps_snaps *s, uint64_t bytes) { s->log_bytes += bytes; }
 
 uint64_t ps_snaps_lag(const ps_snaps *s) { return ps_shard_version(s->shard) - s->version; }
 
@@ -405,6 +424,8 @@ void ps_snaps_start(ps_snaps *s) {
   snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, s->link->epoch, ++s->counter);
   s->job = j;
   s->updates = 0;
+  s->ticked = 0;
+  s->log_bytes = 0;
   s->need_full = 0;
   char chunks[24];
   snprintf(chunks, sizeof chunks, "%" PRIu64, j->nchunks);

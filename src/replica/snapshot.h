@@ -50,6 +50,8 @@ typedef struct ps_snaps {
   uint64_t taken_ns;      /* when its state was copied (0: none this run) */
   uint64_t started_ns;    /* ps_snaps_init: the lag's start without one */
   uint64_t updates;       /* since the last snapshot began */
+  uint64_t ticked;        /* `updates` at the previous tick: none since, the shard is idle */
+  uint64_t log_bytes;     /* journal bytes appended since the last snapshot began */
   int need_full;          /* a snapshot is owed: a new connection, or the last one failed */
   ps_snap_job *job;       /* a snapshot in flight */
   ps_backoff backoff;     /* between snapshots that failed */
@@ -77,6 +79,11 @@ void ps_snaps_tick(ps_snaps *s);
 /* The shard's version changed: counts towards [replication]
  * every_updates. */
 void ps_snaps_updated(ps_snaps *s);
+
+/* A journal entry of `bytes` went to Redis (durability `log`): a snapshot
+ * waits until the log it would trim holds about as many bytes as the state
+ * image (see ps_snaps_tick). */
+void ps_snaps_logged(ps_snaps *s, uint64_t bytes);
 /* The connection went down: a full snapshot is owed. */
 void ps_snaps_owe(ps_snaps *s);
 /* A new connection is up (claimed: Redis had lost the shard's keys, and

@@ -338,12 +338,46 @@ static void test_stale_switch_refused(void **state) {
   assert_string_equal(now, id);
 }
 
+/* In `log` mode a snapshot only compacts the log: every_updates (1 here)
+ * starts none until the log appended since the last one holds as many
+ * bytes as the state image; a tick with no update since the previous one
+ * (an idle shard) starts one at once.  (The ticks here are the test's
+ * calls: the interval is an hour.) */
+static void test_log_mode_waits_for_the_log(void **state) {
+  fx *f = *state;
+  f->cfg.replication = PS_REPLICATION_LOG;
+  f->cfg.replicate_every_updates = 1;
+  f->cfg.replicate_interval_ms = 3600000;
+  start(f);
+  wait_until(&f->loop, switched1, f, "the first snapshot");
+  uint64_t image = ps_shard_state_info(f->shard).image_floats * sizeof(float);
+  push3(f);
+  assert_false(ps_snaps_busy(&f->snaps));  /* three updates, no log: none */
+  ps_snaps_logged(&f->snaps, image - 1);
+  push3(f);
+  assert_false(ps_snaps_busy(&f->snaps));  /* a byte short */
+  ps_snaps_tick(&f->snaps);                /* updates since the previous tick: busy */
+  assert_false(ps_snaps_busy(&f->snaps));
+  ps_snaps_logged(&f->snaps, 1);
+  push3(f);
+  assert_true(ps_snaps_busy(&f->snaps));   /* the log holds an image: compact it */
+  wait_until(&f->loop, switched2, f, "the snapshot once the log held an image");
+  assert_int_equal(ps_snaps_lag(&f->snaps), 2);  /* it began at the first of the three */
+  push3(f);
+  assert_false(ps_snaps_busy(&f->snaps));
+  ps_snaps_tick(&f->snaps);                /* updates since the previous tick */
+  assert_false(ps_snaps_busy(&f->snaps));
+  ps_snaps_tick(&f->snaps);                /* none since: idle, so now */
+  assert_true(ps_snaps_busy(&f->snaps));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_restores_exact_state, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failed_keeps_previous, setup, teardown),
       cmocka_unit_test_setup_teardown(test_switch_deletes_others, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stale_switch_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_log_mode_waits_for_the_log, setup, teardown),
   };
   return cmocka_run_group_tests(tests, redis_group_setup, redis_group_teardown);
 }

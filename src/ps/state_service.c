@@ -25,6 +25,8 @@ typedef struct image {
   float *buf;
   uint64_t cap;                 /* floats allocated at buf */
   int refs;                     /* the service's while current, + one per reply being written */
+  uint64_t fetched;             /* floats FETCHed from the start, in order */
+  int resumed;                  /* its RESUME came */
 } image;
 
 struct ps_state_service {
@@ -68,12 +70,15 @@ ps_state_service *ps_state_service_new(ps_shard *shard, const char *name, uint64
 }
 
 /* Drop one reference; the last one gives the buffer back as the spare
- * (or frees it when there is one already). */
+ * (or frees it when there is one already).  A state with sparse tables
+ * keeps no spare: its image grows with the rows, so the next cut would
+ * rarely fit it, and it would hold a second copy of every row between
+ * cuts. */
 static void image_unref(image *img) {
   if (img == NULL || --img->refs > 0)
     return;
   ps_state_service *ss = img->ss;
-  if (ss != NULL && ss->spare == NULL) {
+  if (ss != NULL && ss->spare == NULL && img->info.table_floats == 0) {
     ss->spare = img->buf;
     ss->spare_cap = img->cap;
   } else {
@@ -196,6 +201,16 @@ static void on_fetch_written(void *arg, int status) {
   image_unref(arg);
 }
 
+/* The owner's image i is no longer needed once it was fetched to its end
+ * and resumed (a chief resumes first, a ring peer last): it goes (the
+ * replies still being written keep its buffer), and a shard holds no copy
+ * of its state between cuts. */
+static void done_with(ps_state_service *ss, int i) {
+  const image *img = ss->images[i];
+  if (img->resumed && img->fetched == img->info.image_floats)
+    drop(ss, i);
+}
+
 static ps_state_answer on_fetch(ps_state_service *ss, const void *owner, ps_conn *c,
                                 uint64_t req, const ps_msg_fetch *f) {
   /* The cut id alone is not enough: two chiefs number their cuts alike. */
@@ -222,8 +237,13 @@ static ps_state_answer on_fetch(ps_state_service *ss, const void *owner, ps_conn
   /* The image stays, unchanged, until this reply is written. */
   img->refs++;
   if (ps_conn_send(c, prefix, plen, img->buf + f->offset, f->count * sizeof(float),
-                   on_fetch_written, img) != 0)
+                   on_fetch_written, img) != 0) {
     image_unref(img);
+    return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
+  }
+  if (f->offset == img->fetched)
+    img->fetched += f->count;
+  done_with(ss, i);
   return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
 }
 
@@ -231,12 +251,15 @@ static ps_state_answer on_resume(ps_state_service *ss, const void *owner, ps_con
                                  uint64_t req, const ps_msg_resume *m) {
   /* The answer first: the chief's stall ends here, not after the held
    * pushes are applied.  The copy stays for the FETCHes (a chief resumes
-   * before it fetches). */
+   * before it fetches) until the last one. */
   ps_conn_send_pong(c, req, m->cut_id);
   int i = find(ss, owner);
-  const image *img = i >= 0 ? ss->images[i] : NULL;
-  if (img != NULL && m->cut_id == img->cut_id && m->fence == img->fence)
+  image *img = i >= 0 ? ss->images[i] : NULL;
+  if (img != NULL && m->cut_id == img->cut_id && m->fence == img->fence) {
+    img->resumed = 1;
+    done_with(ss, i);
     return (ps_state_answer){.outcome = PS_STATE_RESUME, .cut_id = m->cut_id};
+  }
   return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
 }
 

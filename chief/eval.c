@@ -1,16 +1,18 @@
 /* The chief's evaluations (see eval.h). */
 #include "chief/eval.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "chief/bg.h"
 #include "chief/cut.h"
-#include "chief/eval_ctr.h"
 #include "common/log.h"
 #include "data/idx.h"
 #include "data/npy.h"
 #include "nn/compute.h"
+#include "worker/client_sparse.h"
+#include "worker/eval_ctr.h"
 
 struct ps_eval {
   const ps_model *model;
@@ -33,9 +35,12 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
   }
   e->model = model;
   if (model->ntables > 0 || cfg->data_format == PS_DATA_CRITEO) {
-    e->ctr = model->ntables > 0 && cfg->data_format == PS_DATA_CRITEO
-                 ? ps_eval_ctr_new(cfg, model, &eb)
-                 : NULL;
+    char path[PS_CONFIG_PATH_MAX];
+    if (cfg->test_data[0] == '\0')
+      ps_err_set(&eb, -ENOENT, "no [data] test file");
+    else if (model->ntables > 0 && cfg->data_format == PS_DATA_CRITEO)
+      e->ctr = ps_eval_ctr_new(model, ps_config_file_path(cfg, cfg->test_data, path, sizeof path),
+                               (int)cfg->batch, 0, NULL, &eb);
     if (e->ctr == NULL) {
       ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg[0] ? eb.msg : "a model without sparse "
              "tables on Criteo data has nothing to evaluate it with here");
@@ -127,15 +132,34 @@ void ps_eval_free(ps_eval *e) {
 
 int ps_eval_needs_client(const ps_eval *e) { return e->ctr != NULL; }
 
+/* A test batch's rows, pulled through the chief's client, and the lease
+ * checked between batches. */
+typedef struct pull_arg {
+  ps_client *c;
+  int (*tick)(void *);
+  void *arg;
+} pull_arg;
+
+static int pull_rows(void *arg, ps_embed *emb, float *params, ps_errbuf *eb) {
+  pull_arg *a = arg;
+  if (a->tick != NULL && a->tick(a->arg) != 0)
+    return ps_err_set(eb, -ECANCELED, "stopped");
+  ps_sparse_batch want;
+  ps_embed_batch(emb, &want);
+  int rc = ps_client_pull_sparse(a->c, params, &want);
+  return rc != 0 ? ps_err_set(eb, rc, "%s", ps_client_error(a->c)) : 0;
+}
+
 int ps_eval_pulled(ps_eval *e, ps_client *c, uint64_t step, float *params, int (*tick)(void *),
                    void *arg) {
   ps_eval_result *r = &e->res;
   *r = (ps_eval_result){.step = step};
   int rc = 0;
   if (!ps_find_nonfinite(params, e->model->vars.total, -1, r->nonfinite, sizeof r->nonfinite)) {
-    ps_eval_ctr_result cr;
+    ps_eval_ctr_result cr = {0};
     ps_errbuf eb = {0};
-    rc = ps_eval_ctr_run(e->ctr, c, params, tick, arg, &cr, &eb);
+    pull_arg pa = {c, tick, arg};
+    rc = ps_eval_ctr_run(e->ctr, params, pull_rows, &pa, &cr, &eb);
     if (rc != 0)
       ps_log(PS_LOG_WARN, "evaluation at global step %llu: %s", (unsigned long long)step, eb.msg);
     r->loss = cr.logloss;

@@ -27,6 +27,7 @@
 #include "replica/keys.h"
 #include "worker/control.h"
 #include "worker/embed.h"
+#include "worker/eval_ctr.h"
 #include "worker/trainer.h"
 
 static void usage(FILE *f) {
@@ -404,9 +405,19 @@ int ps_cmd_bench_redis_table(int argc, char **argv) {
          secs > 0 ? (double)rows_pulled / secs : 0.0);
   if (index == 0 && !*stop && cfg.test_data[0] != '\0') {
     test_arg ta = {&r, client};
-    if (ps_trainer_final_test_ctr(&t, &cfg, &emb[0], t.params, test_rows, &ta,
-                                  ps_client_global_step(client)) != 0)
+    char path[PS_CONFIG_PATH_MAX];
+    ps_eval_ctr_result res;
+    ps_eval_ctr *ev = ps_eval_ctr_new(t.model, ps_config_file_path(&cfg, cfg.test_data, path,
+                                                                     sizeof path),
+                                      (int)cfg.batch, 0, t.compute, &eb);
+    rc = ev != NULL ? ps_eval_ctr_run(ev, t.params, test_rows, &ta, &res, &eb) : -1;
+    ps_eval_ctr_free(ev);
+    if (rc != 0) {
+      ps_log(PS_LOG_ERROR, "[data] test: %s", eb.msg);
       goto out;
+    }
+    printf("final test_auc %.4f test_logloss %.4f samples %zu global_step %" PRIu64 "\n", res.auc,
+           res.logloss, res.samples, ps_client_global_step(client));
   }
   fflush(stdout);
   status = 0;

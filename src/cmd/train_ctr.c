@@ -17,12 +17,12 @@
 #include "common/config.h"
 #include "common/timeutil.h"
 #include "data/criteo.h"
-#include "nn/auc.h"
 #include "nn/compute.h"
 #include "nn/model.h"
 #include "ps/shard.h"
 #include "ps/table.h"
 #include "worker/embed.h"
+#include "worker/eval_ctr.h"
 
 typedef struct ctr_run {
   const ps_train_opts *o;
@@ -38,10 +38,9 @@ typedef struct ctr_run {
   uint64_t *keys;
   /* The dense weights, their gradient and the optimizer's slots (host). */
   float *params, *grad, *slots[PS_OPTIM_MAX_SLOTS];
-  /* The test set's scores and labels, one evaluation's. */
+  /* The test set's first ntest samples, and their evaluator. */
   uint64_t ntest;
-  float *scores;
-  uint8_t *test_y;
+  ps_eval_ctr *eval;
 } ctr_run;
 
 void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch) {
@@ -72,41 +71,29 @@ static void pull_rows(ctr_run *r, int n) {
   ps_embed_pool(&r->embed, r->emb);
 }
 
-/* One pass over the test file: the model's AUC (ps_auc) and mean log loss
- * (probabilities clipped to [1e-7, 1 - 1e-7], as a worker's final test).
- * Pulls create no row, so the tables are as they were.  @return 0, or a
- * negative code with one line in eb. */
-static int evaluate(ctr_run *r, double *auc, double *logloss, ps_errbuf *eb) {
-  ps_criteo *rd = NULL;
-  int rc = ps_criteo_open(&rd, r->o->test, 0, 1, eb);
-  double ll = 0.0;
-  for (uint64_t done = 0; rc == 0 && done < r->ntest;) {
-    uint64_t left = r->ntest - done;
-    size_t want = left < (uint64_t)r->o->batch ? (size_t)left : (size_t)r->o->batch;
-    ssize_t n = read_batch(r, rd, want, eb);
-    if (n <= 0) {
-      rc = n < 0 ? (int)n : ps_err_set(eb, PS_EFORMAT, "%s: ended after %" PRIu64 " samples, "
-                                       "expected %" PRIu64 " (changed while training?)",
-                                       r->o->test, done, r->ntest);
-      break;
-    }
-    pull_rows(r, (int)n);
-    ps_compute_predict(r->compute, r->params, r->x, r->model.ntables ? r->emb : NULL, (int)n,
-                       r->scores + done);
-    for (ssize_t i = 0; i < n; i++) {
-      double p = r->scores[done + (size_t)i];
-      p = p < 1e-7 ? 1e-7 : p > 1 - 1e-7 ? 1 - 1e-7 : p;
-      ll -= r->y[i] ? log(p) : log(1 - p);
-      r->test_y[done + (size_t)i] = r->y[i];
-    }
-    done += (uint64_t)n;
-  }
-  ps_criteo_close(rd);
-  if (rc != 0)
-    return rc;
-  *auc = ps_auc(r->scores, r->test_y, (size_t)r->ntest);
-  *logloss = r->ntest ? ll / (double)r->ntest : 0.0;
+/* A test batch's rows, from the tables (a pull creates no row, so the
+ * tables stay as they were); the weights are r->params already. */
+static int table_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
+  (void)params;
+  (void)eb;
+  ctr_run *r = arg;
+  for (int t = 0; t < r->model.ntables; t++)
+    ps_table_pull(r->tables[t], e->keys[t], e->nkeys[t], e->rows[t]);
   return 0;
+}
+
+/* One pass over the test file's first ntest samples (ps_eval_ctr): the
+ * model's AUC and mean log loss.  @return 0, or a negative code with one
+ * line in eb. */
+static int evaluate(ctr_run *r, double *auc, double *logloss, ps_errbuf *eb) {
+  ps_eval_ctr_result res;
+  int rc = ps_eval_ctr_run(r->eval, r->params, table_rows, r, &res, eb);
+  if (rc == 0 && res.samples != r->ntest)
+    rc = ps_err_set(eb, PS_EFORMAT, "%s: ended after %zu samples, expected %" PRIu64
+                    " (changed while training?)", r->o->test, res.samples, r->ntest);
+  *auc = res.auc;
+  *logloss = res.logloss;
+  return rc;
 }
 
 /* The buffers of a batch, the weights and slots, the tables.  @return 0,
@@ -122,11 +109,12 @@ static int setup(ctr_run *r, const ps_train_opts *o) {
   r->demb = malloc(b * (m->emb_size ? m->emb_size : 1) * sizeof *r->demb);
   r->params = malloc(total * sizeof *r->params);
   r->grad = malloc(total * sizeof *r->grad);
-  r->scores = malloc((r->ntest ? r->ntest : 1) * sizeof *r->scores);
-  r->test_y = malloc(r->ntest ? r->ntest : 1);
+  ps_errbuf eb = {0};
+  if (r->ntest > 0)
+    r->eval = ps_eval_ctr_new(m, o->test, (int)o->batch, r->ntest, r->compute, &eb);
   int failed = r->labels == NULL || r->y == NULL || r->keys == NULL || r->x == NULL ||
                r->emb == NULL || r->demb == NULL || r->params == NULL || r->grad == NULL ||
-               r->scores == NULL || r->test_y == NULL ||
+               (r->ntest > 0 && r->eval == NULL) ||
                ps_embed_init(&r->embed, m, (int)o->batch, PS_CRITEO_NSPARSE) != 0;
   for (int k = 0; !failed && k < ps_optim_nslots(o->optim.kind); k++) {
     failed = (r->slots[k] = malloc(total * sizeof *r->slots[k])) == NULL;
@@ -150,7 +138,6 @@ static int setup(ctr_run *r, const ps_train_opts *o) {
   cfg->seed = (int64_t)o->seed;
   cfg->lr = o->lr;
   cfg->consistency = PS_CONSISTENCY_ASYNC;
-  ps_errbuf eb = {0};
   int rc = 0;
   ps_shard_opts_tables(&r->so, cfg, m);
   free(cfg);
@@ -176,8 +163,7 @@ static void teardown(ctr_run *r) {
   free(r->demb);
   free(r->params);
   free(r->grad);
-  free(r->scores);
-  free(r->test_y);
+  ps_eval_ctr_free(r->eval);
   if (r->compute != NULL)
     ps_compute_host_free(r->compute, r->x);
   ps_compute_free(r->compute);

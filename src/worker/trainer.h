@@ -63,17 +63,4 @@ size_t ps_trainer_part_size(const ps_trainer *t);
  * [data] test).  @return 0, or -ENOMEM (logged). */
 int ps_trainer_final_test(ps_trainer *t, const float *params, uint64_t global_step);
 
-/* Fetch the weights into params and the rows of e's batch (its keys taken
- * from the trainer's) into e->rows.  @return 0, or a negative code with
- * one line in eb. */
-typedef int ps_trainer_rows_fn(void *arg, ps_embed *e, float *params, ps_errbuf *eb);
-
-/* Worker 0, at the end, on a model with sparse tables and [data] test: the
- * AUC and log loss of the weights and rows `rows` fetches for each test
- * batch (one pass over the file), printed as "final test_auc A
- * test_logloss L samples N global_step S" for the scripts.  @return 0, or
- * a negative code (logged). */
-int ps_trainer_final_test_ctr(ps_trainer *t, const ps_config *cfg, ps_embed *e, float *params,
-                              ps_trainer_rows_fn *rows, void *arg, uint64_t global_step);
-
 #endif

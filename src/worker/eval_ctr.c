@@ -1,23 +1,23 @@
-/* The chief's evaluation of a model with sparse tables (see eval_ctr.h). */
-#include "chief/eval_ctr.h"
+/* The evaluation of a model with sparse tables (see eval_ctr.h). */
+#include "worker/eval_ctr.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
 #include "data/criteo.h"
 #include "nn/auc.h"
-#include "nn/compute.h"
-#include "worker/client_sparse.h"
-#include "worker/embed.h"
 
 struct ps_eval_ctr {
   const ps_model *model;
-  char path[PS_CONFIG_PATH_MAX];
+  char path[4096];
   int batch;
+  uint64_t max_samples;
   ps_compute *compute;
+  int own_compute;
   ps_embed embed;
   float *x, *labels, *emb;
   uint64_t *keys;
@@ -29,9 +29,11 @@ struct ps_eval_ctr {
 void ps_eval_ctr_free(ps_eval_ctr *e) {
   if (e == NULL)
     return;
-  ps_compute_free(e->compute);
+  if (e->compute != NULL)
+    ps_compute_host_free(e->compute, e->x);
+  if (e->own_compute)
+    ps_compute_free(e->compute);
   ps_embed_free(&e->embed);
-  free(e->x);
   free(e->labels);
   free(e->emb);
   free(e->keys);
@@ -40,29 +42,34 @@ void ps_eval_ctr_free(ps_eval_ctr *e) {
   free(e);
 }
 
-ps_eval_ctr *ps_eval_ctr_new(const ps_config *cfg, const ps_model *model, ps_errbuf *eb) {
-  if (cfg->test_data[0] == '\0') {
-    ps_err_set(eb, -ENOENT, "no [data] test file");
-    return NULL;
-  }
+ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch,
+                             uint64_t max_samples, ps_compute *compute, ps_errbuf *eb) {
   ps_eval_ctr *e = calloc(1, sizeof *e);
   if (e == NULL) {
     ps_err_set(eb, -ENOMEM, "out of memory");
     return NULL;
   }
   e->model = model;
-  e->batch = (int)cfg->batch;
-  ps_config_file_path(cfg, cfg->test_data, e->path, sizeof e->path);
-  size_t b = (size_t)e->batch;
-  e->compute = ps_compute_new(model, 1, e->batch, eb);
-  e->x = malloc(b * PS_CRITEO_NDENSE * sizeof *e->x);
+  e->batch = batch;
+  e->max_samples = max_samples;
+  snprintf(e->path, sizeof e->path, "%s", path);
+  size_t b = (size_t)batch;
+  e->compute = compute;
+  if (compute == NULL) {
+    e->compute = ps_compute_new(model, 1, batch, eb);
+    e->own_compute = 1;
+    if (e->compute == NULL) {
+      ps_eval_ctr_free(e);
+      return NULL;
+    }
+  }
+  e->x = ps_compute_host_alloc(e->compute, b * PS_CRITEO_NDENSE * sizeof *e->x);
   e->labels = malloc(b * sizeof *e->labels);
-  e->emb = malloc(b * model->emb_size * sizeof *e->emb);
+  e->emb = malloc(b * (model->emb_size ? model->emb_size : 1) * sizeof *e->emb);
   e->keys = malloc(b * PS_CRITEO_NSPARSE * sizeof *e->keys);
-  if (e->compute == NULL || e->x == NULL || e->labels == NULL || e->emb == NULL ||
-      e->keys == NULL || ps_embed_init(&e->embed, model, e->batch, PS_CRITEO_NSPARSE) != 0) {
-    if (e->compute != NULL)
-      ps_err_set(eb, -ENOMEM, "out of memory for the evaluation's batches");
+  if (e->x == NULL || e->labels == NULL || e->emb == NULL || e->keys == NULL ||
+      ps_embed_init(&e->embed, model, batch, PS_CRITEO_NSPARSE) != 0) {
+    ps_err_set(eb, -ENOMEM, "out of memory for the evaluation's batches");
     ps_eval_ctr_free(e);
     return NULL;
   }
@@ -88,15 +95,20 @@ static int room(ps_eval_ctr *e, size_t used, size_t n) {
   return 0;
 }
 
-int ps_eval_ctr_run(ps_eval_ctr *e, ps_client *c, float *params, int (*tick)(void *), void *arg,
+int ps_eval_ctr_run(ps_eval_ctr *e, float *params, ps_eval_ctr_rows_fn *rows, void *arg,
                     ps_eval_ctr_result *out, ps_errbuf *eb) {
   ps_criteo *rd = NULL;
   size_t total = 0;
   int rc = ps_criteo_open(&rd, e->path, 0, 1, eb);
-  for (ssize_t n = e->batch; rc == 0 && n == e->batch;) {
-    /* One pass: a batch short of full ends it; one read from the pass
-     * after (the file a multiple of the batch) is not used. */
-    n = ps_criteo_next(rd, (size_t)e->batch, e->labels, e->x, e->keys, eb);
+  while (rc == 0) {
+    size_t want = (size_t)e->batch;
+    if (e->max_samples > 0 && e->max_samples - total < want)
+      want = (size_t)(e->max_samples - total);
+    if (want == 0)
+      break;
+    /* One pass: a batch short of what was asked ends it; one read from
+     * the pass after (the file a multiple of the batch) is not used. */
+    ssize_t n = ps_criteo_next(rd, want, e->labels, e->x, e->keys, eb);
     if (n < 0) {
       rc = (int)n;
       break;
@@ -107,22 +119,17 @@ int ps_eval_ctr_run(ps_eval_ctr *e, ps_client *c, float *params, int (*tick)(voi
       ps_err_set(eb, rc, "out of memory for the test scores");
       break;
     }
-    ps_sparse_batch want;
     ps_embed_keys(&e->embed, e->keys, (int)n);
-    ps_embed_batch(&e->embed, &want);
-    if ((rc = ps_client_pull_sparse(c, params, &want)) != 0) {
-      ps_err_set(eb, rc, "%s", ps_client_error(c));
+    if ((rc = rows(arg, &e->embed, params, eb)) != 0)
       break;
-    }
     ps_embed_pool(&e->embed, e->emb);
-    ps_compute_predict(e->compute, params, e->x, e->emb, (int)n, e->scores + total);
+    ps_compute_predict(e->compute, params, e->x, e->model->ntables ? e->emb : NULL, (int)n,
+                       e->scores + total);
     for (ssize_t i = 0; i < n; i++)
       e->truth[total + (size_t)i] = e->labels[i] > 0.5f;
     total += (size_t)n;
-    if (tick != NULL && tick(arg) != 0) {
-      rc = ps_err_set(eb, -ECANCELED, "stopped");
+    if ((size_t)n < want)
       break;
-    }
   }
   ps_criteo_close(rd);
   if (rc != 0)

@@ -1,6 +1,7 @@
 /* What this process holds in memory (see procmem.h). */
 #include "common/procmem.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,4 +26,10 @@ int ps_procmem_kb(long *rss_kb, long *hwm_kb) {
   if (hwm_kb != NULL)
     *hwm_kb = hwm;
   return found == 3 ? 0 : -1;
+}
+
+void ps_procmem_heap_kb(long *used_kb, long *free_kb) {
+  struct mallinfo2 mi = mallinfo2();
+  *used_kb = (long)((mi.uordblks + mi.hblkhd) / 1024);
+  *free_kb = (long)(mi.fordblks / 1024);
 }

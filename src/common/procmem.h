@@ -8,4 +8,8 @@
  * @return 0, or -1 when they cannot be read (no /proc): then both are 0. */
 int ps_procmem_kb(long *rss_kb, long *hwm_kb);
 
+/* The C library's heap (glibc's mallinfo2): bytes in use by allocations,
+ * and bytes free but still held (resident only where touched), in kB. */
+void ps_procmem_heap_kb(long *used_kb, long *free_kb);
+
 #endif

@@ -601,11 +601,12 @@ static void log_summary(const server *s) {
     pending += st.pending;
     bytes += st.bytes;
   }
-  long rss = 0, hwm = 0;
+  long rss = 0, hwm = 0, heap_used = 0, heap_free = 0;
   ps_procmem_kb(&rss, &hwm);
+  ps_procmem_heap_kb(&heap_used, &heap_free);
   ps_log(PS_LOG_INFO, "sparse tables %d: rows %" PRIu64 " pending %" PRIu64 " table_bytes %" PRIu64
-         "; memory rss_kb %ld hwm_kb %ld start_rss_kb %ld", nt, rows, pending, bytes, rss, hwm,
-         s->rss_start_kb);
+         "; memory rss_kb %ld hwm_kb %ld start_rss_kb %ld heap_used_kb %ld heap_free_kb %ld", nt,
+         rows, pending, bytes, rss, hwm, s->rss_start_kb, heap_used, heap_free);
 }
 
 void ps_server_stop(server *s, const char *why) {

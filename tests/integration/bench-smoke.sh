@@ -10,17 +10,35 @@ cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 
-for b in bench-ps bench-recovery bench-engine bench-ckpt bench-gpu bench-algorithms bench-ring bench-sparse; do
-  rc=0
-  # bench-gpu runs the CUDA build (build/cuda, its default), not $BIN.  It
-  # alone may not run here, and only for the reasons of a machine without a
-  # GPU: with no nvcc or no GPU it says `skip: no nvcc (...)` or
+# bench-gpu runs the CUDA build (build/cuda, its default), not $BIN.
+run_bench() {
+  local b=$1 rc=0 args=(--smoke --binary "$BIN")
+  [ "$b" != bench-gpu ] || args=(--smoke)
+  scripts/$b "${args[@]}" >"$T/$b.log" 2>&1 || rc=$?
+  echo "$rc" >"$T/$b.rc"
+}
+# Two lanes side by side (each bench picks free ports and its own
+# directories; the smokes' figures are not judged, so the other lane's load
+# changes nothing checked here), then bench-sparse, whose PyTorch reference
+# needs the python3-torch that bench-engine installs where it is missing
+# (and the installs, bench-engine's and bench-ps's, one after the other in
+# lane A); then every outcome, in order.
+lane_a=(bench-engine bench-recovery bench-ps bench-algorithms)
+lane_b=(bench-ckpt bench-ring bench-gpu)
+(for b in "${lane_a[@]}"; do run_bench "$b"; done) &
+lane_pid=$!
+for b in "${lane_b[@]}"; do run_bench "$b"; done
+wait "$lane_pid"
+run_bench bench-sparse
+
+for b in "${lane_a[@]}" "${lane_b[@]}" bench-sparse; do
+  rc=$(cat "$T/$b.rc" 2>/dev/null || echo "none")
+  # bench-gpu alone may not run here, and only for the reasons of a machine
+  # without a GPU: with no nvcc or no GPU it says `skip: no nvcc (...)` or
   # `skip: no GPU (...)` and exits 0, with no targets.  Any other bench that
   # says skip (bench-ring where it cannot make network namespaces, which
   # scripts/deps and root provide), or bench-gpu for another reason, fails:
   # its checks would be waived.
-  if [ $b = bench-gpu ]; then args=(--smoke); else args=(--smoke --binary "$BIN"); fi
-  scripts/$b "${args[@]}" >"$T/$b.log" 2>&1 || rc=$?
   [ "$rc" = 0 ] || fail "scripts/$b --smoke exited $rc"
   skips=$(grep '^skip: ' "$T/$b.log" || true)
   # bench-sparse's PyTorch reference is scripts/ctr-reference: where that

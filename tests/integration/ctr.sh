@@ -62,7 +62,7 @@ scripts/gen-ctr --train 40000 --test 5000 --seed 3 --train-file "$T/train.txt" \
 
 # --- 1. under faults ---------------------------------------------------------
 set +e
-scripts/chaos --steps 400 --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 0.7)" \
+scripts/chaos --steps 1200 --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 0.7)" \
   --seed 1 --dir "$T/chaos" --binary "$BIN" --model-file models/ctr.json \
   --data format=criteo --data "train=$T/train.txt" --data "test=$T/test.txt" \
   --train batch=128 >"$T/chaos.log" 2>&1

@@ -14,7 +14,7 @@ cat >"$T/ring.conf" <<'CONF'
 mode = ring
 peer_timeout_ms = 2000
 [train]
-last_step = 5000
+last_step = 4000
 threads = 1
 [worker]
 heartbeat_ms = 300
@@ -31,7 +31,7 @@ run() {
   # after the end and found it in Redis.
   for i in 0 1 2; do
     grep -h "done: \|the run already ended" "$T/$name/logs/worker-$i.log" | tail -n 1 |
-      grep -q "global step 5000[ ,]" || fail "$name: worker $i's last run did not end at step 5000"
+      grep -q "global step 4000[ ,]" || fail "$name: worker $i's last run did not end at step 4000"
   done
 }
 run chaos --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 2)"

@@ -33,3 +33,12 @@ void ps_procmem_heap_kb(long *used_kb, long *free_kb) {
   *used_kb = (long)((mi.uordblks + mi.hblkhd) / 1024);
   *free_kb = (long)(mi.fordblks / 1024);
 }
+
+int ps_procmem_trim(void) {
+  struct mallinfo2 mi = mallinfo2();
+  size_t in_use = mi.uordblks + mi.hblkhd;
+  if (mi.fordblks < ((size_t)4 << 20) || mi.fordblks < in_use / 16)
+    return 0;
+  malloc_trim(0);
+  return 1;
+}

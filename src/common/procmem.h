@@ -12,4 +12,12 @@ int ps_procmem_kb(long *rss_kb, long *hwm_kb);
  * and bytes free but still held (resident only where touched), in kB. */
 void ps_procmem_heap_kb(long *used_kb, long *free_kb);
 
+/* Give the heap's free memory back to the kernel (malloc_trim) when it is
+ * worth it: at least 4 MiB and a sixteenth of what is in use.  Memory
+ * freed in the middle of the heap (a buffer outgrown, a table's map after
+ * it doubled) otherwise stays resident until the process ends.  For a
+ * long-lived process to call now and then (a shard: once a second).
+ * @return 1 when it trimmed. */
+int ps_procmem_trim(void);
+
 #endif

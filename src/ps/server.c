@@ -569,12 +569,19 @@ static void metrics_update(server *s) {
 
 /* ---------------------------------------------------------------- loop */
 
+/* How often the shard gives its heap's free memory back (ps_procmem_trim). */
+#define TRIM_NS (1000 * 1000000ULL)
+
 static void on_tick(uv_timer_t *t) {
   server *s = t->data;
   uint64_t now = ps_now_ns();
   metrics_update(s);
   control_outcome(s, ps_control_tick(s, now));
   ps_consistency_tick(s, now);
+  if (now - s->trimmed_ns >= TRIM_NS) {
+    s->trimmed_ns = now;
+    ps_procmem_trim();
+  }
 }
 
 static void close_walk(uv_handle_t *h, void *arg) {
@@ -602,6 +609,9 @@ static void log_summary(const server *s) {
     bytes += st.bytes;
   }
   long rss = 0, hwm = 0, heap_used = 0, heap_free = 0;
+  /* What the last snapshot or cut freed goes back first, as the next tick
+   * would give it. */
+  ps_procmem_trim();
   ps_procmem_kb(&rss, &hwm);
   ps_procmem_heap_kb(&heap_used, &heap_free);
   ps_log(PS_LOG_INFO, "sparse tables %d: rows %" PRIu64 " pending %" PRIu64 " table_bytes %" PRIu64

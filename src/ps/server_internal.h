@@ -84,6 +84,7 @@ typedef struct server {
    * listened, before any worker came. */
   ps_lathist acks;
   long rss_start_kb;
+  uint64_t trimmed_ns;        /* when on_tick last gave freed heap back (ps_procmem_trim) */
   /* control.c */
   ps_state_service *state;      /* CUT, FETCH, RESUME, LOAD (state_service.h) */
   uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */

@@ -62,17 +62,18 @@ void ps_snaps_connected(ps_snaps *s, int claimed) {
 
 /* In `log` mode a snapshot only compacts: every acknowledged update is in
  * the log already.  Its cost is a copy of the whole state and the state's
- * bytes sent, so it waits until the log holds as many bytes as the image
- * (then it costs no more than the log did, and a restore replays at most
- * an image's worth of entries); a small dense state passes at once, a
- * large table waits many intervals.  An idle shard (no update since the
+ * bytes sent, so it waits until the log holds [replication] log_ratio (1)
+ * times as many bytes as the image (then it costs no more than the log
+ * did, and a restore replays at most that many images' worth of entries);
+ * a small dense state passes at once, a large table waits many intervals.  An idle shard (no update since the
  * previous tick) snapshots at once: the time is free.  In `snapshot` mode
  * the snapshots are the durability, on the interval and every_updates. */
 static int compaction_due(const ps_snaps *s) {
   if (s->link->cfg->replication != PS_REPLICATION_LOG)
     return 1;
   ps_state_info in = ps_shard_state_info(s->shard);
-  return s->log_bytes >= in.image_floats * sizeof(float);
+  return (double)s->log_bytes >=
+         (double)in.image_floats * sizeof(float) * s->link->cfg->replicate_log_ratio;
 }
 
 void ps_snaps_tick(ps_snaps *s) {

@@ -339,8 +339,8 @@ static void test_stale_switch_refused(void **state) {
 }
 
 /* In `log` mode a snapshot only compacts the log: every_updates (1 here)
- * starts none until the log appended since the last one holds as many
- * bytes as the state image; a tick with no update since the previous one
+ * starts none until the log appended since the last one holds log_ratio
+ * (2 here) times the state image's bytes; a tick with no update since the previous one
  * (an idle shard) starts one at once.  (The ticks here are the test's
  * calls: the interval is an hour.) */
 static void test_log_mode_waits_for_the_log(void **state) {
@@ -348,9 +348,10 @@ static void test_log_mode_waits_for_the_log(void **state) {
   f->cfg.replication = PS_REPLICATION_LOG;
   f->cfg.replicate_every_updates = 1;
   f->cfg.replicate_interval_ms = 3600000;
+  f->cfg.replicate_log_ratio = 2;
   start(f);
   wait_until(&f->loop, switched1, f, "the first snapshot");
-  uint64_t image = ps_shard_state_info(f->shard).image_floats * sizeof(float);
+  uint64_t image = 2 * ps_shard_state_info(f->shard).image_floats * sizeof(float);
   push3(f);
   assert_false(ps_snaps_busy(&f->snaps));  /* three updates, no log: none */
   ps_snaps_logged(&f->snaps, image - 1);
@@ -360,8 +361,8 @@ static void test_log_mode_waits_for_the_log(void **state) {
   assert_false(ps_snaps_busy(&f->snaps));
   ps_snaps_logged(&f->snaps, 1);
   push3(f);
-  assert_true(ps_snaps_busy(&f->snaps));   /* the log holds an image: compact it */
-  wait_until(&f->loop, switched2, f, "the snapshot once the log held an image");
+  assert_true(ps_snaps_busy(&f->snaps));   /* the log holds two images: compact it */
+  wait_until(&f->loop, switched2, f, "the snapshot once the log held two images");
   assert_int_equal(ps_snaps_lag(&f->snaps), 2);  /* it began at the first of the three */
   push3(f);
   assert_false(ps_snaps_busy(&f->snaps));

@@ -65,9 +65,10 @@ void ps_snaps_connected(ps_snaps *s, int claimed) {
  * bytes sent, so it waits until the log holds [replication] log_ratio (1)
  * times as many bytes as the image (then it costs no more than the log
  * did, and a restore replays at most that many images' worth of entries);
- * a small dense state passes at once, a large table waits many intervals.  An idle shard (no update since the
- * previous tick) snapshots at once: the time is free.  In `snapshot` mode
- * the snapshots are the durability, on the interval and every_updates. */
+ * a small dense state passes at once, a large table waits many intervals.
+ * An idle shard (no update since the previous tick) snapshots at once: the
+ * time is free.  In `snapshot` mode the snapshots are the durability, on
+ * the interval and every_updates. */
 static int compaction_due(const ps_snaps *s) {
   if (s->link->cfg->replication != PS_REPLICATION_LOG)
     return 1;

@@ -19,19 +19,21 @@ run_bench() {
 }
 # Two lanes side by side (each bench picks free ports and its own
 # directories; the smokes' figures are not judged, so the other lane's load
-# changes nothing checked here), then bench-sparse, whose PyTorch reference
-# needs the python3-torch that bench-engine installs where it is missing
-# (and the installs, bench-engine's and bench-ps's, one after the other in
-# lane A); then every outcome, in order.
+# changes nothing checked here); the installs, bench-engine's and
+# bench-ps's, one after the other in lane A.  bench-sparse's PyTorch
+# reference needs the python3-torch that bench-engine installs where it is
+# missing: there it runs after both lanes.  Then every outcome, in order.
 lane_a=(bench-engine bench-recovery bench-ps bench-algorithms)
 lane_b=(bench-ckpt bench-ring bench-gpu)
+after=()
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then lane_b+=(bench-sparse); else after=(bench-sparse); fi
 (for b in "${lane_a[@]}"; do run_bench "$b"; done) &
 lane_pid=$!
 for b in "${lane_b[@]}"; do run_bench "$b"; done
 wait "$lane_pid"
-run_bench bench-sparse
+for b in "${after[@]}"; do run_bench "$b"; done
 
-for b in "${lane_a[@]}" "${lane_b[@]}" bench-sparse; do
+for b in "${lane_a[@]}" "${lane_b[@]}" "${after[@]}"; do
   rc=$(cat "$T/$b.rc" 2>/dev/null || echo "none")
   # bench-gpu alone may not run here, and only for the reasons of a machine
   # without a GPU: with no nvcc or no GPU it says `skip: no nvcc (...)` or

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ring mode under `paramserv local --nemesis kill,pause,redis-errors` (a
-# fault every 2-5 s, times fault_gap's scale: workers killed and restarted, workers, the chief and
+# fault every 1.5-3.75 s, times fault_gap's scale: workers killed and restarted, workers, the chief and
 # Redis paused, Redis refusing writes), then the same run calm: both
 # exit 0, every member ends at the step limit, and the accuracies are
 # within 0.01.  (A ring has no acknowledged pushes to count: its steps are
@@ -34,7 +34,7 @@ run() {
       grep -q "global step 4000[ ,]" || fail "$name: worker $i's last run did not end at step 4000"
   done
 }
-run chaos --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 2)"
+run chaos --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 1.5)"
 run calm
 read -r a_chaos a_calm faults kills <<<"$(/usr/bin/python3 - "$T" <<'PY'
 import json, sys

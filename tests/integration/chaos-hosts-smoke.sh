@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/chaos --hosts, short: 5 hosts (network namespaces) with a Redis
 # primary, its replica and 3 Sentinels, 2 chiefs, 3 shards, 3 workers;
-# 800 steps with a fault every 3-7.5 s (times fault_gap's scale; kill, pause, partition,
+# 1000 steps with a fault every 3-7.5 s (times fault_gap's scale; kill, pause, partition,
 # redis-failover, clock: each round has every kind once, the first at a
 # third of the gap; the kills go to a
 # shard, a worker and a chief in turn), then the same run calm.
@@ -23,7 +23,7 @@ why=$(ip netns add "psprobe$$" 2>&1) || skip "ip netns add failed (no network na
 ip netns del "psprobe$$"
 
 set +e
-scripts/chaos --hosts 5 --steps 800 --fault-gap "$(fault_gap 3)" --timeout 1800 --seed 1 --dir "$T/run" --binary "$BIN" \
+scripts/chaos --hosts 5 --steps 1000 --fault-gap "$(fault_gap 3)" --timeout 1800 --seed 1 --dir "$T/run" --binary "$BIN" \
   >"$T/chaos.log" 2>&1
 rc=$?
 set -e

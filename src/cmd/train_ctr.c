@@ -63,16 +63,9 @@ static ssize_t read_batch(ctr_run *r, ps_criteo *rd, size_t max, ps_errbuf *eb) 
   return n;
 }
 
-/* The batch's rows from the tables into the embedding input (r->emb). */
-static void pull_rows(ctr_run *r, int n) {
-  ps_embed_keys(&r->embed, r->keys, n);
-  for (int t = 0; t < r->model.ntables; t++)
-    ps_table_pull(r->tables[t], r->embed.keys[t], r->embed.nkeys[t], r->embed.rows[t]);
-  ps_embed_pool(&r->embed, r->emb);
-}
-
-/* A test batch's rows, from the tables (a pull creates no row, so the
- * tables stay as they were); the weights are r->params already. */
+/* A batch's rows from the tables into e->rows (a pull creates no row, so
+ * the tables stay as they were); the weights are r->params already.  The
+ * training batch's and, through ps_eval_ctr, each test batch's. */
 static int table_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
   (void)params;
   (void)eb;
@@ -80,6 +73,13 @@ static int table_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
   for (int t = 0; t < r->model.ntables; t++)
     ps_table_pull(r->tables[t], e->keys[t], e->nkeys[t], e->rows[t]);
   return 0;
+}
+
+/* The batch's rows from the tables into the embedding input (r->emb). */
+static void pull_rows(ctr_run *r, int n) {
+  ps_embed_keys(&r->embed, r->keys, n);
+  table_rows(r, &r->embed, r->params, NULL);
+  ps_embed_pool(&r->embed, r->emb);
 }
 
 /* One pass over the test file's first ntest samples (ps_eval_ctr): the

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +10,6 @@
 
 #include "common/log.h"
 #include "data/npy.h"
-#include "nn/auc.h"
 
 static volatile sig_atomic_t stop_requested;
 

@@ -28,9 +28,15 @@ run() {
   set -e
   [ "$rc" -eq 0 ] || fail "$name: paramserv local exited $rc: $(tail -3 "$T/$name.out")"
   # Each worker's last incarnation ended at the step limit, or started
-  # after the end and found it in Redis.
+  # after the end and found it in Redis, or was killed so near the end
+  # that it was still coming back when the chief ended the run (local
+  # then stops it, and says so).
   for i in 0 1 2; do
-    grep -h "done: \|the run already ended" "$T/$name/logs/worker-$i.log" | tail -n 1 |
+    if grep -q "worker $i was still coming back when the run ended" "$T/$name.out"; then
+      continue
+    fi
+    awk -v i="$i" '$0 ~ "^local: worker " i " starts" { last = "" } /done: |the run already ended/ { last = $0 }
+      END { print last }' "$T/$name/logs/worker-$i.log" |
       grep -q "global step 4000[ ,]" || fail "$name: worker $i's last run did not end at step 4000"
   done
 }

@@ -13,22 +13,25 @@ FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_
 
 PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd libmicrohttpd
 ifeq ($(SAN),1)
-BUILD    := build/san
+OBJDIR   := build/san
 SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # A sanitized build trains about 3 times slower: the chaos scenarios space
 # their faults 3 times wider, as many per step as a plain build's
 # (fault_gap, tests/integration/lib.bash).
 export PS_TEST_FAULT_GAP_SCALE ?= 3
 else
-BUILD    := build
+OBJDIR   := build
 SANFLAGS :=
 endif
+BUILD    := $(OBJDIR)
 ARCHFLAGS := $(if $(filter 1,$(NATIVE)),-march=native,)
 
 # make CUDA=1: the CUDA backend too (src/nn/*.cu through nvcc, cuBLAS and
-# the CUDA runtime linked in, PS_HAVE_CUDA defined), in build/cuda so that
-# objects built with and without it never mix.  The default build needs no
-# CUDA.  The CUDA build is not sanitized (ASan's protected shadow gap is
+# the CUDA runtime linked in, PS_HAVE_CUDA defined for src/nn/backend.c,
+# the one file that reads it), in build/cuda: the .cu objects, backend.o,
+# the GPU tests, the library and the binary.  Every other object is the
+# plain build's, in build/, compiled with the same flags (a second copy of
+# them cost 45 s of make test).  The default build needs no CUDA.  The CUDA build is not sanitized (ASan's protected shadow gap is
 # where the CUDA driver maps its memory, unless every run sets
 # ASAN_OPTIONS=protect_shadow_gap=0); `make SAN=1 test` still builds and
 # runs it (cuda-check), without sanitizers.
@@ -58,14 +61,14 @@ LDFLAGS  += $(SANFLAGS)
 
 # The commands (src/cmd/) are the binary's; the rest is the library's.
 LIB_SRC  := $(filter-out src/cmd/%,$(shell find src chief recovery -name '*.c' 2>/dev/null | sort))
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(OBJDIR)/%.o)
 CU_SRC   := $(sort $(shell find src -name '*.cu' 2>/dev/null))
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
 GPU_BIN  := $(GPU_SRC:tests/gpu/%.c=build/cuda/tests/%)
 GPU_TESTS := $(filter build/cuda/tests/test_%,$(GPU_BIN))
 ifeq ($(CUDA),1)
-CFLAGS   += -DPS_HAVE_CUDA
-LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/%.o)
+LIB_OBJ  := $(filter-out $(OBJDIR)/src/nn/backend.o,$(LIB_OBJ)) $(BUILD)/src/nn/backend.o \
+            $(CU_SRC:%.cu=$(BUILD)/%.o)
 SYSLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 NVCCFLAGS := -O2 -g -std=c++20 $(CUDA_ARCH) -DPS_HAVE_CUDA -D_POSIX_C_SOURCE=200809L \
              -D_DEFAULT_SOURCE -Iinclude -Isrc -I. --Werror all-warnings \
@@ -73,10 +76,15 @@ NVCCFLAGS := -O2 -g -std=c++20 $(CUDA_ARCH) -DPS_HAVE_CUDA -D_POSIX_C_SOURCE=200
 endif
 # Objects are rebuilt when the compile flags change: one built without
 # -fPIC would not link into the shared library.
-FLAGS_STAMP := $(BUILD)/.flags
-$(shell mkdir -p $(BUILD) && echo '$(CFLAGS) $(NVCCFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
-        echo '$(CFLAGS) $(NVCCFLAGS)' >$(FLAGS_STAMP))
-MAIN_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(sort $(wildcard src/cmd/*.c)))
+FLAGS_STAMP := $(OBJDIR)/.flags
+$(shell mkdir -p $(OBJDIR) && echo '$(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+        echo '$(CFLAGS)' >$(FLAGS_STAMP))
+ifeq ($(CUDA),1)
+CUDA_STAMP := $(BUILD)/.flags
+$(shell mkdir -p $(BUILD) && echo '$(CFLAGS) $(NVCCFLAGS)' | cmp -s - $(CUDA_STAMP) || \
+        echo '$(CFLAGS) $(NVCCFLAGS)' >$(CUDA_STAMP))
+endif
+MAIN_OBJ := $(patsubst %.c,$(OBJDIR)/%.o,$(sort $(wildcard src/cmd/*.c)))
 BIN      := $(BUILD)/paramserv
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -135,12 +143,19 @@ ifneq ($(V),1)
 Q := @
 endif
 
-$(BUILD)/%.o: %.c $(FLAGS_STAMP)
+$(OBJDIR)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
+ifeq ($(CUDA),1)
+$(BUILD)/%.o: %.c $(CUDA_STAMP)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -DPS_HAVE_CUDA -c $< -o $@
+endif
+
+$(BUILD)/%.o: %.cu $(CUDA_STAMP)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  NVCC    $<")
 	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@

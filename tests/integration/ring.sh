@@ -50,7 +50,7 @@ redone() {
 wait_members() { wait_metric "$1" worker "$2" "m['paramserv_ring_members'] == $3" "$4"; }
 redis-cli -p "$REDIS_PORT" flushall >/dev/null  # a new run: no views, no end
 conf="$T/kill.conf"
-write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1500" \
+write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1200" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" "cluster.peer_timeout_ms=2000" \
   "metrics.listen=127.0.0.1:$mbase"
 sed -i '/^ps = *$/d' "$conf"
@@ -99,7 +99,7 @@ done
 acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/kill-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.87) }' || fail "kill: test accuracy $acc, expected at least 0.87"
 for i in 0 1 2; do
-  grep -q "done: .*global step 1500," "$T/kill-w$i.log" || fail "kill: worker $i did not end at step 1500"
+  grep -q "done: .*global step 1200," "$T/kill-w$i.log" || fail "kill: worker $i did not end at step 1200"
 done
 echo "ok: kill -9 of a member and its return: the interrupted step: $got; test accuracy $acc; $(sed -n 's/.*done: //p' "$T/kill-w0.log")"
 
@@ -108,7 +108,7 @@ echo "ok: kill -9 of a member and its return: the interrupted step: $got; test a
 # and go on; resumed, it finds its view over and rejoins with their state.
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
 conf="$T/pause.conf"
-write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=2000" \
+write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1200" \
   "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
   "cluster.peer_timeout_ms=2000" "worker.heartbeat_ms=300" "$(metrics_on 4)"
 sed -i '/^ps = *$/d' "$conf"
@@ -128,7 +128,7 @@ done
 ! grep -h "in view [0-9]*: [0-9] at" "$T/pause-w0.log" "$T/pause-w2.log" | grep -v "view [0-9]*: [0-9] at step 0$" ||
   fail "pause: a live member was left alone in a view"
 for i in 0 1 2; do
-  grep -q "done: .*global step 2000," "$T/pause-w$i.log" || fail "pause: worker $i did not end at step 2000"
+  grep -q "done: .*global step 1200," "$T/pause-w$i.log" || fail "pause: worker $i did not end at step 1200"
 done
 acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/pause-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.87) }' || fail "pause: test accuracy $acc, expected at least 0.87"

@@ -13,4 +13,12 @@
  * path (cannot open, cannot stat, not a regular file, out of memory). */
 int ps_gzfile_open(const char *path, gzFile *out, ps_errbuf *eb);
 
+/* ps_gzfile_open, and in *size_hint what the file should hold once read:
+ * a plain file's size, or a gzip file's trailer (ISIZE: its uncompressed
+ * size mod 2^32), bounded by deflate's best ratio (1032:1) over the
+ * compressed bytes; 0 when nothing is known.  A hint only: a reader
+ * allocates by it and must still grow past it (several gzip members, a
+ * lying trailer) or find less. */
+int ps_gzfile_open_sized(const char *path, gzFile *out, size_t *size_hint, ps_errbuf *eb);
+
 #endif

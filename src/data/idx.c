@@ -46,9 +46,11 @@ static void dims_str(char *s, size_t cap, const uint32_t *dims, int ndim) {
     used += (size_t)snprintf(s + used, cap - used, "%s%" PRIu32, i ? " x " : "", dims[i]);
 }
 
-int ps_idx_parse(const char *name, const uint8_t *buf, size_t len, int want_ndim,
-                 ps_idx *out, ps_errbuf *eb) {
-  memset(out, 0, sizeof *out);
+/* Checks buf as an IDX file of want_ndim dimensions: 0 with its dims and
+ * the header's length (the data, dims' product of bytes, follows it to the
+ * end), or PS_EFORMAT / -EINVAL with the message. */
+static int parse_header(const char *name, const uint8_t *buf, size_t len, int want_ndim,
+                        uint32_t dims[3], size_t *hdrp, ps_errbuf *eb) {
   if (want_ndim < 1 || want_ndim > 3)
     return ps_err_set(eb, -EINVAL, "%s: asked for %d dimensions, expected 1, 2 or 3",
                       name, want_ndim);
@@ -87,7 +89,6 @@ int ps_idx_parse(const char *name, const uint8_t *buf, size_t len, int want_ndim
                       "(magic and %d dimensions)",
                       name, len, hdr, want_ndim);
 
-  uint32_t dims[3] = {0, 0, 0};
   char ds[64];
   uint64_t size = 1;
   for (int i = 0; i < want_ndim; i++)
@@ -121,10 +122,22 @@ int ps_idx_parse(const char *name, const uint8_t *buf, size_t len, int want_ndim
                       " data bytes, file has %zu (%zu too many)",
                       name, ds, size, have, have - (size_t)size);
 
-  uint8_t *data = malloc((size_t)size);
+  *hdrp = hdr;
+  return 0;
+}
+
+int ps_idx_parse(const char *name, const uint8_t *buf, size_t len, int want_ndim,
+                 ps_idx *out, ps_errbuf *eb) {
+  memset(out, 0, sizeof *out);
+  uint32_t dims[3] = {0, 0, 0};
+  size_t hdr;
+  int rc = parse_header(name, buf, len, want_ndim, dims, &hdr, eb);
+  if (rc != 0)
+    return rc;
+  uint8_t *data = malloc(len - hdr);
   if (data == NULL)
-    return ps_err_set(eb, -ENOMEM, "%s: out of memory for %" PRIu64 " data bytes", name, size);
-  memcpy(data, buf + hdr, (size_t)size);
+    return ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu data bytes", name, len - hdr);
+  memcpy(data, buf + hdr, len - hdr);
   out->ndim = want_ndim;
   memcpy(out->dims, dims, sizeof dims);
   out->data = data;
@@ -146,14 +159,17 @@ void ps_idx_close(ps_idx *idx) {
  * unchanged) into a malloc'd buffer that the caller frees. */
 static int read_all(const char *path, uint8_t **bufp, size_t *lenp, ps_errbuf *eb) {
   gzFile gz;
-  int orc = ps_gzfile_open(path, &gz, eb);
+  size_t hint;
+  int orc = ps_gzfile_open_sized(path, &gz, &hint, eb);
   if (orc != 0)
     return orc;
 
   /* One byte past the largest valid file, so that an oversized file is
-   * detected without reading all of it. */
+   * detected without reading all of it.  The first buffer holds what the
+   * file announces and one byte more (the end of file is then read with no
+   * copy); a file that holds more grows it by doubling. */
   const size_t limit = IDX_MAX_HEADER + (size_t)IDX_MAX_DATA + 1;
-  size_t cap = 1 << 20, len = 0;
+  size_t cap = hint > 0 && hint < limit ? hint + 1 : 1 << 20, len = 0;
   uint8_t *buf = NULL;
   int rc = 0;
   for (;;) {
@@ -225,9 +241,21 @@ int ps_idx_read(const char *path, int want_ndim, ps_idx *out, ps_errbuf *eb) {
   int rc = read_all(path, &buf, &len, eb);
   if (rc < 0)
     return rc;
-  rc = ps_idx_parse(path, buf, len, want_ndim, out, eb);
-  free(buf);
-  return rc;
+  /* The data stays where it was read: the header moved out of its way, the
+   * spare end given back. */
+  uint32_t dims[3] = {0, 0, 0};
+  size_t hdr;
+  rc = parse_header(path, buf, len, want_ndim, dims, &hdr, eb);
+  if (rc != 0) {
+    free(buf);
+    return rc;
+  }
+  memmove(buf, buf + hdr, len - hdr);
+  uint8_t *fit = realloc(buf, len - hdr);
+  out->ndim = want_ndim;
+  memcpy(out->dims, dims, sizeof dims);
+  out->data = fit != NULL ? fit : buf;
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ */

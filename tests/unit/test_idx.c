@@ -169,6 +169,38 @@ static void test_idx_read_and_parse(void **state) {
   assert_int_equal(ps_idx_parse("mem", one, sizeof one, 0, &idx, &eb), -EINVAL);
 }
 
+/* The reader sizes its buffer by the gzip trailer, which names only the
+ * last member's size: a file of two members (gzip -c a >f; gzip -c b >>f)
+ * holds more than it announces, and reads whole all the same. */
+static void test_gzip_members(void **state) {
+  (void)state;
+  enum { N = 3000 };
+  static uint8_t file[12 + N];
+  const uint8_t head[12] = {0, 0, 8, 1, 0, 0, (uint8_t)(N >> 8), (uint8_t)N};
+  memcpy(file, head, 8);
+  for (int i = 0; i < N; i++)
+    file[8 + i] = (uint8_t)(i * 7);
+  const char *p = at("two.gz");
+  for (int m = 0; m < 2; m++) {
+    gzFile gz = gzopen(p, m == 0 ? "wb" : "ab");
+    assert_non_null(gz);
+    size_t from = m == 0 ? 0 : 1000, to = m == 0 ? 1000 : 8 + N;
+    assert_int_equal(gzwrite(gz, file + from, (unsigned)(to - from)), (int)(to - from));
+    assert_int_equal(gzclose(gz), Z_OK);
+  }
+  ps_idx idx;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_idx_read(p, 1, &idx, &eb), 0);
+  assert_int_equal(idx.dims[0], N);
+  assert_memory_equal(idx.data, file + 8, N);
+  ps_idx_close(&idx);
+  /* A plain file, sized by its length. */
+  tmpdir_put_bytes("plain", file, 8 + N, 0);
+  assert_int_equal(ps_idx_read(at("plain"), 1, &idx, &eb), 0);
+  assert_memory_equal(idx.data, file + 8, N);
+  ps_idx_close(&idx);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Bad input: each gives its code and a one-line message naming the file   */
 /* ------------------------------------------------------------------------ */
@@ -375,6 +407,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_load_gz, setup, teardown),
       cmocka_unit_test_setup_teardown(test_load_mixed_prefers_plain, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idx_read_and_parse, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_gzip_members, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_magic, setup, teardown),
       cmocka_unit_test_setup_teardown(test_count_mismatch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_dims, setup, teardown),

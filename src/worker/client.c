@@ -363,6 +363,13 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->state = L_READY;
       l->version = m.u.welcome.version;
       l->global_step = m.u.welcome.global_step;
+      /* An unacknowledged push goes again first: its ack then says where
+       * the shard is after it, newer than this WELCOME (a shard restored
+       * before it) and than a pull the previous connection answered.  The
+       * next push's step comes from those numbers, as without the
+       * reconnect: the same gradient, the same stamps on its rows. */
+      if (l->push_wait)
+        l->pulled_since_push = 0;
       l->consistency = m.u.welcome.consistency;
       l->shard_incarnation = m.u.welcome.incarnation;
       if (l->down_since_ns != 0 && l->backoff.attempts > 0)

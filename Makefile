@@ -31,10 +31,11 @@ ARCHFLAGS := $(if $(filter 1,$(NATIVE)),-march=native,)
 # the one file that reads it), in build/cuda: the .cu objects, backend.o,
 # the GPU tests, the library and the binary.  Every other object is the
 # plain build's, in build/, compiled with the same flags (a second copy of
-# them cost 45 s of make test).  The default build needs no CUDA.  The CUDA build is not sanitized (ASan's protected shadow gap is
-# where the CUDA driver maps its memory, unless every run sets
+# them cost 45 s of make test).  The default build needs no CUDA.  The
+# CUDA build is not sanitized (ASan's protected shadow gap is where the
+# CUDA driver maps its memory, unless every run sets
 # ASAN_OPTIONS=protect_shadow_gap=0); `make SAN=1 test` still builds and
-# runs it (cuda-check), without sanitizers.
+# runs it (cuda-check), without sanitizers, with the plain objects.
 CUDA      ?= 0
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc

@@ -7,9 +7,9 @@ PREFIX   ?= /usr/local
 LIBDIR   ?= $(PREFIX)/lib
 # make test's fuzz smoke: that every target runs and finds nothing near its
 # seeds (a campaign: make fuzz FUZZ_SECONDS=N, which keeps its corpus).
-FUZZ_SECONDS ?= 2
+FUZZ_SECONDS ?= 1
 # The wire protocol faces the network: its smoke runs longest.
-FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),6)
+FUZZ_PROTO_SECONDS ?= $(if $(filter command line,$(origin FUZZ_SECONDS)),$(FUZZ_SECONDS),3)
 
 PKGS     := openblas zlib libuv libcrypto inih libxxhash hiredis liblz4 jansson libsystemd libmicrohttpd
 ifeq ($(SAN),1)

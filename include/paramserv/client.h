@@ -145,15 +145,19 @@ PS_API int ps_client_push(ps_client *c, const float *grad);
 /* The same push without waiting for its acknowledgements: it copies
  * `grad`, sends it, and returns.  The acks come while later calls run, so
  * that a shard's durable write (Redis, [replication] mode = log) overlaps
- * the caller's next gradient: push_async, pull, compute, push_async...  At
- * most one push is unacknowledged: push_async first waits for the acks of
- * the one before (as ps_client_flush), and a sync pull does too.  A pull
- * after a push_async sees its update (a shard reads a connection's frames
- * in order).  A shard that fails meanwhile gets the push again, with the
- * same sequence number.  @return 0: `grad` was taken, and this call or a
- * later one delivers it, exactly once; or a negative code from waiting for
- * the previous push's acks: `grad` was not taken (the previous push still
- * is, and goes first in the next call). */
+ * the caller's next gradients: push_async, pull, compute, push_async...
+ * In async mode at most two pushes are unacknowledged: push_async first
+ * waits for the oldest one's acks when two are, or for the previous one's
+ * when no pull came after it (its acks then say the step this push is
+ * computed at).  In sync and ssp mode at most one is: push_async waits for
+ * the previous push's acks (as ps_client_flush), and a sync pull does too.
+ * A pull after a push_async sees its update (a shard reads a connection's
+ * frames in order).  A shard that fails meanwhile gets the unacknowledged
+ * pushes again, in order, with the same sequence numbers.  @return 0:
+ * `grad` was taken, and this call or a later one delivers it, exactly
+ * once; or a negative code from waiting for earlier pushes' acks: `grad`
+ * was not taken (the earlier pushes still are, and go first in the next
+ * call). */
 PS_API int ps_client_push_async(ps_client *c, const float *grad);
 
 /* A push_async followed by a pull, in two halves so that the caller can
@@ -167,7 +171,7 @@ PS_API int ps_client_push_async(ps_client *c, const float *grad);
 PS_API int ps_client_push_pull_start(ps_client *c, const float *grad, float *params);
 PS_API int ps_client_pull_finish(ps_client *c);
 
-/* Wait until every shard acknowledged the last push (nothing to wait for:
+/* Wait until every shard acknowledged every push (nothing to wait for:
  * returns 0 at once).  @return 0 or a negative code. */
 PS_API int ps_client_flush(ps_client *c);
 

@@ -35,9 +35,26 @@
 
 #define BACKOFF_BASE_MS 100
 #define BACKOFF_CAP_MS 1000
+/* Pushes a link may have unacknowledged in async mode (PROTOCOL.md,
+ * "Exactly-once pushes"): a push's ack, which in `log` mode waits for
+ * Redis, is then awaited behind the next step's compute.  ssp and sync: 1. */
+#define PUSH_WINDOW 2
 
 enum { L_DOWN = 0, L_CONNECTING, L_HANDSHAKE, L_READY };
 enum { OP_NONE = 0, OP_PULL, OP_REQ };
+
+/* A push to one shard, kept until acked: sent again, the same, on every
+ * new connection before anything else. */
+typedef struct push_rec {
+  int unsent;              /* not yet written on the current connection */
+  int pulled_since;        /* a pull reply came after it: fresher than its ack */
+  uint64_t req;            /* its request id on the current connection */
+  uint64_t seq;
+  uint64_t step;           /* its step (async, ssp), fixed when it begins: a push sent again
+                              after a reconnect is the same push, rows' stamps included */
+  float *slice;            /* its gradient slice, owned */
+  ps_sparse_part part;     /* its sparse blocks for this shard (client_sparse.h) */
+} push_rec;
 
 typedef struct link {
   struct ps_client *cl;
@@ -53,16 +70,13 @@ typedef struct link {
   int op, done;
   uint64_t req_id;
   uint64_t pull_step;
-  /* The push: at most one unacknowledged at a time (its ack may come while
-   * a later pull runs), sent again on every new connection until acked. */
-  int push_wait;           /* sent, no ack yet */
-  int push_unsent;         /* not yet written on the current connection */
-  int pulled_since_push;   /* a pull reply came after it: fresher than its ack */
-  uint64_t push_req;       /* its request id on the current connection */
-  uint64_t seq;            /* of the current push */
-  uint64_t push_step;      /* its step (async, ssp), fixed when it begins: a push sent again
-                              after a reconnect is the same push, rows' stamps included */
-  float *slice;            /* the push's gradient slice, owned */
+  /* The pushes not yet acknowledged, oldest first: push[(push_first + k) %
+   * PUSH_WINDOW] for k < npush (their acks come in order, while later pulls
+   * run). */
+  push_rec push[PUSH_WINDOW];
+  int push_first, npush;
+  uint64_t seq;            /* of the newest push */
+  uint64_t acked;          /* pushes this link acknowledged */
   /* What the shard said last. */
   uint64_t version, global_step;
   uint64_t shard_incarnation;  /* from its WELCOME */
@@ -70,10 +84,9 @@ typedef struct link {
   uint32_t ack_status;
   int consistency;
   ps_msg req;              /* OP_REQ: the request (a LOAD's floats are borrowed) */
-  /* Sparse tables (client_sparse.h): the push's blocks for this shard,
-   * kept with its slice until acked; the pull's keys; a buffer for the
-   * frames built from them. */
-  ps_sparse_part push_part, pull_part;
+  /* Sparse tables (client_sparse.h): the pull's keys; a buffer for the
+   * frames built from them and a push's blocks. */
+  ps_sparse_part pull_part;
   uint8_t *tail;
   size_t tail_cap;
 } link;
@@ -96,8 +109,9 @@ struct ps_client {
   int nlinks;
   uint64_t next_req;
   float *params;           /* the current pull's destination */
-  uint64_t pushes;         /* completed pushes of this client */
-  int flushing;            /* the call also waits for the push's acks */
+  uint64_t pushes;         /* completed pushes of this client: acked by every shard */
+  int flushing;            /* the call also waits for acks (flush_owes) */
+  int flush_window;        /* until fewer than this many are unacknowledged (1: none) */
   uint64_t clock_base;     /* ssp: the clock is clock_base + pushes */
   uint64_t duplicates, stale;
   int fatal;               /* a non-retryable error ended the call */
@@ -157,36 +171,39 @@ static void link_down(link *l, const char *why) {
   uv_timer_start(&l->retry, on_retry, delay, 0);
 }
 
-/* The push's prefix (its request id is the next one).  @return its length. */
-static size_t push_prefix(link *l, uint8_t prefix[PS_PROTO_PREFIX_MAX]) {
+/* The k-th unacknowledged push of l, oldest first. */
+static push_rec *push_at(link *l, int k) { return &l->push[(l->push_first + k) % PUSH_WINDOW]; }
+
+/* Push r's prefix (its request id is the next one).  @return its length. */
+static size_t push_prefix(link *l, push_rec *r, uint8_t prefix[PS_PROTO_PREFIX_MAX]) {
   ps_client *c = l->cl;
-  l->push_req = ++c->next_req;
+  r->req = ++c->next_req;
   ps_msg m;
   memset(&m, 0, sizeof m);
   m.type = PS_MSG_PUSH;
   m.u.push.worker = (uint32_t)c->index;
   m.u.push.incarnation = c->incarnation;
-  m.u.push.seq = l->seq;
+  m.u.push.seq = r->seq;
   /* Sync compares the step with the shard's own version; the others use
    * the global step for the learning-rate schedule. */
-  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version : l->push_step;
+  m.u.push.step = l->consistency == PS_CONSISTENCY_SYNC ? l->pulled_version : r->step;
   m.u.push.count = c->layout.shard_floats[l->index];
-  m.u.push.sparse.bytes = l->push_part.len;
-  return ps_proto_encode_prefix(&m, l->push_req, prefix);
+  m.u.push.sparse.bytes = r->part.len;
+  return ps_proto_encode_prefix(&m, r->req, prefix);
 }
 
 static size_t slice_bytes(const link *l) {
   return l->cl->layout.shard_floats[l->index] * sizeof(float);
 }
 
-/* The link's frame tail: when `push`, the push's sparse blocks (the push's
- * last bytes), then, when `pull`, the whole PULL frame of the current
- * operation.  Copied by the write (ps_conn_send_with).  @return its
- * length, or 0 with the connection closed when out of memory (the next
- * call connects again and sends it all). */
-static size_t build_tail(link *l, int push, int pull) {
+/* The link's frame tail: push r's sparse blocks (the push's last bytes;
+ * none when r is NULL), then, when `pull`, the whole PULL frame of the
+ * current operation.  Copied by the write (ps_conn_send_with).  @return
+ * its length, or 0 with the connection closed when out of memory (the
+ * next call connects again and sends it all). */
+static size_t build_tail(link *l, const push_rec *r, int pull) {
   ps_msg m;
-  size_t push_len = push ? l->push_part.len : 0;
+  size_t push_len = r != NULL ? r->part.len : 0;
   size_t need = push_len + (pull ? PS_PROTO_HEADER_SIZE + PS_PROTO_PREFIX_MAX + l->pull_part.len : 0);
   if (need > l->tail_cap) {
     uint8_t *p = realloc(l->tail, need);
@@ -198,7 +215,7 @@ static size_t build_tail(link *l, int push, int pull) {
     l->tail_cap = need;
   }
   if (push_len > 0)
-    memcpy(l->tail, l->push_part.bytes, push_len);
+    memcpy(l->tail, r->part.bytes, push_len);
   if (!pull)
     return push_len;
   l->req_id = ++l->cl->next_req;
@@ -215,17 +232,18 @@ static size_t build_tail(link *l, int push, int pull) {
   return push_len + n;
 }
 
-/* The slice stays untouched until its ack, which comes after the write. */
-static void send_push(link *l) {
-  if (!l->push_wait || !l->push_unsent || l->state != L_READY)
-    return;
+/* Write push r, and with it the current PULL when `pull`.  Its slice
+ * stays untouched until its ack, which comes after the write.  @return 0,
+ * or -1 with the connection closed (out of memory). */
+static int send_push(link *l, push_rec *r, int pull) {
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
-  size_t plen = push_prefix(l, prefix);
-  size_t tail = build_tail(l, 1, 0);
-  if (tail == 0 && l->push_part.len > 0)
-    return;
-  ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), l->tail, tail, NULL, NULL);
-  l->push_unsent = 0;
+  size_t plen = push_prefix(l, r, prefix);
+  size_t tail = build_tail(l, r, pull);
+  if (tail == 0 && (pull || r->part.len > 0))
+    return -1;
+  ps_conn_send_with(l->conn, prefix, plen, r->slice, slice_bytes(l), l->tail, tail, NULL, NULL);
+  r->unsent = 0;
+  return 0;
 }
 
 static void send_op(link *l) {
@@ -250,37 +268,43 @@ static void send_op(link *l) {
   }
 }
 
-/* The push not yet written on this connection, if any, then the
- * operation.  A push and a pull go in one write: the shard reads the pull
- * with the push's end, and answers it before it logs the push. */
-static void send_push_op(link *l) {
-  if (l->push_wait && l->push_unsent && l->state == L_READY && l->op == OP_PULL && !l->done) {
-    uint8_t prefix[PS_PROTO_PREFIX_MAX];
-    size_t plen = push_prefix(l, prefix);
-    size_t n = build_tail(l, 1, 1);
-    if (n == 0)
-      return;
-    ps_conn_send_with(l->conn, prefix, plen, l->slice, slice_bytes(l), l->tail, n, NULL, NULL);
-    l->push_unsent = 0;
+/* The pushes not yet written on this connection, oldest first, then the
+ * operation (when `op`): the shard applies them before the op reads.  The
+ * last push and a pull go in one write: the shard reads the pull with the
+ * push's end, and answers it before it logs the push. */
+static void send_pushes(link *l, int op) {
+  if (l->state != L_READY)
     return;
+  int pull = op && l->op == OP_PULL && !l->done;
+  for (int k = 0; k < l->npush; k++) {
+    push_rec *r = push_at(l, k);
+    int with_pull = pull && k == l->npush - 1;
+    if (!r->unsent)
+      continue;
+    if (send_push(l, r, with_pull) != 0 || with_pull)
+      return;
   }
-  send_push(l);  /* first: the shard applies it before the op reads */
-  send_op(l);
+  if (op)
+    send_op(l);
 }
+
+static void send_push_op(link *l) { send_pushes(l, 1); }
 
 /* A push sent and not yet acknowledged by every shard. */
 static int push_in_flight(const ps_client *c) {
   for (int i = 0; i < c->nlinks; i++)
-    if (c->links[i].push_wait)
+    if (c->links[i].npush > 0)
       return 1;
   return 0;
 }
 
-/* A push's ack from shard l.  Once every shard acked, the push is complete. */
+/* The oldest push's ack from shard l.  Once every shard acked a push, it
+ * is complete. */
 static void on_push_ack(link *l, const ps_msg_push_ack *a) {
   ps_client *c = l->cl;
+  push_rec *r = push_at(l, 0);
   /* A pull answered after the push was sent carries newer numbers. */
-  if (!l->pulled_since_push) {
+  if (!r->pulled_since) {
     l->version = a->version;
     l->global_step = a->global_step;
   }
@@ -291,11 +315,16 @@ static void on_push_ack(link *l, const ps_msg_push_ack *a) {
     c->stale++;
   static const char *const statuses[] = {"applied", "duplicate", "stale"};
   ps_history_line(c->history, "ack %d %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %s",
-                  l->index, l->shard_incarnation, c->incarnation, l->seq, a->version,
+                  l->index, l->shard_incarnation, c->incarnation, r->seq, a->version,
                   l->ack_status < 3 ? statuses[l->ack_status] : "?");
-  l->push_wait = 0;
-  if (!push_in_flight(c))
-    c->pushes++;
+  l->push_first = (l->push_first + 1) % PUSH_WINDOW;
+  l->npush--;
+  l->acked++;
+  uint64_t done = l->acked;
+  for (int i = 0; i < c->nlinks; i++)
+    if (c->links[i].acked < done)
+      done = c->links[i].acked;
+  c->pushes = done;
 }
 
 /* The reply each control request gets. */
@@ -368,8 +397,10 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
        * before it) and than a pull the previous connection answered.  The
        * next push's step comes from those numbers, as without the
        * reconnect: the same gradient, the same stamps on its rows. */
-      if (l->push_wait)
-        l->pulled_since_push = 0;
+      for (int k = 0; k < l->npush; k++) {
+        push_at(l, k)->pulled_since = 0;
+        push_at(l, k)->unsent = 1;
+      }
       l->consistency = m.u.welcome.consistency;
       l->shard_incarnation = m.u.welcome.incarnation;
       if (l->down_since_ns != 0 && l->backoff.attempts > 0)
@@ -378,14 +409,13 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       l->down_since_ns = 0;
       ps_backoff_reset(&l->backoff);
       c->connects++;
-      l->push_unsent = l->push_wait;
       send_push_op(l);
       return;
     }
     break;
   case L_READY:
-    if (m.type == PS_MSG_PUSH_ACK && l->push_wait && h->request_id == l->push_req &&
-        m.u.push_ack.seq == l->seq) {
+    if (m.type == PS_MSG_PUSH_ACK && l->npush > 0 && h->request_id == push_at(l, 0)->req &&
+        m.u.push_ack.seq == push_at(l, 0)->seq) {
       on_push_ack(l, &m.u.push_ack);
       return;
     }
@@ -414,7 +444,8 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
                         c->params);
       l->version = l->pulled_version = m.u.pull_reply.version;
       l->global_step = m.u.pull_reply.global_step;
-      l->pulled_since_push = 1;
+      for (int k = 0; k < l->npush; k++)
+        push_at(l, k)->pulled_since = 1;
       l->done = 1;
       return;
     }
@@ -491,11 +522,19 @@ static void on_deadline(uv_timer_t *t) {
   c->timed_out = 1;
 }
 
-/* Link l still owes this call something: its operation's reply, or, when
- * the call flushes, its push's ack. */
-static int link_owes(const ps_client *c, const link *l) {
-  return !l->done || (c->flushing && l->push_wait);
+/* When the call flushes: link l has too many pushes unacknowledged
+ * (flush_window or more), or a push whose ack is the freshest word on the
+ * shard's step, which the next push is stamped with (no pull reply came
+ * after it: a push_async not followed by a pull, or every push re-sent on
+ * a new connection, whose WELCOME may say a step from before them). */
+static int flush_owes(const ps_client *c, link *l) {
+  return c->flushing && l->npush > 0 &&
+         (l->npush >= c->flush_window || !push_at(l, l->npush - 1)->pulled_since);
 }
+
+/* Link l still owes this call something: its operation's reply, or, when
+ * the call flushes, acks (flush_owes). */
+static int link_owes(const ps_client *c, link *l) { return !l->done || flush_owes(c, l); }
 
 /* Start the operation set on the links: send it where connected. */
 static void op_start(ps_client *c) {
@@ -630,26 +669,47 @@ int ps_client_pull_sparse(ps_client *c, float *params, const ps_sparse_batch *wa
 
 int ps_client_pull(ps_client *c, float *params) { return ps_client_pull_sparse(c, params, NULL); }
 
-int ps_client_flush(ps_client *c) {
-  if (!push_in_flight(c))
+/* Wait until every link has fewer than `window` pushes unacknowledged
+ * (flush_owes).  @return 0 or a negative code. */
+static int flush_to(ps_client *c, int window) {
+  c->flushing = 1;
+  c->flush_window = window;
+  int owed = 0;
+  for (int i = 0; i < c->nlinks; i++)
+    owed |= flush_owes(c, &c->links[i]);
+  if (!owed) {
+    c->flushing = 0;
     return 0;
+  }
   for (int i = 0; i < c->nlinks; i++)
     c->links[i].op = OP_NONE;
-  c->flushing = 1;
   return run_op(c);
 }
 
-/* The next push of `grad` and the rows of `sp` (NULL: none), after the
- * acks of the one before; sent now unless `later` (then with the operation
- * op_start begins).  @return 0 or a negative code (of the previous push's
- * acks, or the split's). */
+int ps_client_flush(ps_client *c) { return flush_to(c, 1); }
+
+/* Pushes a link may keep unacknowledged: PUSH_WINDOW once every shard said
+ * (WELCOME) that it is async, else 1 (sync counts a push into a step its
+ * pull then asks for; ssp's clock counts one push in flight). */
+static int push_window(const ps_client *c) {
+  for (int i = 0; i < c->nlinks; i++)
+    if (c->links[i].shard_incarnation == 0 || c->links[i].consistency != PS_CONSISTENCY_ASYNC)
+      return 1;
+  return PUSH_WINDOW;
+}
+
+/* The next push of `grad` and the rows of `sp` (NULL: none), once there
+ * is room for it (push_window); sent now unless `later` (then with the
+ * operation op_start begins).  @return 0 or a negative code (of the
+ * earlier pushes' acks, or the split's). */
 static int push_begin(ps_client *c, const float *grad, const ps_sparse_batch *sp, int later) {
-  int rc = ps_client_flush(c);
+  int rc = flush_to(c, push_window(c));
   if (rc != 0)
     return rc;
   ps_sparse_part *parts[PS_CONFIG_MAX_NODES];
   for (int i = 0; i < c->nlinks; i++) {
-    parts[i] = &c->links[i].push_part;
+    link *l = &c->links[i];
+    parts[i] = &push_at(l, l->npush)->part;
     ps_sparse_part_clear(parts[i]);
   }
   if (sp != NULL && sp->ntables > 0 && (rc = ps_sparse_split(&c->ring, sp, PS_SPARSE_KV, parts))) {
@@ -659,16 +719,17 @@ static int push_begin(ps_client *c, const float *grad, const ps_sparse_batch *sp
   }
   for (int i = 0; i < c->nlinks; i++) {
     link *l = &c->links[i];
-    ps_layout_gather(&c->layout, &c->model.vars, i, grad, l->slice);
-    l->seq++;
-    l->push_step = c->links[0].global_step;
-    l->push_wait = 1;
-    l->push_unsent = 1;
-    l->pulled_since_push = 0;
+    push_rec *r = push_at(l, l->npush);
+    ps_layout_gather(&c->layout, &c->model.vars, i, grad, r->slice);
+    r->seq = ++l->seq;
+    r->step = c->links[0].global_step;
+    r->unsent = 1;
+    r->pulled_since = 0;
+    l->npush++;
     /* Written now if the link is up (libuv writes at once what the socket
      * takes); else on its next connection, in the next call. */
     if (!later)
-      send_push(l);
+      send_pushes(l, 0);
   }
   return 0;
 }
@@ -804,9 +865,11 @@ void ps_client_free(ps_client *c) {
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);
     for (int i = 0; i < c->nlinks; i++) {
-      free(c->links[i].slice);
+      for (int k = 0; k < PUSH_WINDOW; k++) {
+        free(c->links[i].push[k].slice);
+        ps_sparse_part_free(&c->links[i].push[k].part);
+      }
       free(c->links[i].tail);
-      ps_sparse_part_free(&c->links[i].push_part);
       ps_sparse_part_free(&c->links[i].pull_part);
     }
     free(c->links);
@@ -849,12 +912,15 @@ static ps_client *client_start(ps_client *c, ps_errbuf *eb) {
     link *l = &c->links[i];
     l->cl = c;
     l->index = i;
-    l->slice = malloc((c->layout.shard_floats[i] ? c->layout.shard_floats[i] : 1) * sizeof(float));
+    size_t floats = c->layout.shard_floats[i] ? c->layout.shard_floats[i] : 1;
+    int nomem = 0;
+    for (int k = 0; k < PUSH_WINDOW; k++)
+      nomem |= (l->push[k].slice = malloc(floats * sizeof(float))) == NULL;
     uv_timer_init(&c->loop, &l->retry);
     l->retry.data = l;
     ps_backoff_init(&l->backoff, BACKOFF_BASE_MS, BACKOFF_CAP_MS,
                     ps_mix64(c->incarnation ^ (uint64_t)c->index) + (uint64_t)i);
-    if (l->slice == NULL) {
+    if (nomem) {
       ps_err_set(eb, -ENOMEM, "out of memory for shard %d's slice", i);
       ps_client_free(c);
       return NULL;

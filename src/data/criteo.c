@@ -28,6 +28,7 @@ struct ps_criteo {
   uint64_t bytes;      /* uncompressed bytes read from the file so far */
   ps_data_pos pos;
   ps_errbuf err;       /* sticky: code != 0 once a call failed, until a seek */
+  int sep;             /* the bags' separator byte, or -1: one value a field */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -92,8 +93,34 @@ static int parse_int(const char *p, size_t n, int64_t *out) {
   return 0;
 }
 
+/* The keys of categorical field c's bytes [b, b + n): one, or with a
+ * separator (sep >= 0) one per non-empty value between separators.
+ * @return how many were written to keys. */
+static uint32_t field_keys(int c, const char *b, size_t n, int sep, uint64_t *keys) {
+  if (sep < 0) {
+    keys[0] = ps_criteo_key(c, b, n);
+    return 1;
+  }
+  uint32_t k = 0;
+  for (size_t pos = 0; pos < n;) {
+    const char *e = memchr(b + pos, sep, n - pos);
+    size_t end = e != NULL ? (size_t)(e - b) : n;
+    if (end > pos)
+      keys[k++] = ps_criteo_key(c, b + pos, end - pos);
+    pos = end + 1;
+  }
+  return k;
+}
+
 int ps_criteo_parse_line(const char *line, size_t len, const char *file, uint64_t lineno,
                          float *label, float *dense, uint64_t *keys, ps_errbuf *eb) {
+  uint32_t counts[PS_CRITEO_NSPARSE];
+  return ps_criteo_parse_bags(line, len, file, lineno, -1, label, dense, keys, counts, eb);
+}
+
+int ps_criteo_parse_bags(const char *line, size_t len, const char *file, uint64_t lineno,
+                         int sep, float *label, float *dense, uint64_t *keys, uint32_t *counts,
+                         ps_errbuf *eb) {
   char name[16], q[160];
   if (len > 0 && line[len - 1] == '\r')
     len--;
@@ -154,8 +181,12 @@ int ps_criteo_parse_line(const char *line, size_t len, const char *file, uint64_
   }
   *label = f[0][0] == '1' ? 1.0f : 0.0f;
   memcpy(dense, d, sizeof d);
-  for (int i = 0; i < PS_CRITEO_NSPARSE; i++)
-    keys[i] = ps_criteo_key(i, f[1 + PS_CRITEO_NDENSE + i], flen[1 + PS_CRITEO_NDENSE + i]);
+  uint32_t k = 0;
+  for (int i = 0; i < PS_CRITEO_NSPARSE; i++) {
+    counts[i] = field_keys(i, f[1 + PS_CRITEO_NDENSE + i], flen[1 + PS_CRITEO_NDENSE + i], sep,
+                           keys + k);
+    k += counts[i];
+  }
   return 0;
 }
 
@@ -277,6 +308,7 @@ int ps_criteo_open(ps_criteo **out, const char *path, int worker, int nworkers, 
   }
   r->gz = gz;
   r->worker = worker;
+  r->sep = -1;
   r->nworkers = nworkers;
   *out = r;
   return 0;
@@ -306,8 +338,9 @@ static int next_own_line(ps_criteo *r, const char **p, size_t *len, int *cut) {
 /* Parses the line next_line kept (r->line is its 1-based number now) into
  * the outputs; its error goes to r->err. */
 static int parse_kept(ps_criteo *r, const char *p, size_t len, int cut, float *label,
-                      float *dense, uint64_t *keys) {
-  int rc = ps_criteo_parse_line(p, len, r->path, r->line, label, dense, keys, &r->err);
+                      float *dense, uint64_t *keys, uint32_t *counts) {
+  int rc = ps_criteo_parse_bags(p, len, r->path, r->line, r->sep, label, dense, keys, counts,
+                                &r->err);
   /* A cut line always fails in the parser (see there); kept as a guard. */
   if (rc == 0 && cut)
     rc = FAIL(r, PS_EFORMAT, "%s: line %" PRIu64 ": longer than %d bytes, expected at most %d",
@@ -321,12 +354,15 @@ static ssize_t failed(ps_criteo *r, ps_errbuf *eb) {
   return r->err.code;
 }
 
-ssize_t ps_criteo_next(ps_criteo *r, size_t max, float *labels, float *dense, uint64_t *keys,
-                       ps_errbuf *eb) {
+/* The loop of ps_criteo_next and _next_bags: the keys into keys[] and,
+ * with counts, each sample's fields' counts into counts[k * 26 ..]
+ * (without: one key a field). */
+static ssize_t next_samples(ps_criteo *r, size_t max, float *labels, float *dense, uint64_t *keys,
+                            uint32_t *counts, ps_errbuf *eb) {
   if (r->err.code != 0)
     return failed(r, eb);
   ps_data_pos pos = r->pos;
-  size_t k = 0;
+  size_t k = 0, nkeys = 0;
   while (k < max) {
     const char *p = NULL;
     size_t len = 0;
@@ -350,16 +386,62 @@ ssize_t ps_criteo_next(ps_criteo *r, size_t max, float *labels, float *dense, ui
       pos.offset = 0;
       continue;
     }
-    rc = parse_kept(r, p, len, cut, labels + k, dense + k * PS_CRITEO_NDENSE,
-                    keys + k * PS_CRITEO_NSPARSE);
+    uint32_t one[PS_CRITEO_NSPARSE];
+    uint32_t *cnt = counts != NULL ? counts + k * PS_CRITEO_NSPARSE : one;
+    rc = parse_kept(r, p, len, cut, labels + k, dense + k * PS_CRITEO_NDENSE, keys + nkeys, cnt);
     if (rc < 0)
       return failed(r, eb);
+    for (int c = 0; c < PS_CRITEO_NSPARSE; c++)
+      nkeys += cnt[c];
     k++;
     pos.offset++;
   }
   r->pos = pos;
   return (ssize_t)k;
 }
+
+ssize_t ps_criteo_next(ps_criteo *r, size_t max, float *labels, float *dense, uint64_t *keys,
+                       ps_errbuf *eb) {
+  if (r->sep >= 0)
+    return ps_err_set(eb, -EINVAL, "%s: a reader of bags hands them out with ps_criteo_next_bags",
+                      r->path);
+  return next_samples(r, max, labels, dense, keys, NULL, eb);
+}
+
+int ps_criteo_keys_init(ps_criteo_keys *k, size_t max) {
+  memset(k, 0, sizeof *k);
+  k->max = max;
+  size_t m = max > 0 ? max : 1;
+  k->offs = malloc((m * PS_CRITEO_NSPARSE + 1) * sizeof *k->offs);
+  k->keys = malloc(m * PS_CRITEO_NSPARSE * PS_CRITEO_MAX_BAG * sizeof *k->keys);
+  if (k->offs == NULL || k->keys == NULL) {
+    ps_criteo_keys_free(k);
+    return -ENOMEM;
+  }
+  return 0;
+}
+
+void ps_criteo_keys_free(ps_criteo_keys *k) {
+  free(k->offs);
+  free(k->keys);
+  memset(k, 0, sizeof *k);
+}
+
+ssize_t ps_criteo_next_bags(ps_criteo *r, size_t max, float *labels, float *dense,
+                            ps_criteo_keys *out, ps_errbuf *eb) {
+  if (max > out->max)
+    max = out->max;
+  /* The counts go where the offsets will be (one slot later), then add up. */
+  ssize_t n = next_samples(r, max, labels, dense, out->keys, out->offs + 1, eb);
+  if (n < 0)
+    return n;
+  out->offs[0] = 0;
+  for (size_t i = 1; i <= (size_t)n * PS_CRITEO_NSPARSE; i++)
+    out->offs[i] += out->offs[i - 1];
+  return n;
+}
+
+void ps_criteo_set_bags(ps_criteo *r, int sep) { r->sep = sep; }
 
 ps_data_pos ps_criteo_pos(const ps_criteo *r) { return r->pos; }
 
@@ -403,11 +485,12 @@ int ps_criteo_count(const char *path, uint64_t *n, ps_errbuf *eb) {
     int cut;
     float label, dense[PS_CRITEO_NDENSE];
     uint64_t keys[PS_CRITEO_NSPARSE];
+    uint32_t counts[PS_CRITEO_NSPARSE];
     rc = next_line(r, 1, &p, &len, &cut);
     if (rc == 0)
       break;
     if (rc > 0)
-      rc = parse_kept(r, p, len, cut, &label, dense, keys);
+      rc = parse_kept(r, p, len, cut, &label, dense, keys, counts);
     if (rc < 0) {
       failed(r, eb);
       break;

@@ -51,6 +51,35 @@ void ps_criteo_close(ps_criteo *r);
 ssize_t ps_criteo_next(ps_criteo *r, size_t max, float *labels, float *dense, uint64_t *keys,
                        ps_errbuf *eb);
 
+/* Bags (CRITEO.md, "Bags"): from now on each categorical field of r's
+ * lines holds the values between the byte `sep` (a separator), each its
+ * key; empty values (and an empty field: an empty bag) hold none.  Read
+ * them with ps_criteo_next_bags; -1: one value a field again. */
+void ps_criteo_set_bags(ps_criteo *r, int sep);
+
+/* A field holds at most this many values: it is at most 256 bytes, and
+ * each value takes one and its separator another. */
+#define PS_CRITEO_MAX_BAG (PS_CRITEO_MAX_FIELD / 2)
+
+/* A batch's categorical keys as bags: sample k's field c (0-based) holds
+ * keys[offs[k*26 + c] .. offs[k*26 + c + 1]).  Without bags every field
+ * holds one key (offs[i] = i). */
+typedef struct ps_criteo_keys {
+  uint64_t *keys;    /* room for max * 26 * PS_CRITEO_MAX_BAG */
+  uint32_t *offs;    /* max * 26 + 1 */
+  size_t max;        /* samples a batch may have */
+} ps_criteo_keys;
+
+/* For batches of up to max samples.  @return 0 or -ENOMEM (then freed). */
+int ps_criteo_keys_init(ps_criteo_keys *k, size_t max);
+void ps_criteo_keys_free(ps_criteo_keys *k);
+
+/* ps_criteo_next with the keys as bags, in out (at most out->max
+ * samples), whether r reads bags or not.  ps_criteo_next refuses a reader
+ * of bags (-EINVAL). */
+ssize_t ps_criteo_next_bags(ps_criteo *r, size_t max, float *labels, float *dense,
+                            ps_criteo_keys *out, ps_errbuf *eb);
+
 /* (epoch, samples of this worker's part handed out in that epoch). */
 ps_data_pos ps_criteo_pos(const ps_criteo *r);
 
@@ -90,5 +119,12 @@ uint64_t ps_criteo_key(int c, const void *bytes, size_t len);
  * expected ...". */
 int ps_criteo_parse_line(const char *line, size_t len, const char *file, uint64_t lineno,
                          float *label, float *dense, uint64_t *keys, ps_errbuf *eb);
+
+/* ps_criteo_parse_line with bags separated by `sep` (-1: none, one key a
+ * field): field c's keys in counts[c] keys, one after another in keys (room
+ * for 26 * PS_CRITEO_MAX_BAG). */
+int ps_criteo_parse_bags(const char *line, size_t len, const char *file, uint64_t lineno,
+                         int sep, float *label, float *dense, uint64_t *keys, uint32_t *counts,
+                         ps_errbuf *eb);
 
 #endif

@@ -40,7 +40,7 @@ ps_eval *ps_eval_new(const ps_config *cfg, const ps_model *model) {
       ps_err_set(&eb, -ENOENT, "no [data] test file");
     else if (model->ntables > 0 && cfg->data_format == PS_DATA_CRITEO)
       e->ctr = ps_eval_ctr_new(model, ps_config_file_path(cfg, cfg->test_data, path, sizeof path),
-                               (int)cfg->batch, 0, NULL, &eb);
+                               (int)cfg->batch, (int)cfg->bag_separator, 0, NULL, &eb);
     if (e->ctr == NULL) {
       ps_log(PS_LOG_INFO, "evaluations off: %s", eb.msg[0] ? eb.msg : "a model without sparse "
              "tables on Criteo data has nothing to evaluate it with here");

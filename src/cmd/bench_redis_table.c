@@ -333,6 +333,12 @@ int ps_cmd_bench_redis_table(int argc, char **argv) {
   if ((status = ps_trainer_open(&t, &cfg, model, index)) != 0)
     goto out;
   status = 1;
+  if (cfg.bag_separator >= 0) {
+    ps_log(PS_LOG_ERROR, "%s: [data] bag_separator is set: this baseline reads one key a field",
+           config);
+    status = 2;
+    goto out;
+  }
   if (rtab_open(&r, &cfg, model, t.batch, &eb) != 0) {
     ps_log(PS_LOG_ERROR, "%s", eb.msg);
     status = eb.code == PS_ECONFIG ? 2 : 1;
@@ -353,7 +359,7 @@ int ps_cmd_bench_redis_table(int argc, char **argv) {
   double t0 = ps_now_s();
   int cur = 0, rc;
   size_t n = ps_trainer_batch(&t);
-  ps_embed_keys(&emb[cur], t.keys, (int)n);
+  ps_trainer_embed(&t, &emb[cur], n);
   rows_pulled += ps_embed_nrows(&emb[cur]);
   queue_reads(&r, &emb[cur]);
   if ((rc = read_replies(&r, NULL, &emb[cur], r.slots[cur], &eb)) != 0)
@@ -372,7 +378,7 @@ int ps_cmd_bench_redis_table(int argc, char **argv) {
     /* The next batch while the dense push and pull are in flight; its rows
      * come in the round trip that writes this one's. */
     n = ps_trainer_batch(&t);
-    ps_embed_keys(&emb[1 - cur], t.keys, (int)n);
+    ps_trainer_embed(&t, &emb[1 - cur], n);
     rows_pulled += ps_embed_nrows(&emb[1 - cur]);
     if ((rc = ps_client_push_pull_start(client, t.grad, t.params)) != 0) {
       ps_log(PS_LOG_ERROR, "%s", ps_client_error(client));
@@ -409,7 +415,7 @@ int ps_cmd_bench_redis_table(int argc, char **argv) {
     ps_eval_ctr_result res;
     ps_eval_ctr *ev = ps_eval_ctr_new(t.model, ps_config_file_path(&cfg, cfg.test_data, path,
                                                                      sizeof path),
-                                      (int)cfg.batch, 0, t.compute, &eb);
+                                      (int)cfg.batch, -1, 0, t.compute, &eb);
     rc = ev != NULL ? ps_eval_ctr_run(ev, t.params, test_rows, &ta, &res, &eb) : -1;
     ps_eval_ctr_free(ev);
     if (rc != 0) {

@@ -66,6 +66,9 @@ static void train_usage(FILE *f) {
       "                        embedding_bag layers become sparse tables here\n"
       "  --test FILE           with --train: Criteo test data, for the test AUC and log\n"
       "                        loss at each epoch's end (default: no test)\n"
+      "  --bag-separator C     with --train: each categorical field is a bag of values\n"
+      "                        separated by the byte C, e.g. , (CRITEO.md, \"Bags\";\n"
+      "                        default: one value a field)\n"
       "  --max-steps N         stop after N steps in all (default: no limit)\n"
       "  --train-limit N       use only the first N training samples (default: all)\n"
       "  --no-eval             skip the test-set evaluation\n"
@@ -109,7 +112,7 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
   enum { O_MODEL = 256, O_HIDDEN, O_MODEL_FILE, O_EPOCHS, O_BATCH, O_OPTIM, O_LR, O_MOMENTUM, O_WD,
          O_SCHED, O_STEP_EPOCHS, O_GAMMA, O_MIN_LR, O_WARMUP, O_THREADS, O_SEED, O_DATA,
          O_MAX_STEPS, O_TRAIN_LIMIT, O_NO_EVAL, O_LOG_LEVEL, O_DEVICE, O_CKPT_DIR, O_CKPT_EVERY,
-         O_KEEP, O_INIT_FROM, O_TRAIN, O_TEST, O_NPY, O_NPY_TEST };
+         O_KEEP, O_INIT_FROM, O_TRAIN, O_TEST, O_NPY, O_NPY_TEST, O_BAG_SEP };
   static const struct option longopts[] = {
       {"model", required_argument, 0, O_MODEL},
       {"hidden", required_argument, 0, O_HIDDEN},
@@ -135,6 +138,7 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
       {"data", required_argument, 0, O_DATA},
       {"train", required_argument, 0, O_TRAIN},
       {"test", required_argument, 0, O_TEST},
+      {"bag-separator", required_argument, 0, O_BAG_SEP},
       {"npy", required_argument, 0, O_NPY},
       {"npy-test", required_argument, 0, O_NPY_TEST},
       {"max-steps", required_argument, 0, O_MAX_STEPS},
@@ -150,7 +154,7 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
   *o = (ps_train_opts){.model = "mlp", .data = PS_DATA_DEFAULT_DIR, .epochs = 10, .batch = 128,
                     .threads = cores > 0 ? cores : 1, .lr = 0.001, .momentum = 0.9,
                     .gamma = 0.5, .step_epochs = 1, .eval = 1, .device = PS_DEVICE_CPU,
-                    .keep = 5};
+                    .keep = 5, .bag_separator = -1};
   opterr = 0;
   optind = 1;
   int c, rc = 0, named = 0, every = 0, keep = 0, data = 0;
@@ -181,6 +185,14 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
     case O_DATA: o->data = optarg; data = 1; break;
     case O_TRAIN: o->train = optarg; break;
     case O_TEST: o->test = optarg; break;
+    case O_BAG_SEP:
+      if (strlen(optarg) != 1 || optarg[0] == '\t' || optarg[0] == '\n' || optarg[0] == '\r') {
+        ps_cmd_error("--bag-separator '%s': expected one byte other than a tab", optarg);
+        rc = -1;
+      } else {
+        o->bag_separator = (unsigned char)optarg[0];
+      }
+      break;
     case O_NPY: o->npy = optarg; break;
     case O_NPY_TEST: o->npy_test = optarg; break;
     case O_MAX_STEPS: rc = ps_cmd_flag_i64("max-steps", optarg, 1, INT64_MAX, &o->max_steps); break;
@@ -241,6 +253,10 @@ static int parse_opts(int argc, char **argv, ps_train_opts *o) {
    * checkpoints of sparse tables yet. */
   if (o->test != NULL && o->train == NULL) {
     ps_cmd_error("--test without --train: expected a Criteo training file too");
+    return -1;
+  }
+  if (o->bag_separator >= 0 && o->train == NULL) {
+    ps_cmd_error("--bag-separator without --train: expected a Criteo training file too");
     return -1;
   }
   if (o->train != NULL && (data || o->ckpt_dir != NULL || o->init_from != NULL)) {

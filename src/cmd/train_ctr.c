@@ -35,7 +35,7 @@ typedef struct ctr_run {
    * its gradient. */
   float *labels, *x, *emb, *demb;
   uint8_t *y;
-  uint64_t *keys;
+  ps_criteo_keys keys;
   /* The dense weights, their gradient and the optimizer's slots (host). */
   float *params, *grad, *slots[PS_OPTIM_MAX_SLOTS];
   /* The test set's first ntest samples, and their evaluator. */
@@ -57,7 +57,7 @@ void ps_train_sched_setup(ps_train_opts *o, uint64_t steps_per_epoch) {
  * keys, and y from the labels.  @return how many, or a negative code with
  * one line in eb. */
 static ssize_t read_batch(ctr_run *r, ps_criteo *rd, size_t max, ps_errbuf *eb) {
-  ssize_t n = ps_criteo_next(rd, max, r->labels, r->x, r->keys, eb);
+  ssize_t n = ps_criteo_next_bags(rd, max, r->labels, r->x, &r->keys, eb);
   for (ssize_t i = 0; i < n; i++)
     r->y[i] = r->labels[i] > 0.5f;
   return n;
@@ -75,11 +75,14 @@ static int table_rows(void *arg, ps_embed *e, float *params, ps_errbuf *eb) {
   return 0;
 }
 
-/* The batch's rows from the tables into the embedding input (r->emb). */
-static void pull_rows(ctr_run *r, int n) {
-  ps_embed_keys(&r->embed, r->keys, n);
+/* The batch's rows from the tables into the embedding input (r->emb).
+ * @return 0 or -ENOMEM. */
+static int pull_rows(ctr_run *r, int n) {
+  if (ps_embed_keys(&r->embed, r->keys.keys, r->keys.offs, n) != 0)
+    return -ENOMEM;
   table_rows(r, &r->embed, r->params, NULL);
   ps_embed_pool(&r->embed, r->emb);
+  return 0;
 }
 
 /* One pass over the test file's first ntest samples (ps_eval_ctr): the
@@ -103,7 +106,6 @@ static int setup(ctr_run *r, const ps_train_opts *o) {
   size_t b = (size_t)o->batch, total = m->vars.total;
   r->labels = malloc(b * sizeof *r->labels);
   r->y = malloc(b);
-  r->keys = malloc(b * PS_CRITEO_NSPARSE * sizeof *r->keys);
   r->x = ps_compute_host_alloc(r->compute, b * m->in_size * sizeof *r->x);
   r->emb = malloc(b * (m->emb_size ? m->emb_size : 1) * sizeof *r->emb);
   r->demb = malloc(b * (m->emb_size ? m->emb_size : 1) * sizeof *r->demb);
@@ -111,8 +113,10 @@ static int setup(ctr_run *r, const ps_train_opts *o) {
   r->grad = malloc(total * sizeof *r->grad);
   ps_errbuf eb = {0};
   if (r->ntest > 0)
-    r->eval = ps_eval_ctr_new(m, o->test, (int)o->batch, r->ntest, r->compute, &eb);
-  int failed = r->labels == NULL || r->y == NULL || r->keys == NULL || r->x == NULL ||
+    r->eval = ps_eval_ctr_new(m, o->test, (int)o->batch, o->bag_separator, r->ntest, r->compute,
+                              &eb);
+  int failed = r->labels == NULL || r->y == NULL || r->x == NULL ||
+               ps_criteo_keys_init(&r->keys, b, o->bag_separator >= 0) != 0 ||
                r->emb == NULL || r->demb == NULL || r->params == NULL || r->grad == NULL ||
                (r->ntest > 0 && r->eval == NULL) ||
                ps_embed_init(&r->embed, m, (int)o->batch, PS_CRITEO_NSPARSE) != 0;
@@ -158,7 +162,7 @@ static void teardown(ctr_run *r) {
     free(r->slots[k]);
   free(r->labels);
   free(r->y);
-  free(r->keys);
+  ps_criteo_keys_free(&r->keys);
   free(r->emb);
   free(r->demb);
   free(r->params);
@@ -234,7 +238,9 @@ int ps_train_ctr(ps_train_opts *o, const ps_model_spec *spec, volatile sig_atomi
   if ((status = setup(&r, o)) != 0)
     goto out;
   status = 1;
-  if (ps_criteo_open(&rd, o->train, 0, 1, &eb) != 0) {
+  if (ps_criteo_open(&rd, o->train, 0, 1, &eb) == 0 && o->bag_separator >= 0)
+    ps_criteo_set_bags(rd, o->bag_separator);
+  if (rd == NULL) {
     ps_cmd_error("--train %s", eb.msg);
     status = eb.code == -ENOMEM ? 1 : 2;
     goto out;
@@ -291,7 +297,10 @@ int ps_train_ctr(ps_train_opts *o, const ps_model_spec *spec, volatile sig_atomi
        * rows pulled, the gradient, each table's distinct keys pushed. */
       for (int t = 0; t < m->ntables; t++)
         ps_table_expire(r.tables[t], step);
-      pull_rows(&r, (int)n);
+      if (pull_rows(&r, (int)n) != 0) {
+        ps_cmd_error("out of memory for the keys of a batch of %zd samples", n);
+        goto out;
+      }
       double loss = ps_compute_grad_emb(r.compute, r.params, r.x, m->ntables ? r.emb : NULL,
                                         r.y, (int)n, o->seed, samples, r.grad, r.demb, NULL);
       if (!(loss == loss) || loss > 1e30) {

@@ -13,6 +13,7 @@
 typedef struct ps_train_opts {
   const char *model, *hidden, *model_file, *data;
   const char *train, *test;          /* --train, --test: Criteo files */
+  int bag_separator;                 /* --bag-separator: the byte, or -1 (none) */
   const char *npy, *npy_test;        /* --npy, --npy-test: the user's own data (NPY.md) */
   const char *ckpt_dir, *init_from;  /* --checkpoint-dir, --init-from */
   int64_t ckpt_every, keep;          /* --checkpoint-every, --keep */

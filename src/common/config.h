@@ -72,6 +72,7 @@ typedef struct ps_config {
   int data_format;                /* ps_data_format */
   char train_data[PS_CONFIG_PATH_MAX];      /* criteo: the training file; npy: its directory */
   char test_data[PS_CONFIG_PATH_MAX];       /* criteo, npy: the test file or directory ("": none) */
+  int64_t bag_separator;          /* criteo: the byte that splits a field into a bag; -1: none */
 
   /* [train] */
   char optimizer[16];             /* sgd|momentum|nesterov|adagrad|adam */

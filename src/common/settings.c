@@ -22,6 +22,20 @@ static int parse_cluster_id(const ps_setting *s, const char *v, void *field, cha
   return 0;
 }
 
+/* [data] bag_separator: one byte (not a tab, a newline or a carriage
+ * return, which end a field or a line), or nothing (-1: no bags). */
+static int parse_bag_separator(const ps_setting *s, const char *v, void *field, char *why,
+                               size_t len) {
+  (void)s;
+  size_t n = strlen(v);
+  if (n > 1 || (n == 1 && (v[0] == '\t' || v[0] == '\n' || v[0] == '\r'))) {
+    snprintf(why, len, "one byte other than a tab, or nothing (no bags)");
+    return PS_ECONFIG;
+  }
+  *(int64_t *)field = n == 0 ? -1 : (unsigned char)v[0];
+  return 0;
+}
+
 /* For a rate, where zero is as wrong as a negative number. */
 static int parse_positive(const ps_setting *s, const char *v, void *field, char *why,
                           size_t len) {
@@ -174,6 +188,9 @@ const ps_setting ps_settings[] = {
      .help = "criteo: training samples, plain or gzip (src/data/CRITEO.md); npy: the directory of X.npy, y.npy; beside this file if relative"},
     {"data", "test", STRING, FIELD(test_data), .def = "",
      .help = "criteo, npy: test samples worker 0 evaluates at the end, as train (empty: none)"},
+    {"data", "bag_separator", INT, FIELD(bag_separator), .min = -1, .max = 255,
+     .parse = parse_bag_separator, .def = "",
+     .help = "criteo: a byte that splits each categorical field into a bag of values, e.g. , (src/data/CRITEO.md, Bags); empty: one value a field"},
 
     {"train", "optimizer", STRING, FIELD(optimizer), .choices = optimizers, .def = "adam",
      .help = "sgd, momentum, nesterov, adagrad or adam: the shards apply it (averaging, easgd: each worker)"},

@@ -408,12 +408,13 @@ ssize_t ps_criteo_next(ps_criteo *r, size_t max, float *labels, float *dense, ui
   return next_samples(r, max, labels, dense, keys, NULL, eb);
 }
 
-int ps_criteo_keys_init(ps_criteo_keys *k, size_t max) {
+int ps_criteo_keys_init(ps_criteo_keys *k, size_t max, int bags) {
   memset(k, 0, sizeof *k);
   k->max = max;
+  k->bags = bags;
   size_t m = max > 0 ? max : 1;
   k->offs = malloc((m * PS_CRITEO_NSPARSE + 1) * sizeof *k->offs);
-  k->keys = malloc(m * PS_CRITEO_NSPARSE * PS_CRITEO_MAX_BAG * sizeof *k->keys);
+  k->keys = malloc(m * PS_CRITEO_NSPARSE * (bags ? PS_CRITEO_MAX_BAG : 1) * sizeof *k->keys);
   if (k->offs == NULL || k->keys == NULL) {
     ps_criteo_keys_free(k);
     return -ENOMEM;
@@ -431,6 +432,8 @@ ssize_t ps_criteo_next_bags(ps_criteo *r, size_t max, float *labels, float *dens
                             ps_criteo_keys *out, ps_errbuf *eb) {
   if (max > out->max)
     max = out->max;
+  if (r->sep >= 0 && !out->bags)
+    return ps_err_set(eb, -EINVAL, "%s: a reader of bags needs keys with room for bags", r->path);
   /* The counts go where the offsets will be (one slot later), then add up. */
   ssize_t n = next_samples(r, max, labels, dense, out->keys, out->offs + 1, eb);
   if (n < 0)

@@ -65,18 +65,21 @@ void ps_criteo_set_bags(ps_criteo *r, int sep);
  * keys[offs[k*26 + c] .. offs[k*26 + c + 1]).  Without bags every field
  * holds one key (offs[i] = i). */
 typedef struct ps_criteo_keys {
-  uint64_t *keys;    /* room for max * 26 * PS_CRITEO_MAX_BAG */
+  uint64_t *keys;    /* room for max * 26 keys, times PS_CRITEO_MAX_BAG for bags */
   uint32_t *offs;    /* max * 26 + 1 */
   size_t max;        /* samples a batch may have */
+  int bags;          /* room for bags */
 } ps_criteo_keys;
 
-/* For batches of up to max samples.  @return 0 or -ENOMEM (then freed). */
-int ps_criteo_keys_init(ps_criteo_keys *k, size_t max);
+/* For batches of up to max samples, of bags when `bags` (else one key a
+ * field).  @return 0 or -ENOMEM (then freed). */
+int ps_criteo_keys_init(ps_criteo_keys *k, size_t max, int bags);
 void ps_criteo_keys_free(ps_criteo_keys *k);
 
 /* ps_criteo_next with the keys as bags, in out (at most out->max
- * samples), whether r reads bags or not.  ps_criteo_next refuses a reader
- * of bags (-EINVAL). */
+ * samples), whether r reads bags or not (a reader of bags needs out with
+ * their room: -EINVAL without).  ps_criteo_next refuses a reader of bags
+ * (-EINVAL). */
 ssize_t ps_criteo_next_bags(ps_criteo *r, size_t max, float *labels, float *dense,
                             ps_criteo_keys *out, ps_errbuf *eb);
 

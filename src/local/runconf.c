@@ -386,10 +386,12 @@ static void format_value(const ps_setting *s, const ps_config *c, char *buf, siz
   case PS_SETTING_INT: {
     int64_t v = *(const int64_t *)field;
     /* split_bytes and redis_replicas spell -1 "auto", split_bytes 0
-     * "never" (config.h), and device is a word ("cpu", "cuda:N"); their own
-     * parsers read the words. */
+     * "never" (config.h), device is a word ("cpu", "cuda:N") and
+     * bag_separator a byte (-1: none); their own parsers read them. */
     if (strcmp(s->key, "device") == 0)
       ps_device_format((int)v, buf, len);
+    else if (strcmp(s->key, "bag_separator") == 0)
+      snprintf(buf, len, "%s", v < 0 ? "" : (char[2]){(char)v, 0});
     else if (v < 0 && s->parse != NULL)
       snprintf(buf, len, "auto");
     else if (strcmp(s->key, "split_bytes") == 0 && v == 0)

@@ -24,6 +24,7 @@
 #include "common/notify.h"
 #include "common/procmem.h"
 #include "common/timeutil.h"
+#include "data/criteo.h"
 #include "layout/layout.h"
 #include "net/conn.h"
 #include "nn/model.h"
@@ -720,8 +721,12 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "out of memory for a slice of %zu floats", so.nfloats);
     goto out;
   }
+  /* A batch's distinct keys a table: one a sample, or with bags up to the
+   * most a field holds (src/data/CRITEO.md). */
+  uint64_t per_sample = cfg->bag_separator >= 0 ? PS_CRITEO_MAX_BAG : 1;
   s->max_payload = ps_proto_max_payload_sparse(
-      so.nfloats, ps_shard_sparse_max(&so, (uint64_t)cfg->batch * (uint64_t)cfg->window));
+      so.nfloats,
+      ps_shard_sparse_max(&so, (uint64_t)cfg->batch * (uint64_t)cfg->window * per_sample));
   /* The address first: a machine that does not hold it (its replacement
    * took it) must fail before it takes the shard's epoch in Redis, which
    * would fence the replacement out.  An address in use here is another

@@ -1,9 +1,11 @@
 /* A step's sparse inputs on the worker: each table's distinct keys of a
  * batch (what the worker pulls and pushes), the pooled embedding input the
  * network reads (nn/model.h: emb), and the rows' gradients from the
- * network's gradient of that input.  One key per sample and field, as
- * Criteo's data has: a bag of one, which every combiner leaves as it is.
- * No I/O. */
+ * network's gradient of that input.  A sample's field holds a bag of keys
+ * (one in Criteo's data, which every combiner leaves as it is; any number
+ * with [data] bag_separator), pooled by its table's combiner: the sum, the
+ * mean or the sum over the square root of the count; an empty bag pools to
+ * zeros.  No I/O. */
 #ifndef PS_WORKER_EMBED_H
 #define PS_WORKER_EMBED_H
 
@@ -17,23 +19,29 @@ typedef struct ps_embed {
   const ps_model *model;
   int max_batch, nfields;      /* nfields: keys per sample in the data */
   int n;                       /* samples of the current batch */
-  /* Per table: the batch's distinct keys ascending (nkeys), each sample's
-   * index among them (bag), the rows pulled for them and their gradients. */
+  /* Per table: the batch's distinct keys ascending (nkeys), sample i's
+   * keys as indexes among them (bag[boff[i] .. boff[i + 1])), the rows
+   * pulled for them and their gradients.  Grown as batches need. */
   uint64_t *keys[PS_MODEL_MAX_TABLES];
   size_t nkeys[PS_MODEL_MAX_TABLES];
-  uint32_t *bag[PS_MODEL_MAX_TABLES];
+  uint32_t *bag[PS_MODEL_MAX_TABLES], *boff[PS_MODEL_MAX_TABLES];
   float *rows[PS_MODEL_MAX_TABLES], *grads[PS_MODEL_MAX_TABLES];
-  uint64_t *sort;              /* scratch: (key, sample) pairs */
+  size_t keys_cap[PS_MODEL_MAX_TABLES], occ_cap[PS_MODEL_MAX_TABLES];
+  size_t rows_cap[PS_MODEL_MAX_TABLES], grads_cap[PS_MODEL_MAX_TABLES];  /* floats */
+  uint64_t *sort;              /* scratch: (key, place) pairs */
+  size_t sort_cap;
 } ps_embed;
 
-/* For batches of up to max_batch samples with nfields keys each (a table's
- * field must be below it).  @return 0, -EINVAL (a table's field out of
- * range) or -ENOMEM.  Free with ps_embed_free (also after a failure). */
+/* For batches of up to max_batch samples with nfields fields each (a
+ * table's field must be below it).  @return 0, -EINVAL (a table's field out
+ * of range) or -ENOMEM.  Free with ps_embed_free (also after a failure). */
 int ps_embed_init(ps_embed *e, const ps_model *m, int max_batch, int nfields);
 void ps_embed_free(ps_embed *e);
 
-/* Take a batch's keys: keys[i * nfields + f] is sample i's key of field f. */
-void ps_embed_keys(ps_embed *e, const uint64_t *keys, int n);
+/* Take a batch's keys (at most max_batch samples): sample i's field f holds
+ * keys[offs[i * nfields + f] .. offs[i * nfields + f + 1]), or, when offs
+ * is NULL, the one key keys[i * nfields + f].  @return 0 or -ENOMEM. */
+int ps_embed_keys(ps_embed *e, const uint64_t *keys, const uint32_t *offs, int n);
 
 /* Rows the batch names: its distinct keys summed over the tables (what a
  * pull of its rows fetches). */
@@ -44,12 +52,13 @@ size_t ps_embed_nrows(const ps_embed *e);
 void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b);
 
 /* The embedding input of the batch (n x model->emb_size floats) from the
- * rows pulled. */
+ * rows pulled: each bag pooled by its table's combiner. */
 void ps_embed_pool(const ps_embed *e, float *emb);
 
 /* The rows' gradients (grads) from the network's gradient of its embedding
  * input (demb, n x emb_size): each row gets the sum over the samples that
- * hold its key. */
+ * hold its key (as many times as their bags hold it) of the sample's
+ * gradient times its bag's combiner factor. */
 void ps_embed_scatter(ps_embed *e, const float *demb);
 
 #endif

@@ -20,7 +20,8 @@ struct ps_eval_ctr {
   int own_compute;
   ps_embed embed;
   float *x, *labels, *emb;
-  uint64_t *keys;
+  ps_criteo_keys keys;
+  int sep;
   float *scores;       /* every test sample's, grown as the file is read */
   uint8_t *truth;
   size_t cap;
@@ -36,13 +37,13 @@ void ps_eval_ctr_free(ps_eval_ctr *e) {
   ps_embed_free(&e->embed);
   free(e->labels);
   free(e->emb);
-  free(e->keys);
+  ps_criteo_keys_free(&e->keys);
   free(e->scores);
   free(e->truth);
   free(e);
 }
 
-ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch,
+ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch, int sep,
                              uint64_t max_samples, ps_compute *compute, ps_errbuf *eb) {
   ps_eval_ctr *e = calloc(1, sizeof *e);
   if (e == NULL) {
@@ -52,6 +53,7 @@ ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch,
   e->model = model;
   e->batch = batch;
   e->max_samples = max_samples;
+  e->sep = sep;
   snprintf(e->path, sizeof e->path, "%s", path);
   size_t b = (size_t)batch;
   e->compute = compute;
@@ -66,8 +68,8 @@ ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch,
   e->x = ps_compute_host_alloc(e->compute, b * PS_CRITEO_NDENSE * sizeof *e->x);
   e->labels = malloc(b * sizeof *e->labels);
   e->emb = malloc(b * (model->emb_size ? model->emb_size : 1) * sizeof *e->emb);
-  e->keys = malloc(b * PS_CRITEO_NSPARSE * sizeof *e->keys);
-  if (e->x == NULL || e->labels == NULL || e->emb == NULL || e->keys == NULL ||
+  if (e->x == NULL || e->labels == NULL || e->emb == NULL ||
+      ps_criteo_keys_init(&e->keys, b, sep >= 0) != 0 ||
       ps_embed_init(&e->embed, model, batch, PS_CRITEO_NSPARSE) != 0) {
     ps_err_set(eb, -ENOMEM, "out of memory for the evaluation's batches");
     ps_eval_ctr_free(e);
@@ -100,6 +102,8 @@ int ps_eval_ctr_run(ps_eval_ctr *e, float *params, ps_eval_ctr_rows_fn *rows, vo
   ps_criteo *rd = NULL;
   size_t total = 0;
   int rc = ps_criteo_open(&rd, e->path, 0, 1, eb);
+  if (rc == 0 && e->sep >= 0)
+    ps_criteo_set_bags(rd, e->sep);
   while (rc == 0) {
     size_t want = (size_t)e->batch;
     if (e->max_samples > 0 && e->max_samples - total < want)
@@ -108,7 +112,7 @@ int ps_eval_ctr_run(ps_eval_ctr *e, float *params, ps_eval_ctr_rows_fn *rows, vo
       break;
     /* One pass: a batch short of what was asked ends it; one read from
      * the pass after (the file a multiple of the batch) is not used. */
-    ssize_t n = ps_criteo_next(rd, want, e->labels, e->x, e->keys, eb);
+    ssize_t n = ps_criteo_next_bags(rd, want, e->labels, e->x, &e->keys, eb);
     if (n < 0) {
       rc = (int)n;
       break;
@@ -119,7 +123,10 @@ int ps_eval_ctr_run(ps_eval_ctr *e, float *params, ps_eval_ctr_rows_fn *rows, vo
       ps_err_set(eb, rc, "out of memory for the test scores");
       break;
     }
-    ps_embed_keys(&e->embed, e->keys, (int)n);
+    if ((rc = ps_embed_keys(&e->embed, e->keys.keys, e->keys.offs, (int)n)) != 0) {
+      ps_err_set(eb, rc, "out of memory for the keys of a test batch");
+      break;
+    }
     if ((rc = rows(arg, &e->embed, params, eb)) != 0)
       break;
     ps_embed_pool(&e->embed, e->emb);

@@ -18,11 +18,12 @@
 typedef struct ps_eval_ctr ps_eval_ctr;
 
 /* For model (with tables) over the test file `path`, in batches of `batch`
- * (a pull of one batch's rows fits the shards' frame cap), at most
+ * (a pull of one batch's rows fits the shards' frame cap), its fields bags
+ * separated by the byte `sep` (-1: one value a field; CRITEO.md), at most
  * max_samples of it (0: all).  compute: the caller's, borrowed (it must
  * outlive the evaluator), or NULL for one of the evaluator's own (one
  * thread).  @return it, or NULL with the reason in eb (out of memory). */
-ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch,
+ps_eval_ctr *ps_eval_ctr_new(const ps_model *model, const char *path, int batch, int sep,
                              uint64_t max_samples, ps_compute *compute, ps_errbuf *eb);
 void ps_eval_ctr_free(ps_eval_ctr *e);
 

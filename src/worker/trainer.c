@@ -68,12 +68,14 @@ static int open_criteo(ps_trainer *t, const ps_config *cfg, const ps_model *mode
   }
   size_t b = (size_t)t->batch;
   t->labels = malloc(b * sizeof *t->labels);
-  t->keys = malloc(b * PS_CRITEO_NSPARSE * sizeof *t->keys);
+  if (cfg->bag_separator >= 0)
+    ps_criteo_set_bags(t->reader, (int)cfg->bag_separator);
+  int nokeys = ps_criteo_keys_init(&t->keys, b, cfg->bag_separator >= 0) != 0;
   if (model->emb_size > 0) {
     t->emb = malloc(b * model->emb_size * sizeof *t->emb);
     t->demb = malloc(b * model->emb_size * sizeof *t->demb);
   }
-  if (t->labels == NULL || t->keys == NULL ||
+  if (t->labels == NULL || nokeys ||
       (model->emb_size > 0 && (t->emb == NULL || t->demb == NULL))) {
     ps_log(PS_LOG_ERROR, "out of memory (batch %d)", t->batch);
     return 1;
@@ -171,7 +173,7 @@ int ps_trainer_open(ps_trainer *t, const ps_config *cfg, const ps_model *model, 
 void ps_trainer_close(ps_trainer *t) {
   ps_criteo_close(t->reader);
   free(t->labels);
-  free(t->keys);
+  ps_criteo_keys_free(&t->keys);
   free(t->emb);
   free(t->demb);
   free(t->idx);
@@ -192,7 +194,7 @@ size_t ps_trainer_batch(ps_trainer *t) {
   if (t->reader == NULL)
     return ps_dataset_batch(&t->train, &t->sampler, t->idx, (size_t)t->batch, t->x, t->y);
   ps_errbuf eb = {0};
-  ssize_t n = ps_criteo_next(t->reader, (size_t)t->batch, t->labels, t->x, t->keys, &eb);
+  ssize_t n = ps_criteo_next_bags(t->reader, (size_t)t->batch, t->labels, t->x, &t->keys, &eb);
   if (n < 0) {
     ps_log(PS_LOG_ERROR, "[data] train: %s", eb.msg);
     exit(n == -ENOMEM ? 1 : 2);
@@ -200,6 +202,13 @@ size_t ps_trainer_batch(ps_trainer *t) {
   for (ssize_t i = 0; i < n; i++)
     t->y[i] = t->labels[i] > 0.5f;
   return (size_t)n;
+}
+
+void ps_trainer_embed(ps_trainer *t, ps_embed *e, size_t n) {
+  if (ps_embed_keys(e, t->keys.keys, t->keys.offs, (int)n) != 0) {
+    ps_log(PS_LOG_ERROR, "out of memory for the keys of a batch of %zu samples", n);
+    exit(1);
+  }
 }
 
 ps_data_pos ps_trainer_pos(const ps_trainer *t) {

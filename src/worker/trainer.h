@@ -23,7 +23,7 @@ typedef struct ps_trainer {
   ps_sampler sampler;       /* idx, npy: this worker's part of train */
   ps_criteo *reader;        /* criteo: this worker's part of [data] train, streamed */
   float *labels;            /* criteo: the batch's labels as read */
-  uint64_t *keys;           /* criteo: the batch's keys, PS_CRITEO_NSPARSE a sample */
+  ps_criteo_keys keys;      /* criteo: the batch's keys, a bag per sample and field */
   float *emb, *demb;        /* a model with sparse tables: its embedding input and gradient */
   const ps_model *model;
   size_t total;             /* floats of the model */
@@ -49,6 +49,10 @@ void ps_trainer_close(ps_trainer *t);
  * A bad line in a criteo file ends the process (exit status 2: the data's
  * fault, which a restart would meet again) after one line naming it. */
 size_t ps_trainer_batch(ps_trainer *t);
+
+/* The batch's keys (criteo) into e, n samples.  Out of memory ends the
+ * process (exit status 1) after one line. */
+void ps_trainer_embed(ps_trainer *t, ps_embed *e, size_t n);
 
 /* Where this worker is in its part of the data; jump there (0, or -EINVAL
  * past the part: logged by the caller); the samples of a part an epoch

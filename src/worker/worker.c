@@ -87,7 +87,7 @@ static void metrics_update(ps_metric **x, const ps_client *c, int nps, uint64_t 
  * and its rows pulled with the weights. */
 static int sparse_pull(ps_client *client, ps_trainer *t, ps_embed *e, size_t n, float *params) {
   ps_sparse_batch b;
-  ps_embed_keys(e, t->keys, (int)n);
+  ps_trainer_embed(t, e, n);
   ps_embed_batch(e, &b);
   return ps_client_pull_sparse(client, params, &b);
 }
@@ -270,7 +270,7 @@ int ps_worker_run(const ps_config *cfg, int index) {
       /* The next batch first: its rows come with the reply to this push. */
       trained = ps_trainer_pos(&t);
       n = ps_trainer_batch(&t);
-      ps_embed_keys(&emb[1 - cur], t.keys, (int)n);
+      ps_trainer_embed(&t, &emb[1 - cur], n);
       rows_pulled += ps_embed_nrows(&emb[1 - cur]);
       ps_embed_batch(&emb[cur], &pushed);
       ps_embed_batch(&emb[1 - cur], &want);

@@ -24,6 +24,51 @@ static void check_error(int rc, const ps_errbuf *eb) {
     __builtin_trap();
 }
 
+/* The same line as bags separated by ',': taken as well, the same label
+ * and integers; each field's keys those of its values between commas
+ * (empty ones skipped), at most PS_CRITEO_MAX_BAG of them; a field
+ * without a comma the one key it had without bags (an empty one none). */
+static void check_bags(const char *line, size_t len, float label, const float *dense,
+                       const uint64_t *one) {
+  static uint64_t keys[NS * PS_CRITEO_MAX_BAG];
+  uint32_t counts[NS];
+  float blabel, bdense[ND];
+  ps_errbuf eb = {0};
+  if (ps_criteo_parse_bags(line, len, "fuzz", 1, ',', &blabel, bdense, keys, counts, &eb) != 0 ||
+      blabel != label || memcmp(bdense, dense, sizeof bdense) != 0)
+    __builtin_trap();
+  if (len > 0 && line[len - 1] == '\r')
+    len--;
+  const char *f = line;
+  for (int k = 0; k <= ND; k++)
+    f = memchr(f, '\t', len - (size_t)(f - line)) + 1;
+  size_t at = 0;
+  for (int c = 0; c < NS; c++) {
+    const char *tab = memchr(f, '\t', len - (size_t)(f - line));
+    size_t flen = tab != NULL ? (size_t)(tab - f) : len - (size_t)(f - line);
+    if (counts[c] > PS_CRITEO_MAX_BAG)
+      __builtin_trap();
+    if (memchr(f, ',', flen) == NULL && counts[c] != (flen > 0) )
+      __builtin_trap();
+    if (memchr(f, ',', flen) == NULL && flen > 0 && keys[at] != one[c])
+      __builtin_trap();
+    uint32_t got = 0;
+    for (size_t p = 0; p < flen;) {
+      const char *comma = memchr(f + p, ',', flen - p);
+      size_t e = comma != NULL ? (size_t)(comma - f) : flen;
+      if (e > p && (got >= counts[c] ||
+                    keys[at + got++] != XXH3_64bits_withSeed(f + p, e - p, (XXH64_hash_t)c)))
+        __builtin_trap();
+      p = e + 1;
+    }
+    if (got != counts[c])
+      __builtin_trap();
+    at += counts[c];
+    if (tab != NULL)
+      f = tab + 1;
+  }
+}
+
 static void check_line(const char *line, size_t len) {
   float label = -1, dense[ND] = {-1};
   uint64_t keys[NS] = {0};
@@ -39,6 +84,7 @@ static void check_line(const char *line, size_t len) {
   }
   /* Taken: a label, transformed integers, and each key the hash of its
    * field's bytes (split here independently). */
+  size_t whole = len;
   if (label != 0.0f && label != 1.0f)
     __builtin_trap();
   for (int i = 0; i < ND; i++)
@@ -58,6 +104,7 @@ static void check_line(const char *line, size_t len) {
     if (tab != NULL)
       f = tab + 1;
   }
+  check_bags(line, whole, label, dense, keys);
 }
 
 /* A file for the input: unlinked at once, reopened through /proc. */

@@ -303,6 +303,10 @@ static void test_full_file(void **state) {
   }
   assert_int_equal(ps_config_parse("s.conf", MINIMAL, c, &eb), 0);
   assert_int_equal(c->device, PS_DEVICE_CPU);
+  /* [data] bag_separator: none by default, else its byte. */
+  assert_int_equal(c->bag_separator, -1);
+  assert_int_equal(ps_config_parse("s.conf", MINIMAL "[data]\nbag_separator = |\n", c, &eb), 0);
+  assert_int_equal(c->bag_separator, '|');
 }
 
 /* ------------------------------------------------------------------------ */
@@ -323,6 +327,8 @@ static const bad_case bad_cases[] = {
     /* values out of bounds or of the wrong form, one per type */
     {C PSW "[train]\nbatch = 0\n", "cluster.conf:5:", "[train] batch = 0",
      "expected an integer in [1, 65536]"},
+    {C PSW "[data]\nbag_separator = ,,\n", "cluster.conf:5:", "[data] bag_separator = ,,",
+     "expected one byte other than a tab, or nothing (no bags)"},
     {C PSW "[train]\nbatch = 12x\n", "cluster.conf:5:", "[train] batch = 12x",
      "expected an integer in [1, 65536]"},
     {C PSW "[train]\nlr = 0\n", "cluster.conf:5:", "[train] lr = 0",

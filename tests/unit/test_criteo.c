@@ -207,6 +207,76 @@ static void test_parse_crlf(void **state) {
   assert_true(keys[NS - 1] == XXH3_64bits_withSeed("last\r", 5, NS - 1));
 }
 
+/* Bags: a field's values between separators, each its field's key; empty
+ * values are skipped, an empty field is an empty bag; the longest field
+ * holds PS_CRITEO_MAX_BAG values.  Without a separator the same bytes are
+ * one value. */
+static void test_parse_bags(void **state) {
+  (void)state;
+  char s[2048];
+  size_t n = (size_t)snprintf(s, sizeof s, "1");
+  for (int i = 0; i < ND; i++)
+    n += (size_t)snprintf(s + n, sizeof s - n, "\t%d", i);
+  const char *cats[NS] = {"a,b", "", "a,,a", ",x,", "y"};
+  char longest[PS_CRITEO_MAX_FIELD + 1];
+  for (int i = 0; i < PS_CRITEO_MAX_FIELD; i++)
+    longest[i] = i % 2 ? ',' : 'v';
+  longest[PS_CRITEO_MAX_FIELD] = '\0';
+  cats[5] = longest;
+  for (int c = 0; c < NS; c++)
+    n += (size_t)snprintf(s + n, sizeof s - n, "\t%s", cats[c] ? cats[c] : "z");
+  float label, dense[ND];
+  uint64_t keys[NS * PS_CRITEO_MAX_BAG];
+  uint32_t counts[NS];
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_criteo_parse_bags(s, n, "f", 1, ',', &label, dense, keys, counts, &eb), 0);
+  assert_true(label == 1.0f);
+  static const uint32_t want_counts[6] = {2, 0, 2, 1, 1, PS_CRITEO_MAX_BAG};
+  for (int c = 0; c < NS; c++)
+    assert_int_equal(counts[c], c < 6 ? want_counts[c] : 1);
+  assert_true(keys[0] == ps_criteo_key(0, "a", 1) && keys[1] == ps_criteo_key(0, "b", 1));
+  assert_true(keys[2] == ps_criteo_key(2, "a", 1) && keys[3] == keys[2]);
+  assert_true(keys[4] == ps_criteo_key(3, "x", 1) && keys[5] == ps_criteo_key(4, "y", 1));
+  for (int j = 0; j < PS_CRITEO_MAX_BAG; j++)
+    assert_true(keys[6 + j] == ps_criteo_key(5, "v", 1));
+  assert_true(keys[6 + PS_CRITEO_MAX_BAG] == ps_criteo_key(6, "z", 1));
+  /* No separator: one key of the field's bytes, an empty field's too. */
+  assert_int_equal(ps_criteo_parse_line(s, n, "f", 1, &label, dense, keys, &eb), 0);
+  assert_true(keys[0] == ps_criteo_key(0, "a,b", 3) && keys[1] == ps_criteo_key(1, "", 0));
+
+  /* A file read as bags: offsets over the batch, positions as without. */
+  size_t len = n;
+  s[len++] = '\n';
+  memcpy(s + len, s, len);
+  const char *p = put("bags", s, 2 * len, 1);
+  ps_criteo *r = open_ok(p, 0, 1);
+  ps_criteo_keys k;
+  float labels[2], dense2[2 * ND];
+  assert_int_equal(ps_criteo_keys_init(&k, 2, 0), 0);
+  ps_criteo_set_bags(r, ',');
+  /* Keys without room for bags are refused, and ps_criteo_next too. */
+  assert_int_equal(ps_criteo_next_bags(r, 2, labels, dense2, &k, &eb), -EINVAL);
+  assert_int_equal(ps_criteo_next(r, 2, labels, dense2, keys, &eb), -EINVAL);
+  ps_criteo_keys_free(&k);
+  assert_int_equal(ps_criteo_keys_init(&k, 2, 1), 0);
+  assert_int_equal(ps_criteo_next_bags(r, 2, labels, dense2, &k, &eb), 2);
+  uint32_t per = 2 + 0 + 2 + 1 + 1 + PS_CRITEO_MAX_BAG + (NS - 6);
+  assert_int_equal(k.offs[0], 0);
+  assert_int_equal(k.offs[1], 2);
+  assert_int_equal(k.offs[2], 2);
+  assert_int_equal(k.offs[NS], per);
+  assert_int_equal(k.offs[2 * NS], 2 * per);
+  assert_true(k.keys[per] == ps_criteo_key(0, "a", 1));
+  assert_int_equal(ps_criteo_pos(r).offset, 2);
+  /* Without bags the same reader hands out one key a field again. */
+  ps_criteo_set_bags(r, -1);
+  assert_int_equal(ps_criteo_seek(r, (ps_data_pos){0, 0}, &eb), 0);
+  assert_int_equal(ps_criteo_next_bags(r, 1, labels, dense2, &k, &eb), 1);
+  assert_int_equal(k.offs[NS], NS);
+  ps_criteo_keys_free(&k);
+  ps_criteo_close(r);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Files                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -639,6 +709,7 @@ int main(void) {
       cmocka_unit_test(test_parse_exact),
       cmocka_unit_test(test_parse_missing),
       cmocka_unit_test(test_parse_crlf),
+      cmocka_unit_test(test_parse_bags),
       cmocka_unit_test(test_parse_error_names),
       cmocka_unit_test_setup_teardown(test_plain_gzip_crlf, setup, teardown),
       cmocka_unit_test_setup_teardown(test_last_line_unterminated, setup, teardown),

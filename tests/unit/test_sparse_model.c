@@ -267,7 +267,7 @@ static void test_embed(void **state) {
   assert_int_equal(ps_embed_init(&e, &m, 4, 3), 0);
   /* 4 samples, 3 fields each: field 1 holds 7, 5, 7, 9; field 2 holds 1 everywhere. */
   uint64_t keys[12] = {100, 7, 1, 101, 5, 1, 102, 7, 1, 103, 9, 1};
-  ps_embed_keys(&e, keys, 4);
+  assert_int_equal(ps_embed_keys(&e, keys, NULL, 4), 0);
   assert_int_equal(e.nkeys[0], 3);
   assert_true(e.keys[0][0] == 5 && e.keys[0][1] == 7 && e.keys[0][2] == 9);
   assert_int_equal(e.nkeys[1], 1);
@@ -296,6 +296,57 @@ static void test_embed(void **state) {
   ps_model_close(&m);
 }
 
+/* Bags (offsets): a key twice in a bag counts twice, an empty bag pools to
+ * zeros and takes no gradient; mean divides by the bag's count, sqrtn by
+ * its square root, in the pool and in the gradient alike. */
+static void test_embed_bags(void **state) {
+  (void)state;
+  ps_model m;
+  build(SMALL, &m);  /* tables E2 (field 1) and E3 (field 2), dim 2 */
+  m.tables[0].combiner = PS_COMBINER_MEAN;
+  m.tables[1].combiner = PS_COMBINER_SQRTN;
+  ps_embed e;
+  assert_int_equal(ps_embed_init(&e, &m, 3, 3), 0);
+  /* field 0: one key each (unused); field 1: {7, 5}, {}, {7, 7, 9};
+   * field 2: {1}, {1, 2}, {2}. */
+  uint64_t keys[] = {100, 7, 5, 1, 101, 1, 2, 102, 7, 7, 9, 2};
+  uint32_t offs[] = {0, 1, 3, 4, 5, 5, 7, 8, 11, 12};
+  assert_int_equal(ps_embed_keys(&e, keys, offs, 3), 0);
+  assert_int_equal(e.nkeys[0], 3);  /* 5, 7, 9 */
+  assert_true(e.keys[0][0] == 5 && e.keys[0][1] == 7 && e.keys[0][2] == 9);
+  assert_int_equal(e.nkeys[1], 2);  /* 1, 2 */
+  for (int r = 0; r < 3; r++)
+    for (int d = 0; d < 2; d++)
+      e.rows[0][r * 2 + d] = (float)(10 * (r + 1) + d);  /* 5: 10,11  7: 20,21  9: 30,31 */
+  for (int r = 0; r < 2; r++)
+    for (int d = 0; d < 2; d++)
+      e.rows[1][r * 2 + d] = (float)(-(r + 1) - d);      /* 1: -1,-2  2: -2,-3 */
+  float emb[3 * 4];
+  ps_embed_pool(&e, emb);
+  float s2 = 1.0f / sqrtf(2.0f);
+  const float want[12] = {(20 + 10) / 2.0f, (21 + 11) / 2.0f, -1, -2,
+                          0, 0, (-1 - 2) * s2, (-2 - 3) * s2,
+                          (20 + 20 + 30) / 3.0f, (21 + 21 + 31) / 3.0f, -2, -3};
+  for (int i = 0; i < 12; i++)
+    assert_float_equal(emb[i], want[i], 1e-5);
+  float demb[12];
+  for (int i = 0; i < 12; i++)
+    demb[i] = (float)(i + 1);
+  ps_embed_scatter(&e, demb);
+  /* Table 0 (mean): sample 0's (1, 2) / 2 to 7 and 5; sample 2's (9, 10) / 3
+   * to 7 twice and to 9 once; sample 1's empty bag gives nothing. */
+  const float g0[6] = {0.5f, 1.0f, 0.5f + 2 * 3.0f, 1.0f + 2 * 10 / 3.0f, 3.0f, 10 / 3.0f};
+  for (int i = 0; i < 6; i++)
+    assert_float_equal(e.grads[0][i], g0[i], 1e-5);
+  /* Table 1 (sqrtn): key 1 gets sample 0's (3, 4) and sample 1's (7, 8) / sqrt 2;
+   * key 2 sample 1's / sqrt 2 and sample 2's (11, 12). */
+  const float g1[4] = {3 + 7 * s2, 4 + 8 * s2, 7 * s2 + 11, 8 * s2 + 12};
+  for (int i = 0; i < 4; i++)
+    assert_float_equal(e.grads[1][i], g1[i], 1e-5);
+  ps_embed_free(&e);
+  ps_model_close(&m);
+}
+
 /* AUC: perfect, reversed, all tied, a hand-counted case with ties. */
 static void test_auc(void **state) {
   (void)state;
@@ -317,7 +368,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gradients), cmocka_unit_test(test_threads),
       cmocka_unit_test(test_logistic_loss), cmocka_unit_test(test_modelfile),
-      cmocka_unit_test(test_embed), cmocka_unit_test(test_auc),
+      cmocka_unit_test(test_embed),
+      cmocka_unit_test(test_embed_bags), cmocka_unit_test(test_auc),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -433,6 +433,7 @@ static void embedding_bag(builder *bd, const ps_layer_spec *s) {
     t->field = f - 1;
     t->dim = s->dim;
     t->combiner = (ps_combiner)s->combiner;
+    t->server_pool = s->server_pool;
     t->init_kind = s->init_kind;
     t->init_scale = s->init_scale;
     t->optim = ps_optim_default(PS_OPTIM_ADAGRAD, s->lr);

@@ -50,8 +50,9 @@ typedef struct ps_layer_spec {
    * init_kind (0 zeros, 1 normal, 2 uniform: ps_table_init_kind's values)
    * times init_scale; the rows' optimizer and its rate (0: [train] lr);
    * admission after admit_after pushes, eviction after idle_steps and past
-   * max_rows a shard (0: never). */
-  int field_first, field_last, dim, combiner, init_kind;
+   * max_rows a shard (0: never); server_pool: the shards pool its bags
+   * ("pooling": "server"), which changes where, not what, is computed. */
+  int field_first, field_last, dim, combiner, init_kind, server_pool;
   float init_scale, lr;
   char optimizer[16];
   uint32_t admit_after, max_rows;
@@ -64,6 +65,7 @@ typedef struct ps_sparse_spec {
   int field;                         /* 0-based categorical field (C1 is 0) */
   int dim;
   ps_combiner combiner;
+  int server_pool;                   /* the shards pool its bags (MODELFILE.md) */
   int init_kind;                     /* ps_table_init_kind's value */
   float init_scale;
   ps_optim optim;                    /* the rows' optimizer; optim.lr 0: [train] lr */

@@ -84,7 +84,7 @@ static int get_int(const json_t *obj, const char *key, int def, int lo, int hi, 
 /* Each layer type's keys; its name is ps_layer_type_name's. */
 static const struct {
   ps_layer_type type;
-  const char *const keys[14];
+  const char *const keys[15];
 } LAYERS[] = {
     {PS_LT_DENSE, {"type", "name", "out", NULL}},
     {PS_LT_CONV2D, {"type", "name", "out", "kernel", "stride", "padding", NULL}},
@@ -93,12 +93,14 @@ static const struct {
     {PS_LT_RELU, {"type", NULL}},
     {PS_LT_FLATTEN, {"type", NULL}},
     {PS_LT_LOG_SOFTMAX, {"type", NULL}},
-    {PS_LT_EMBEDDING_BAG, {"type", "name", "fields", "field", "dim", "combiner", "init", "scale",
-                           "optimizer", "lr", "admit_after", "idle_steps", "max_rows", NULL}},
+    {PS_LT_EMBEDDING_BAG, {"type", "name", "fields", "field", "dim", "combiner", "pooling", "init",
+                           "scale", "optimizer", "lr", "admit_after", "idle_steps", "max_rows",
+                           NULL}},
     {PS_LT_SIGMOID, {"type", NULL}},
 };
 
 static const char *const COMBINERS[] = {"sum", "mean", "sqrtn", NULL};
+static const char *const POOLINGS[] = {"worker", "server", NULL};
 static const char *const INITS[] = {"zeros", "normal", "uniform", NULL};
 
 /* One of names (NULL-terminated): its index into *out, def when absent. */
@@ -140,6 +142,8 @@ static int parse_embedding(const json_t *o, ps_layer_spec *l, const where *w, ps
   if (rc == 0)
     rc = get_choice(o, "combiner", COMBINERS, PS_COMBINER_SUM, "sum, mean or sqrtn",
                     &l->combiner, w, eb);
+  if (rc == 0)
+    rc = get_choice(o, "pooling", POOLINGS, 0, "worker or server", &l->server_pool, w, eb);
   if (rc == 0)
     rc = get_choice(o, "init", INITS, 1, "zeros, normal or uniform", &l->init_kind, w, eb);
   if (rc != 0)
@@ -348,6 +352,8 @@ char *ps_modelfile_text(const ps_model_spec *spec, const char *comment, int inde
       SET(o, "fields", f);
       SET(o, "dim", json_integer(l->dim));
       SET(o, "combiner", json_string(COMBINERS[l->combiner]));
+      if (l->server_pool)
+        SET(o, "pooling", json_string(POOLINGS[l->server_pool]));
       SET(o, "init", json_string(INITS[l->init_kind]));
       if (l->init_kind != 0)
         SET(o, "scale", json_real(strtod(ps_float_format(l->init_scale, b, sizeof b), NULL)));

@@ -77,7 +77,7 @@ static int check_sparse(const char *name, const uint8_t *p, size_t len, size_t f
   out->data = sparse ? p + (len - sparse) : NULL;
   uint32_t blocks;
   ps_errbuf why = {0};
-  if (sparse && ps_sparse_check(kind, out->data, sparse, &blocks, &why) != 0)
+  if (sparse && ps_sparse_check(kind | PS_SPARSE_BAGS_OK, out->data, sparse, &blocks, &why) != 0)
     return ps_err_set(eb, PS_EFORMAT, "%s: %s", name, why.msg);
   return 0;
 }

@@ -139,7 +139,8 @@ static int payload_length(const ps_msg *msg, int blocks, uint32_t *len) {
   if (sp != NULL && sp->bytes > 0) {
     uint32_t nb;
     if (sp->bytes > UINT32_MAX ||
-        (blocks && (sp->data == NULL || ps_sparse_check(kind, sp->data, sp->bytes, &nb, NULL))))
+        (blocks && (sp->data == NULL ||
+                    ps_sparse_check(kind | PS_SPARSE_BAGS_OK, sp->data, sp->bytes, &nb, NULL))))
       return -1;
     n += sp->bytes;
   }

@@ -105,6 +105,18 @@ typedef struct ps_msg_welcome {
 
 typedef enum ps_sparse_kind { PS_SPARSE_K = 1, PS_SPARSE_KV = 2, PS_SPARSE_V = 3 } ps_sparse_kind;
 
+/* Bag blocks (PROTOCOL.md, "Bags"): a block whose table has this bit holds
+ * bags, pooled on the shard: a PULL's B block n bags (n heads of sample
+ * u32 and count u32, samples strictly ascending, counts >= 1, then their
+ * keys, u64, any order, repeats allowed), a PULL_REPLY's P block each bag's
+ * pooled row (n * dim floats, as V), a PUSH's BG block B's body and then
+ * each bag's gradient (n * dim floats). */
+#define PS_SPARSE_BAGS 0x80000000u
+/* Or'd into the kind given to ps_sparse_check: bag blocks are accepted
+ * (the wire's sections); without it they are refused (a journal's, a
+ * state's: a shard turns bags into rows before it applies them). */
+#define PS_SPARSE_BAGS_OK 0x10
+
 /* A message's sparse blocks: `bytes` of them at `data` (decoded: inside
  * the payload; to encode: the caller's, valid blocks). */
 typedef struct ps_sparse {
@@ -114,10 +126,13 @@ typedef struct ps_sparse {
 
 /* One block, pointing into its section: keys NULL for V, values NULL for K. */
 typedef struct ps_sparse_block {
-  uint32_t table, dim;
-  uint64_t n;
-  const uint8_t *keys;    /* n u64, little-endian */
-  const uint8_t *values;  /* n * dim floats, row i at values + 4 * dim * i */
+  uint32_t table, dim;    /* table: without PS_SPARSE_BAGS */
+  uint64_t n;             /* rows, or bags */
+  int bags;               /* a bag block: heads, and nkeys keys in all */
+  const uint8_t *heads;   /* bags: n of (sample u32, count u32), little-endian */
+  uint64_t nkeys;         /* keys: n, or the bags' counts summed */
+  const uint8_t *keys;    /* nkeys u64, little-endian */
+  const uint8_t *values;  /* n * dim floats, row (or bag) i at values + 4 * dim * i */
 } ps_sparse_block;
 
 typedef struct ps_sparse_iter {
@@ -132,6 +147,21 @@ int ps_sparse_iter_next(ps_sparse_iter *it, ps_sparse_kind kind, ps_sparse_block
 /* Bytes of one block of this kind, dim and n (UINT64_MAX on overflow). */
 uint64_t ps_sparse_block_bytes(ps_sparse_kind kind, uint32_t dim, uint64_t n);
 
+/* Bytes of one bag block of this kind (K: B, KV: BG, V: P), dim, n bags
+ * and nkeys keys in them (UINT64_MAX on overflow). */
+uint64_t ps_sparse_bag_bytes(ps_sparse_kind kind, uint32_t dim, uint64_t n, uint64_t nkeys);
+
+/* A PUSH's section (checked, KV | PS_SPARSE_BAGS_OK) with each BG block
+ * turned into the KV block it amounts to: its distinct keys ascending,
+ * each key's gradient the sum of its bags' gradients, once for each time a
+ * bag holds it, summed in the order of (key, bag); KV blocks as they are.
+ * Into *buf (grown; *cap its bytes), *out bytes.  @return 0 or -ENOMEM. */
+int ps_sparse_unbag(const uint8_t *data, uint64_t bytes, uint8_t **buf, size_t *cap,
+                    uint64_t *out);
+
+/* Does a checked section of this kind hold a bag block? */
+int ps_sparse_has_bags(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes);
+
 /* Write one block at out (cap bytes): keys (K, KV; n ascending) and values
  * (KV, V; n * dim floats).  @return its bytes, or 0 when it does not fit or
  * would be refused (n 0, dim outside 1..PS_PROTO_SPARSE_DIM_MAX, keys not
@@ -141,10 +171,11 @@ size_t ps_sparse_put(uint8_t *out, size_t cap, ps_sparse_kind kind, uint32_t tab
 
 /* Is data[0 .. bytes) a section of blocks of this kind, exactly?  Tables
  * strictly ascending, dims in range, n >= 1, keys strictly ascending, no
- * byte left over.  @return 0 with the number of blocks in *blocks (may be
+ * byte left over; bag blocks only with PS_SPARSE_BAGS_OK in kind (samples
+ * strictly ascending, counts >= 1).  @return 0 with the number of blocks in *blocks (may be
  * NULL), or PS_EFORMAT with one line in eb ("sparse block 2 (table 5): key
  * 17 (row 3) not above key 17, expected strictly ascending keys"). */
-int ps_sparse_check(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes, uint32_t *blocks,
+int ps_sparse_check(int kind, const uint8_t *data, uint64_t bytes, uint32_t *blocks,
                     ps_errbuf *eb);
 
 typedef struct ps_msg_pull {

@@ -82,9 +82,43 @@ static void free_written(void *arg, int status) {
   free(arg);
 }
 
+/* Block b's bags pooled into out (n * dim floats): each bag's rows summed,
+ * a row read as many times as the bag holds its key.  @return 0 or
+ * -ENOMEM. */
+static int pool_bags(server *s, const ps_sparse_block *b, float *out) {
+  uint32_t most = 0;
+  for (uint64_t i = 0; i < b->n; i++) {
+    uint32_t c = ps_get_le32(b->heads + 8 * i + 4);
+    most = c > most ? c : most;
+  }
+  size_t dim = b->dim;
+  float *rows = malloc((size_t)most * dim * sizeof *rows);
+  uint64_t *keys = malloc((size_t)most * sizeof *keys);
+  if (rows == NULL || keys == NULL) {
+    free(rows);
+    free(keys);
+    return -ENOMEM;
+  }
+  const uint8_t *k = b->keys;
+  for (uint64_t i = 0; i < b->n; i++, out += dim) {
+    uint32_t c = ps_get_le32(b->heads + 8 * i + 4);
+    for (uint32_t j = 0; j < c; j++, k += 8)
+      keys[j] = ps_get_le64(k);
+    ps_shard_table_pull(s->shard, (int)b->table, keys, c, rows);
+    memcpy(out, rows, dim * sizeof(float));
+    for (uint32_t j = 1; j < c; j++)
+      for (size_t d = 0; d < dim; d++)
+        out[d] += rows[j * dim + d];
+  }
+  free(rows);
+  free(keys);
+  return 0;
+}
+
 /* A reply to a PULL that asked for rows: the slice and a V block per K
- * block asked, built whole in one buffer (the rows are read now, so the
- * reply is one version however long its write takes). */
+ * block asked (a P block, the pooled bags, per B block), built whole in
+ * one buffer (the rows are read now, so the reply is one version however
+ * long its write takes). */
 static void sparse_reply(client *cl, uint64_t req, ps_msg *m) {
   server *s = cl->srv;
   ps_sparse asked = {.bytes = cl->pull_keys_bytes, .data = cl->pull_keys};
@@ -93,7 +127,7 @@ static void sparse_reply(client *cl, uint64_t req, ps_msg *m) {
   uint64_t sparse = 0;
   ps_sparse_iter_init(&asked, &it);
   while (ps_sparse_iter_next(&it, PS_SPARSE_K, &b))
-    sparse += ps_sparse_block_bytes(PS_SPARSE_V, b.dim, b.n);
+    sparse += ps_sparse_block_bytes(PS_SPARSE_V, b.dim, b.n);  /* a P block's size too */
   size_t dense = ps_shard_options(s->shard)->nfloats * sizeof(float);
   m->u.pull_reply.sparse.bytes = sparse;
   uint8_t prefix[PS_PROTO_PREFIX_MAX];
@@ -111,11 +145,19 @@ static void sparse_reply(client *cl, uint64_t req, ps_msg *m) {
     /* PROTOCOL.md's block head, then the rows, read straight into place:
      * the copied keys are 8-byte aligned (each block is 16 + 8 n bytes
      * from the buffer's start), the rows 4-byte aligned. */
-    ps_put_le32(p, b.table);
+    ps_put_le32(p, b.table | (b.bags ? PS_SPARSE_BAGS : 0));
     ps_put_le32(p + 4, b.dim);
     ps_put_le64(p + 8, b.n);
-    ps_shard_table_pull(s->shard, (int)b.table, (const uint64_t *)(const void *)b.keys,
-                        (size_t)b.n, (float *)(void *)(p + 16));
+    float *rows = (float *)(void *)(p + 16);
+    if (!b.bags) {
+      ps_shard_table_pull(s->shard, (int)b.table, (const uint64_t *)(const void *)b.keys,
+                          (size_t)b.n, rows);
+    } else if (pool_bags(s, &b, rows) != 0) {
+      free(body);
+      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory pooling bags",
+                   s->index);
+      return;
+    }
     p += ps_sparse_block_bytes(PS_SPARSE_V, b.dim, b.n);
   }
   s->pulls++;

@@ -223,6 +223,23 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   }
   if (sparse_refused(cl, "PUSH", PS_SPARSE_KV, &p->sparse))
     return;
+  /* Bags pooled here (PROTOCOL.md, "Bags") become the rows' gradients they
+   * amount to, before anything holds, applies or journals the push. */
+  ps_msg_push rows;
+  if (ps_sparse_has_bags(PS_SPARSE_KV, p->sparse.data, p->sparse.bytes)) {
+    /* A journal entry kept from an earlier frame may borrow the buffer
+     * (ps_durable_journal): it goes out first. */
+    ps_durable_flush(s->durable);
+    rows = *p;
+    if (ps_sparse_unbag(p->sparse.data, p->sparse.bytes, &s->unbag, &s->unbag_cap,
+                        &rows.sparse.bytes) != 0) {
+      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory for a push's bags",
+                   s->index);
+      return;
+    }
+    rows.sparse.data = s->unbag;
+    p = &rows;
+  }
   if (ps_control_hold_push(cl, req, p))
     return;
   uint64_t before = ps_shard_version(s->shard);
@@ -897,6 +914,7 @@ out:
   if (loop_open && uv_loop_close(&s->loop) != 0)
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
   ps_durable_free(s->durable);
+  free(s->unbag);
   ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);

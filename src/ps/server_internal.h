@@ -71,6 +71,8 @@ typedef struct server {
   uint64_t pulls, bytes_in_closed, bytes_out_closed;
   reply_buf *reply_cur, *reply_free;  /* pull.c: the current version's copy, the pool */
   int reply_nfree;
+  uint8_t *unbag;        /* a PUSH's bags turned into rows (ps_sparse_unbag) */
+  size_t unbag_cap;
   ps_durable *durable;   /* how updates become durable (durable.h) */
   ps_cons cons;          /* consistency.c */
   int status;            /* the exit status */

@@ -21,8 +21,23 @@ int ps_embed_init(ps_embed *e, const ps_model *m, int max_batch, int nfields) {
   return 0;
 }
 
+int ps_embed_server_pooling(ps_embed *e) {
+  size_t b = (size_t)(e->max_batch > 0 ? e->max_batch : 1);
+  for (int t = 0; t < e->model->ntables; t++) {
+    if (!e->model->tables[t].server_pool)
+      continue;
+    size_t row = (size_t)e->model->tables[t].dim * sizeof(float);
+    e->server[t] = 1;
+    if ((e->pooled[t] = malloc(b * row)) == NULL || (e->bgrads[t] = malloc(b * row)) == NULL)
+      return -ENOMEM;
+  }
+  return 0;
+}
+
 void ps_embed_free(ps_embed *e) {
   for (int t = 0; t < PS_MODEL_MAX_TABLES; t++) {
+    free(e->pooled[t]);
+    free(e->bgrads[t]);
     free(e->keys[t]);
     free(e->bag[t]);
     free(e->boff[t]);
@@ -115,6 +130,14 @@ void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b) {
     b->n[t] = e->nkeys[t];
     b->grads[t] = e->grads[t];
     b->rows[t] = e->rows[t];
+    if (e->server[t]) {
+      b->bags[t] = 1;
+      b->nsamples[t] = (size_t)e->n;
+      b->boff[t] = e->boff[t];
+      b->bag[t] = e->bag[t];
+      b->pooled[t] = e->pooled[t];
+      b->bgrads[t] = e->bgrads[t];
+    }
   }
 }
 
@@ -135,6 +158,13 @@ void ps_embed_pool(const ps_embed *e, float *emb) {
     for (int i = 0; i < e->n; i++) {
       float *out = emb + (size_t)i * width + ts->offset;
       size_t c = boff[i + 1] - boff[i];
+      if (e->server[t]) {  /* the shards' sums, summed over them */
+        float s = bag_scale(ts->combiner, c);
+        const float *in = e->pooled[t] + (size_t)i * dim;
+        for (size_t k = 0; k < dim; k++)
+          out[k] = s * in[k];
+        continue;
+      }
       if (c == 1) {
         memcpy(out, e->rows[t] + bag[boff[i]] * dim, dim * sizeof(float));
         continue;
@@ -159,6 +189,15 @@ void ps_embed_scatter(ps_embed *e, const float *demb) {
     const ps_sparse_spec *ts = &e->model->tables[t];
     size_t dim = (size_t)ts->dim;
     const uint32_t *boff = e->boff[t], *bag = e->bag[t];
+    if (e->server[t]) {  /* each sample's gradient: the shards scatter it */
+      for (int i = 0; i < e->n; i++) {
+        const float *d = demb + (size_t)i * width + ts->offset;
+        float s = bag_scale(ts->combiner, boff[i + 1] - boff[i]), *g = e->bgrads[t] + i * dim;
+        for (size_t k = 0; k < dim; k++)
+          g[k] = s * d[k];
+      }
+      continue;
+    }
     memset(e->grads[t], 0, e->nkeys[t] * dim * sizeof(float));
     for (int i = 0; i < e->n; i++) {
       const float *d = demb + (size_t)i * width + ts->offset;

@@ -30,6 +30,11 @@ typedef struct ps_embed {
   size_t rows_cap[PS_MODEL_MAX_TABLES], grads_cap[PS_MODEL_MAX_TABLES];  /* floats */
   uint64_t *sort;              /* scratch: (key, place) pairs */
   size_t sort_cap;
+  /* Tables pooled on the shards (ps_embed_server_pooling): each sample's
+   * pooled sum as the shards send it, and each sample's gradient pushed
+   * (max_batch * dim floats each). */
+  int server[PS_MODEL_MAX_TABLES];
+  float *pooled[PS_MODEL_MAX_TABLES], *bgrads[PS_MODEL_MAX_TABLES];
 } ps_embed;
 
 /* For batches of up to max_batch samples with nfields fields each (a
@@ -37,6 +42,13 @@ typedef struct ps_embed {
  * of range) or -ENOMEM.  Free with ps_embed_free (also after a failure). */
 int ps_embed_init(ps_embed *e, const ps_model *m, int max_batch, int nfields);
 void ps_embed_free(ps_embed *e);
+
+/* From now on the tables whose layer says "pooling": "server" go to the
+ * shards as bags (ps_embed_batch), which pool them: pool then reads their
+ * sums, scatter writes each sample's gradient.  A worker's; the chief's
+ * evaluation and paramserv train pool every table here.  @return 0 or
+ * -ENOMEM. */
+int ps_embed_server_pooling(ps_embed *e);
 
 /* Take a batch's keys (at most max_batch samples): sample i's field f holds
  * keys[offs[i * nfields + f] .. offs[i * nfields + f + 1]), or, when offs
@@ -48,7 +60,8 @@ int ps_embed_keys(ps_embed *e, const uint64_t *keys, const uint32_t *offs, int n
 size_t ps_embed_nrows(const ps_embed *e);
 
 /* The batch's rows as the client splits them: keys, and rows to pull into
- * or gradients to push. */
+ * or gradients to push; for a table the shards pool, its bags, the pooled
+ * sums to pull into and the samples' gradients to push. */
 void ps_embed_batch(const ps_embed *e, ps_sparse_batch *b);
 
 /* The embedding input of the batch (n x model->emb_size floats) from the

@@ -53,6 +53,55 @@ static int put_block(ps_sparse_part *p, ps_sparse_kind kind, const ps_sparse_bat
   return 0;
 }
 
+/* Table t's bags for shard s (owner: each distinct key's shard) into its
+ * part: a B block (kind K) or BG block (KV) of the samples with a key of
+ * s, or none when no sample has one. */
+static int put_bags(ps_sparse_part *p, ps_sparse_kind kind, const ps_sparse_batch *b, int t,
+                    const uint16_t *owner, int s) {
+  const uint32_t *boff = b->boff[t], *bag = b->bag[t];
+  size_t nbags = 0, nkeys = 0, dim = b->dims[t];
+  for (size_t i = 0; i < b->nsamples[t]; i++) {
+    size_t c = 0;
+    for (uint32_t j = boff[i]; j < boff[i + 1]; j++)
+      c += owner[bag[j]] == s;
+    nbags += c > 0;
+    nkeys += c;
+  }
+  if (nbags == 0)
+    return 0;
+  size_t bytes = (size_t)ps_sparse_bag_bytes(kind, (uint32_t)dim, nbags, nkeys);
+  if (grow((void **)&p->bytes, &p->cap, p->len + bytes, 1) != 0 ||
+      grow((void **)&p->idx, &p->idx_cap, p->nidx + nbags, sizeof *p->idx) != 0)
+    return -ENOMEM;
+  uint8_t *at = p->bytes + p->len;
+  ps_put_le32(at, (uint32_t)t | PS_SPARSE_BAGS);
+  ps_put_le32(at + 4, (uint32_t)dim);
+  ps_put_le64(at + 8, nbags);
+  uint8_t *head = at + 16, *key = head + 8 * nbags, *val = key + 8 * nkeys;
+  for (size_t i = 0; i < b->nsamples[t]; i++) {
+    uint32_t c = 0;
+    for (uint32_t j = boff[i]; j < boff[i + 1]; j++) {
+      if (owner[bag[j]] != s)
+        continue;
+      ps_put_le64(key, b->keys[t][bag[j]]);
+      key += 8;
+      c++;
+    }
+    if (c == 0)
+      continue;
+    ps_put_le32(head, (uint32_t)i);
+    ps_put_le32(head + 4, c);
+    head += 8;
+    p->idx[p->nidx++] = (uint32_t)i;
+    if (kind == PS_SPARSE_KV) {
+      memcpy(val, b->bgrads[t] + i * dim, dim * sizeof(float));
+      val += dim * sizeof(float);
+    }
+  }
+  p->len += bytes;
+  return 0;
+}
+
 int ps_sparse_split(const ps_hashring *ring, const ps_sparse_batch *b, ps_sparse_kind kind,
                     ps_sparse_part *const *parts) {
   int ns = ring->nshards, rc = 0;
@@ -75,8 +124,12 @@ int ps_sparse_split(const ps_hashring *ring, const ps_sparse_batch *b, ps_sparse
       owner[i] = (uint16_t)ps_hashring_owner(ring, (uint32_t)t, b->keys[t][i]);
       count[owner[i]]++;
     }
+    if (b->bags[t] && kind == PS_SPARSE_K && b->nsamples[t] > 0)
+      memset(b->pooled[t], 0, b->nsamples[t] * b->dims[t] * sizeof(float));
     for (int s = 0; s < ns && rc == 0; s++)
-      if (count[s] > 0)
+      if (b->bags[t])
+        rc = put_bags(parts[s], kind, b, t, owner, s);
+      else if (count[s] > 0)
         rc = put_block(parts[s], kind, b, t, owner, s, count[s]);
   }
   free(owner);
@@ -100,17 +153,33 @@ int ps_sparse_scatter(const ps_sparse_part *asked, const ps_sparse *reply,
     int more_r = ps_sparse_iter_next(&ri, PS_SPARSE_V, &rb);
     if (!more_q && !more_r)
       return 0;
-    if (more_q != more_r || qb.table != rb.table || qb.dim != rb.dim || qb.n != rb.n) {
-      snprintf(why, why_len, "sparse rows of table %" PRIu32 " (dim %" PRIu32 ", %" PRIu64
-               " rows), expected table %" PRIu32 " (dim %" PRIu32 ", %" PRIu64 " rows)",
-               more_r ? rb.table : 0, more_r ? rb.dim : 0, more_r ? rb.n : 0,
+    if (more_q != more_r || qb.table != rb.table || qb.dim != rb.dim || qb.n != rb.n ||
+        qb.bags != rb.bags) {
+      snprintf(why, why_len, "sparse %s of table %" PRIu32 " (dim %" PRIu32 ", %" PRIu64
+               "), expected %s of table %" PRIu32 " (dim %" PRIu32 ", %" PRIu64 ")",
+               more_r && rb.bags ? "pooled bags" : "rows", more_r ? rb.table : 0,
+               more_r ? rb.dim : 0, more_r ? rb.n : 0, more_q && qb.bags ? "pooled bags" : "rows",
                more_q ? qb.table : 0, more_q ? qb.dim : 0, more_q ? qb.n : 0);
       return PS_EFORMAT;
     }
     size_t row = (size_t)qb.dim * sizeof(float);
-    float *dst = b->rows[qb.table];
-    for (uint64_t i = 0; i < qb.n; i++)
-      memcpy(dst + (size_t)idx[i] * qb.dim, rb.values + i * row, row);
+    if (qb.bags) {
+      /* Each bag's part pooled by this shard, added to its sample's. */
+      float *dst = b->pooled[qb.table], v[64];
+      for (uint64_t i = 0; i < qb.n; i++) {
+        float *out = dst + (size_t)idx[i] * qb.dim;
+        for (uint32_t d0 = 0; d0 < qb.dim; d0 += 64) {
+          uint32_t m = qb.dim - d0 < 64 ? qb.dim - d0 : 64;
+          memcpy(v, rb.values + i * row + 4 * (size_t)d0, 4 * (size_t)m);
+          for (uint32_t d = 0; d < m; d++)
+            out[d0 + d] += v[d];
+        }
+      }
+    } else {
+      float *dst = b->rows[qb.table];
+      for (uint64_t i = 0; i < qb.n; i++)
+        memcpy(dst + (size_t)idx[i] * qb.dim, rb.values + i * row, row);
+    }
     idx += qb.n;
   }
 }

@@ -17,7 +17,15 @@
 /* One step's rows, per table t < ntables: n[t] distinct keys in ascending
  * order, with dims[t] floats per row.  grads: what a push sends (n[t] *
  * dims[t] floats); rows: where a pull's reply goes (as many).  Tables with
- * n[t] = 0 send nothing. */
+ * n[t] = 0 send nothing.
+ *
+ * A table pooled on the shards (bags[t], PROTOCOL.md "Bags") sends bags
+ * instead: sample i < nsamples[t] holds the keys keys[bag[j]] for j in
+ * boff[i] .. boff[i + 1]; each shard gets, per sample, those of its keys
+ * (B blocks, a sample none of whose keys it holds not at all), and a
+ * pull's pooled sums come back into pooled (nsamples * dim floats, summed
+ * over the shards: zeroed by the split of the pull's keys); a push sends
+ * each sample's gradient, bgrads (as many floats), with its keys (BG). */
 typedef struct ps_sparse_batch {
   int ntables;
   uint32_t dims[PS_SPARSE_SPLIT_MAX_TABLES];
@@ -25,10 +33,16 @@ typedef struct ps_sparse_batch {
   size_t n[PS_SPARSE_SPLIT_MAX_TABLES];
   const float *grads[PS_SPARSE_SPLIT_MAX_TABLES];
   float *rows[PS_SPARSE_SPLIT_MAX_TABLES];
+  int bags[PS_SPARSE_SPLIT_MAX_TABLES];
+  size_t nsamples[PS_SPARSE_SPLIT_MAX_TABLES];
+  const uint32_t *boff[PS_SPARSE_SPLIT_MAX_TABLES], *bag[PS_SPARSE_SPLIT_MAX_TABLES];
+  float *pooled[PS_SPARSE_SPLIT_MAX_TABLES];
+  const float *bgrads[PS_SPARSE_SPLIT_MAX_TABLES];
 } ps_sparse_batch;
 
 /* One shard's share: its blocks, and where each of their keys sits in the
- * batch (idx, in block order: the index within its table's keys). */
+ * batch (idx, in block order: the index within its table's keys; for a
+ * bag block, each bag's sample). */
 typedef struct ps_sparse_part {
   uint8_t *bytes;
   size_t len, cap;

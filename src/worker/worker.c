@@ -130,8 +130,10 @@ int ps_worker_run(const ps_config *cfg, int index) {
     status = 2;
     goto out;
   }
+  /* Tables with "pooling": "server" go to the shards as bags. */
   for (int k = 0; k < 2 * sparse; k++)
-    if (ps_embed_init(&emb[k], model, t.batch, PS_CRITEO_NSPARSE) != 0) {
+    if (ps_embed_init(&emb[k], model, t.batch, PS_CRITEO_NSPARSE) != 0 ||
+        ps_embed_server_pooling(&emb[k]) != 0) {
       ps_log(PS_LOG_ERROR, "out of memory for the sparse rows of a batch");
       goto out;
     }

@@ -108,6 +108,20 @@ static void check_accepted(const ps_frame_header *h, const uint8_t *frame, const
     abort();
   }
   free(re);
+
+  /* A PUSH's bags as a shard turns them into rows: a section of rows
+   * alone, as many blocks, no key twice in a block. */
+  if (m->type == PS_MSG_PUSH && ps_sparse_has_bags(PS_SPARSE_KV, sp->data, sp->bytes)) {
+    uint8_t *rows = NULL;
+    size_t cap = 0;
+    uint64_t len = 0;
+    uint32_t before, after;
+    if (ps_sparse_check(PS_SPARSE_KV | PS_SPARSE_BAGS_OK, sp->data, sp->bytes, &before, NULL) != 0 ||
+        ps_sparse_unbag(sp->data, sp->bytes, &rows, &cap, &len) != 0 ||
+        ps_sparse_check(PS_SPARSE_KV, rows, len, &after, NULL) != 0 || after != before)
+      abort();
+    free(rows);
+  }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -24,7 +24,7 @@ run_bench() {
 # reference needs the python3-torch that bench-engine installs where it is
 # missing: there it runs after both lanes.  Then every outcome, in order.
 lane_a=(bench-engine bench-recovery bench-ps)
-lane_b=(bench-ckpt bench-ring bench-algorithms bench-gpu)
+lane_b=(bench-ckpt bench-ring bench-algorithms bench-gpu bench-pooling)
 after=()
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then lane_b+=(bench-sparse); else after=(bench-sparse); fi
 (for b in "${lane_a[@]}"; do run_bench "$b"; done) &

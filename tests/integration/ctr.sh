@@ -11,7 +11,10 @@
 #     checkpoints again at the same step without training: every shard file
 #     is byte for byte the same (the manifests' XXH64 of values, slots and
 #     every table's rows, optimizer slots, counts and stamps), and
-#     `paramserv ckpt verify` accepts both.
+#     `paramserv ckpt verify` accepts both;
+#  3. bags pooled on the shards (gen-ctr --bags, "pooling": "server"), one
+#     worker, its shards killed 6 times and restored from Redis: the final
+#     state is byte for byte a calm run's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
@@ -38,17 +41,19 @@ for sa, sb in zip(a["shards"], b["shards"]):
 PY
 }
 
-# ctr_conf FILE LAST_STEP REPLICATION: a config of the CTR model on the
-# test's data, training to LAST_STEP, with REPLICATION's lines (and any
-# sections after them) under [replication].
+# ctr_conf FILE LAST_STEP REPLICATION [MODEL DATA BAGS]: a config of the
+# CTR model (or MODEL) on the test's data (or DATA.txt, DATA-test.txt, with
+# [data] bag_separator = BAGS), training to LAST_STEP, with REPLICATION's
+# lines (and any sections after them) under [replication].
 ctr_conf() {
   cat >"$1" <<EOF
 [model]
-file = $PWD/models/ctr.json
+file = ${4:-$PWD/models/ctr.json}
 [data]
 format = criteo
-train = $T/train.txt
-test = $T/test.txt
+train = ${5:-$T/train}.txt
+test = ${5:-$T/test}${5:+-test}.txt
+bag_separator = ${6:-}
 [train]
 batch = 128
 last_step = $2
@@ -103,15 +108,24 @@ done
 echo "ok: restore: $(cat "$T/verify-b.log")"
 
 # --- 3. a shard killed and restored from Redis, again and again --------------
+# Bags pooled on the shards: every field 1 to 4 ids, a model whose tables
+# say "pooling": "server", so that each push's bags are turned into rows'
+# gradients on the shard, journaled as such, and replayed.
 # One worker makes training deterministic: the same pushes in the same
 # order, each applied once.  A run whose shards are killed with kill -9
 # (each restarted from its Redis snapshot and the replay of its log, the
 # rows' gradients with it) must end in the very state of a calm run: the
 # final checkpoints' shard files byte for byte the same.
+scripts/gen-ctr --train 40000 --test 5000 --seed 3 --bags 26:4 --train-file "$T/bags.txt" \
+  --test-file "$T/bags-test.txt" --meta "$T/bags.json" >"$T/gen-bags.log" 2>&1 ||
+  fail "gen-ctr --bags: $(tail -2 "$T/gen-bags.log")"
+sed 's/"combiner": "mean",/"combiner": "mean", "pooling": "server",/' \
+  models/examples/ctr-bags.json >"$T/ctr-server.json"
+grep -q '"pooling": "server"' "$T/ctr-server.json" || fail "no server pooling in $T/ctr-server.json"
 ctr_conf "$T/log.conf" 1200 "mode = log
 every_updates = 100
 [chief]
-log_every_steps = 20"
+log_every_steps = 20" "$T/ctr-server.json" "$T/bags" ,
 "$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/calm3" --fresh >"$T/calm3.log" 2>&1 ||
   fail "paramserv local (calm) exited $?: $(tail -3 "$T/calm3.log")"
 "$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/kill3" --fresh >"$T/kill3.log" 2>&1 &
@@ -137,4 +151,4 @@ replays=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in .* + [1
 same_state "$T/calm3/checkpoints/ckpt-000001200" "$T/kill3/checkpoints/ckpt-000001200" kills \
   "without kills" "with them" ||
   fail "the state after kills and restores from Redis differs from the calm run's"
-echo "ok: kills: $restores restores from Redis ($replays with a log replay), the same state as without"
+echo "ok: kills, bags pooled on the shards: $restores restores from Redis ($replays with a log replay), the same state as without"

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -1336,6 +1337,119 @@ static void test_sparse_refused(void **state) {
   assert_true(ps_sparse_block_bytes(PS_SPARSE_V, 65536, UINT64_MAX / 1000) == UINT64_MAX);
 }
 
+/* A bag block written by hand: table t | PS_SPARSE_BAGS, dim, the bags'
+ * (sample, count) heads, their keys, then (grads != NULL) a row a bag. */
+static size_t bag_block(uint8_t *out, uint32_t t, uint32_t dim, int nbags, const uint32_t *samples,
+                        const uint32_t *counts, const uint64_t *keys, const float *grads) {
+  ps_put_le32(out, t | PS_SPARSE_BAGS);
+  ps_put_le32(out + 4, dim);
+  ps_put_le64(out + 8, (uint64_t)nbags);
+  size_t at = 16, nkeys = 0;
+  for (int i = 0; i < nbags; i++, at += 8) {
+    ps_put_le32(out + at, samples[i]);
+    ps_put_le32(out + at + 4, counts[i]);
+    nkeys += counts[i];
+  }
+  for (size_t k = 0; k < nkeys; k++, at += 8)
+    ps_put_le64(out + at, keys[k]);
+  if (grads != NULL) {
+    memcpy(out + at, grads, (size_t)nbags * dim * sizeof(float));
+    at += (size_t)nbags * dim * sizeof(float);
+  }
+  return at;
+}
+
+/* Bags (PROTOCOL.md, "Bags"): a PUSH's BG block beside a KV block round
+ * trips; its sizes are the documented ones; unbag turns it into the KV
+ * block of its distinct keys, each the sum of its bags' gradients (a key
+ * twice in a bag, twice); bag blocks are refused where rows are expected
+ * (without PS_SPARSE_BAGS_OK) and when their heads are wrong. */
+static void test_sparse_bags(void **state) {
+  (void)state;
+  uint8_t sec[512];
+  /* table 1 (KV, dim 2, one row), then table 4 as bags: sample 0 holds
+   * keys 7 and 3, sample 5 holds 7, 7 and 9. */
+  size_t len = ps_sparse_put(sec, sizeof sec, PS_SPARSE_KV, 1, 2, 1, skeys, svals);
+  static const uint32_t samples[2] = {0, 5}, counts[2] = {2, 3};
+  static const uint64_t keys[5] = {7, 3, 7, 7, 9};
+  static const float g[4] = {1, 2, 10, 20};
+  size_t bag = bag_block(sec + len, 4, 2, 2, samples, counts, keys, g);
+  assert_int_equal(bag, 16 + 2 * 8 + 5 * 8 + 2 * 2 * 4);
+  assert_true(ps_sparse_bag_bytes(PS_SPARSE_KV, 2, 2, 5) == bag);
+  assert_true(ps_sparse_bag_bytes(PS_SPARSE_K, 2, 2, 5) == bag - 16);
+  assert_true(ps_sparse_bag_bytes(PS_SPARSE_V, 2, 2, 0) == 16 + 16);
+  assert_true(ps_sparse_bag_bytes(PS_SPARSE_KV, 1, 1, UINT64_MAX / 4) == UINT64_MAX);
+  len += bag;
+  uint32_t nb = 0;
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV | PS_SPARSE_BAGS_OK, sec, len, &nb, &eb), 0);
+  assert_int_equal(nb, 2);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV, sec, len, NULL, &eb), PS_EFORMAT);
+  assert_non_null(strstr(eb.msg, "sparse block 1 (table 4): a bag block, expected rows"));
+  assert_true(ps_sparse_has_bags(PS_SPARSE_KV, sec, len));
+  assert_false(ps_sparse_has_bags(PS_SPARSE_KV, sec, len - bag));
+
+  /* In a PUSH, through the codec, and back through the iterator. */
+  ps_msg m, out;
+  sample(PS_MSG_PUSH, &m);
+  m.u.push.sparse = (ps_sparse){.bytes = len, .data = sec};
+  size_t n = ps_proto_encode(&m, 1, frame, sizeof frame);
+  assert_true(n > 0);
+  assert_int_equal(decode_frame((uint32_t)(n - PS_PROTO_HEADER_SIZE), &out), 0);
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  ps_sparse_iter_init(&out.u.push.sparse, &it);
+  assert_true(ps_sparse_iter_next(&it, PS_SPARSE_KV, &b) && !b.bags && b.table == 1);
+  assert_true(ps_sparse_iter_next(&it, PS_SPARSE_KV, &b));
+  assert_true(b.bags && b.table == 4 && b.dim == 2 && b.n == 2 && b.nkeys == 5);
+  assert_int_equal(ps_get_le32(b.heads + 8), 5);
+  assert_true(ps_get_le64(b.keys + 8 * 4) == 9);
+  float v;
+  memcpy(&v, b.values + 3 * sizeof(float), sizeof v);
+  assert_true(v == 20);
+  assert_false(ps_sparse_iter_next(&it, PS_SPARSE_KV, &b));
+
+  /* unbag: key 3: sample 0's; key 7: sample 0's + twice sample 5's; key 9:
+   * sample 5's.  The KV block before it is copied as it is. */
+  uint8_t *rows = NULL;
+  size_t cap = 0;
+  uint64_t rlen = 0;
+  assert_int_equal(ps_sparse_unbag(sec, len, &rows, &cap, &rlen), 0);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV, rows, rlen, &nb, &eb), 0);
+  assert_memory_equal(rows, sec, len - bag);
+  ps_sparse sp = {.bytes = rlen, .data = rows};
+  ps_sparse_iter_init(&sp, &it);
+  assert_true(ps_sparse_iter_next(&it, PS_SPARSE_KV, &b));
+  assert_true(ps_sparse_iter_next(&it, PS_SPARSE_KV, &b));
+  assert_true(!b.bags && b.table == 4 && b.n == 3);
+  static const uint64_t want_keys[3] = {3, 7, 9};
+  static const float want[6] = {1, 2, 1 + 10 + 10, 2 + 20 + 20, 10, 20};
+  for (int i = 0; i < 3; i++)
+    assert_true(ps_get_le64(b.keys + 8 * i) == want_keys[i]);
+  float got[6];
+  memcpy(got, b.values, sizeof got);
+  assert_memory_equal(got, want, sizeof want);
+  free(rows);
+
+  /* Wrong heads: samples not ascending, an empty bag, heads past the end. */
+  static const uint32_t down[2] = {5, 5}, zero[2] = {2, 0};
+  size_t l = bag_block(sec, 4, 2, 2, down, counts, keys, g);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV | PS_SPARSE_BAGS_OK, sec, l, NULL, &eb),
+                   PS_EFORMAT);
+  assert_non_null(strstr(eb.msg, "bag 1 of sample 5 not above sample 5"));
+  l = bag_block(sec, 4, 2, 2, samples, zero, keys, g);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV | PS_SPARSE_BAGS_OK, sec, l, NULL, &eb),
+                   PS_EFORMAT);
+  assert_non_null(strstr(eb.msg, "bag 1 (sample 5) of 0 keys"));
+  l = bag_block(sec, 4, 2, 2, samples, counts, keys, NULL);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_K | PS_SPARSE_BAGS_OK, sec, l, NULL, &eb), 0);
+  assert_int_equal(ps_sparse_check(PS_SPARSE_K | PS_SPARSE_BAGS_OK, sec, 20, NULL, &eb),
+                   PS_EFORMAT);
+  assert_non_null(strstr(eb.msg, "2 bags need more bytes of heads, 4 left"));
+  assert_int_equal(ps_sparse_check(PS_SPARSE_KV | PS_SPARSE_BAGS_OK, sec, l, NULL, &eb),
+                   PS_EFORMAT);
+  assert_non_null(strstr(eb.msg, "need more bytes"));
+}
+
 /* PROTOCOL.md's test vector of a PULL with keys: worker 2, step 10,
  * request id 1, table 3 (dim 4), keys 5 and 9. */
 static void test_sparse_vector(void **state) {
@@ -1416,6 +1530,7 @@ int main(void) {
       cmocka_unit_test(test_auth_check),
       cmocka_unit_test(test_sparse_roundtrip),
       cmocka_unit_test(test_sparse_refused),
+      cmocka_unit_test(test_sparse_bags),
       cmocka_unit_test(test_sparse_vector),
       cmocka_unit_test(test_names),
   };

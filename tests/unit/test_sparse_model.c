@@ -182,13 +182,14 @@ static void test_modelfile(void **state) {
   (void)state;
   ps_model m;
   build("{\"input\": [2], \"layers\": [{\"type\": \"embedding_bag\", \"name\": \"F\", \"field\": 5,"
-        "\"dim\": 3, \"combiner\": \"mean\", \"init\": \"zeros\", \"optimizer\": \"adam\","
+        "\"dim\": 3, \"combiner\": \"mean\", \"pooling\": \"server\", \"init\": \"zeros\","
+        "\"optimizer\": \"adam\","
         "\"lr\": 0.5, \"admit_after\": 3, \"idle_steps\": 100, \"max_rows\": 1000},"
         "{\"type\": \"dense\", \"name\": \"o\", \"out\": 1}, {\"type\": \"sigmoid\"}]}", &m);
   assert_int_equal(m.ntables, 1);
   const ps_sparse_spec *t = &m.tables[0];
   assert_string_equal(t->name, "F5");
-  assert_true(t->field == 4 && t->dim == 3 && t->combiner == PS_COMBINER_MEAN);
+  assert_true(t->field == 4 && t->dim == 3 && t->combiner == PS_COMBINER_MEAN && t->server_pool);
   assert_true(t->init_kind == 0 && t->optim.kind == PS_OPTIM_ADAM && t->optim.lr == 0.5f);
   assert_true(t->admit_after == 3 && t->idle_steps == 100 && t->max_rows == 1000);
   assert_int_equal(m.layers[0].out_size, 2 + 3);
@@ -199,6 +200,7 @@ static void test_modelfile(void **state) {
   build(text, &again);
   assert_string_equal(again.spec.desc, m.spec.desc);
   assert_true(again.tables[0].max_rows == 1000 && again.tables[0].optim.kind == PS_OPTIM_ADAM);
+  assert_true(again.tables[0].server_pool);
   free(text);
   ps_model_close(&again);
   ps_model_close(&m);
@@ -212,6 +214,8 @@ static void test_modelfile(void **state) {
       {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":0}", "dim: found 0"},
       {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"combiner\":\"max\"}",
        "combiner: found \"max\", expected sum, mean or sqrtn"},
+      {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"pooling\":\"shard\"}",
+       "pooling: found \"shard\", expected worker or server"},
       {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"init\":\"zeros\",\"scale\":1}",
        "scale: found 1, expected no scale for zeros"},
       {"{\"type\":\"embedding_bag\",\"name\":\"E\",\"field\":1,\"dim\":2,\"optimizer\":\"ftrl\"}",

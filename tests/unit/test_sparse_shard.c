@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/endian.h"
 #include "layout/hashring.h"
 #include "ps/shard.h"
 #include "ps/tsec.h"
@@ -293,6 +294,106 @@ static void test_sparse_check(void **state) {
   ps_shard_free(s);
 }
 
+/* Bags pooled on 2 shards (PROTOCOL.md, "Bags"): each shard gets, per
+ * sample, only its own keys; the pooled parts summed over the shards are
+ * each sample's rows summed (a key twice, twice; an empty bag nothing);
+ * a push's per-sample gradients, unbagged by each shard, give each key
+ * the sum over the bags that hold it, on its owner only. */
+static void test_split_bags(void **state) {
+  (void)state;
+  ps_hashring ring;
+  assert_int_equal(ps_hashring_init(&ring, 2, PS_HASHRING_VNODES), 0);
+  static const uint64_t keys[5] = {10, 20, 30, 40, 50};
+  /* sample 0: 10, 30, 30; sample 1: none; sample 2: 50, 20, 10, 40. */
+  static const uint32_t boff[4] = {0, 3, 3, 7}, bag[7] = {0, 2, 2, 4, 1, 0, 3};
+  static const float bgrads[6] = {1, 2, 0, 0, 100, 200};
+  float pooled[6] = {9, 9, 9, 9, 9, 9};
+  ps_sparse_batch b = {.ntables = 1};
+  b.dims[0] = 2;
+  b.keys[0] = keys;
+  b.n[0] = 5;
+  b.bags[0] = 1;
+  b.nsamples[0] = 3;
+  b.boff[0] = boff;
+  b.bag[0] = bag;
+  b.pooled[0] = pooled;
+  b.bgrads[0] = bgrads;
+  ps_sparse_part k[2] = {{0}}, *parts[2] = {&k[0], &k[1]};
+  assert_int_equal(ps_sparse_split(&ring, &b, PS_SPARSE_K, parts), 0);
+  for (int s = 0; s < 2; s++) {
+    ps_errbuf eb = {0};
+    assert_int_equal(ps_sparse_check(PS_SPARSE_K | PS_SPARSE_BAGS_OK, k[s].bytes, k[s].len, NULL,
+                                     &eb), 0);
+    /* The shard's pooling: row(key) = (key, -key), summed per bag. */
+    uint8_t reply[256];
+    size_t len = 0;
+    ps_sparse q = {.bytes = k[s].len, .data = k[s].bytes};
+    ps_sparse_iter it;
+    ps_sparse_block blk;
+    ps_sparse_iter_init(&q, &it);
+    while (ps_sparse_iter_next(&it, PS_SPARSE_K, &blk)) {
+      assert_true(blk.bags && blk.table == 0);
+      float vals[6] = {0};
+      const uint8_t *kp = blk.keys;
+      for (uint64_t i = 0; i < blk.n; i++) {
+        uint32_t sample, count;
+        memcpy(&sample, blk.heads + 8 * i, 4);
+        memcpy(&count, blk.heads + 8 * i + 4, 4);
+        assert_true(sample != 1);  /* the empty bag is sent to nobody */
+        for (uint32_t c = 0; c < count; c++, kp += 8) {
+          uint64_t key;
+          memcpy(&key, kp, 8);
+          assert_int_equal(ps_hashring_owner(&ring, 0, key), s);
+          vals[2 * i] += (float)key;
+          vals[2 * i + 1] -= (float)key;
+        }
+      }
+      ps_put_le32(reply, PS_SPARSE_BAGS);
+      ps_put_le32(reply + 4, 2);
+      ps_put_le64(reply + 8, blk.n);
+      memcpy(reply + 16, vals, blk.n * 2 * sizeof(float));
+      len = 16 + blk.n * 2 * sizeof(float);
+    }
+    ps_sparse rep = {.bytes = len, .data = reply};
+    char why[256];
+    assert_int_equal(ps_sparse_scatter(&k[s], &rep, &b, why, sizeof why), 0);
+  }
+  static const float want[6] = {70, -70, 0, 0, 120, -120};
+  assert_memory_equal(pooled, want, sizeof want);
+
+  /* The push: each shard unbags its part; the keys' sums over both. */
+  assert_int_equal(ps_sparse_split(&ring, &b, PS_SPARSE_KV, parts), 0);
+  float got[5][2] = {{0}};
+  int seen[5] = {0};
+  for (int s = 0; s < 2; s++) {
+    uint8_t *rows = NULL;
+    size_t cap = 0;
+    uint64_t rlen = 0;
+    assert_int_equal(ps_sparse_unbag(k[s].bytes, k[s].len, &rows, &cap, &rlen), 0);
+    ps_sparse q = {.bytes = rlen, .data = rows};
+    ps_sparse_iter it;
+    ps_sparse_block blk;
+    ps_sparse_iter_init(&q, &it);
+    while (ps_sparse_iter_next(&it, PS_SPARSE_KV, &blk))
+      for (uint64_t i = 0; i < blk.n; i++) {
+        uint64_t key;
+        memcpy(&key, blk.keys + 8 * i, 8);
+        assert_int_equal(ps_hashring_owner(&ring, 0, key), s);
+        int at = (int)(key / 10) - 1;
+        seen[at]++;
+        memcpy(got[at], blk.values + 8 * i, 8);
+      }
+    free(rows);
+  }
+  static const float gwant[5][2] = {{101, 202}, {100, 200}, {2, 4}, {100, 200}, {100, 200}};
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(seen[i], 1);
+  assert_memory_equal(got, gwant, sizeof gwant);
+  ps_sparse_part_free(&k[0]);
+  ps_sparse_part_free(&k[1]);
+  ps_hashring_free(&ring);
+}
+
 /* A step's rows over 3 shards: each key goes to the shard the ring names,
  * in ascending order; the replies come back to each key's place. */
 static void test_split_and_scatter(void **state) {
@@ -448,6 +549,7 @@ int main(void) {
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_sparse_check),
       cmocka_unit_test(test_split_and_scatter),
+      cmocka_unit_test(test_split_bags),
       cmocka_unit_test(test_sync_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

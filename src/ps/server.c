@@ -271,22 +271,22 @@ void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p) {
   if (r == PS_SHARD_DUPLICATE)
     ps_log(PS_LOG_INFO, "%s: push seq %" PRIu64 " already applied; acknowledged again", cl->name,
            p->seq);
-  int durable = 1;
-  if (r == PS_SHARD_APPLIED || r == PS_SHARD_DUPLICATE) {
-    /* The ack waits for the entry to be durable (durable.h); a duplicate's
-     * for everything the shard holds now, which covers its original. */
-    if (r == PS_SHARD_APPLIED)
-      ps_durable_journal(s->durable, &j);
-    pending_ack a = {cl, req, p->seq, ps_shard_version(s->shard),
-                     ps_shard_global_step(s->shard), taken_ns, status};
-    durable = ps_durable_submit(s->durable, ps_shard_journal(s->shard), &a, sizeof a, ack_durable);
-    if (durable == 0)
-      cl->refs++;
-    /* No ack: the worker re-sends on a new connection, a duplicate then. */
-    if (durable == -ENOMEM)
-      ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
-                   s->index);
-  }
+  /* The ack waits for the entry to be durable (durable.h); a duplicate's
+   * for everything the shard holds now, which covers its original; a stale
+   * one's too, so that a connection's acks go out in the order of its
+   * pushes (a worker may have two unacknowledged: PROTOCOL.md). */
+  if (r == PS_SHARD_APPLIED)
+    ps_durable_journal(s->durable, &j);
+  pending_ack a = {cl, req, p->seq, ps_shard_version(s->shard), ps_shard_global_step(s->shard),
+                   taken_ns, status};
+  int durable = ps_durable_submit(s->durable, ps_shard_journal(s->shard), &a, sizeof a,
+                                  ack_durable);
+  if (durable == 0)
+    cl->refs++;
+  /* No ack: the worker re-sends on a new connection, a duplicate then. */
+  if (durable == -ENOMEM)
+    ps_conn_fail(cl->conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding an ack",
+                 s->index);
   if (durable == 1)
     send_ack(cl, req, p->seq, ps_shard_version(s->shard), ps_shard_global_step(s->shard), status,
              taken_ns);
@@ -739,8 +739,14 @@ int ps_server_run(const ps_config *cfg, int index) {
     goto out;
   }
   /* A batch's distinct keys a table: one a sample, or with bags up to the
-   * most a field holds (src/data/CRITEO.md). */
+   * most a field holds (src/data/CRITEO.md); a table pooled here sends a
+   * bag's head (8 bytes, as a key) beside its keys (PROTOCOL.md, "Bags"). */
   uint64_t per_sample = cfg->bag_separator >= 0 ? PS_CRITEO_MAX_BAG : 1;
+  for (int t = 0; t < s->model.ntables; t++)
+    if (s->model.tables[t].server_pool) {
+      per_sample++;
+      break;
+    }
   s->max_payload = ps_proto_max_payload_sparse(
       so.nfloats,
       ps_shard_sparse_max(&so, (uint64_t)cfg->batch * (uint64_t)cfg->window * per_sample));

@@ -419,6 +419,15 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
       on_push_ack(l, &m.u.push_ack);
       return;
     }
+    /* A later push's ack before the oldest's: a shard keeps them in order
+     * (PROTOCOL.md); one that does not is not waited for forever. */
+    for (int k = 1; m.type == PS_MSG_PUSH_ACK && k < l->npush; k++)
+      if (h->request_id == push_at(l, k)->req && m.u.push_ack.seq == push_at(l, k)->seq) {
+        ps_log(PS_LOG_WARN, "shard %d: the ack of push %" PRIu64 " came before push %" PRIu64
+               "'s; reconnecting", l->index, m.u.push_ack.seq, push_at(l, 0)->seq);
+        ps_conn_close(conn);
+        return;
+      }
     if (h->request_id < l->req_id)
       return;  /* the reply to a call that timed out */
     if (h->request_id != l->req_id)

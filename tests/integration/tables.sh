@@ -50,11 +50,13 @@ grep -q '^paramserv_ps_table_rows{role="ps",index="0",table="C26"} [1-9]' <<<"$t
   fail "ps 0: no rows in table C26: $(grep 'table_rows.*C26' <<<"$text")"
 echo "ok: after pushes, rows on both shards (admitted as many: no eviction configured)"
 
-# status: a line per table, rows and memory on each shard and in all.
+# status: a line per table, rows and memory on each shard and in all.  It
+# reads the shards' heartbeats in Redis (every heartbeat_ms), which may
+# still be from before the rows: wait until C1 has rows on both shards.
 out=""
 for ((i = 0; i < 100; i++)); do
   out=$("$BIN" status --config "$T/c.conf") || out=""
-  grep -q '^sparse tables (rows / memory' <<<"$out" && break
+  grep -qE '^C1 +[1-9][0-9]* / [0-9.]+ [KMG]?i?B +[1-9][0-9]* / ' <<<"$out" && break
   sleep 0.1
 done
 grep -q '^sparse tables (rows / memory' <<<"$out" || fail "status shows no sparse tables: $out"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # scripts/chaos --hosts, short: 5 hosts (network namespaces) with a Redis
 # primary, its replica and 3 Sentinels, 2 chiefs, 3 shards, 3 workers;
-# 1200 steps (2000 under SAN) with one round of faults (--rounds 1: kill,
+# 2000 steps (3000 under SAN) with one round of faults (--rounds 1: kill,
 # pause, partition, redis-failover, clock, each once, in the seed's order,
 # 1-2.5 s apart, times fault_gap's scale; the kill is a shard's), then the
 # same run calm.  The steps should outlast the round: a plain build's
 # fifth fault comes about 8-13 s into the run, later when a failover must
 # wait for a primary (a partition); 600 steps, once 25 s, took 7.7 s once
-# workers kept two pushes unacknowledged, and under SAN (gaps 3 times as
-# long, training about 2 times slower here) 800 steps ended before it.  A
+# workers kept two pushes unacknowledged, 1200 steps often ended before the
+# failover, and under SAN (gaps 3 times as long, training about 2 times
+# slower here) 800 steps ended before it.  A
 # run that ended before its round's last fault is run again, twice as
 # long, once: the smoke is there for each kind.
 # More rounds overlap their faults and stall the run for a while that
@@ -31,7 +32,7 @@ for c in ip pgrep; do command -v "$c" >/dev/null || fail "no $c (make deps insta
 why=$(ip netns add "psprobe$$" 2>&1) || skip "ip netns add failed (no network namespaces): ${why%%$'\n'*}"
 ip netns del "psprobe$$"
 
-steps=$(awk -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { print (k > 1 ? 2000 : 1200) }')
+steps=$(awk -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { print (k > 1 ? 3000 : 2000) }')
 for attempt in 1 2; do
   rm -rf "$T/run"
   set +e

@@ -159,6 +159,9 @@ uint64_t ps_sparse_bag_bytes(ps_sparse_kind kind, uint32_t dim, uint64_t n, uint
 int ps_sparse_unbag(const uint8_t *data, uint64_t bytes, uint8_t **buf, size_t *cap,
                     uint64_t *out);
 
+/* dst[0 .. dim) += the dim little-endian floats at src (not aligned). */
+void ps_sparse_add_row(float *dst, const uint8_t *src, uint32_t dim);
+
 /* Does a checked section of this kind hold a bag block? */
 int ps_sparse_has_bags(ps_sparse_kind kind, const uint8_t *data, uint64_t bytes);
 

@@ -215,67 +215,63 @@ static int64_t sorted_pairs(const ps_sparse_block *b, key_bag **pairs) {
   return u;
 }
 
+void ps_sparse_add_row(float *dst, const uint8_t *src, uint32_t dim) {
+  float v[64];
+  for (uint32_t d0 = 0; d0 < dim; d0 += 64) {
+    uint32_t m = dim - d0 < 64 ? dim - d0 : 64;
+    memcpy(v, src + 4 * (size_t)d0, 4 * (size_t)m);
+    for (uint32_t d = 0; d < m; d++)
+      dst[d0 + d] += v[d];
+  }
+}
+
+/* Room for `need` more bytes after the first `used` of *buf.  @return 0
+ * or -ENOMEM. */
+static int room(uint8_t **buf, size_t *cap, size_t used, uint64_t need) {
+  if (used + need <= *cap)
+    return 0;
+  size_t c = *cap * 2 > used + need ? *cap * 2 : used + (size_t)need;
+  uint8_t *p = realloc(*buf, c);
+  if (p == NULL)
+    return -ENOMEM;
+  *buf = p;
+  *cap = c;
+  return 0;
+}
+
 int ps_sparse_unbag(const uint8_t *data, uint64_t bytes, uint8_t **buf, size_t *cap,
                     uint64_t *out) {
   ps_sparse sp = {.bytes = bytes, .data = data};
   ps_sparse_iter it;
   ps_sparse_block b;
-  /* The size first: each bag block's distinct keys. */
-  uint64_t need = 0;
+  size_t used = 0;
   ps_sparse_iter_init(&sp, &it);
-  while (ps_sparse_iter_next(&it, PS_SPARSE_KV, &b)) {
+  for (const uint8_t *at = it.p; ps_sparse_iter_next(&it, PS_SPARSE_KV, &b); at = it.p) {
     if (!b.bags) {
-      need += ps_sparse_block_bytes(PS_SPARSE_KV, b.dim, b.n);
+      uint64_t len = ps_sparse_block_bytes(PS_SPARSE_KV, b.dim, b.n);
+      if (room(buf, cap, used, len) != 0)
+        return -ENOMEM;
+      memcpy(*buf + used, at, (size_t)len);
+      used += (size_t)len;
       continue;
     }
     key_bag *pairs;
     int64_t u = sorted_pairs(&b, &pairs);
-    free(pairs);
-    if (u < 0)
+    size_t row = (size_t)b.dim * sizeof(float);
+    float *sum = u < 0 ? NULL : calloc(b.dim, sizeof *sum);
+    if (sum == NULL ||
+        room(buf, cap, used, ps_sparse_block_bytes(PS_SPARSE_KV, b.dim, (uint64_t)u)) != 0) {
+      free(sum);
+      free(pairs);
       return -ENOMEM;
-    need += ps_sparse_block_bytes(PS_SPARSE_KV, b.dim, (uint64_t)u);
-  }
-  if (need > *cap) {
-    uint8_t *p = realloc(*buf, (size_t)need);
-    if (p == NULL)
-      return -ENOMEM;
-    *buf = p;
-    *cap = (size_t)need;
-  }
-  uint8_t *o = *buf;
-  ps_sparse_iter_init(&sp, &it);
-  const uint8_t *at = data;
-  while (ps_sparse_iter_next(&it, PS_SPARSE_KV, &b)) {
-    if (!b.bags) {
-      size_t len = (size_t)ps_sparse_block_bytes(PS_SPARSE_KV, b.dim, b.n);
-      memcpy(o, at, len);
-      o += len;
-      at = it.p;
-      continue;
     }
-    at = it.p;
-    key_bag *pairs;
-    int64_t u = sorted_pairs(&b, &pairs);
-    if (u < 0)
-      return -ENOMEM;
+    uint8_t *o = *buf + used;
     ps_put_le32(o, b.table);
     ps_put_le32(o + 4, b.dim);
     ps_put_le64(o + 8, (uint64_t)u);
     uint8_t *key = o + PS_SPARSE_HEAD, *val = key + 8 * (uint64_t)u;
-    size_t row = (size_t)b.dim * sizeof(float);
-    float *sum = calloc(b.dim, sizeof *sum);
-    if (sum == NULL) {
-      free(pairs);
-      return -ENOMEM;
-    }
     for (uint64_t j = 0; j < b.nkeys; j++) {
-      float g[64];
-      for (uint32_t d0 = 0; d0 < b.dim; d0 += 64) {
-        uint32_t m = b.dim - d0 < 64 ? b.dim - d0 : 64;
-        memcpy(g, b.values + pairs[j].bag * row + 4 * (size_t)d0, 4 * (size_t)m);
-        for (uint32_t d = 0; d < m; d++)
-          sum[d0 + d] += g[d];
-      }
+      ps_sparse_add_row(sum, b.values + pairs[j].bag * row, b.dim);
       if (j + 1 == b.nkeys || pairs[j + 1].key != pairs[j].key) {
         ps_put_le64(key, pairs[j].key);
         key += 8;
@@ -286,8 +282,8 @@ int ps_sparse_unbag(const uint8_t *data, uint64_t bytes, uint8_t **buf, size_t *
     }
     free(sum);
     free(pairs);
-    o = val;
+    used = (size_t)(val - *buf);
   }
-  *out = (uint64_t)(o - *buf);
+  *out = used;
   return 0;
 }

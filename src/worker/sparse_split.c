@@ -165,16 +165,9 @@ int ps_sparse_scatter(const ps_sparse_part *asked, const ps_sparse *reply,
     size_t row = (size_t)qb.dim * sizeof(float);
     if (qb.bags) {
       /* Each bag's part pooled by this shard, added to its sample's. */
-      float *dst = b->pooled[qb.table], v[64];
-      for (uint64_t i = 0; i < qb.n; i++) {
-        float *out = dst + (size_t)idx[i] * qb.dim;
-        for (uint32_t d0 = 0; d0 < qb.dim; d0 += 64) {
-          uint32_t m = qb.dim - d0 < 64 ? qb.dim - d0 : 64;
-          memcpy(v, rb.values + i * row + 4 * (size_t)d0, 4 * (size_t)m);
-          for (uint32_t d = 0; d < m; d++)
-            out[d0 + d] += v[d];
-        }
-      }
+      float *dst = b->pooled[qb.table];
+      for (uint64_t i = 0; i < qb.n; i++)
+        ps_sparse_add_row(dst + (size_t)idx[i] * qb.dim, rb.values + i * row, qb.dim);
     } else {
       float *dst = b->rows[qb.table];
       for (uint64_t i = 0; i < qb.n; i++)

@@ -10,8 +10,8 @@
 # workers kept two pushes unacknowledged, 1200 steps often ended before the
 # failover, and under SAN (gaps 3 times as long, training about 2 times
 # slower here) 800 steps ended before it.  A
-# run that ended before its round's last fault is run again, twice as
-# long, once (scripts/chaos --steps): the smoke is there for each kind.
+# run that ended before its round's last fault is run again with twice
+# the steps, up to 3 times (scripts/chaos --steps): the smoke is there for each kind.
 # More rounds overlap their faults and stall the run for a while that
 # varies from one run to the next (35 s once): scripts/chaos --minutes is
 # the endurance run.

@@ -3,7 +3,8 @@
 # kill,pause,redis-errors` (kill -9, SIGSTOP/SIGCONT, Redis refusing writes)
 # and the same run without faults, a fault every 0.7-1.75 s (times fault_gap's scale; each round has
 # every kind once, so the first three faults are one of each; a run that
-# ended before them is run again twice as long: scripts/chaos --steps).  The report
+# ended before them is run again with twice the steps, up to 3 times:
+# scripts/chaos --steps).  The report
 # must end with `result: ok`:
 # no acknowledged update lost or applied twice (scripts/check-history over
 # the histories), accuracy within 0.01 of the calm run.  The stalls outside

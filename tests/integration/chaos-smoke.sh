@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/chaos, short: 1000 steps of `paramserv local --nemesis
+# scripts/chaos, short: 1000 steps (3000 under SAN, whose gaps are 3 times
+# as long) of `paramserv local --nemesis
 # kill,pause,redis-errors` (kill -9, SIGSTOP/SIGCONT, Redis refusing writes)
 # and the same run without faults, a fault every 0.7-1.75 s (times fault_gap's scale; each round has
 # every kind once, so the first three faults are one of each; a run that
@@ -27,7 +28,8 @@ left() {
 }
 
 set +e
-scripts/chaos --steps 1000 --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 0.7)" --seed 1 --dir "$T/chaos" \
+steps=$(awk -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { print (k > 1 ? 3000 : 1000) }')
+scripts/chaos --steps "$steps" --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 0.7)" --seed 1 --dir "$T/chaos" \
   --binary "$BIN" >"$T/chaos.log" 2>&1
 rc=$?
 set -e

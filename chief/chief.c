@@ -776,7 +776,7 @@ int ps_chief_run(const ps_config *cfg) {
     /* Otherwise a shard that did not take its state is retried each tick. */
     poll_stats(ch);
   }
-  if (ps_ckpt_retain(cfg->checkpoint_dir, ch->cut_env.layout->hash, ch->cut_env.model_text,
+  if (ps_ckpt_retain(cfg->checkpoint_dir, ch->cut_env.model_text,
                      cfg->max_to_keep, cfg->keep_every_n_hours,
                      ch->restored_from[0] ? ch->restored_from : NULL, &ch->owner, &eb) < 0)
     ps_log(PS_LOG_WARN, "retention: %s", eb.msg);

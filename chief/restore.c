@@ -12,6 +12,7 @@
 #include "common/pool.h"
 #include "common/timeutil.h"
 #include "recovery/plan.h"
+#include "recovery/relayout.h"
 
 #define PIECE_FLOATS (1u << 20)  /* floats per LOAD piece */
 
@@ -20,6 +21,7 @@
 typedef struct images {
   const ps_cut_env *env;
   const ps_ckpt *ck;           /* NULL: the seeded initialization */
+  const ps_relayout *rl;       /* ck laid out again: it is of another layout */
   int n;                       /* shards that need a state */
   int shard[PS_CONFIG_MAX_NODES];
   float *img[PS_CONFIG_MAX_NODES];
@@ -40,6 +42,12 @@ static void images_free(images *im) {
 static void plan_one(void *arg, int k) {
   images *im = arg;
   const ps_cut_env *env = im->env;
+  if (im->rl != NULL) {
+    ps_shard_opts so = ps_shard_opts_for(env->cfg, env->layout, im->shard[k]);
+    ps_shard_opts_tables(&so, env->cfg, env->model);
+    im->rc[k] = ps_relayout_image(im->rl, &so, &im->img[k], &im->in[k], &im->eb[k]);
+    return;
+  }
   im->rc[k] = ps_plan_shard_image(env->cfg, env->layout, env->model, im->ck, im->shard[k],
                                   &im->img[k], &im->in[k], &im->eb[k]);
 }
@@ -60,13 +68,39 @@ static int plan_images(images *im, const ps_ckpt *ck, ps_errbuf *why) {
   return 0;
 }
 
-/* A damaged checkpoint is passed over for the one before it; one that
- * does not fit the cluster (another optimizer, another shape) stops the
- * search: an older one would not fit either, and the seeded
- * initialization instead would throw the training away. */
+/* A checkpoint of this model taken with another layout (another number of
+ * shards): every shard file read once, each image cut from them. */
+static int relayout_images(images *im, const ps_ckpt *c, ps_errbuf *why) {
+  const ps_cut_env *env = im->env;
+  ps_relayout *rl = NULL;
+  ps_relayout_stats st;
+  int rc = ps_relayout_open(c, &env->model->vars, env->layout, &rl, &st, why);
+  if (rc != 0)
+    return rc;
+  im->rl = rl;
+  rc = plan_images(im, c, why);
+  im->rl = NULL;
+  ps_relayout_close(rl);
+  if (rc == 0)
+    ps_log(PS_LOG_INFO, "%s was taken with %d shard%s: laid out again for %d; sparse rows moved "
+           "to another shard: %" PRIu64 " of %" PRIu64 " (%.1f%%), pending keys %" PRIu64
+           " of %" PRIu64, c->name, st.from_shards, st.from_shards == 1 ? "" : "s", st.to_shards,
+           st.rows_moved, st.rows, st.rows ? 100.0 * (double)st.rows_moved / (double)st.rows : 0.0,
+           st.pending_moved, st.pending);
+  return rc;
+}
+
+/* A damaged checkpoint is passed over for the one before it, and so is
+ * another model's; one of this model that does not fit the cluster
+ * (another optimizer, other variables) stops the search: an older one
+ * would not fit either, and the seeded initialization instead would throw
+ * the training away.  One of another layout (another number of shards) is
+ * laid out again. */
 static int accept_ckpt(const ps_ckpt *c, void *arg, ps_errbuf *why) {
   images *im = arg;
-  int rc = plan_images(im, c, why);
+  const ps_cut_env *env = im->env;
+  int rc = c->layout_hash == env->layout->hash ? plan_images(im, c, why)
+                                               : relayout_images(im, c, why);
   if (rc == PS_ELAYOUT) {
     im->mismatch = 1;
     im->mismatch_eb = *why;

@@ -55,14 +55,22 @@ int ps_ckpt_list(const char *dir, ps_ckpt_entry **out, ps_errbuf *eb) {
 /* Finding the newest valid checkpoint                                */
 /* ------------------------------------------------------------------ */
 
+typedef struct of_layout {
+  uint64_t hash;
+  const char *model;
+} of_layout;
+
+/* This layout's, and whole. */
 static int verify_fn(const ps_ckpt *c, void *arg, ps_errbuf *why) {
-  (void)arg;
-  return ps_ckpt_verify(c, why);
+  const of_layout *l = arg;
+  int rc = l->model != NULL ? ps_ckpt_check_layout(c, l->hash, l->model, why) : 0;
+  return rc != 0 ? rc : ps_ckpt_verify(c, why);
 }
 
 int ps_ckpt_find_latest(const char *dir, uint64_t layout_hash, const char *model, ps_ckpt *out,
                         ps_errbuf *eb) {
-  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, NULL, out, NULL, eb);
+  of_layout l = {layout_hash, model};
+  return ps_ckpt_find_latest_with(dir, layout_hash, model, verify_fn, &l, out, NULL, eb);
 }
 
 int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
@@ -82,7 +90,10 @@ int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *
     if (!e[i].on_disk) {
       ps_err_set(&why, -ENOENT, "listed in the index but its directory is missing");
     } else if (ps_ckpt_open(out, path, &why) == 0) {
-      if ((model == NULL || ps_ckpt_check_layout(out, layout_hash, model, &why) == 0) &&
+      /* Another model's is passed over; this model's layout is accept's
+       * to judge (the chief lays another one out again). */
+      if ((model == NULL || strcmp(out->model, model) == 0 ||
+           ps_ckpt_check_layout(out, layout_hash, model, &why) == 0) &&
           accept(out, arg, &why) == 0)
         found_one = 1;
       else
@@ -120,16 +131,17 @@ static int newer(const ps_ckpt_entry *a, const ps_ckpt_entry *b) {
   return a->time > b->time;
 }
 
-/* Whether checkpoint `name` in dir is of (layout_hash, model); NULL model:
- * every one is. */
-static int of_model(const char *dir, const char *name, uint64_t layout_hash, const char *model) {
+/* Whether checkpoint `name` in dir is of `model` (NULL: every one is),
+ * whatever its layout: one taken with another number of shards restores
+ * into this cluster (relayout.h), so it counts among this run's. */
+static int of_model(const char *dir, const char *name, const char *model) {
   if (model == NULL)
     return 1;
   char path[PATH_MAX], got[256];
   uint64_t hash = 0;
   ps_errbuf why = {0};
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 && hash == layout_hash &&
+  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 &&
          strcmp(got, model) == 0;
 }
 
@@ -155,7 +167,7 @@ static int is_valid(const char *dir, const ps_ckpt_entry *e, signed char *memo) 
 
 /* in_write: called by a checkpoint's commit, whose crash points (index,
  * retain) fire here; a retention on its own (the chief's start) has none. */
-static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
+static int retain_impl(const char *dir, const char *model,
                        int64_t max_to_keep, double hours, const char *protect,
                        const ps_ckpt_owner *owner, int in_write, ps_errbuf *eb) {
   uint64_t token = owner != NULL ? owner->token : 0;
@@ -178,7 +190,7 @@ static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
    * are kept and left out of the count. */
   int *ours = keep + n + 1;
   for (int i = 0; i < n; i++)
-    ours[i] = e[i].on_disk && of_model(dir, e[i].name, layout_hash, model);
+    ours[i] = e[i].on_disk && of_model(dir, e[i].name, model);
   /* Validity is asked only where a deletion depends on it: of the newer
    * ones counted against max_to_keep, of the older one that would take a
    * window's place, and of the one to delete. */
@@ -261,13 +273,13 @@ static int retain_impl(const char *dir, uint64_t layout_hash, const char *model,
   return rc;
 }
 
-int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
+int ps_ckpt_retain(const char *dir, const char *model, int64_t max_to_keep,
                    double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
                    ps_errbuf *eb) {
   if (dir == NULL || max_to_keep < 0 || !(keep_every_n_hours >= 0) ||
       !isfinite(keep_every_n_hours))
     return ps_err_set(eb, PS_EUSAGE, "checkpoint retention: bad arguments");
-  return retain_impl(dir, layout_hash, model, max_to_keep, keep_every_n_hours, protect, owner, 0,
+  return retain_impl(dir, model, max_to_keep, keep_every_n_hours, protect, owner, 0,
                      eb);
 }
 
@@ -428,7 +440,7 @@ int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_st
   ps__ckpt_note_written(final);
   {
     ps_errbuf why = {0};
-    if (retain_impl(dir, o->layout->hash, o->model, o->max_to_keep, o->keep_every_n_hours, name,
+    if (retain_impl(dir, o->model, o->max_to_keep, o->keep_every_n_hours, name,
                     o->owner, 1, &why) != 0)
       ps_log(PS_LOG_WARN, "checkpoint %s in %s committed, but the index or retention failed: %s",
              name, dir, why.msg);

@@ -8,7 +8,8 @@
  * manifest_build.c (MANIFEST.json built), shardfile.c (shard files
  * written, read and verified), model.c (the model a checkpoint is of),
  * tables.c (the shard files' table sections checked and read, on
- * shardfile.c and model.c), and checkpoint.c on them all (a write, the listing, the newest valid one,
+ * shardfile.c and model.c; relayout.h lays a checkpoint out again for
+ * another shard count on them), and checkpoint.c on them all (a write, the listing, the newest valid one,
  * retention).  Each section below names its file. */
 #ifndef PS_RECOVERY_CHECKPOINT_H
 #define PS_RECOVERY_CHECKPOINT_H
@@ -397,9 +398,13 @@ typedef struct ps_ckpt_skipped {
  * the reason in *why. */
 typedef int (*ps_ckpt_accept_fn)(const ps_ckpt *c, void *arg, ps_errbuf *why);
 
-/* ps_ckpt_find_latest with `accept` in place of ps_ckpt_verify: a reader
- * that must decompress the shard files anyway verifies them as it does,
- * and keeps what it read. */
+/* ps_ckpt_find_latest with `accept` in place of ps_ckpt_verify and of its
+ * layout check: a candidate of another `model` text is passed over (with
+ * PS_ELAYOUT naming both sides, as ps_ckpt_check_layout), one of this
+ * model is accept's to judge, whatever its layout (the chief lays one of
+ * another shard count out again: relayout.h).  A reader that must
+ * decompress the shard files anyway verifies them as it does, and keeps
+ * what it read. */
 int ps_ckpt_find_latest_with(const char *dir, uint64_t layout_hash, const char *model,
                              ps_ckpt_accept_fn accept, void *arg, ps_ckpt *out,
                              ps_ckpt_skipped *skipped, ps_errbuf *eb);
@@ -419,7 +424,8 @@ int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb);
  * time; 0 = all; valid: ps_ckpt_verify_remembered accepts it), plus, with keep_every_n_hours > 0, the oldest checkpoint of each
  * window [k * h, (k + 1) * h) of unix time, and always `protect` (a
  * checkpoint name or NULL: the one the chief restored from).  With `model`
- * not NULL only the checkpoints of (layout_hash, model) count: one whose
+ * not NULL only the checkpoints of that model count, whatever their layout
+ * (one of another shard count restores into this cluster): one whose
  * manifest names another model, or cannot be read, is never deleted, never
  * counts as newer and is never the index's latest (NULL: every checkpoint
  * counts).  A damaged one (its files do not read back) is never deleted
@@ -433,7 +439,7 @@ int ps_ckpt_set_aside(const char *dir, const char *name, ps_errbuf *eb);
  * directory is in progress.  @return 0, PS_EFENCED (the fence refused: what
  * was not done yet is left as it was), or -errno with a message (the first
  * failure; it goes on with the rest). */
-int ps_ckpt_retain(const char *dir, uint64_t layout_hash, const char *model, int64_t max_to_keep,
+int ps_ckpt_retain(const char *dir, const char *model, int64_t max_to_keep,
                    double keep_every_n_hours, const char *protect, const ps_ckpt_owner *owner,
                    ps_errbuf *eb);
 

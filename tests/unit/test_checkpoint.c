@@ -622,12 +622,12 @@ static void test_retention_max_to_keep(void **state) {
 
   /* On start, with the restored one protected: it stays, and is latest. */
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, "ckpt-000000300", NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, NULL, 1, 0, "ckpt-000000300", NULL, &eb), 0);
   assert_true(exists(dir, 300) && exists(dir, 400));
   idx = index_text(dir);
   assert_true(strncmp(idx, "latest: ckpt-000000300\n", 23) == 0);
   free(idx);
-  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, NULL, 1, 0, NULL, NULL, &eb), 0);
   assert_false(exists(dir, 300));
   assert_true(exists(dir, 400));
 
@@ -694,7 +694,7 @@ static void test_retention_other_model(void **state) {
   free(idx);
   /* Without a model (ckpt tools), every checkpoint counts. */
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, f->desc, 1, 0, NULL, NULL, &eb), 0);
   assert_true(exists(dir, 900) && exists(dir, 950) && exists(dir, 300));
 }
 
@@ -710,14 +710,14 @@ static void test_retention_damaged(void **state) {
   write_step(f, dir, 200, PS_CKPT_FILTER_NONE, 0, 1700000002);
   flip_shard0(dir, 200);
   ps_errbuf eb = {0};
-  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, f->desc, 1, 0, NULL, NULL, &eb), 0);
   assert_true(exists(dir, 100) && exists(dir, 200));
   char *idx = index_text(dir);
   assert_true(strncmp(idx, "latest: ckpt-000000100\n", 23) == 0);
   free(idx);
   expect_latest(f, dir, 100);
   /* The same answer again from what this process remembers. */
-  assert_int_equal(ps_ckpt_retain(dir, f->layout.hash, f->desc, 1, 0, NULL, NULL, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, f->desc, 1, 0, NULL, NULL, &eb), 0);
   assert_true(exists(dir, 100) && exists(dir, 200));
 
   write_step(f, dir, 300, PS_CKPT_FILTER_NONE, 1, 1700000003);
@@ -764,7 +764,7 @@ static void test_retain_leftovers(void **state) {
                       dir, dir, dir, dir, dir, dir, dir, dir, dir), 0);
   ps_errbuf eb = {0};
   ps_ckpt_owner me = {.token = 9};
-  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 5, 0, NULL, &me, &eb), 0);
+  assert_int_equal(ps_ckpt_retain(dir, NULL, 5, 0, NULL, &me, &eb), 0);
   assert_int_equal(sh("test ! -e '%s/.tmp-ckpt-000000200-4242' && test ! -e "
                       "'%s/.old-ckpt-000000100-77' && test ! -e '%s/checkpoint.tmp' && test -d "
                       "'%s/unrelated' && test ! -e '%s/.tmp-ckpt-000000300-8-55' && "
@@ -845,7 +845,7 @@ static void test_fenced_commit(void **state) {
   /* Retention refused before the index: the index and both checkpoints stay. */
   fence_calls = 0;
   fence_after = 1;  /* the leftovers pass, the index does not */
-  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_int_equal(ps_ckpt_retain(dir, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
   assert_non_null(strstr(eb.msg, "not rewriting the index"));
   assert_true(exists(dir, 100) && exists(dir, 200));
   idx = index_text(dir);
@@ -854,7 +854,7 @@ static void test_fenced_commit(void **state) {
   /* Refused before the deletion: the index is rewritten, nothing deleted. */
   fence_calls = 0;
   fence_after = 2;
-  assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
+  assert_int_equal(ps_ckpt_retain(dir, NULL, 1, 0, NULL, &o7, &eb), PS_EFENCED);
   assert_non_null(strstr(eb.msg, "not deleting ckpt-000000100 (retention)"));
   assert_true(exists(dir, 100) && exists(dir, 200));
   free(before);
@@ -942,7 +942,7 @@ static void test_crash_points(void **state) {
     free(e);
     expect_latest(f, dir, latest[s]);
     ps_ckpt_owner successor = {.token = 1};
-    assert_int_equal(ps_ckpt_retain(dir, 0, NULL, 2, 0, NULL, &successor, &eb), 0);
+    assert_int_equal(ps_ckpt_retain(dir, NULL, 2, 0, NULL, &successor, &eb), 0);
     assert_int_equal(sh("test -z \"$(ls -A '%s' | grep '^\\.')\"", dir), 0);
     /* Two kept: 200 and 300 where 300 was committed, else 100 and 200. */
     assert_int_equal(exists(dir, 100), latest[s] == 200);

@@ -29,6 +29,7 @@
 #include "ps/tsec.h"
 #include "recovery/checkpoint.h"
 #include "recovery/export.h"
+#include "recovery/relayout.h"
 #include "worker/sparse_split.h"
 
 /* Three tables: C1 and C2 (dim 4, adagrad: 1 slot, a key admitted on its
@@ -100,9 +101,18 @@ typedef struct cluster {
   int n;
   ps_layout layout;
   ps_hashring ring;
-  ps_shard *shards[2];
+  ps_shard *shards[4];
   char desc[128];
 } cluster;
+
+/* Shard i's options in a cluster of the model laid out as l. */
+static ps_shard_opts opts_of(fx *f, const ps_model *m, const ps_layout *l, int i) {
+  ps_shard_opts o = {.index = i, .nworkers = 1, .nfloats = l->shard_floats[i],
+                     .consistency = PS_CONSISTENCY_ASYNC, .replicas_to_aggregate = 1,
+                     .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f)};
+  ps_shard_opts_tables(&o, &f->cfg, m);
+  return o;
+}
 
 static void cluster_of(fx *f, const ps_model *m, cluster *c, int n) {
   memset(c, 0, sizeof *c);
@@ -114,10 +124,7 @@ static void cluster_of(fx *f, const ps_model *m, cluster *c, int n) {
                                    &c->layout, &eb), 0);
   assert_int_equal(ps_hashring_init(&c->ring, n, PS_HASHRING_VNODES), 0);
   for (int i = 0; i < n; i++) {
-    ps_shard_opts o = {.index = i, .nworkers = 1, .nfloats = c->layout.shard_floats[i],
-                       .consistency = PS_CONSISTENCY_ASYNC, .replicas_to_aggregate = 1,
-                       .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f)};
-    ps_shard_opts_tables(&o, &f->cfg, m);
+    ps_shard_opts o = opts_of(f, m, &c->layout, i);
     assert_non_null(c->shards[i] = ps_shard_new(&o, NULL));
   }
 }
@@ -168,8 +175,8 @@ static void train(fx *f, cluster *c) {
 
 /* Each shard's state image, as the chief's cut gives it. */
 typedef struct images {
-  float *img[2];
-  ps_ckpt_shard_state st[2];
+  float *img[4];
+  ps_ckpt_shard_state st[4];
 } images;
 
 static void images_of(const cluster *c, images *im) {
@@ -553,6 +560,112 @@ static void test_export(void **state) {
   cluster_free(&c1);
 }
 
+/* Segment k (0 values, 1.. the slots) of every shard put back into the
+ * whole variables. */
+static float *whole(fx *f, const cluster *c, images *im, uint32_t k) {
+  float *a = calloc(f->model.vars.total + 1, sizeof(float));
+  assert_non_null(a);
+  for (int i = 0; i < c->n; i++)
+    ps_layout_scatter(&c->layout, &f->model.vars, i,
+                      ps_state_segment(im->img[i], c->layout.shard_floats[i], k), a);
+  return a;
+}
+
+/* A checkpoint of 2 shards restored into 3 and into 1 (relayout.h): the
+ * dense values and optimizer slots are the same variables; every row and
+ * pending key is on the shard the new ring gives it, with the same count,
+ * stamp, values and slots, none lost or added; each shard's lists stay in
+ * stamp order; the version and global step are the largest of the cut's. */
+static void test_relayout(void **state) {
+  fx *f = *state;
+  cluster c2;
+  cluster_new(f, &c2, 2);
+  train(f, &c2);
+  images i2;
+  images_of(&c2, &i2);
+  char path[512];
+  write_ckpt(f, &c2, &i2, "relayout", path, sizeof path);
+  ps_ckpt ck;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_ckpt_open(&ck, path, &eb), 0);
+  uint32_t nslots = i2.st[0].info.nslots;
+  const int to[2] = {3, 1};
+  for (int r = 0; r < 2; r++) {
+    cluster cm;
+    cluster_new(f, &cm, to[r]);
+    ps_relayout *rl = NULL;
+    ps_relayout_stats st;
+    if (ps_relayout_open(&ck, &f->model.vars, &cm.layout, &rl, &st, &eb) != 0)
+      fail_msg("ps_relayout_open into %d: %s", to[r], eb.msg);
+    for (int i = 0; i < cm.n; i++) {
+      ps_shard_opts so = opts_of(f, &f->model, &cm.layout, i);
+      float *img = NULL;
+      ps_state_info in;
+      if (ps_relayout_image(rl, &so, &img, &in, &eb) != 0 ||
+          ps_shard_state_load(cm.shards[i], &in, img, &eb) != 0)
+        fail_msg("shard %d of %d: %s", i, to[r], eb.msg);
+      assert_int_equal(in.version, STEPS);
+      free(img);
+    }
+    ps_relayout_close(rl);
+    images im;
+    images_of(&cm, &im);
+    for (uint32_t k = 0; k <= nslots; k++) {
+      float *a = whole(f, &c2, &i2, k), *b = whole(f, &cm, &im, k);
+      assert_memory_equal(a, b, f->model.vars.total * sizeof(float));
+      free(a);
+      free(b);
+    }
+    uint64_t rows = 0, moved = 0, entries = 0;
+    for (int t = 0; t < NT; t++) {
+      size_t dim = (size_t)f->model.tables[t].dim;
+      int ns = ps_optim_nslots(f->model.tables[t].optim.kind);
+      for (int i = 0; i < 2; i++) {
+        ps_table_iter it;
+        ps_table_entry e, g;
+        const ps_table *tb = ps_shard_table(c2.shards[i], t);
+        ps_table_iter_init(tb, &it);
+        while (ps_table_iter_next(tb, &it, &e)) {
+          int j = ps_hashring_owner(&cm.ring, (uint32_t)t, e.key);
+          assert_true(ps_table_get(ps_shard_table(cm.shards[j], t), e.key, &g));
+          assert_int_equal(g.pending, e.pending);
+          assert_int_equal(g.count, e.count);
+          assert_int_equal(g.last_step, e.last_step);
+          if (!e.pending) {
+            assert_memory_equal(g.values, e.values, dim * sizeof(float));
+            for (int q = 0; q < ns; q++)
+              assert_memory_equal(g.slots[q], e.slots[q], dim * sizeof(float));
+            rows++;
+            moved += j != i;
+          }
+          entries++;
+        }
+      }
+      for (int j = 0; j < cm.n; j++) {
+        const ps_table *tb = ps_shard_table(cm.shards[j], t);
+        ps_table_iter it;
+        ps_table_entry e;
+        uint64_t last[2] = {0, 0};
+        ps_table_iter_init(tb, &it);
+        while (ps_table_iter_next(tb, &it, &e)) {
+          assert_true(e.last_step >= last[e.pending]);
+          last[e.pending] = e.last_step;
+          entries--;
+        }
+      }
+    }
+    assert_int_equal(entries, 0);  /* nothing added */
+    assert_int_equal(st.rows, rows);
+    assert_int_equal(st.rows_moved, moved);
+    assert_true(moved > 0 && moved < rows);
+    images_free(&cm, &im);
+    cluster_free(&cm);
+  }
+  ps_ckpt_close(&ck);
+  images_free(&c2, &i2);
+  cluster_free(&c2);
+}
+
 /* Two tables of one name (layers C, field 12, and C1, field 2: both
  * "C12") would write the same files: refused before anything is written. */
 static void test_export_name_clash(void **state) {
@@ -596,6 +709,7 @@ int main(void) {
       cmocka_unit_test(test_verify_section_without_tables),
       cmocka_unit_test(test_export),
       cmocka_unit_test(test_export_name_clash),
+      cmocka_unit_test(test_relayout),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

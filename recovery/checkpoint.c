@@ -20,8 +20,10 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/pool.h"
 #include "common/timeutil.h"
 #include "recovery/commit.h"
+#include "recovery/delta.h"
 #include "recovery/manifest.h"
 #include "recovery/manifest_build.h"
 #include "recovery/shardfile.h"
@@ -141,7 +143,7 @@ static int of_model(const char *dir, const char *name, const char *model) {
   uint64_t hash = 0;
   ps_errbuf why = {0};
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  return ps__ckpt_manifest_model(path, &hash, got, sizeof got, &why) == 0 &&
+  return ps__ckpt_manifest_model(path, &hash, NULL, got, sizeof got, &why) == 0 &&
          strcmp(got, model) == 0;
 }
 
@@ -226,6 +228,21 @@ static int retain_impl(const char *dir, const char *model,
     }
     keep[i] = !is_valid(dir, &e[i], &valid[i]);  /* a damaged one is kept */
   kept:;
+  }
+  /* A kept incremental checkpoint needs its base, and that one its own:
+   * newest first, so a base is marked before its turn comes. */
+  for (int i = n - 1; i >= 0; i--) {
+    char path[PATH_MAX], base[PS_CKPT_NAME_MAX], got[256];
+    uint64_t hash = 0;
+    ps_errbuf why = {0};
+    if (!keep[i] || !e[i].on_disk)
+      continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+    if (ps__ckpt_manifest_model(path, &hash, base, got, sizeof got, &why) != 0 || !base[0])
+      continue;
+    for (int j = 0; j < i; j++)
+      if (strcmp(e[j].name, base) == 0)
+        keep[j] = 1;
   }
   /* The newest kept one not found damaged (a newer one's damage may have
    * been found only while counting for an older one). */
@@ -469,5 +486,156 @@ err:
     ps__ckpt_rm_tree(tmp);
   free(manifest);
   free(recs);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Incremental checkpoints                                            */
+/* ------------------------------------------------------------------ */
+
+struct ps_ckpt_chain {
+  int full_every;
+  int ntables;
+  ps_tsec_table tables[PS_MODEL_MAX_TABLES];
+  int sync;
+  int nshards;                  /* of the indexes below; 0: none */
+  ps_delta_index **idx;         /* the last checkpoint written: each shard's section */
+  char base[PS_CKPT_NAME_MAX];  /* its name */
+  uint64_t base_step;
+  int ndeltas;                  /* incremental ones since the last full one */
+};
+
+int ps_ckpt_chain_new(int full_every, const ps_tsec_table *tables, int ntables, int sync,
+                      ps_ckpt_chain **out) {
+  *out = NULL;
+  if (full_every < 1 || ntables < 0 || ntables > PS_MODEL_MAX_TABLES)
+    return PS_EUSAGE;
+  ps_ckpt_chain *ch = calloc(1, sizeof *ch);
+  if (ch == NULL)
+    return -ENOMEM;
+  ch->full_every = full_every;
+  ch->ntables = ntables;
+  for (int t = 0; t < ntables; t++)
+    ch->tables[t] = (ps_tsec_table){.dim = tables[t].dim, .nslots = tables[t].nslots};
+  ch->sync = sync;
+  *out = ch;
+  return 0;
+}
+
+static void drop_indexes(ps_delta_index **idx, int n) {
+  if (idx == NULL)
+    return;
+  for (int i = 0; i < n; i++)
+    ps_delta_index_free(idx[i]);
+  free(idx);
+}
+
+void ps_ckpt_chain_free(ps_ckpt_chain *ch) {
+  if (ch == NULL)
+    return;
+  drop_indexes(ch->idx, ch->nshards);
+  free(ch);
+}
+
+void ps_ckpt_chain_reset(ps_ckpt_chain *ch) {
+  drop_indexes(ch->idx, ch->nshards);
+  ch->idx = NULL;
+  ch->nshards = 0;
+  ch->base[0] = '\0';
+  ch->ndeltas = 0;
+}
+
+/* Each shard's delta (or index only) made side by side. */
+typedef struct deltas {
+  const ps_ckpt_chain *ch;
+  const ps_ckpt_write_opts *o;
+  int incremental;
+  ps_ckpt_shard_state *sh;      /* copies of o->shards, their delta set */
+  uint8_t **buf;
+  ps_delta_index **next;
+  ps_delta_stats *st;
+  ps_errbuf *eb;
+  int *rc;
+} deltas;
+
+static void delta_one(void *arg, int i) {
+  deltas *d = arg;
+  const ps_ckpt_shard_state *s = &d->o->shards[i];
+  const void *sec = s->img + ps_state_tables_at(&s->info, s->nfloats);
+  uint64_t bytes = s->info.table_floats * sizeof(float), out = 0;
+  d->rc[i] = ps_delta_make(d->incremental ? d->ch->idx[i] : NULL, sec, bytes, d->ch->tables,
+                           d->ch->ntables, d->ch->sync, d->incremental ? &d->buf[i] : NULL,
+                           &out, &d->next[i], &d->st[i], &d->eb[i]);
+  if (d->rc[i] == 0 && d->incremental) {
+    d->sh[i].delta = d->buf[i];
+    d->sh[i].delta_bytes = out;
+  }
+}
+
+int ps_ckpt_chain_write(ps_ckpt_chain *ch, const char *dir, const ps_ckpt_write_opts *o,
+                        ps_ckpt_write_stats *st, ps_errbuf *eb) {
+  int n = o->layout->nshards;
+  if (ch->ntables == 0)
+    return ps_ckpt_write(dir, o, st, eb);  /* no tables: nothing to make smaller */
+  /* Incremental when the last checkpoint written is still there to build
+   * on and the chain is shorter than full_every. */
+  char path[PATH_MAX];
+  struct stat sb;
+  snprintf(path, sizeof path, "%s/%s/MANIFEST.json", dir, ch->base);
+  int incremental = ch->idx != NULL && ch->nshards == n && ch->ndeltas + 1 < ch->full_every &&
+                    o->step > ch->base_step && stat(path, &sb) == 0;
+  deltas d = {.ch = ch, .o = o, .incremental = incremental};
+  d.sh = calloc((size_t)n, sizeof *d.sh);
+  d.buf = calloc((size_t)n, sizeof *d.buf);
+  d.next = calloc((size_t)n, sizeof *d.next);
+  d.st = calloc((size_t)n, sizeof *d.st);
+  d.eb = calloc((size_t)n, sizeof *d.eb);
+  d.rc = calloc((size_t)n, sizeof *d.rc);
+  int rc = 0;
+  if (d.sh == NULL || d.buf == NULL || d.next == NULL || d.st == NULL || d.eb == NULL ||
+      d.rc == NULL) {
+    rc = ps_err_set(eb, -ENOMEM, "out of memory");
+    goto out;
+  }
+  memcpy(d.sh, o->shards, (size_t)n * sizeof *d.sh);
+  ps_pool_for(n, delta_one, &d);
+  for (int i = 0; i < n && rc == 0; i++)
+    if (d.rc[i] != 0)
+      rc = ps_err_set(eb, d.rc[i], "shard %d's table section: %s", i, d.eb[i].msg);
+  if (rc != 0)
+    goto out;
+  ps_ckpt_write_opts w = *o;
+  w.shards = d.sh;
+  w.base = incremental ? ch->base : NULL;
+  rc = ps_ckpt_write(dir, &w, st, eb);
+  if (rc != 0)
+    goto out;
+  if (st != NULL) {
+    st->incremental = incremental;
+    snprintf(st->base, sizeof st->base, "%s", incremental ? ch->base : "");
+    for (int i = 0; i < n; i++) {
+      st->entries += d.st[i].entries;
+      st->changed += d.st[i].changed;
+      st->deleted += d.st[i].deleted;
+      st->changed_bytes += d.st[i].changed_row_bytes;
+    }
+  }
+  drop_indexes(ch->idx, ch->nshards);
+  ch->idx = d.next;
+  d.next = NULL;
+  ch->nshards = n;
+  ps__ckpt_name(o->step, ch->base);
+  ch->base_step = o->step;
+  ch->ndeltas = incremental ? ch->ndeltas + 1 : 0;
+out:
+  drop_indexes(d.next, d.next != NULL ? n : 0);
+  if (d.buf != NULL)
+    for (int i = 0; i < n; i++)
+      free(d.buf[i]);
+  free(d.buf);
+  free(d.sh);
+  free(d.st);
+  free(d.eb);
+  free(d.rc);
   return rc;
 }

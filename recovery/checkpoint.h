@@ -28,9 +28,12 @@
 #include "ps/state.h"
 #include "ps/tsec.h"
 
-/* The version this build writes; it reads every version from
- * PS_CKPT_FORMAT_VERSION_MIN up to it (FORMAT.md section 9). */
-#define PS_CKPT_FORMAT_VERSION 2
+/* The newest version this build writes (an incremental checkpoint; a
+ * full one is PS_CKPT_FORMAT_VERSION_FULL, which older builds read); it
+ * reads every version from PS_CKPT_FORMAT_VERSION_MIN up to it (FORMAT.md
+ * section 9). */
+#define PS_CKPT_FORMAT_VERSION 3
+#define PS_CKPT_FORMAT_VERSION_FULL 2
 #define PS_CKPT_FORMAT_VERSION_MIN 1
 
 /* "ckpt-" + at least 9 digits + NUL fits. */
@@ -77,6 +80,11 @@ typedef struct ps_ckpt_shard_state {
   size_t nfloats;          /* the slice's length */
   ps_state_info info;      /* the image's fields */
   const float *img;        /* info.image_floats floats */
+  /* An incremental checkpoint (ps_ckpt_write_opts.base): the delta section
+   * (recovery/delta.h) the file holds in place of the image's table
+   * section; NULL otherwise. */
+  const void *delta;
+  uint64_t delta_bytes;    /* a multiple of 4 */
 } ps_ckpt_shard_state;
 
 /* Everything a checkpoint records.  Borrowed pointers, valid for the call. */
@@ -100,6 +108,10 @@ typedef struct ps_ckpt_write_opts {
    * for none (null). */
   const ps_model_spec *network;
   const ps_data_norm *norm;
+  /* An incremental checkpoint: the name of the checkpoint before it in
+   * `dir`, whose state each shard's delta section applies to (FORMAT.md
+   * 2.4); NULL: a full one.  ps_ckpt_chain_write sets it. */
+  const char *base;
   /* Retention applied after the commit (ps_ckpt_retain). */
   int64_t max_to_keep;            /* newest checkpoints kept; 0 = all */
   double keep_every_n_hours;      /* 0 = off */
@@ -114,6 +126,12 @@ typedef struct ps_ckpt_write_stats {
   double compress_s;              /* filtering, compressing, hashing and writing the files */
   double sync_s;                  /* fsyncs, renames and the index */
   double total_s;
+  /* ps_ckpt_chain_write: an incremental checkpoint (on `base`), and over
+   * every shard's tables the entries, those written as changed (and their
+   * bytes as a full section holds them) and the keys deleted. */
+  int incremental;
+  char base[PS_CKPT_NAME_MAX];
+  uint64_t entries, changed, changed_bytes, deleted;
 } ps_ckpt_write_stats;
 
 /* Write the checkpoint o->step into `dir` (created if missing, with its
@@ -137,6 +155,34 @@ typedef struct ps_ckpt_write_stats {
  * `st` may be NULL; nothing the call borrowed is kept. */
 int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_stats *st,
                   ps_errbuf *eb);
+
+/* Incremental checkpoints (FORMAT.md 2.4): a writer that keeps, between
+ * its checkpoints, an index of each shard's table section as it last wrote
+ * it (per entry its key and a hash of its bytes), and writes the next one
+ * as what changed since (recovery/delta.h), a full one every full_every
+ * (1: always full).  tables: the model's tables as the sections hold them
+ * (dim and optimizer slots, in table order); sync: the sections end with
+ * the open step's rows.  @return 0, PS_EUSAGE (full_every < 1, too many
+ * tables), -ENOMEM. */
+typedef struct ps_ckpt_chain ps_ckpt_chain;
+int ps_ckpt_chain_new(int full_every, const ps_tsec_table *tables, int ntables, int sync,
+                      ps_ckpt_chain **out);
+void ps_ckpt_chain_free(ps_ckpt_chain *ch);
+/* Forget the last checkpoint: the next one is full (a restore, another
+ * writer's checkpoint in between). */
+void ps_ckpt_chain_reset(ps_ckpt_chain *ch);
+
+/* ps_ckpt_write of o (o->base ignored), incremental on the chain's last
+ * checkpoint when there is one (written by this chain, of as many shards,
+ * an older step, its manifest still in `dir`) and fewer than full_every -
+ * 1 incremental ones follow the last full one; a model without tables is
+ * always written whole.  Each shard's section is indexed either way; on
+ * success the chain moves on to this checkpoint, on failure it is left as
+ * it was.  st (may be NULL) gets ps_ckpt_write's figures and the delta's.
+ * @return as ps_ckpt_write, or PS_ECORRUPT (a section that does not parse
+ * with the chain's tables). */
+int ps_ckpt_chain_write(ps_ckpt_chain *ch, const char *dir, const ps_ckpt_write_opts *o,
+                        ps_ckpt_write_stats *st, ps_errbuf *eb);
 
 /* ------------------------------------------------------------------ */
 /* Reading: the manifest (manifest.c), the model it is of (model.c),  */
@@ -168,6 +214,7 @@ typedef struct ps_ckpt_shard {
   ps_state_info info;            /* its fixed fields (image_floats for `floats`) */
   ps_once *once;                 /* info.nonce rows, owned by the ps_ckpt */
   uint64_t compressed_size, uncompressed_size, xxh64;
+  uint64_t delta_floats;         /* an incremental checkpoint: its file's delta section */
 } ps_ckpt_shard;
 
 /* A parsed manifest.  Every array is owned; free with ps_ckpt_close. */
@@ -175,6 +222,7 @@ typedef struct ps_ckpt {
   char *path;                    /* the checkpoint directory as opened; NULL when parsed from memory */
   char name[PS_CKPT_NAME_MAX];   /* its last component, e.g. "ckpt-000000400" ("" from memory) */
   int format_version;
+  char base[PS_CKPT_NAME_MAX];   /* an incremental checkpoint's base (version 3); "" full */
   uint64_t step, global_step;
   double wall_time;
   char cluster_id[64];
@@ -268,9 +316,13 @@ typedef struct ps_ckpt_shard_data {
  * empty. */
 int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb);
 
-/* Read shard i's file as ps_ckpt_read_shard does, into dst: room for the
- * manifest's uncompressed size, which is the shard's state image without its
- * exactly-once rows (ps/state.h).  On error dst holds garbage. */
+/* Read shard i's state as ps_ckpt_read_shard does, into dst: room for its
+ * segments and its `table_floats` (a full checkpoint's uncompressed size),
+ * which is the shard's state image without its exactly-once rows
+ * (ps/state.h).  An incremental checkpoint's (a `base`) is put together
+ * from its base's, read the same way, and its delta section, every file of
+ * the chain verified; an error names the checkpoint whose base failed.  On
+ * error dst holds garbage. */
 int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb);
 
 /* Free d->buf and zero *d; NULL does nothing. */

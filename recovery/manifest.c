@@ -389,8 +389,17 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
       return ps_err_set(eb, PS_ECORRUPT, "%stable_floats: found %" PRIu64 ", expected at most %"
                         PRIu64, pre.s, sh->info.table_floats, (uint64_t)JSON_SAFE / sizeof(float));
     sh->info.image_floats = ps_state_image_floats(&sh->info, sh->floats);
+    /* An incremental checkpoint's file holds its delta section in place
+     * of the table section (FORMAT.md 2.4). */
+    if (c->base[0] != '\0') {
+      if (get_u64(s, pre.s, "delta_floats", &sh->delta_floats, eb) != 0)
+        return PS_ECORRUPT;
+      if (sh->delta_floats > (uint64_t)JSON_SAFE / sizeof(float))
+        return ps_err_set(eb, PS_ECORRUPT, "%sdelta_floats: found %" PRIu64 ", expected at most %"
+                          PRIu64, pre.s, sh->delta_floats, (uint64_t)JSON_SAFE / sizeof(float));
+    }
     uint64_t raw = (uint64_t)sh->floats * sizeof(float) * (uint64_t)(1 + nslots + sh->info.has_accum) +
-                   sh->info.table_floats * sizeof(float);
+                   (c->base[0] != '\0' ? sh->delta_floats : sh->info.table_floats) * sizeof(float);
     if (get_int(s, pre.s, "compressed_size", 0, JSON_SAFE, &v, eb) != 0)
       return PS_ECORRUPT;
     sh->compressed_size = (uint64_t)v;
@@ -627,6 +636,23 @@ static int parse_model_def(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   return 0;
 }
 
+/* `base` (version 3: an incremental checkpoint's, FORMAT.md 2.4): a
+ * checkpoint's canonical name; "" when absent. */
+static int get_base(json_t *root, char base[PS_CKPT_NAME_MAX], ps_errbuf *eb) {
+  base[0] = '\0';
+  if (json_object_get(root, "base") == NULL)
+    return 0;
+  const char *s;
+  uint64_t step;
+  if (get_str(root, "", "base", 1, PS_CKPT_NAME_MAX - 1, &s, eb) != 0)
+    return PS_ECORRUPT;
+  if (ps__ckpt_parse_name(s, &step) != 0)
+    return bad(eb, "base", "a checkpoint's name (ckpt-<step>, 9 digits at least)",
+               json_object_get(root, "base"));
+  snprintf(base, PS_CKPT_NAME_MAX, "%s", s);
+  return 0;
+}
+
 static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
   if (!json_is_object(root))
     return bad(eb, "the manifest", "a JSON object", root);
@@ -662,6 +688,19 @@ static int parse_root(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     int rc = parse_model_def(root, c, eb);
     if (rc != 0)
       return rc;
+  }
+  if (c->format_version >= 3) {
+    if (json_object_get(root, "base") == NULL)
+      return bad(eb, "base", "a checkpoint's name (version 3: an incremental checkpoint)", NULL);
+    if (get_base(root, c->base, eb) != 0)
+      return PS_ECORRUPT;
+    uint64_t bstep = 0;
+    ps__ckpt_parse_name(c->base, &bstep);
+    if (bstep >= c->step)
+      return ps_err_set(eb, PS_ECORRUPT, "base: %s is not older than this checkpoint (step %"
+                        PRIu64 "): expected the checkpoint before it", c->base, c->step);
+  } else if (json_object_get(root, "base") != NULL) {
+    return bad(eb, "base", "absent before format_version 3", json_object_get(root, "base"));
   }
   if (parse_optimizer(root, c, eb) != 0 || get_str(root, "", "consistency", 1, 8, &s, eb) != 0)
     return PS_ECORRUPT;
@@ -741,7 +780,7 @@ int ps__ckpt_manifest_fd(const char *ckpt_dir, char *mpath, size_t cap, size_t *
   return fd;
 }
 
-int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
+int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *base, char *model, size_t cap,
                             ps_errbuf *eb) {
   char path[PATH_MAX];
   size_t size;
@@ -766,6 +805,8 @@ int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *m
                : 0;
   if (rc == 0)
     snprintf(model, cap, "%s", s);
+  if (rc == 0 && base != NULL)
+    rc = get_base(root, base, &why);
   json_decref(root);
   if (rc != 0) {
     ps_err_set(eb, PS_ECORRUPT, "%s: %s", path, why.msg);

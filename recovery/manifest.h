@@ -25,10 +25,12 @@ int ps__ckpt_manifest_fd(const char *ckpt_dir, char *mpath, size_t cap, size_t *
                          ps_errbuf *eb);
 
 /* The model a checkpoint directory's manifest names: its layout hash and
- * model text (at most cap - 1 bytes), read without parsing the rest.  Only a
+ * model text (at most cap - 1 bytes), and its base (an incremental one's,
+ * FORMAT.md 2.4; "" for a full one) into base (PS_CKPT_NAME_MAX bytes; NULL:
+ * not asked), read without parsing the rest.  Only a
  * regular file is read (a FIFO is refused, never waited on).  @return 0, or
  * PS_ECORRUPT / -errno with a message naming the file. */
-int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *model, size_t cap,
+int ps__ckpt_manifest_model(const char *ckpt_dir, uint64_t *layout_hash, char *base, char *model, size_t cap,
                             ps_errbuf *eb);
 
 /* Floats per shard slice: keeps every byte count of a shard file below 2^53,

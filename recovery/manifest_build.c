@@ -108,7 +108,10 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
   const ps_vartable *t = o->vars;
   json_t *root = json_object();
   SET(root, "format", json_string("paramserv-checkpoint"));
-  SET(root, "format_version", json_integer(PS_CKPT_FORMAT_VERSION));
+  SET(root, "format_version",
+      json_integer(o->base != NULL ? PS_CKPT_FORMAT_VERSION : PS_CKPT_FORMAT_VERSION_FULL));
+  if (o->base != NULL)
+    SET(root, "base", json_string(o->base));
   SET(root, "step", json_u64(o->step));
   SET(root, "global_step", json_u64(o->global_step));
   SET(root, "wall_time", json_real(wall));
@@ -187,6 +190,8 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
      * segments (absent: none). */
     if (in->table_floats > 0)
       SET(js, "table_floats", json_u64(in->table_floats));
+    if (o->base != NULL)
+      SET(js, "delta_floats", json_u64(s->delta_bytes / sizeof(float)));
     SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
     SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));
     SET(js, "xxh64", json_hex64(recs[i].xxh64));

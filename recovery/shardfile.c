@@ -21,6 +21,7 @@
 
 #include "common/pool.h"
 #include "recovery/commit.h"
+#include "recovery/delta.h"
 #include "recovery/manifest.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -154,8 +155,11 @@ static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_
   stream st = {.seg_floats = sh->nfloats};
   for (uint32_t k = 0; k < ps_state_segments(&sh->info); k++)
     st.seg[st.nseg++] = (const unsigned char *)ps_state_segment_c(sh->img, sh->nfloats, k);
-  st.tail = (const unsigned char *)(sh->img + ps_state_tables_at(&sh->info, sh->nfloats));
-  st.tail_bytes = (size_t)sh->info.table_floats * sizeof(float);
+  st.tail = sh->delta != NULL
+                ? (const unsigned char *)sh->delta
+                : (const unsigned char *)(sh->img + ps_state_tables_at(&sh->info, sh->nfloats));
+  st.tail_bytes = sh->delta != NULL ? (size_t)sh->delta_bytes
+                                    : (size_t)sh->info.table_floats * sizeof(float);
   rec->raw = (uint64_t)st.nseg * sh->nfloats * sizeof(float) + st.tail_bytes;
 
   /* The XXH64 is of the unfiltered bytes, the segments back to back. */
@@ -359,9 +363,10 @@ out:
   return rc;
 }
 
-int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
-  if (c == NULL || i < 0 || i >= c->nshards)
-    return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
+/* Shard i's file alone, decoded into dst (its uncompressed_size bytes):
+ * the segments, then the table section, or an incremental checkpoint's
+ * delta section. */
+static int read_file(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
   const ps_ckpt_shard *s = &c->shards[i];
   char path[PATH_MAX];
   if ((size_t)snprintf(path, sizeof path, "%s/%s", c->path != NULL ? c->path : ".", s->file) >=
@@ -382,9 +387,10 @@ int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) 
     rc = ps_err_set(eb, PS_ECORRUPT, "%s: size mismatch (file %jd bytes, manifest %" PRIu64
                     " bytes)", path, (intmax_t)st.st_size, s->compressed_size);
   size_t dsize = (size_t)s->uncompressed_size;
+  uint64_t tail = c->base[0] != '\0' ? s->delta_floats : s->info.table_floats;
   if (rc == 0)
     rc = decode_frame(fd, path, (unsigned char *)dst, dsize,
-                      dsize - (size_t)s->info.table_floats * sizeof(float), c->filter, eb);
+                      dsize - (size_t)tail * sizeof(float), c->filter, eb);
   close(fd);
   if (rc == 0) {
     uint64_t h = XXH64(dst, dsize, 0);
@@ -395,12 +401,96 @@ int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) 
   return rc;
 }
 
+/* The segments' bytes of shard i's state, and the whole state's (its
+ * table section included, an incremental checkpoint's put together). */
+static size_t segment_bytes(const ps_ckpt_shard *s) {
+  return (size_t)ps_state_segments(&s->info) * s->floats * sizeof(float);
+}
+
+static size_t state_bytes(const ps_ckpt_shard *s) {
+  return segment_bytes(s) + (size_t)s->info.table_floats * sizeof(float);
+}
+
+/* Does base hold the state an incremental checkpoint c builds on? */
+static int base_fits(const ps_ckpt *c, const ps_ckpt *b, int i, ps_errbuf *eb) {
+  const ps_ckpt_shard *s = &c->shards[i], *bs = &b->shards[i < b->nshards ? i : 0];
+  if (b->nshards != c->nshards || b->layout_hash != c->layout_hash ||
+      strcmp(b->model, c->model) != 0)
+    return ps_err_set(eb, PS_ECORRUPT, "it is of model '%s', layout %016" PRIx64 ", %d shards; "
+                      "expected this checkpoint's '%s', %016" PRIx64 ", %d", b->model,
+                      b->layout_hash, b->nshards, c->model, c->layout_hash, c->nshards);
+  if (b->step >= c->step || bs->floats != s->floats || bs->info.nslots != s->info.nslots ||
+      bs->info.has_accum != s->info.has_accum)
+    return ps_err_set(eb, PS_ECORRUPT, "its step %" PRIu64 " or shard %d's shape (%zu floats, %"
+                      PRIu32 " slots) is not what this checkpoint builds on (an older step, "
+                      "%zu floats, %" PRIu32 " slots)", b->step, i, bs->floats, bs->info.nslots,
+                      s->floats, s->info.nslots);
+  return 0;
+}
+
+/* Shard i of incremental checkpoint c into dst (state_bytes): its base's
+ * state (read the same way: a chain ends at a full checkpoint), its own
+ * segments, and the table section its delta makes of the base's. */
+static int read_delta(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
+  const ps_ckpt_shard *s = &c->shards[i];
+  char dir[PATH_MAX], path[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", c->path != NULL ? c->path : ".");
+  for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--)
+    dir[n - 1] = '\0';
+  char *slash = strrchr(dir, '/');
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  snprintf(path, sizeof path, "%s/%s", dir, c->base);
+  const char *me = c->path != NULL ? c->path : c->name;
+  ps_ckpt b;
+  ps_ckpt_shard_data bd = {0};
+  ps_errbuf why = {0};
+  int rc = ps_ckpt_open(&b, path, &why);
+  if (rc == 0 && (rc = base_fits(c, &b, i, &why)) == 0)
+    rc = ps_ckpt_read_shard(&b, i, &bd, &why);
+  ps_ckpt_close(&b);
+  if (rc != 0)
+    return ps_err_set(eb, rc, "%s: its base %s: %s", me, c->base, why.msg);
+  size_t fsize = (size_t)s->uncompressed_size, seg = segment_bytes(s);
+  unsigned char *file = malloc(fsize ? fsize : 1);
+  uint8_t *sec = NULL;
+  uint64_t sec_bytes = 0;
+  if (file == NULL)
+    rc = ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", s->file, fsize);
+  else if ((rc = read_file(c, i, (float *)(void *)file, eb)) == 0 &&
+           (rc = ps_delta_apply(bd.tables, bd.table_bytes, file + seg, fsize - seg, &sec,
+                                &sec_bytes, &why)) != 0)
+    rc = ps_err_set(eb, rc, "%s/%s: its delta on %s: %s", me, s->file, c->base, why.msg);
+  if (rc == 0 && sec_bytes != s->info.table_floats * sizeof(float))
+    rc = ps_err_set(eb, PS_ECORRUPT, "%s/%s: its delta on %s makes a table section of %" PRIu64
+                    " bytes, expected the manifest's %" PRIu64, me, s->file, c->base, sec_bytes,
+                    s->info.table_floats * sizeof(float));
+  if (rc == 0) {
+    memcpy(dst, file, seg);
+    memcpy((unsigned char *)dst + seg, sec, (size_t)sec_bytes);
+  }
+  free(sec);
+  free(file);
+  ps_ckpt_shard_data_close(&bd);
+  return rc;
+}
+
+int ps_ckpt_read_shard_into(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
+  if (c == NULL || i < 0 || i >= c->nshards)
+    return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
+  return c->base[0] != '\0' ? read_delta(c, i, dst, eb) : read_file(c, i, dst, eb);
+}
+
 int ps_ckpt_read_shard(const ps_ckpt *c, int i, ps_ckpt_shard_data *out, ps_errbuf *eb) {
   memset(out, 0, sizeof *out);
   if (c == NULL || i < 0 || i >= c->nshards)
     return ps_err_set(eb, -EINVAL, "checkpoint: no shard %d", i);
   const ps_ckpt_shard *s = &c->shards[i];
-  size_t dsize = (size_t)s->uncompressed_size;
+  size_t dsize = state_bytes(s);
   float *buf = malloc(dsize ? dsize : 1);
   if (buf == NULL)
     return ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", s->file, dsize);

@@ -126,7 +126,7 @@ printf '\xff' | dd of="$T/damaged/shard-1.lz4" bs=1 seek=400 conv=notrunc status
 expect2 "$T/damaged/shard-1.lz4: " "$BIN" eval "$T/damaged"
 cp -r "$ck" "$T/v9"
 sed -i 's/"format_version": 2,/"format_version": 9,/' "$T/v9/MANIFEST.json"
-expect2 "format_version 9 is not supported: this build reads versions 1 to 2" "$BIN" eval "$T/v9"
+expect2 "format_version 9 is not supported: this build reads versions 1 to 3" "$BIN" eval "$T/v9"
 cp -r "$ck" "$T/vars"
 manifest_edit "$ck" "$T/vars" 'm["network"] = m["builtin"] = m["normalization"] = None'
 expect2 "has no layers (network: null, a model of variables only)" "$BIN" eval "$T/vars"

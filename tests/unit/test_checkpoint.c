@@ -261,7 +261,7 @@ static void roundtrip(fx *f, const char *name, ps_ckpt_filter filter, int consis
   ps_ckpt c;
   ps_errbuf eb = {0};
   open_ok(path, &c);
-  assert_int_equal(c.format_version, PS_CKPT_FORMAT_VERSION);
+  assert_int_equal(c.format_version, PS_CKPT_FORMAT_VERSION_FULL);
   assert_string_equal(c.name, "ckpt-000000100");
   assert_int_equal(c.step, 100);
   assert_int_equal(c.global_step, 100);
@@ -514,9 +514,9 @@ static void test_damage_version(void **state) {
   char dir[256], newer[512], path[600];
   damaged(f, "dmg-version", dir, sizeof dir, newer, sizeof newer);
   snprintf(path, sizeof path, "%s/MANIFEST.json", newer);
-  edit_file(path, "\"format_version\": 2,", "\"format_version\": 3,");
+  edit_file(path, "\"format_version\": 2,", "\"format_version\": 4,");
   expect_damage(f, dir, newer, PS_EVERSION, PS_EVERSION,
-                "format_version 3 is not supported: this build reads versions 1 to 2");
+                "format_version 4 is not supported: this build reads versions 1 to 3");
 }
 
 /* The newer checkpoint is of another layout (3 shards): skipped with PS_ELAYOUT. */
@@ -1201,7 +1201,7 @@ static void test_manifest_errors_v2(void **state) {
 static void test_manifest_errors(void **state) {
   (void)state;
   expect_parse_error("\"format_version\": 1", "\"format_version\": 7", PS_EVERSION,
-                     "format_version 7 is not supported: this build reads versions 1 to 2");
+                     "format_version 7 is not supported: this build reads versions 1 to 3");
   expect_parse_error("\"format_version\": 1", "\"format_version\": \"1\"", PS_ECORRUPT,
                      "format_version: expected an integer, found a string \"1\"");
   expect_parse_error("\"paramserv-checkpoint\"", "\"other\"", PS_ECORRUPT,

@@ -141,10 +141,10 @@ static void cluster_free(cluster *c) {
 
 /* STEPS pushes of rows: each table's keys from a pool of 40 (some repeat,
  * some are new) and one key of the step alone, split by the ring, each shard pushed its part. */
-static void train(fx *f, cluster *c) {
+static void train_steps(fx *f, cluster *c, int k0, int k1) {
   ps_sparse_part part[2] = {{0}}, *parts[2] = {&part[0], &part[1]};
   float *g = calloc(f->model.vars.total + 1, sizeof(float));
-  for (int k = 0; k < STEPS; k++) {
+  for (int k = k0; k < k1; k++) {
     uint64_t keys[NT][MAXK];
     float grads[NT][MAXK * 4];
     ps_sparse_batch b = {.ntables = NT};
@@ -172,6 +172,8 @@ static void train(fx *f, cluster *c) {
     ps_sparse_part_free(&part[i]);
   free(g);
 }
+
+static void train(fx *f, cluster *c) { train_steps(f, c, 0, STEPS); }
 
 /* Each shard's state image, as the chief's cut gives it. */
 typedef struct images {
@@ -666,6 +668,150 @@ static void test_relayout(void **state) {
   cluster_free(&c2);
 }
 
+/* A model whose tables delete: C evicts past 12 rows per shard, D expires
+ * rows idle for 6 steps. */
+static const char MODEL_DELETES[] =
+    "{\"input\": [2], \"layers\": ["
+    "{\"type\": \"dense\", \"name\": \"bot\", \"out\": 3}, {\"type\": \"relu\"},"
+    "{\"type\": \"embedding_bag\", \"name\": \"C\", \"fields\": [1, 2], \"dim\": 4,"
+    " \"init\": \"normal\", \"scale\": 0.1, \"optimizer\": \"adagrad\", \"lr\": 0.05,"
+    " \"admit_after\": 2, \"max_rows\": 12},"
+    "{\"type\": \"embedding_bag\", \"name\": \"D\", \"field\": 3, \"dim\": 2,"
+    " \"optimizer\": \"adam\", \"lr\": 0.01, \"idle_steps\": 6},"
+    "{\"type\": \"dense\", \"name\": \"out\", \"out\": 1}, {\"type\": \"sigmoid\"}]}";
+
+/* A chain of a full checkpoint (after 10 steps of training) and 5
+ * incremental ones (ps_ckpt_chain_write, full_every 6), a step apart, each
+ * step touching some of the rows, admitting, evicting and expiring others: each reads back (put together from the chain)
+ * as the very state it was cut from, dense segments and table sections
+ * byte for byte; each delta's changed rows are at most the full section; the seventh
+ * is full again; retention keeps every checkpoint a kept one builds on;
+ * a chain whose link is damaged is passed over for the newest whole one. */
+static void test_incremental_chain(void **state) {
+  fx *f = *state;
+  ps_model m;
+  ps_model_spec spec;
+  ps_errbuf eb = {0};
+  assert_int_equal(ps_modelfile_parse(MODEL_DELETES, strlen(MODEL_DELETES), "MODEL", &spec, &eb),
+                   0);
+  assert_int_equal(ps_model_build(&spec, &m, &eb), 0);
+  cluster c;
+  cluster_of(f, &m, &c, 2);
+  ps_tsec_table tables[NT];
+  for (int t = 0; t < NT; t++)
+    tables[t] = (ps_tsec_table){(uint32_t)m.tables[t].dim,
+                                (uint32_t)ps_optim_nslots(m.tables[t].optim.kind), NULL};
+  ps_ckpt_chain *ch = NULL;
+  assert_int_equal(ps_ckpt_chain_new(6, tables, NT, 0, &ch), 0);
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/chain", f->root);
+  enum { N = 8 };
+  float *want[N][2];
+  size_t want_bytes[N][2];
+  uint64_t deleted = 0;
+  for (int j = 0; j < N; j++) {
+    train_steps(f, &c, j ? 9 + j : 0, 10 + j);
+    images im;
+    images_of(&c, &im);
+    ps_data_pos pos = {0, 0};
+    ps_ckpt_write_opts o = {
+        .step = 100 + (uint64_t)j, .cluster_id = "test", .model = c.desc, .vars = &m.vars,
+        .layout = &c.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
+        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_SHUFFLE,
+        .shards = im.st, .nworkers = 1, .data_pos = &pos, .global_step = 100 + (uint64_t)j,
+        .network = &m.spec, .max_to_keep = 2};
+    ps_ckpt_write_stats st;
+    if (ps_ckpt_chain_write(ch, dir, &o, &st, &eb) != 0)
+      fail_msg("checkpoint %d: %s", j, eb.msg);
+    assert_int_equal(st.incremental, j != 0 && j != 6);
+    uint64_t full_tables = 0;
+    for (int i = 0; i < 2; i++) {
+      /* What the shard held: its segments and table section. */
+      size_t seg = (size_t)ps_state_segments(&im.st[i].info) * c.layout.shard_floats[i];
+      size_t tf = (size_t)im.st[i].info.table_floats;
+      want[j][i] = malloc((seg + tf) * sizeof(float));
+      memcpy(want[j][i], im.img[i], seg * sizeof(float));
+      memcpy(want[j][i] + seg, section(&c, &im, i), tf * sizeof(float));
+      want_bytes[j][i] = (seg + tf) * sizeof(float);
+      full_tables += tf * sizeof(float);
+    }
+    if (st.incremental) {
+      assert_true(st.changed > 0 && st.changed <= st.entries);
+      assert_true(st.changed_bytes <= full_tables);
+      deleted += st.deleted;
+    }
+    images_free(&c, &im);
+  }
+  assert_true(deleted > 0);  /* evictions and expiries reached the deltas */
+  /* Every checkpoint is still there: max_to_keep 2, but the two newest
+   * (106 full, 107 on it) need none, so 100..105 went; before the full
+   * one, 105 kept its whole chain. */
+  char path[600];
+  for (int j = 0; j < N; j++) {
+    snprintf(path, sizeof path, "%s/ckpt-%09d", dir, 100 + j);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb) == 0, j >= 6);
+  }
+  ps_ckpt_chain_free(ch);
+
+  /* A second chain, all kept, read back link by link. */
+  assert_int_equal(ps_ckpt_chain_new(6, tables, NT, 0, &ch), 0);
+  snprintf(dir, sizeof dir, "%s/chain2", f->root);
+  cluster c2;
+  cluster_of(f, &m, &c2, 2);
+  for (int j = 0; j < 6; j++) {
+    train_steps(f, &c2, j ? 9 + j : 0, 10 + j);
+    images im;
+    images_of(&c2, &im);
+    ps_data_pos pos = {0, 0};
+    ps_ckpt_write_opts o = {
+        .step = 100 + (uint64_t)j, .cluster_id = "test", .model = c2.desc, .vars = &m.vars,
+        .layout = &c2.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
+        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_NONE, .shards = im.st,
+        .nworkers = 1, .data_pos = &pos, .global_step = 100 + (uint64_t)j, .network = &m.spec};
+    assert_int_equal(ps_ckpt_chain_write(ch, dir, &o, NULL, &eb), 0);
+    images_free(&c2, &im);
+  }
+  ps_ckpt_chain_free(ch);
+  for (int j = 0; j < 6; j++) {
+    ps_ckpt ck;
+    snprintf(path, sizeof path, "%s/ckpt-%09d", dir, 100 + j);
+    assert_int_equal(ps_ckpt_open(&ck, path, &eb), 0);
+    assert_int_equal(ck.format_version, j == 0 ? 2 : 3);
+    for (int i = 0; i < 2; i++) {
+      ps_ckpt_shard_data d;
+      if (ps_ckpt_read_shard(&ck, i, &d, &eb) != 0)
+        fail_msg("%s shard %d: %s", path, i, eb.msg);
+      assert_int_equal(d.nfloats * sizeof(float), want_bytes[j][i]);
+      assert_memory_equal(d.buf, want[j][i], want_bytes[j][i]);
+      ps_ckpt_shard_data_close(&d);
+    }
+    ps_ckpt_tables_stats ts;
+    if (ps_ckpt_verify_tables(&ck, &ts, &eb) != 0)
+      fail_msg("verify %s: %s", path, eb.msg);
+    ps_ckpt_close(&ck);
+  }
+  /* A damaged link: 103's shard 1 gone.  103, 104 and 105 no longer read;
+   * the newest whole one is 102. */
+  assert_int_equal(sh("rm '%s/ckpt-000000103/shard-1.lz4'", dir), 0);
+  ps_ckpt ck;
+  snprintf(path, sizeof path, "%s/ckpt-000000105", dir);
+  assert_int_equal(ps_ckpt_open(&ck, path, &eb), 0);
+  assert_int_equal(ps_ckpt_verify(&ck, &eb), -ENOENT);
+  assert_non_null(strstr(eb.msg, "ckpt-000000105: its base ckpt-000000104: "));
+  assert_non_null(strstr(eb.msg, "its base ckpt-000000103: "));
+  ps_ckpt_close(&ck);
+  assert_int_equal(ps_ckpt_find_latest(dir, c2.layout.hash, c2.desc, &ck, &eb), 1);
+  assert_int_equal(ck.step, 102);
+  ps_ckpt_close(&ck);
+  for (int j = 0; j < N; j++)
+    for (int i = 0; i < 2; i++)
+      free(want[j][i]);
+  cluster_free(&c);
+  cluster_free(&c2);
+  ps_model_close(&m);
+}
+
 /* Two tables of one name (layers C, field 12, and C1, field 2: both
  * "C12") would write the same files: refused before anything is written. */
 static void test_export_name_clash(void **state) {
@@ -710,6 +856,7 @@ int main(void) {
       cmocka_unit_test(test_export),
       cmocka_unit_test(test_export_name_clash),
       cmocka_unit_test(test_relayout),
+      cmocka_unit_test(test_incremental_chain),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

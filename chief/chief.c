@@ -107,6 +107,7 @@ struct chief {
   char last_ckpt_name[PS_CKPT_NAME_MAX];
   uint64_t wrote_step;        /* the step of a checkpoint this chief wrote; UINT64_MAX: none */
   char restored_from[PS_CKPT_NAME_MAX];  /* the checkpoint the shards were loaded from */
+  ps_ckpt_chain *chain;      /* the writer's incremental checkpoints (its thread's, a write at a time) */
   uint64_t next_log_step, log_step0;
   double log_t0;
   uint64_t next_eval_step;
@@ -340,10 +341,17 @@ static void write_done(chief *ch, ps_cut *job) {
     ps_metric_set(ch->series[C_CKPT_BYTES], (double)job->st.raw_bytes);
     ps_metric_set(ch->series[C_CKPT_STORED], (double)job->st.stored_bytes);
     double mb = (double)job->st.raw_bytes / 1e6;
+    char inc[200] = "";
+    if (job->st.incremental)
+      snprintf(inc, sizeof inc, "; incremental on %s: %" PRIu64 " of %" PRIu64 " table entries "
+               "changed (%.3f MB), %" PRIu64 " deleted, delta sections %.3f MB", job->st.base,
+               job->st.changed, job->st.entries, (double)job->st.changed_bytes / 1e6,
+               job->st.deleted, (double)job->st.delta_bytes / 1e6);
     ps_log(PS_LOG_INFO, "checkpoint %s: step %" PRIu64 ", stall %.1f ms, fetch %.2f s, write %.2f s"
-           " (%.0f MB, ratio %.2f)", job->st.name, job->step, job->stall_ms, job->fetch_s,
+           " (%.1f MB, ratio %.2f%s)", job->st.name, job->step, job->stall_ms, job->fetch_s,
            job->st.total_s, mb,
-           job->st.stored_bytes ? (double)job->st.raw_bytes / (double)job->st.stored_bytes : 0.0);
+           job->st.stored_bytes ? (double)job->st.raw_bytes / (double)job->st.stored_bytes : 0.0,
+           inc);
     ps_summary_event(&ch->sum, job->step, "checkpoint", "{s:s, s:f, s:f, s:f}", "name",
                      job->st.name, "stall_ms", job->stall_ms, "write_s", job->st.total_s, "mb", mb);
     snprintf(ch->last_ckpt_name, sizeof ch->last_ckpt_name, "%s", job->st.name);
@@ -708,6 +716,20 @@ int ps_chief_run(const ps_config *cfg) {
   ch->writer_owner = (ps_ckpt_owner){.token = token, .fence = ps_lease_fence_check,
                                      .fence_arg = &ch->writer_fence};
   ch->cut_env.owner = &ch->writer_owner;
+  {
+    /* Incremental checkpoints of the sparse tables (FORMAT.md 2.4). */
+    const ps_model *m = ch->cut_env.model;
+    ps_tsec_table tt[PS_MODEL_MAX_TABLES];
+    for (int t = 0; t < m->ntables; t++)
+      tt[t] = (ps_tsec_table){.dim = (uint32_t)m->tables[t].dim,
+                              .nslots = (uint32_t)ps_optim_nslots(m->tables[t].optim.kind)};
+    if (ps_ckpt_chain_new((int)cfg->checkpoint_full_every, tt, m->ntables,
+                          cfg->consistency == PS_CONSISTENCY_SYNC, &ch->chain) != 0) {
+      ps_log(PS_LOG_ERROR, "out of memory");
+      goto out;
+    }
+    ch->cut_env.chain = ch->chain;
+  }
   uint64_t done_step = 0;
   int nonfinite = 0;
   if (ps_registry_get_done(ch->reg, &done_step, &nonfinite) == 1) {
@@ -863,6 +885,7 @@ out:
   ps_registry_free(ch->reg);
   ps_registry_free(ch->writer_reg);
   ps_client_free(ch->client);
+  ps_ckpt_chain_free(ch->chain);
   int status = ch->status;
   free(ch->ring_cfg);
   free(ch);

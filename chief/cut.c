@@ -211,7 +211,8 @@ void ps_cut_write(ps_cut *job) {
       .owner = env->owner,
   };
   ps_errbuf eb = {0};
-  job->rc = ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);
+  job->rc = env->chain != NULL ? ps_ckpt_chain_write(env->chain, cfg->checkpoint_dir, &o, &job->st, &eb)
+                               : ps_ckpt_write(cfg->checkpoint_dir, &o, &job->st, &eb);
   if (job->rc != 0)
     snprintf(job->err, sizeof job->err, "%s", eb.msg);
 }

@@ -33,6 +33,8 @@ typedef struct ps_cut_env {
   void *positions_arg;
   /* Names the temporaries and fences the commit (on the writer's thread). */
   const ps_ckpt_owner *owner;
+  /* Incremental checkpoints: the writer's chain (NULL: every one full). */
+  ps_ckpt_chain *chain;
   /* Test-only, 0 otherwise: wait this long after the CUT replies, as a
    * slow link would ($PS_TEST_CUT_DELAY_MS). */
   int test_delay_ms;

@@ -85,6 +85,8 @@ typedef struct ps_ckpt_shard_state {
    * section; NULL otherwise. */
   const void *delta;
   uint64_t delta_bytes;    /* a multiple of 4 */
+  uint64_t base_xxh64;     /* the state the delta applies to: the base's state_xxh64 */
+  uint64_t state_xxh64;    /* XXH64 of this shard's segments and table section */
 } ps_ckpt_shard_state;
 
 /* Everything a checkpoint records.  Borrowed pointers, valid for the call. */
@@ -132,6 +134,7 @@ typedef struct ps_ckpt_write_stats {
   int incremental;
   char base[PS_CKPT_NAME_MAX];
   uint64_t entries, changed, changed_bytes, deleted;
+  uint64_t delta_bytes;           /* the delta sections' (raw: part of raw_bytes) */
 } ps_ckpt_write_stats;
 
 /* Write the checkpoint o->step into `dir` (created if missing, with its
@@ -214,7 +217,11 @@ typedef struct ps_ckpt_shard {
   ps_state_info info;            /* its fixed fields (image_floats for `floats`) */
   ps_once *once;                 /* info.nonce rows, owned by the ps_ckpt */
   uint64_t compressed_size, uncompressed_size, xxh64;
-  uint64_t delta_floats;         /* an incremental checkpoint: its file's delta section */
+  uint64_t delta_floats;         /* an incremental checkpoint: its file's delta section, */
+  uint64_t base_xxh64;           /* the state of its base's shard it applies to */
+  /* XXH64 of the shard's state, its segments and whole table section (a
+   * full checkpoint's is its xxh64; a chain's, the state put together). */
+  uint64_t state_xxh64;
 } ps_ckpt_shard;
 
 /* A parsed manifest.  Every array is owned; free with ps_ckpt_close. */
@@ -353,6 +360,15 @@ int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
  * *fresh (may be NULL) is 1 when it was read now.  A bit flipped by the
  * disk under unchanged metadata is not seen; restores use ps_ckpt_verify. */
 int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh);
+
+/* Fold incremental checkpoint c's chain into a full checkpoint of the same
+ * step, name and time, written in its place (ps_ckpt_write's commit, no
+ * retention): every shard's state put together (and verified) as a restore
+ * reads it.  Those that build on c still do: they name its state, which is
+ * the same.  Meant for a directory no chief is writing into at the same
+ * time.  @return 0; PS_EUSAGE (c is full already); ps_ckpt_read_shard's,
+ * ps_ckpt_model's and ps_ckpt_write's errors. */
+int ps_ckpt_compact(const ps_ckpt *c, ps_ckpt_write_stats *st, ps_errbuf *eb);
 
 /* ------------------------------------------------------------------ */
 /* The sparse tables: each shard file's table section (tables.c)      */

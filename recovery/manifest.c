@@ -392,7 +392,9 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     /* An incremental checkpoint's file holds its delta section in place
      * of the table section (FORMAT.md 2.4). */
     if (c->base[0] != '\0') {
-      if (get_u64(s, pre.s, "delta_floats", &sh->delta_floats, eb) != 0)
+      if (get_u64(s, pre.s, "delta_floats", &sh->delta_floats, eb) != 0 ||
+          get_hex64(s, pre.s, "base_xxh64", &sh->base_xxh64, eb) != 0 ||
+          get_hex64(s, pre.s, "state_xxh64", &sh->state_xxh64, eb) != 0)
         return PS_ECORRUPT;
       if (sh->delta_floats > (uint64_t)JSON_SAFE / sizeof(float))
         return ps_err_set(eb, PS_ECORRUPT, "%sdelta_floats: found %" PRIu64 ", expected at most %"
@@ -408,6 +410,8 @@ static int parse_shards(json_t *root, ps_ckpt *c, ps_errbuf *eb) {
     sh->uncompressed_size = raw;
     if (get_hex64(s, pre.s, "xxh64", &sh->xxh64, eb) != 0)
       return PS_ECORRUPT;
+    if (c->base[0] == '\0')
+      sh->state_xxh64 = sh->xxh64;  /* the file holds the state as it is */
   }
   return 0;
 }

@@ -419,6 +419,10 @@ static int base_fits(const ps_ckpt *c, const ps_ckpt *b, int i, ps_errbuf *eb) {
     return ps_err_set(eb, PS_ECORRUPT, "it is of model '%s', layout %016" PRIx64 ", %d shards; "
                       "expected this checkpoint's '%s', %016" PRIx64 ", %d", b->model,
                       b->layout_hash, b->nshards, c->model, c->layout_hash, c->nshards);
+  if (bs->state_xxh64 != s->base_xxh64)
+    return ps_err_set(eb, PS_ECORRUPT, "it holds another state than the one this checkpoint "
+                      "built on, written again since (shard %d's state xxh64 %016" PRIx64
+                      ", expected %016" PRIx64 ")", i, bs->state_xxh64, s->base_xxh64);
   if (b->step >= c->step || bs->floats != s->floats || bs->info.nslots != s->info.nslots ||
       bs->info.has_accum != s->info.has_accum)
     return ps_err_set(eb, PS_ECORRUPT, "its step %" PRIu64 " or shard %d's shape (%zu floats, %"
@@ -472,6 +476,11 @@ static int read_delta(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
   if (rc == 0) {
     memcpy(dst, file, seg);
     memcpy((unsigned char *)dst + seg, sec, (size_t)sec_bytes);
+    uint64_t h = XXH64(dst, seg + (size_t)sec_bytes, 0);
+    if (h != s->state_xxh64)
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s/%s: put together on %s, its state's xxh64 is %016"
+                      PRIx64 ", expected the manifest's %016" PRIx64, me, s->file, c->base, h,
+                      s->state_xxh64);
   }
   free(sec);
   free(file);

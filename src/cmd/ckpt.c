@@ -24,6 +24,7 @@ static void ckpt_usage(FILE *f) {
       "       paramserv ckpt show CKPT\n"
       "       paramserv ckpt verify CKPT\n"
       "       paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n"
+      "       paramserv ckpt compact CKPT\n"
       "\n"
       "Inspect the checkpoints a chief wrote (format: recovery/FORMAT.md).\n"
       "\n"
@@ -36,6 +37,8 @@ static void ckpt_usage(FILE *f) {
       "  export CKPT the variables' values as one .safetensors file or a directory of .npy\n"
       "              (with the sparse tables' rows), the model file and the input\n"
       "              normalization\n"
+      "  compact CKPT an incremental checkpoint (the table rows changed since the one\n"
+      "              before it) rewritten as a full one, its chain folded in\n"
       "\n"
       "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
       "checkpoints: then show and export take its newest valid checkpoint and verify\n"
@@ -69,6 +72,16 @@ static void sub_usage(FILE *f, const char *verb) {
                "and each key is the file's shard's by the hash ring; the line then counts\n"
                "the rows and pending keys.  CKPT may be a directory of checkpoints: every\n"
                "one is verified, one line each.  Exit status 1 if any fails.\n");
+  else if (strcmp(verb, "compact") == 0)
+    fprintf(f, "usage: paramserv ckpt compact CKPT\n\n"
+               "An incremental checkpoint holds the sparse table rows changed since the\n"
+               "checkpoint before it (its base: [checkpoint] full_every), so it needs its\n"
+               "chain back to a full one.  compact reads the chain (every file verified),\n"
+               "puts each shard's state together and writes it as a full checkpoint of the\n"
+               "same step in its place (written beside, then renamed over it); the\n"
+               "checkpoints built on it still read, as they name its state, not its files.\n"
+               "Run it on a directory no chief is writing into.  Exit status 1 if the chain\n"
+               "does not read or the write fails, 2 for a full checkpoint.\n");
   else
     fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n\n"
                "Reassemble every variable from the shard files (verified on the way) and\n"
@@ -197,9 +210,10 @@ static int cmd_ls(int argc, char **argv) {
     uint64_t bytes = 0;
     for (int s = 0; s < c.nshards; s++)
       bytes += c.shards[s].compressed_size;
-    printf("%-16s %10" PRIu64 "  %-20s %6d  %10s  %-20s %s\n", e[i].name, e[i].step,
+    printf("%-16s %10" PRIu64 "  %-20s %6d  %10s  %-20s %s%s%s\n", e[i].name, e[i].step,
            utc(e[i].time, tbuf, sizeof tbuf), c.nshards, ps_cmd_human_bytes(bytes, sbuf, sizeof sbuf),
-           c.model, e[i].latest ? "latest" : e[i].in_index ? "kept" : "unlisted");
+           c.model, e[i].latest ? "latest" : e[i].in_index ? "kept" : "unlisted",
+           c.base[0] ? ", incremental on " : "", c.base);
     ps_ckpt_close(&c);
   }
   free(e);
@@ -219,6 +233,9 @@ static int cmd_show(int argc, char **argv) {
   const ps_optim *o = &c.optim;
   printf("checkpoint   %s\n", c.path);
   printf("format       %d\n", c.format_version);
+  if (c.base[0])
+    printf("base         %s (incremental: its shard files hold the table entries changed "
+           "since it)\n", c.base);
   printf("step         %" PRIu64 " (global step %" PRIu64 ")\n", c.step, c.global_step);
   printf("time         %s (%.3f)\n", utc(c.wall_time, tbuf, sizeof tbuf), c.wall_time);
   printf("cluster      %s\n", c.cluster_id);
@@ -273,6 +290,10 @@ static int cmd_show(int argc, char **argv) {
            ps_cmd_human_bytes(s->compressed_size, b1, sizeof b1),
            ps_cmd_human_bytes(s->uncompressed_size, b2, sizeof b2),
            (double)s->compressed_size / (double)s->uncompressed_size, s->xxh64);
+    if (c.base[0])
+      printf("    delta: %s of table entries on state %016" PRIx64 " of %s; state %016" PRIx64
+             "\n", ps_cmd_human_bytes(s->delta_floats * 4, b1, sizeof b1), s->base_xxh64, c.base,
+             s->state_xxh64);
     if (in->has_accum || c.consistency == PS_CONSISTENCY_SYNC)
       printf("    sync: %" PRIu32 " gradients summed, %" PRIu32 " complete a step\n",
              in->accum_count, in->target);
@@ -308,9 +329,12 @@ static int verify_one(const char *path) {
     if (ts.ntables > 0)
       snprintf(tables, sizeof tables, ", %d sparse table%s: %" PRIu64 " rows, %" PRIu64
                " pending keys", ts.ntables, ts.ntables == 1 ? "" : "s", ts.rows, ts.pending);
+    char chain[96] = "";
+    if (c.base[0])
+      snprintf(chain, sizeof chain, "; incremental on %s, its chain read and verified", c.base);
     printf("%s: ok (step %" PRIu64 ", %d shard file%s, %" PRIu64 " bytes, %" PRIu64
-           " uncompressed%s)\n", path, c.step, c.nshards, c.nshards == 1 ? "" : "s", stored, raw,
-           tables);
+           " uncompressed%s%s)\n", path, c.step, c.nshards, c.nshards == 1 ? "" : "s", stored, raw,
+           tables, chain);
   }
   ps_ckpt_close(&c);
   return rc != 0;
@@ -382,11 +406,36 @@ static int cmd_export(int argc, char **argv) {
   return rc == 0 ? 0 : rc == -EEXIST || rc == -EISDIR || rc == -ENOTDIR ? 2 : 1;
 }
 
+static int cmd_compact(int argc, char **argv) {
+  int rc = sub_opts(argc, argv, NULL, NULL);
+  if (rc != 0)
+    return rc == 1 ? 0 : rc;
+  if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
+    return rc;
+  ps_ckpt c;
+  ps_errbuf eb = {0};
+  if (ps_ckpt_open(&c, argv[optind], &eb) != 0) {
+    ps_cmd_error("%s", eb.msg);
+    return 1;
+  }
+  ps_ckpt_write_stats st;
+  rc = ps_ckpt_compact(&c, &st, &eb);
+  if (rc != 0)
+    ps_cmd_error("ckpt compact: %s", eb.msg);
+  else
+    printf("%s: compacted: a full checkpoint now (was incremental on %s), %" PRIu64
+           " bytes stored, %" PRIu64 " uncompressed\n", c.path, c.base, st.stored_bytes,
+           st.raw_bytes);
+  ps_ckpt_close(&c);
+  return rc == 0 ? 0 : rc == PS_EUSAGE ? 2 : 1;
+}
+
 int ps_cmd_ckpt(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*run)(int argc, char **argv);
-  } verbs[] = {{"ls", cmd_ls}, {"show", cmd_show}, {"verify", cmd_verify}, {"export", cmd_export}};
+  } verbs[] = {{"ls", cmd_ls}, {"show", cmd_show}, {"verify", cmd_verify}, {"export", cmd_export},
+                {"compact", cmd_compact}};
   if (argc < 2) {
     ckpt_usage(stderr);
     return 2;
@@ -401,6 +450,6 @@ int ps_cmd_ckpt(int argc, char **argv) {
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
     if (strcmp(v, verbs[i].name) == 0)
       return verbs[i].run(argc - 1, argv + 1);
-  ps_cmd_error("ckpt: unknown verb '%s': expected ls, show, verify or export", v);
+  ps_cmd_error("ckpt: unknown verb '%s': expected ls, show, verify, export or compact", v);
   return 2;
 }

@@ -113,6 +113,7 @@ typedef struct ps_config {
   double keep_every_n_hours;
   int ckpt_unusable;              /* ps_ckpt_unusable */
   char checkpoint_filter[8];      /* none|shuffle */
+  int64_t checkpoint_full_every;  /* incremental checkpoints: a full one every this many */
 
   /* [chief] (step 4) */
   int64_t chief_lease_ms, chief_log_every, chief_eval_every;

@@ -275,6 +275,9 @@ const ps_setting ps_settings[] = {
      .help = "no checkpoint fits (another model, damaged): refuse (exit 2) or set_aside"},
     {"checkpoint", "filter", STRING, FIELD(checkpoint_filter), .choices = ckpt_filters,
      .def = "shuffle", .help = "byte filter before LZ4: shuffle (groups float bytes) or none"},
+    {"checkpoint", "full_every", INT, FIELD(checkpoint_full_every), .min = 1, .max = 1000,
+     .def = "8", .help = "with sparse tables, every this many checkpoints one is full; the others "
+                         "hold the rows changed since the one before (1: all full)"},
 
     {"chief", "lease_ms", INT, FIELD(chief_lease_ms), .min = 100, .max = 3600000, .def = "5000",
      .help = "the chief's lease in Redis lasts this long; renewed every third of it"},

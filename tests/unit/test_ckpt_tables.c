@@ -791,6 +791,32 @@ static void test_incremental_chain(void **state) {
       fail_msg("verify %s: %s", path, eb.msg);
     ps_ckpt_close(&ck);
   }
+  /* 101 written again (another run's state at that step): 102 no longer
+   * applies to it, and says so. */
+  {
+    images im;
+    images_of(&c, &im);
+    ps_data_pos pos = {0, 0};
+    ps_ckpt_write_opts o = {
+        .step = 101, .cluster_id = "test", .model = c.desc, .vars = &m.vars,
+        .layout = &c.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
+        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_NONE, .shards = im.st,
+        .nworkers = 1, .data_pos = &pos, .global_step = 101, .network = &m.spec};
+    snprintf(path, sizeof path, "%s/again", f->root);
+    assert_int_equal(ps_ckpt_write(path, &o, NULL, &eb), 0);
+    assert_int_equal(sh("cp -a '%s/ckpt-000000101' '%s/saved101' && rm -rf '%s/ckpt-000000101' && "
+                        "cp -a '%s/again/ckpt-000000101' '%s/'", dir, f->root, dir, f->root, dir),
+                     0);
+    ps_ckpt ck;
+    snprintf(path, sizeof path, "%s/ckpt-000000102", dir);
+    assert_int_equal(ps_ckpt_open(&ck, path, &eb), 0);
+    assert_int_equal(ps_ckpt_verify(&ck, &eb), PS_ECORRUPT);
+    assert_non_null(strstr(eb.msg, "its base ckpt-000000101: it holds another state than the one this checkpoint built on"));
+    ps_ckpt_close(&ck);
+    assert_int_equal(sh("rm -rf '%s/ckpt-000000101' && cp -a '%s/saved101' '%s/ckpt-000000101'",
+                        dir, f->root, dir), 0);
+    images_free(&c, &im);
+  }
   /* A damaged link: 103's shard 1 gone.  103, 104 and 105 no longer read;
    * the newest whole one is 102. */
   assert_int_equal(sh("rm '%s/ckpt-000000103/shard-1.lz4'", dir), 0);

@@ -1,5 +1,6 @@
-/* libFuzzer target for the checkpoint manifest parser (versions 1 and 2,
- * the model file in `network` included): any bytes parse into a checkpoint
+/* libFuzzer target for the checkpoint manifest parser (versions 1 to 3,
+ * the model file in `network` and an incremental checkpoint's base
+ * included): any bytes parse into a checkpoint
  * whose promises hold, or are refused with one clean line. */
 #include <errno.h>
 #include <stddef.h>
@@ -59,10 +60,22 @@ static void check(const ps_ckpt *c) {
   for (int i = 0; i < c->nshards; i++) {
     const ps_ckpt_shard *s = &c->shards[i];
     const ps_state_info *in = &s->info;
+    uint64_t tail = c->base[0] != '\0' ? s->delta_floats : in->table_floats;
     if (s->index != i || s->floats == 0 || ps_state_over(in) != NULL ||
-        s->uncompressed_size != (uint64_t)s->floats * 4 * (uint64_t)(1 + in->nslots + in->has_accum) ||
-        in->image_floats != ps_state_floats(s->floats, in->nslots, in->has_accum, in->nonce) ||
-        (in->nonce > 0 && s->once == NULL) || strchr(s->file, '/') != NULL)
+        s->uncompressed_size != (uint64_t)s->floats * 4 * (uint64_t)(1 + in->nslots + in->has_accum) + 4 * tail ||
+        in->image_floats != ps_state_image_floats(in, s->floats) ||
+        (in->nonce > 0 && s->once == NULL) || strchr(s->file, '/') != NULL ||
+        (c->base[0] == '\0' && s->state_xxh64 != s->xxh64))
+      __builtin_trap();
+  }
+  /* Incremental (version 3): an older checkpoint's name as its base. */
+  if ((c->format_version >= 3) != (c->base[0] != '\0') ||
+      memchr(c->base, '\0', sizeof c->base) == NULL)
+    __builtin_trap();
+  if (c->base[0] != '\0') {
+    char *end = NULL;
+    unsigned long long bstep = strncmp(c->base, "ckpt-", 5) == 0 ? strtoull(c->base + 5, &end, 10) : 0;
+    if (end == NULL || *end != '\0' || bstep >= c->step)
       __builtin_trap();
   }
 }

@@ -1,4 +1,4 @@
-/* The checkpoint format (recovery/FORMAT.md, version 2): writing a
+/* The checkpoint format (recovery/FORMAT.md, version 3): writing a
  * consistent cut of every shard's state into DIR/ckpt-<step>/ with a
  * crash-safe commit, reading and verifying it back, finding the newest
  * valid one, and retention.  The public face of recovery/'s checkpoints;
@@ -9,8 +9,10 @@
  * written, read and verified), model.c (the model a checkpoint is of),
  * tables.c (the shard files' table sections checked and read, on
  * shardfile.c and model.c; relayout.h lays a checkpoint out again for
- * another shard count on them), and checkpoint.c on them all (a write, the listing, the newest valid one,
- * retention).  Each section below names its file. */
+ * another shard count on them), checkpoint.c on them all (a write, the
+ * listing, the newest valid one, retention), and chain.c on checkpoint.c
+ * (incremental checkpoints written, and compacted; their delta sections:
+ * delta.h).  Each section below names its file. */
 #ifndef PS_RECOVERY_CHECKPOINT_H
 #define PS_RECOVERY_CHECKPOINT_H
 
@@ -159,7 +161,7 @@ typedef struct ps_ckpt_write_stats {
 int ps_ckpt_write(const char *dir, const ps_ckpt_write_opts *o, ps_ckpt_write_stats *st,
                   ps_errbuf *eb);
 
-/* Incremental checkpoints (FORMAT.md 2.4): a writer that keeps, between
+/* Incremental checkpoints (FORMAT.md 2.4; chain.c): a writer that keeps, between
  * its checkpoints, an index of each shard's table section as it last wrote
  * it (per entry its key and a hash of its bytes), and writes the next one
  * as what changed since (recovery/delta.h), a full one every full_every

@@ -220,14 +220,7 @@ int ps_ckpt_compact(const ps_ckpt *c, ps_ckpt_write_stats *st, ps_errbuf *eb) {
   if (c->base[0] == '\0')
     return ps_err_set(eb, PS_EUSAGE, "%s: a full checkpoint already: nothing to compact", path);
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", path);
-  for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--)
-    dir[n - 1] = '\0';
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else
-    *(slash == dir ? slash + 1 : slash) = '\0';
+  ps__ckpt_parent(path, dir, sizeof dir);
   /* What ps_ckpt_write takes, from the manifest: the model's variables,
    * the layout's parts, each shard's state put together from the chain. */
   ps_model m;

@@ -211,6 +211,17 @@ void ps__ckpt_name(uint64_t step, char out[PS_CKPT_NAME_MAX]) {
   snprintf(out, PS_CKPT_NAME_MAX, "ckpt-%09" PRIu64, step);
 }
 
+void ps__ckpt_parent(const char *path, char *out, size_t len) {
+  snprintf(out, len, "%s", path);
+  for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--)
+    out[n - 1] = '\0';
+  char *slash = strrchr(out, '/');
+  if (slash == NULL)
+    snprintf(out, len, ".");
+  else
+    *(slash == out ? slash + 1 : slash) = '\0';
+}
+
 int ps__ckpt_parse_name(const char *s, uint64_t *step) {
   if (strncmp(s, "ckpt-", 5) != 0)
     return -1;

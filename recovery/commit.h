@@ -57,6 +57,10 @@ int ps__ckpt_write_file(const char *path, const void *const *bufs, const size_t 
 /* The directory name of a step: "ckpt-%09<step>". */
 void ps__ckpt_name(uint64_t step, char out[PS_CKPT_NAME_MAX]);
 
+/* The directory holding checkpoint directory `path` (its parent: "." for a
+ * bare name, "/" for one at the root) into out (len bytes). */
+void ps__ckpt_parent(const char *path, char *out, size_t len);
+
 /* The step a directory name holds.  Only the canonical spelling counts, so
  * that two names never mean one step.  @return 0, or -1 leaving *step. */
 int ps__ckpt_parse_name(const char *s, uint64_t *step);

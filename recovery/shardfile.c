@@ -437,17 +437,8 @@ static int base_fits(const ps_ckpt *c, const ps_ckpt *b, int i, ps_errbuf *eb) {
  * segments, and the table section its delta makes of the base's. */
 static int read_delta(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
   const ps_ckpt_shard *s = &c->shards[i];
-  char dir[PATH_MAX], path[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s", c->path != NULL ? c->path : ".");
-  for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--)
-    dir[n - 1] = '\0';
-  char *slash = strrchr(dir, '/');
-  if (slash == NULL)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == dir)
-    dir[1] = '\0';
-  else
-    *slash = '\0';
+  char dir[PATH_MAX], path[PATH_MAX + PS_CKPT_NAME_MAX];
+  ps__ckpt_parent(c->path != NULL ? c->path : c->name, dir, sizeof dir);
   snprintf(path, sizeof path, "%s/%s", dir, c->base);
   const char *me = c->path != NULL ? c->path : c->name;
   ps_ckpt b;
@@ -464,7 +455,7 @@ static int read_delta(const ps_ckpt *c, int i, float *dst, ps_errbuf *eb) {
   uint8_t *sec = NULL;
   uint64_t sec_bytes = 0;
   if (file == NULL)
-    rc = ps_err_set(eb, -ENOMEM, "%s: out of memory for %zu bytes", s->file, fsize);
+    rc = ps_err_set(eb, -ENOMEM, "%s/%s: out of memory for %zu bytes", me, s->file, fsize);
   else if ((rc = read_file(c, i, (float *)(void *)file, eb)) == 0 &&
            (rc = ps_delta_apply(bd.tables, bd.table_bytes, file + seg, fsize - seg, &sec,
                                 &sec_bytes, &why)) != 0)

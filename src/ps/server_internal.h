@@ -172,6 +172,13 @@ void ps_server_pull_bufs_free(server *s);
 
 /* server.c, for consistency.c and control.c */
 void ps_server_push(client *cl, uint64_t req, const ps_msg_push *p);
+
+/* server_metrics.c: the shard's series registered and served (on failure
+ * every series is NULL), their values copied on every tick, and the bytes
+ * in and out over the connections closed and open. */
+int ps_server_metrics_start(server *s, ps_errbuf *eb);
+void ps_server_metrics_update(server *s);
+void ps_server_bytes(const server *s, uint64_t *in, uint64_t *out);
 void ps_server_stop(server *s, const char *why);
 /* The shard holds a state now (source: "redis", "seed", "chief"): record it. */
 void ps_server_state_began(server *s, const char *source);

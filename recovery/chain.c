@@ -16,7 +16,6 @@
 #include "recovery/commit.h"
 #include "recovery/delta.h"
 
-
 struct ps_ckpt_chain {
   int full_every;
   int ntables;
@@ -63,18 +62,8 @@ void ps_ckpt_chain_free(ps_ckpt_chain *ch) {
   free(ch);
 }
 
-void ps_ckpt_chain_reset(ps_ckpt_chain *ch) {
-  drop_indexes(ch->idx, ch->nshards);
-  free(ch->base_xxh);
-  ch->base_xxh = NULL;
-  ch->idx = NULL;
-  ch->nshards = 0;
-  ch->base[0] = '\0';
-  ch->ndeltas = 0;
-}
-
-/* The chain's last checkpoint, as `dir` holds it: its shard files' xxh64
- * into xxh (n of them).  @return 0, or -1 (gone, unreadable, another
+/* The chain's last checkpoint, as `dir` holds it: its shards'
+ * state_xxh64 into xxh (n of them).  @return 0, or -1 (gone, unreadable, another
  * shard count). */
 static int base_xxh(const char *dir, const char *name, int n, uint64_t *xxh) {
   char path[PATH_MAX];

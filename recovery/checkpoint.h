@@ -173,9 +173,6 @@ typedef struct ps_ckpt_chain ps_ckpt_chain;
 int ps_ckpt_chain_new(int full_every, const ps_tsec_table *tables, int ntables, int sync,
                       ps_ckpt_chain **out);
 void ps_ckpt_chain_free(ps_ckpt_chain *ch);
-/* Forget the last checkpoint: the next one is full (a restore, another
- * writer's checkpoint in between). */
-void ps_ckpt_chain_reset(ps_ckpt_chain *ch);
 
 /* ps_ckpt_write of o (o->base ignored), incremental on the chain's last
  * checkpoint when there is one (written by this chain, of as many shards,

@@ -357,7 +357,10 @@ int ps_ckpt_verify(const ps_ckpt *c, ps_errbuf *eb);
  * are unchanged since this process verified it or wrote it is not read
  * again, and its earlier answer (0, or the error and its message) is given.
  * *fresh (may be NULL) is 1 when it was read now.  A bit flipped by the
- * disk under unchanged metadata is not seen; restores use ps_ckpt_verify. */
+ * disk under unchanged metadata is not seen, nor, for an incremental
+ * checkpoint, a change to its chain's files after it was asked (retention,
+ * its one user, keeps a kept checkpoint's chain whatever it finds); restores
+ * use ps_ckpt_verify. */
 int ps_ckpt_verify_remembered(const ps_ckpt *c, ps_errbuf *eb, int *fresh);
 
 /* Fold incremental checkpoint c's chain into a full checkpoint of the same

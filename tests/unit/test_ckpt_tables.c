@@ -577,7 +577,8 @@ static float *whole(fx *f, const cluster *c, images *im, uint32_t k) {
  * dense values and optimizer slots are the same variables; every row and
  * pending key is on the shard the new ring gives it, with the same count,
  * stamp, values and slots, none lost or added; each shard's lists stay in
- * stamp order; the version and global step are the largest of the cut's. */
+ * stamp order; the version and global step are the largest of the cut's.
+ * Other variables, and a sync step open at the cut, are refused. */
 static void test_relayout(void **state) {
   fx *f = *state;
   cluster c2;
@@ -663,6 +664,20 @@ static void test_relayout(void **state) {
     images_free(&cm, &im);
     cluster_free(&cm);
   }
+  /* Refused in one line each: other variables; a sync step open at the cut. */
+  cluster c3;
+  cluster_new(f, &c3, 3);
+  ps_relayout *rl = NULL;
+  ps_vartable other = f->model.vars;
+  other.n = 1;
+  assert_int_equal(ps_relayout_open(&ck, &other, &c3.layout, &rl, NULL, &eb), PS_ELAYOUT);
+  assert_null(rl);
+  ck.shards[1].info.accum_count = 3;
+  assert_int_equal(ps_relayout_open(&ck, &f->model.vars, &c3.layout, &rl, NULL, &eb),
+                   PS_ELAYOUT);
+  assert_non_null(strstr(eb.msg, "shard 1 holds an open sync step (3 gradients summed)"));
+  assert_null(strchr(eb.msg, '\n'));
+  cluster_free(&c3);
   ps_ckpt_close(&ck);
   images_free(&c2, &i2);
   cluster_free(&c2);

@@ -109,11 +109,33 @@ static int accept_ckpt(const ps_ckpt *c, void *arg, ps_errbuf *why) {
   return rc;
 }
 
+/* A shard answers an image's last LOAD piece once it has decoded the
+ * table section into its tables (ps_shard_state_load_end): seconds at
+ * millions of rows, past the lease-bound deadline of the chief's other
+ * calls (2.5 s with the default lease: a 20-million-row checkpoint laid
+ * out for 3 shards timed out there and was read all over again).  Its call
+ * may take 2 s plus 1 s per 25 MB of the largest table section (three
+ * shards decoding 1 GB each took 12 s on 2 cores): the lease's own thread
+ * renews it meanwhile, and a newer chief's token fences these LOADs. */
+static int load_deadline_ms(const images *im, int normal) {
+  uint64_t most = 0;
+  for (int k = 0; k < im->n; k++)
+    if (im->in[k].table_floats > most)
+      most = im->in[k].table_floats;
+  if (most == 0)
+    return normal;  /* no tables: a LOAD is a copy */
+  uint64_t ms = 2000 + most * sizeof(float) / 25000;
+  return normal <= 0 || ms <= (uint64_t)normal ? normal : ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
 /* LOAD every image, piece k of every shard in one call: the shards load
  * side by side. */
 static int load_images(const ps_cut_env *env, const images *im) {
+  int normal = ps_client_deadline(env->client);
+  ps_client_set_deadline(env->client, load_deadline_ms(im, normal));
+  int rc = 0;
   ps_msg reqs[PS_CONFIG_MAX_NODES];
-  for (uint64_t piece = 0;; piece++) {
+  for (uint64_t piece = 0; rc == 0; piece++) {
     memset(reqs, 0, sizeof reqs);
     int any = 0;
     for (int k = 0; k < im->n; k++) {
@@ -132,11 +154,11 @@ static int load_images(const ps_cut_env *env, const images *im) {
       any = 1;
     }
     if (!any)
-      return 0;
-    int rc = env->call(env->call_arg, reqs, NULL, NULL);
-    if (rc != 0)
-      return rc;
+      break;
+    rc = env->call(env->call_arg, reqs, NULL, NULL);
   }
+  ps_client_set_deadline(env->client, normal);
+  return rc;
 }
 
 /* Checkpoints newer than the one found (none found: all) that the search

@@ -711,6 +711,7 @@ void ps_client_set_stop_flag(ps_client *c, volatile sig_atomic_t *flag) { c->sto
 
 /* worker/control.h */
 void ps_client_set_deadline(ps_client *c, int ms) { c->deadline_ms = ms; }
+int ps_client_deadline(const ps_client *c) { return c->deadline_ms; }
 void ps_client_set_fence(ps_client *c, uint64_t fence) { c->fence = fence; }
 uint64_t ps_client_connects(const ps_client *c) { return c->connects; }
 const ps_layout *ps_client_layout(const ps_client *c) { return &c->layout; }

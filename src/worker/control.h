@@ -18,8 +18,10 @@
 ps_client *ps_client_new_as(const char *config_path, int role, int index, ps_errbuf *eb);
 
 /* Every later call fails with -ETIMEDOUT when some shard has not answered
- * within ms milliseconds (0: wait for ever, the default). */
+ * within ms milliseconds (0: wait for ever, the default); ps_client_deadline
+ * says the one set. */
 void ps_client_set_deadline(ps_client *c, int ms);
+int ps_client_deadline(const ps_client *c);
 
 /* Every CUT, RESUME, FETCH, LOAD and STOP this client sends from now on
  * carries `fence` (the chief's lease token, >= 1; PROTOCOL.md "Fencing"):

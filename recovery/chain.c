@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
-
 #include "common/pool.h"
 #include "recovery/checkpoint.h"
 #include "recovery/commit.h"
@@ -99,7 +97,6 @@ typedef struct deltas {
   uint8_t **buf;
   ps_delta_index **next;
   ps_delta_stats *st;
-  uint64_t *hash;               /* each shard's state_xxh64 */
   ps_errbuf *eb;
   int *rc;
 } deltas;
@@ -109,19 +106,6 @@ static void delta_one(void *arg, int i) {
   const ps_ckpt_shard_state *s = &d->o->shards[i];
   const void *sec = s->img + ps_state_tables_at(&s->info, s->nfloats);
   uint64_t bytes = s->info.table_floats * sizeof(float), out = 0;
-  /* The state's hash, as a full checkpoint's xxh64 would be: the
-   * segments, then the table section. */
-  XXH64_state_t *h = XXH64_createState();
-  if (h == NULL) {
-    d->rc[i] = ps_err_set(&d->eb[i], -ENOMEM, "out of memory");
-    return;
-  }
-  XXH64_reset(h, 0);
-  XXH64_update(h, s->img, (size_t)ps_state_segments(&s->info) * s->nfloats * sizeof(float));
-  XXH64_update(h, sec, (size_t)bytes);
-  d->hash[i] = XXH64_digest(h);
-  XXH64_freeState(h);
-  d->sh[i].state_xxh64 = d->hash[i];
   d->rc[i] = ps_delta_make(d->incremental ? d->ch->idx[i] : NULL, sec, bytes, d->ch->tables,
                            d->ch->ntables, d->ch->sync, d->incremental ? &d->buf[i] : NULL,
                            &out, &d->next[i], &d->st[i], &d->eb[i]);
@@ -148,10 +132,9 @@ int ps_ckpt_chain_write(ps_ckpt_chain *ch, const char *dir, const ps_ckpt_write_
   d.st = calloc((size_t)n, sizeof *d.st);
   d.eb = calloc((size_t)n, sizeof *d.eb);
   d.rc = calloc((size_t)n, sizeof *d.rc);
-  d.hash = calloc((size_t)n, sizeof *d.hash);
   int rc = 0;
   if (d.sh == NULL || d.buf == NULL || d.next == NULL || d.st == NULL || d.eb == NULL ||
-      d.rc == NULL || d.hash == NULL) {
+      d.rc == NULL) {
     rc = ps_err_set(eb, -ENOMEM, "out of memory");
     goto out;
   }
@@ -186,10 +169,15 @@ int ps_ckpt_chain_write(ps_ckpt_chain *ch, const char *dir, const ps_ckpt_write_
   ps__ckpt_name(o->step, ch->base);
   ch->base_step = o->step;
   ch->ndeltas = incremental ? ch->ndeltas + 1 : 0;
-  /* What the next one builds on: this one's states. */
+  /* What the next one builds on: this one's states, as its manifest
+   * names them (the shard files' writer hashed them); unreadable, the
+   * next one is full. */
   free(ch->base_xxh);
-  ch->base_xxh = d.hash;
-  d.hash = NULL;
+  ch->base_xxh = calloc((size_t)n, sizeof *ch->base_xxh);
+  if (ch->base_xxh == NULL || base_xxh(dir, ch->base, n, ch->base_xxh) != 0) {
+    drop_indexes(ch->idx, ch->nshards);
+    ch->idx = NULL;
+  }
 out:
   drop_indexes(d.next, d.next != NULL ? n : 0);
   if (d.buf != NULL)
@@ -200,7 +188,6 @@ out:
   free(d.st);
   free(d.eb);
   free(d.rc);
-  free(d.hash);
   return rc;
 }
 

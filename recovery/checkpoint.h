@@ -88,7 +88,6 @@ typedef struct ps_ckpt_shard_state {
   const void *delta;
   uint64_t delta_bytes;    /* a multiple of 4 */
   uint64_t base_xxh64;     /* the state the delta applies to: the base's state_xxh64 */
-  uint64_t state_xxh64;    /* XXH64 of this shard's segments and table section */
 } ps_ckpt_shard_state;
 
 /* Everything a checkpoint records.  Borrowed pointers, valid for the call. */

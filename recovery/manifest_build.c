@@ -193,7 +193,7 @@ char *ps__ckpt_manifest_build(const ps_ckpt_write_opts *o, const ps__ckpt_shard_
     if (o->base != NULL) {
       SET(js, "delta_floats", json_u64(s->delta_bytes / sizeof(float)));
       SET(js, "base_xxh64", json_hex64(s->base_xxh64));
-      SET(js, "state_xxh64", json_hex64(s->state_xxh64));
+      SET(js, "state_xxh64", json_hex64(recs[i].state_xxh64));
     }
     SET(js, "compressed_size", json_integer((json_int_t)recs[i].stored));
     SET(js, "uncompressed_size", json_integer((json_int_t)recs[i].raw));

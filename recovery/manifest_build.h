@@ -14,6 +14,7 @@ typedef struct ps__ckpt_shard_rec {
   uint64_t raw;     /* uncompressed bytes */
   uint64_t stored;  /* bytes of the LZ4 frame */
   uint64_t xxh64;   /* of the unfiltered bytes */
+  uint64_t state_xxh64;  /* of the state: the segments and the whole table section */
 } ps__ckpt_shard_rec;
 
 /* The manifest of the checkpoint `o` describes, its shard files measured by

@@ -169,8 +169,25 @@ static int write_shard(const char *path, const ps_ckpt_shard_state *sh, ps_ckpt_
   XXH64_reset(h, 0);
   for (int k = 0; k < st.nseg; k++)
     XXH64_update(h, st.seg[k], sh->nfloats * sizeof(float));
+  /* The state's hash (FORMAT.md 2.4): the same bytes for a full file; for
+   * a delta, the segments hashed once, then the whole table section. */
+  rec->state_xxh64 = 0;
+  if (sh->delta != NULL) {
+    XXH64_state_t *s = XXH64_createState();
+    if (s == NULL) {
+      XXH64_freeState(h);
+      return ps_err_set(eb, -ENOMEM, "%s: out of memory", path);
+    }
+    XXH64_copyState(s, h);
+    XXH64_update(s, sh->img + ps_state_tables_at(&sh->info, sh->nfloats),
+                 (size_t)sh->info.table_floats * sizeof(float));
+    rec->state_xxh64 = XXH64_digest(s);
+    XXH64_freeState(s);
+  }
   XXH64_update(h, st.tail, st.tail_bytes);
   rec->xxh64 = XXH64_digest(h);
+  if (sh->delta == NULL)
+    rec->state_xxh64 = rec->xxh64;
   XXH64_freeState(h);
 
   LZ4F_preferences_t prefs;

@@ -227,17 +227,24 @@ static uint64_t row_bytes(fx *f, int t) {
   return ps_tsec_row_bytes(&d);
 }
 
+/* What a checkpoint of c's images at `step` is written with (pos: the one
+ * worker's data position, kept by the caller). */
+static ps_ckpt_write_opts opts_at(const cluster *c, images *im, uint64_t step,
+                                  ps_ckpt_filter filter, const ps_data_pos *pos) {
+  return (ps_ckpt_write_opts){
+      .step = step, .cluster_id = "test", .model = c->desc, .vars = &c->m->vars,
+      .layout = &c->layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
+      .consistency = PS_CONSISTENCY_ASYNC, .filter = filter, .shards = im->st, .nworkers = 1,
+      .data_pos = pos, .global_step = step, .network = &c->m->spec};
+}
+
 /* Write checkpoint 100 of the images into dir/name; its path into out. */
 static void write_ckpt(fx *f, const cluster *c, images *im, const char *name, char *out,
                        size_t cap) {
   char dir[256];
   snprintf(dir, sizeof dir, "%s/%s", f->root, name);
   ps_data_pos pos = {0, 0};
-  ps_ckpt_write_opts o = {
-      .step = 100, .cluster_id = "test", .model = c->desc, .vars = &c->m->vars,
-      .layout = &c->layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
-      .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_SHUFFLE, .shards = im->st,
-      .nworkers = 1, .data_pos = &pos, .global_step = 100, .network = &c->m->spec};
+  ps_ckpt_write_opts o = opts_at(c, im, 100, PS_CKPT_FILTER_SHUFFLE, &pos);
   ps_errbuf eb = {0};
   if (ps_ckpt_write(dir, &o, NULL, &eb) != 0)
     fail_msg("ps_ckpt_write(%s): %s", dir, eb.msg);
@@ -729,12 +736,8 @@ static void test_incremental_chain(void **state) {
     images im;
     images_of(&c, &im);
     ps_data_pos pos = {0, 0};
-    ps_ckpt_write_opts o = {
-        .step = 100 + (uint64_t)j, .cluster_id = "test", .model = c.desc, .vars = &m.vars,
-        .layout = &c.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
-        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_SHUFFLE,
-        .shards = im.st, .nworkers = 1, .data_pos = &pos, .global_step = 100 + (uint64_t)j,
-        .network = &m.spec, .max_to_keep = 2};
+    ps_ckpt_write_opts o = opts_at(&c, &im, 100 + (uint64_t)j, PS_CKPT_FILTER_SHUFFLE, &pos);
+    o.max_to_keep = 2;
     ps_ckpt_write_stats st;
     if (ps_ckpt_chain_write(ch, dir, &o, &st, &eb) != 0)
       fail_msg("checkpoint %d: %s", j, eb.msg);
@@ -779,11 +782,7 @@ static void test_incremental_chain(void **state) {
     images im;
     images_of(&c2, &im);
     ps_data_pos pos = {0, 0};
-    ps_ckpt_write_opts o = {
-        .step = 100 + (uint64_t)j, .cluster_id = "test", .model = c2.desc, .vars = &m.vars,
-        .layout = &c2.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
-        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_NONE, .shards = im.st,
-        .nworkers = 1, .data_pos = &pos, .global_step = 100 + (uint64_t)j, .network = &m.spec};
+    ps_ckpt_write_opts o = opts_at(&c2, &im, 100 + (uint64_t)j, PS_CKPT_FILTER_NONE, &pos);
     assert_int_equal(ps_ckpt_chain_write(ch, dir, &o, NULL, &eb), 0);
     images_free(&c2, &im);
   }
@@ -812,11 +811,7 @@ static void test_incremental_chain(void **state) {
     images im;
     images_of(&c, &im);
     ps_data_pos pos = {0, 0};
-    ps_ckpt_write_opts o = {
-        .step = 101, .cluster_id = "test", .model = c.desc, .vars = &m.vars,
-        .layout = &c.layout, .optim = ps_optim_default(PS_OPTIM_ADAM, 0.01f),
-        .consistency = PS_CONSISTENCY_ASYNC, .filter = PS_CKPT_FILTER_NONE, .shards = im.st,
-        .nworkers = 1, .data_pos = &pos, .global_step = 101, .network = &m.spec};
+    ps_ckpt_write_opts o = opts_at(&c, &im, 101, PS_CKPT_FILTER_NONE, &pos);
     snprintf(path, sizeof path, "%s/again", f->root);
     assert_int_equal(ps_ckpt_write(path, &o, NULL, &eb), 0);
     assert_int_equal(sh("cp -a '%s/ckpt-000000101' '%s/saved101' && rm -rf '%s/ckpt-000000101' && "

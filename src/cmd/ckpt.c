@@ -41,8 +41,8 @@ static void ckpt_usage(FILE *f) {
       "              before it) rewritten as a full one, its chain folded in\n"
       "\n"
       "CKPT is a checkpoint directory (DIR/ckpt-<step>), or a directory DIR of\n"
-      "checkpoints: then show and export take its newest valid checkpoint and verify\n"
-      "checks every one.  `paramserv ckpt VERB --help` describes a verb.\n"
+      "checkpoints: then show, export and compact take its newest valid checkpoint,\n"
+      "and verify checks every one.  `paramserv ckpt VERB --help` describes a verb.\n"
       "`paramserv eval CKPT` evaluates a checkpoint on the test set.\n"
       "Exit status: 0 success, 1 failure (damaged or unreadable), 2 bad usage\n"
       "(export: also a target that exists and is not empty).\n");
@@ -80,7 +80,8 @@ static void sub_usage(FILE *f, const char *verb) {
                "puts each shard's state together and writes it as a full checkpoint of the\n"
                "same step in its place (written beside, then renamed over it); the\n"
                "checkpoints built on it still read, as they name its state, not its files.\n"
-               "Run it on a directory no chief is writing into.  Exit status 1 if the chain\n"
+               "Run it on a directory no chief is writing into.  CKPT may be a directory of\n"
+               "checkpoints: its newest valid one is compacted.  Exit status 1 if the chain\n"
                "does not read or the write fails, 2 for a full checkpoint.\n");
   else
     fprintf(f, "usage: paramserv ckpt export CKPT --format safetensors|npy [--force] OUT\n\n"
@@ -413,11 +414,9 @@ static int cmd_compact(int argc, char **argv) {
   if ((rc = want_args(argc, argv, 1, "CKPT")) != 0)
     return rc;
   ps_ckpt c;
-  ps_errbuf eb = {0};
-  if (ps_ckpt_open(&c, argv[optind], &eb) != 0) {
-    ps_cmd_error("%s", eb.msg);
+  if (ps_cmd_open_ckpt(argv[optind], &c) != 0)
     return 1;
-  }
+  ps_errbuf eb = {0};
   ps_ckpt_write_stats st;
   rc = ps_ckpt_compact(&c, &st, &eb);
   if (rc != 0)

@@ -21,28 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 . tests/integration/lib.bash
 
-scripts/gen-ctr --train 20000 --test 2000 --seed 7 --train-file "$T/train.txt" \
-  --test-file "$T/test.txt" >"$T/gen.log" 2>&1 || fail "gen-ctr: $(tail -2 "$T/gen.log")"
-cat >"$T/ctr.conf" <<EOF
-[model]
-file = $PWD/models/ctr.json
-[data]
-format = criteo
-train = $T/train.txt
-test = $T/test.txt
-[train]
-batch = 128
-threads = 1
-[checkpoint]
-every_steps = 50
+ctr_local "$T/ctr.conf" 7 "every_steps = 50
 every_secs = 0
 full_every = 1000
-max_to_keep = 2
-[chief]
-eval_every_steps = 0
-[replication]
-mode = off
-EOF
+max_to_keep = 2"
 
 "$BIN" local --config "$T/ctr.conf" --ps 2 --workers 1 --last-step 400 --dir "$T/a" --fresh \
   >"$T/a.log" 2>&1 || fail "paramserv local exited $?: $(tail -3 "$T/a.log")"

@@ -329,6 +329,32 @@ fault_gap() {
   awk -v s="$1" -v k="${PS_TEST_FAULT_GAP_SCALE:-1}" 'BEGIN { printf "%g\n", s * k }'
 }
 
+# ctr_local FILE SEED CHECKPOINT: gen-ctr data of SEED ($T/train.txt, 20,000
+# samples; $T/test.txt, 2,000) and a `paramserv local` config FILE of the
+# CTR model (models/ctr.json) on it: batch 128, one thread, no chief
+# evaluations, replication off, and the lines CHECKPOINT under [checkpoint].
+ctr_local() {
+  scripts/gen-ctr --train 20000 --test 2000 --seed "$2" --train-file "$T/train.txt" \
+    --test-file "$T/test.txt" >"$T/gen.log" 2>&1 || fail "gen-ctr: $(tail -2 "$T/gen.log")"
+  cat >"$1" <<EOF
+[model]
+file = $PWD/models/ctr.json
+[data]
+format = criteo
+train = $T/train.txt
+test = $T/test.txt
+[train]
+batch = 128
+threads = 1
+[checkpoint]
+$3
+[chief]
+eval_every_steps = 0
+[replication]
+mode = off
+EOF
+}
+
 . "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/notify.bash"
 
 # test_notify: the test's NOTIFY_SOCKET, $T/notify.sock (scripts/lib/notify.bash;

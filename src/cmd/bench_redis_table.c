@@ -248,7 +248,9 @@ static int rtab_open(rtab *r, const ps_config *cfg, const ps_model *m, int max_b
   r->argvlen = malloc(args * sizeof *r->argvlen);
   if (r->fields == NULL || r->argv == NULL || r->argvlen == NULL)
     return ps_err_set(eb, -ENOMEM, "out of memory");
-  r->rc = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
+  char tag[PS_KEY_MAX];
+  ps_cluster_tag(tag, cfg->cluster_id);
+  r->rc = ps_redis_connect(cfg, tag, cfg->redis_timeout_ms, eb);
   return r->rc == NULL ? eb->code : 0;
 }
 

@@ -264,7 +264,9 @@ int ps_preflight_redis(const ps_config *cfg) {
   ps_errbuf eb = {0};
   char at[300];
   ps_addr_format(&cfg->redis, at, sizeof at);
-  redisContext *c = ps_redis_connect(cfg, cfg->redis_timeout_ms, &eb);
+  char tag[PS_KEY_MAX];
+  ps_cluster_tag(tag, cfg->cluster_id);
+  redisContext *c = ps_redis_connect(cfg, tag, cfg->redis_timeout_ms, &eb);
   if (c == NULL) {
     if (eb.code == -EACCES) {
       say("error", "%s", eb.msg);
@@ -276,6 +278,21 @@ int ps_preflight_redis(const ps_config *cfg) {
                               : "no redis-server runs on this machine (systemctl start "
                                 "redis-server, or [redis] address names another machine's)");
     return 1;
+  }
+  if (c->tcp.host != NULL)  /* the node the Sentinels or the cluster named */
+    snprintf(at, sizeof at, "%s:%d", c->tcp.host, c->tcp.port);
+  for (int i = 0; i < cfg->nps && cfg->ncluster > 0; i++) {
+    ps_shard_keys k;
+    ps_shard_keys_init(&k, cfg->cluster_id, i);
+    ps_addr node;
+    char a[300];
+    if (ps_redis_primary(cfg, k.tag, cfg->redis_timeout_ms, &node, &eb) != 0) {
+      say("error", "redis cluster: shard %d: %s", i, eb.msg);
+      redisFree(c);
+      return 1;
+    }
+    say("ok", "redis cluster: shard %d's keys (%s) on the primary %s", i, k.tag,
+        ps_addr_format(&node, a, sizeof a));
   }
   redisReply *r = redisCommand(c, "CONFIG GET *");
   if (r == NULL || r->type != REDIS_REPLY_ARRAY) {

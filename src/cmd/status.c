@@ -41,6 +41,7 @@ typedef struct row {
   int have_pid, have_inc, have_step, have_rate, have_version, have_lag, have_snap;
   int have_durability;
   char *tables;     /* shards with sparse tables: the heartbeat's "C1:ROWS:BYTES,..."; NULL none */
+  const char *redis;  /* shards: the Redis node holding their records */
 } row;
 
 /* One sparse table's figures on one shard, from its heartbeat. */
@@ -74,24 +75,105 @@ static int parse_tables(const char *text, table_fig *out, int max) {
 
 /* ------------------------------------------------------------------ Redis */
 
-static redisContext *rc_ctx;
+/* A connection per hash tag's node: with [redis] cluster the shards'
+ * records live on the nodes serving their tags' slots; otherwise every tag
+ * has the one primary, and one connection serves them all. */
+typedef struct node_conn {
+  char tag[PS_KEY_MAX];
+  char addr[300];
+  redisContext *c;
+} node_conn;
+static node_conn conns[2 + PS_CONFIG_MAX_NODES];
+static int nconns;
+static const ps_config *st_cfg;
 /* Ring mode: the current view as Redis holds it, "<epoch> <members>" ("" none). */
 static char ring_view[300];
-static char rc_addr[300];
 
-/* A command's reply.  No reply (Redis gone) or an error reply (NOAUTH,
- * NOPERM, WRONGTYPE): one error line and exit 1, since a status built on
- * records it could not read would mislead. */
+static void close_redis(void) {
+  for (int i = 0; i < nconns; i++)
+    if (i == 0 || conns[i].c != conns[0].c)
+      redisFree(conns[i].c);
+  nconns = 0;
+}
+
+/* The connection for `tag`'s records (opened at its first use).  Redis
+ * unreachable: one error line and exit 1. */
+static node_conn *conn_for(const char *tag) {
+  for (int i = 0; i < nconns; i++)
+    if (strcmp(conns[i].tag, tag) == 0)
+      return &conns[i];
+  node_conn *n = &conns[nconns];
+  snprintf(n->tag, sizeof n->tag, "%s", tag);
+  if (st_cfg->ncluster == 0 && nconns > 0) {
+    /* One Redis (or the Sentinels' one primary): the first connection. */
+    snprintf(n->addr, sizeof n->addr, "%s", conns[0].addr);
+    n->c = conns[0].c;
+    nconns++;
+    return n;
+  }
+  const ps_config *cfg = st_cfg;
+  const char *source = cfg->ncluster > 0     ? "the node of the Redis Cluster serving its slot"
+                       : cfg->nsentinels > 0 ? "the primary the Sentinels name"
+                                             : "address";
+  ps_errbuf eb = {0};
+  ps_addr at;
+  if (ps_redis_primary(cfg, tag, cfg->redis_timeout_ms, &at, &eb) != 0) {
+    ps_cmd_error("status: redis: %s ([redis] %s in %s)", eb.msg,
+                 cfg->ncluster > 0 ? "cluster" : "sentinels", cfg->path);
+    close_redis();
+    exit(1);
+  }
+  ps_addr_format(&at, n->addr, sizeof n->addr);
+  n->c = ps_redis_connect_to(cfg, tag, &at, cfg->redis_timeout_ms, &eb);
+  if (n->c == NULL) {
+    /* eb.msg is "redis <address>: <why>". */
+    const char *why = strstr(eb.msg, ": ");
+    why = why != NULL ? why + 2 : eb.msg;
+    if (eb.code == -EACCES)
+      ps_cmd_error("status: redis %s ([redis] in %s): %s", n->addr, cfg->path, why);
+    else
+      ps_cmd_error("status: redis %s ([redis] %s in %s, for %s) unreachable: %s", n->addr,
+                   source, cfg->path, tag, why);
+    close_redis();
+    exit(1);
+  }
+  nconns++;
+  return n;
+}
+
+/* A key's hash tag: "{...}" at its start. */
+static void tag_of(const char *key, char tag[PS_KEY_MAX]) {
+  const char *end = strchr(key, '}');
+  size_t len = key[0] == '{' && end != NULL ? (size_t)(end - key) + 1 : 0;
+  snprintf(tag, PS_KEY_MAX, "%.*s", (int)len, key);
+}
+
+/* A command's reply, on the connection to the node holding `key`.  No
+ * reply (Redis gone) or an error reply (NOAUTH, NOPERM, WRONGTYPE): one
+ * error line and exit 1, since a status built on records it could not
+ * read would mislead. */
 static redisReply *q(const char *key, const char *fmt, ...) {
+  char tag[PS_KEY_MAX];
+  tag_of(key, tag);
+  node_conn *n = conn_for(tag);
   va_list ap;
   va_start(ap, fmt);
-  redisReply *r = redisvCommand(rc_ctx, fmt, ap);
+  redisReply *r = redisvCommand(n->c, fmt, ap);
   va_end(ap);
   if (r != NULL && r->type != REDIS_REPLY_ERROR)
     return r;
-  ps_cmd_error("status: redis %s: reading %s: %s", rc_addr, key,
-               r != NULL ? r->str : rc_ctx->errstr[0] ? rc_ctx->errstr : "no reply");
+  ps_cmd_error("status: redis %s: reading %s: %s", n->addr, key,
+               r != NULL ? r->str : n->c->errstr[0] ? n->c->errstr : "no reply");
+  close_redis();
   exit(1);
+}
+
+/* The node holding tag's records ("" before they were read). */
+static const char *node_of(const char *tag) {
+  for (int i = 0; i < nconns; i++)
+    if (strcmp(conns[i].tag, tag) == 0)
+      return conns[i].addr;
+  return "";
 }
 
 /* GET and PTTL of a key, in one step.  @return 1 with the value in buf
@@ -108,30 +190,6 @@ static int get_ttl(const char *key, char *buf, size_t len, int64_t *ttl_ms) {
   }
   freeReplyObject(r);
   return found;
-}
-
-static int connect_redis(const ps_config *cfg) {
-  ps_errbuf eb = {0};
-  ps_addr at;
-  if (ps_redis_primary(cfg, cfg->redis_timeout_ms, &at, &eb) != 0) {
-    ps_cmd_error("status: redis: %s ([redis] sentinels in %s)", eb.msg, cfg->path);
-    return -1;
-  }
-  ps_addr_format(&at, rc_addr, sizeof rc_addr);
-  rc_ctx = ps_redis_connect_to(cfg, &at, cfg->redis_timeout_ms, &eb);
-  if (rc_ctx == NULL) {
-    /* eb.msg is "redis <address>: <why>". */
-    const char *why = strstr(eb.msg, ": ");
-    why = why != NULL ? why + 2 : eb.msg;
-    if (eb.code == -EACCES)
-      ps_cmd_error("status: redis %s ([redis] in %s): %s", rc_addr, cfg->path, why);
-    else
-      ps_cmd_error("status: redis %s ([redis] %s in %s) unreachable: %s", rc_addr,
-                   cfg->nsentinels > 0 ? "the primary the Sentinels name" : "address", cfg->path,
-                   why);
-    return -1;
-  }
-  return 0;
 }
 
 /* ---------------------------------------------------------- the records */
@@ -325,7 +383,7 @@ static void print_tables(const row *rows, int n) {
 
 static void print_table(const ps_config *cfg, const row *rows, int n, const row *l,
                         const ckpt_info *ci, double now) {
-  printf("cluster %s, redis %s, heartbeat TTL %" PRId64 " ms\n\n", cfg->cluster_id, rc_addr,
+  printf("cluster %s, redis %s, heartbeat TTL %" PRId64 " ms\n\n", cfg->cluster_id, conns[0].addr,
          3 * cfg->heartbeat_ms);
   printf("%-6s %3s  %-10s %-16s %7s  %-14s %7s %9s %8s %9s %6s %9s %5s %10s\n", "ROLE", "IDX",
          "STATE", "HOST", "PID", "INCARNATION", "AGE", "STEP", "STEPS/S", "VERSION", "LAG",
@@ -353,8 +411,16 @@ static void print_table(const ps_config *cfg, const row *rows, int n, const row 
   printf("\n");
   char t[32];
   if (cfg->nsentinels > 0)
-    printf("redis: primary %s, named by the Sentinels of '%s' (%d configured)\n", rc_addr,
+    printf("redis: primary %s, named by the Sentinels of '%s' (%d configured)\n", conns[0].addr,
            cfg->redis_master_name, cfg->nsentinels);
+  if (cfg->ncluster > 0) {
+    printf("redis cluster (%d nodes configured): the cluster's records on %s", cfg->ncluster,
+           conns[0].addr);
+    for (int i = 0; i < n; i++)
+      if (strcmp(rows[i].role, "ps") == 0)
+        printf("; ps %d on %s", rows[i].index, rows[i].redis);
+    printf("\n");
+  }
   if (cfg->mode == PS_MODE_RING)
     printf("ring view: %s\n", ring_view[0] ? ring_view : "none yet");
   if (l->state == UP)
@@ -397,7 +463,7 @@ static int print_json(const ps_config *cfg, const row *rows, int n, const row *l
                                       "snapshot_time",
                                       jreal(w->have_snap && w->snap_time > 0, w->snap_time)));
     if (strcmp(w->role, "ps") == 0)
-      json_object_update_new(o, json_pack("{s:o?, s:o?}", "acks_held",
+      json_object_update_new(o, json_pack("{s:s, s:o?, s:o?}", "redis", w->redis, "acks_held",
                                           jint(w->have_durability, (int64_t)w->held),
                                           "nondurable",
                                           jint(w->have_durability, (int64_t)w->nondurable)));
@@ -427,7 +493,7 @@ static int print_json(const ps_config *cfg, const row *rows, int n, const row *l
   if (!ci->readable)
     json_object_set_new(cj, "error", json_string(ci->why));
   json_t *j = json_pack("{s:s, s:s, s:f, s:I, s:o, s:o?, s:o}", "cluster", cfg->cluster_id,
-                        "redis", rc_addr, "time", now, "heartbeat_ttl_ms",
+                        "redis", conns[0].addr, "time", now, "heartbeat_ttl_ms",
                         (json_int_t)(3 * cfg->heartbeat_ms), "nodes", nodes, "chief_lease", lj,
                         "checkpoint", cj);
   if (j != NULL && cfg->mode == PS_MODE_RING)
@@ -491,10 +557,10 @@ int ps_cmd_status(int argc, char **argv) {
   int rc = ps_cmd_load_config(config, &cfg, 0);
   if (rc != 0)
     return rc;
-  if (connect_redis(&cfg) != 0) {
-    redisFree(rc_ctx);
-    return 1;
-  }
+  st_cfg = &cfg;
+  char ctag[PS_KEY_MAX];
+  ps_cluster_tag(ctag, cfg.cluster_id);
+  conn_for(ctag);
 
   static row rows[1 + 2 * PS_CONFIG_MAX_NODES];
   int n = 0;
@@ -505,8 +571,12 @@ int ps_cmd_status(int argc, char **argv) {
     rows[n++] = (row){.role = "worker", .index = j};
   for (int i = 0; i < n; i++) {
     read_node(&cfg, &rows[i]);
-    if (strcmp(rows[i].role, "ps") == 0)
+    if (strcmp(rows[i].role, "ps") == 0) {
       read_snapshot(&cfg, &rows[i]);
+      ps_shard_keys k;
+      ps_shard_keys_init(&k, cfg.cluster_id, rows[i].index);
+      rows[i].redis = node_of(k.tag);
+    }
   }
   row l;
   read_lease(&cfg, &l);
@@ -518,7 +588,6 @@ int ps_cmd_status(int argc, char **argv) {
       snprintf(ring_view, sizeof ring_view, "%s", r->str);
     freeReplyObject(r);
   }
-  redisFree(rc_ctx);
   ckpt_info ci;
   read_ckpt(cfg.checkpoint_dir, &ci);
 
@@ -529,6 +598,7 @@ int ps_cmd_status(int argc, char **argv) {
     rc = print_json(&cfg, rows, n, &l, &ci, now);
   else
     print_table(&cfg, rows, n, &l, &ci, now);
+  close_redis();
   for (int i = 0; i < n; i++)
     free(rows[i].tables);
   return rc;

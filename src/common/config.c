@@ -429,6 +429,10 @@ static int check_cross(parse_state *st) {
   if (c->mode == PS_MODE_RING && vars_line > 0)
     return fail(st, vars_line, "[model] variables with [cluster] mode = ring: expected a model "
                 "with layers (ring members compute the gradient themselves)");
+  if (c->nsentinels > 0 && c->ncluster > 0)
+    return fail(st, st->line_of[find_setting("redis", "cluster")],
+                "[redis] cluster with sentinels both set: expected one of them (a Redis Cluster "
+                "fails over by itself)");
   for (int j = 0; j < c->nps; j++) {
     if (addr_equal(&c->chief, &c->ps[j])) {
       int line = st->line_of[find_setting("cluster", "chief")];

@@ -59,6 +59,8 @@ typedef struct ps_config {
   int nsentinels;                 /* 0: [redis] address is the server */
   ps_addr redis_sentinels[PS_CONFIG_MAX_SENTINELS];
   char redis_master_name[64];
+  int ncluster;                   /* 0: no Redis Cluster; else its seed nodes */
+  ps_addr redis_cluster[PS_CONFIG_MAX_SENTINELS];
 
   /* [model] */
   char model[8];                  /* mlp|cnn */
@@ -169,9 +171,12 @@ int ps_config_read_secret(const ps_config *c, uint8_t *buf, size_t cap, ps_errbu
 int ps_config_read_redis_password(const ps_config *c, char *buf, size_t cap, ps_errbuf *eb);
 
 /* The replicas a log entry must reach before it counts as durable: [replication]
- * redis_replicas, or with "auto" 1 when Sentinels are configured, else 0. */
+ * redis_replicas, or with "auto" 1 when Sentinels or a Redis Cluster are
+ * configured, else 0. */
 static inline int ps_config_redis_replicas(const ps_config *c) {
-  return c->redis_replicas >= 0 ? (int)c->redis_replicas : c->nsentinels > 0 ? 1 : 0;
+  return c->redis_replicas >= 0                      ? (int)c->redis_replicas
+         : c->nsentinels > 0 || c->ncluster > 0 ? 1
+                                                     : 0;
 }
 
 #endif

@@ -63,7 +63,7 @@ static int parse_split_bytes(const ps_setting *s, const char *v, void *field, ch
   return 0;
 }
 
-/* [replication] redis_replicas: "auto" (-1: 1 with Sentinels, else 0) or a count. */
+/* [replication] redis_replicas: "auto" (-1: 1 with Sentinels or a Cluster, else 0) or a count. */
 static int parse_redis_replicas(const ps_setting *s, const char *v, void *field, char *why,
                                 size_t len) {
   int64_t x = -1;
@@ -167,6 +167,8 @@ const ps_setting ps_settings[] = {
      .def = "", .help = "Redis Sentinels, host:port each (empty: none, [redis] address is the server)"},
     {"redis", "master_name", STRING, FIELD(redis_master_name), .min = 1, .def = "paramserv",
      .help = "with sentinels: the name they monitor the primary by"},
+    {"redis", "cluster", ADDR_LIST, LIST(redis_cluster, ncluster), .max = PS_CONFIG_MAX_SENTINELS,
+     .def = "", .help = "Redis Cluster nodes to ask where each shard's slot is, host:port each (empty: no cluster)"},
 
     {"model", "name", STRING, FIELD(model), .choices = models, .def = "mlp",
      .help = "the model: mlp (fully connected) or cnn"},

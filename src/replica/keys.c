@@ -104,12 +104,95 @@ static int ask_sentinel(const ps_config *cfg, const ps_addr *s, int64_t timeout_
   return rc;
 }
 
-int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_errbuf *eb) {
+/* Connect to one node and AUTH, nothing more.  NULL with eb set:
+ * -ECONNREFUSED (unreachable), -EACCES (AUTH refused, password file). */
+static redisContext *open_node(const ps_config *cfg, const ps_addr *at, int64_t timeout_ms,
+                               ps_errbuf *eb);
+
+int ps_redis_redirect(const void *reply, ps_addr *to) {
+  const redisReply *r = reply;
+  if (r == NULL || r->type != REDIS_REPLY_ERROR)
+    return 0;
+  int moved = strncmp(r->str, "MOVED ", 6) == 0, ask = strncmp(r->str, "ASK ", 4) == 0;
+  if (!moved && !ask)
+    return 0;
+  /* "MOVED <slot> <host>:<port>" */
+  const char *addr = strchr(r->str + (moved ? 6 : 4), ' ');
+  if (addr == NULL || ps_addr_parse(addr + 1, to) != 0)
+    return 0;
+  return moved ? 1 : 2;
+}
+
+/* Ask one node of the Redis Cluster which primary serves tag's slot. */
+static int ask_cluster(const ps_config *cfg, const ps_addr *seed, const char *tag,
+                       int64_t timeout_ms, ps_addr *out, char *why, size_t len) {
+  ps_errbuf eb = {0};
+  redisContext *c = open_node(cfg, seed, timeout_ms, &eb);
+  if (c == NULL) {
+    snprintf(why, len, "%.200s", eb.msg);
+    return -1;
+  }
+  int rc = -1;
+  long long slot = -1;
+  redisReply *r = redisCommand(c, "CLUSTER KEYSLOT %s", tag);
+  if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+    slot = r->integer;
+  else
+    snprintf(why, len, "CLUSTER KEYSLOT: %s",
+             r == NULL ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "no slot");
+  freeReplyObject(r);
+  r = slot < 0 ? NULL : redisCommand(c, "CLUSTER SLOTS");
+  if (slot >= 0 && (r == NULL || r->type != REDIS_REPLY_ARRAY))
+    snprintf(why, len, "CLUSTER SLOTS: %s",
+             r == NULL ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not a list");
+  for (size_t i = 0; r != NULL && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+    const redisReply *e = r->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->integer > slot ||
+        e->element[1]->integer < slot)
+      continue;
+    const redisReply *node = e->element[2];
+    if (node->type != REDIS_REPLY_ARRAY || node->elements < 2 ||
+        node->element[1]->type != REDIS_REPLY_INTEGER) {
+      snprintf(why, len, "CLUSTER SLOTS: slot %lld's primary is not host, port", slot);
+      break;
+    }
+    /* An empty or NULL host is the node asked (Redis's "unknown endpoint"). */
+    const char *host = node->element[0]->type == REDIS_REPLY_STRING && node->element[0]->len > 0
+                           ? node->element[0]->str
+                           : seed->host;
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%lld" : "%s:%lld", host,
+             node->element[1]->integer);
+    rc = ps_addr_parse(addr, out);
+    if (rc != 0)
+      snprintf(why, len, "CLUSTER SLOTS named '%.200s', not host:port", addr);
+    break;
+  }
+  if (rc != 0 && slot >= 0 && r != NULL && r->type == REDIS_REPLY_ARRAY && !why[0])
+    snprintf(why, len, "no node serves slot %lld (of %s): the cluster is failing over, or was "
+             "never created (redis-cli --cluster create)", slot, tag);
+  freeReplyObject(r);
+  redisFree(c);
+  return rc;
+}
+
+int ps_redis_primary(const ps_config *cfg, const char *tag, int64_t timeout_ms, ps_addr *out,
+                     ps_errbuf *eb) {
+  char why[256] = "", a[300];
+  if (cfg->ncluster > 0) {
+    for (int i = 0; i < cfg->ncluster; i++) {
+      why[0] = '\0';
+      if (ask_cluster(cfg, &cfg->redis_cluster[i], tag, timeout_ms, out, why, sizeof why) == 0)
+        return 0;
+    }
+    return ps_err_set(eb, -ECONNREFUSED, "no node of the Redis Cluster named the primary of %s "
+                      "(the last asked, %s: %s)", tag,
+                      ps_addr_format(&cfg->redis_cluster[cfg->ncluster - 1], a, sizeof a), why);
+  }
   if (cfg->nsentinels == 0) {
     *out = cfg->redis;
     return 0;
   }
-  char why[256] = "", a[300];
   for (int i = 0; i < cfg->nsentinels; i++)
     if (ask_sentinel(cfg, &cfg->redis_sentinels[i], timeout_ms, out, why, sizeof why) == 0)
       return 0;
@@ -136,6 +219,44 @@ static int check_primary(redisContext *c, const ps_addr *at, ps_errbuf *eb) {
   return ok ? 0 : -1;
 }
 
+/* In a Redis Cluster, the node must serve tag's slot as its primary now:
+ * a keyed read (EXISTS <tag>:epoch) answers there, and MOVED elsewhere
+ * (a replica, another primary), which is followed to the node it names,
+ * a few times.  @return the connection to the node that answered (c, or
+ * one that replaced it; *at updated), or NULL with eb set. */
+static redisContext *follow_slot(const ps_config *cfg, redisContext *c, const char *tag,
+                                 ps_addr *at, int64_t timeout_ms, ps_errbuf *eb) {
+  char key[PS_KEY_MAX];
+  snprintf(key, sizeof key, "%s:epoch", tag);
+  for (int hop = 0; hop < 4; hop++) {
+    redisReply *r = redisCommand(c, "EXISTS %s", key);
+    ps_addr to;
+    int redirect = ps_redis_redirect(r, &to);
+    if (r != NULL && r->type == REDIS_REPLY_INTEGER) {
+      freeReplyObject(r);
+      return c;
+    }
+    if (redirect == 1) {
+      freeReplyObject(r);
+      redisFree(c);
+      *at = to;
+      if ((c = open_node(cfg, at, timeout_ms, eb)) == NULL)
+        return NULL;
+      continue;
+    }
+    /* ASK (the slot is moving), CLUSTERDOWN, TRYAGAIN: retried later. */
+    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s's slot: %s", at->host, at->port, tag,
+               r == NULL ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "no answer");
+    freeReplyObject(r);
+    redisFree(c);
+    return NULL;
+  }
+  ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s's slot: still MOVED after 4 hops (the "
+             "cluster is resharding)", at->host, at->port, tag);
+  redisFree(c);
+  return NULL;
+}
+
 int ps_redis_auth_init(ps_redis_auth *a, const ps_config *cfg, ps_errbuf *eb) {
   a->argc = 0;
   int n = ps_config_read_redis_password(cfg, a->pw, sizeof a->pw, eb);
@@ -152,20 +273,20 @@ void ps_redis_auth_clear(ps_redis_auth *a) {
   memset(a->pw, 0, sizeof a->pw);
 }
 
-void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb) {
+void *ps_redis_connect(const ps_config *cfg, const char *tag, int64_t timeout_ms,
+                       ps_errbuf *eb) {
   ps_addr at;
-  if (ps_redis_primary(cfg, timeout_ms, &at, eb) != 0)
+  if (ps_redis_primary(cfg, tag, timeout_ms, &at, eb) != 0)
     return NULL;
-  return ps_redis_connect_to(cfg, &at, timeout_ms, eb);
+  return ps_redis_connect_to(cfg, tag, &at, timeout_ms, eb);
 }
 
-void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeout_ms,
-                          ps_errbuf *eb) {
+static redisContext *open_node(const ps_config *cfg, const ps_addr *at, int64_t timeout_ms,
+                               ps_errbuf *eb) {
   struct timeval tv = tv_of(timeout_ms);
-  ps_addr at = *to;
-  redisContext *c = redisConnectWithTimeout(at.host, at.port, tv);
+  redisContext *c = redisConnectWithTimeout(at->host, at->port, tv);
   if (c == NULL || c->err) {
-    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s", at.host, at.port,
+    ps_err_set(eb, -ECONNREFUSED, "redis %s:%u: %s", at->host, at->port,
                c ? c->errstr : "out of memory");
     redisFree(c);
     return NULL;
@@ -184,7 +305,7 @@ void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeo
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
       /* A reply of NULL is the connection failing, not a refusal. */
       ps_err_set(eb, r ? -EACCES : -ECONNREFUSED, "redis %s:%u: AUTH%s%s failed: %s",
-                 at.host, at.port, cfg->redis_user[0] ? " as " : "",
+                 at->host, at->port, cfg->redis_user[0] ? " as " : "",
                  cfg->redis_user, r ? r->str : c->errstr);
       freeReplyObject(r);
       redisFree(c);
@@ -192,11 +313,26 @@ void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeo
     }
     freeReplyObject(r);
   }
+  return c;
+}
+
+void *ps_redis_connect_to(const ps_config *cfg, const char *tag, const ps_addr *to,
+                          int64_t timeout_ms, ps_errbuf *eb) {
+  ps_addr at = *to;
+  redisContext *c = open_node(cfg, &at, timeout_ms, eb);
+  if (c == NULL)
+    return NULL;
   if (cfg->nsentinels > 0 && check_primary(c, &at, eb) != 0) {
     redisFree(c);
     return NULL;
   }
+  if (cfg->ncluster > 0)
+    return follow_slot(cfg, c, tag, &at, timeout_ms, eb);
   return c;
+}
+
+void ps_cluster_tag(char out[PS_KEY_MAX], const char *cluster) {
+  snprintf(out, PS_KEY_MAX, "{%s}", cluster);
 }
 
 int ps_redis_running_here(void) {

@@ -62,10 +62,23 @@ void ps_key_ring_reports(char out[PS_KEY_MAX], const char *cluster, uint64_t epo
  * rows, one hash. */
 void ps_key_bench_table(char out[PS_KEY_MAX], const char *cluster, int table);
 
-/* Where the Redis primary is: [redis] address, or with [redis] sentinels
- * the primary the first Sentinel that answers names for master_name (each
- * asked with `timeout_ms`).  @return 0, or -ECONNREFUSED with eb set. */
-int ps_redis_primary(const ps_config *cfg, int64_t timeout_ms, ps_addr *out, ps_errbuf *eb);
+/* The hash tag of the cluster's own records, "{<cluster>}" (the shards'
+ * is ps_shard_keys.tag): what a connection names so that, in a Redis
+ * Cluster, it goes to the node serving that tag's slot. */
+void ps_cluster_tag(char out[PS_KEY_MAX], const char *cluster);
+
+/* Where the Redis primary for the keys of hash tag `tag` is: [redis]
+ * address; with [redis] sentinels the primary the first Sentinel that
+ * answers names for master_name; with [redis] cluster the primary of tag's
+ * slot, as the first node that answers CLUSTER KEYSLOT and CLUSTER SLOTS
+ * names it (each asked with `timeout_ms`).  @return 0, or -ECONNREFUSED
+ * with eb set. */
+int ps_redis_primary(const ps_config *cfg, const char *tag, int64_t timeout_ms, ps_addr *out,
+                     ps_errbuf *eb);
+
+/* A Redis Cluster redirection: 1 for MOVED (the slot is served by *to
+ * now), 2 for ASK (the slot is moving to *to), 0 for any other reply. */
+int ps_redis_redirect(const void *reply, ps_addr *to);
 
 /* The AUTH of every connection to Redis, blocking (ps_redis_connect_to)
  * or async (link.c), written once: [redis] password_file read now (it is
@@ -82,14 +95,16 @@ typedef struct ps_redis_auth {
 int ps_redis_auth_init(ps_redis_auth *a, const ps_config *cfg, ps_errbuf *eb);
 void ps_redis_auth_clear(ps_redis_auth *a);
 
-/* Connect to the primary (ps_redis_primary) with `timeout_ms` for the
- * connect and for every command after it, and AUTH when [redis]
+/* Connect to the primary for `tag` (ps_redis_primary) with `timeout_ms`
+ * for the connect and for every command after it, and AUTH when [redis]
  * password_file is set; with Sentinels, check that it is the primary now
- * (ROLE: right after a failover a Sentinel may name the old one).
+ * (ROLE: right after a failover a Sentinel may name the old one); in a
+ * Redis Cluster, that it serves tag's slot now (a keyed read: a MOVED
+ * reply is followed to the node it names).
  * @return an opaque hiredis redisContext * (free with redisFree), or NULL
- * with eb set: -ECONNREFUSED (unreachable: retry), -EACCES (AUTH refused or
- * the password file unreadable: do not retry). */
-void *ps_redis_connect(const ps_config *cfg, int64_t timeout_ms, ps_errbuf *eb);
+ * with eb set: -ECONNREFUSED (unreachable, or failing over: retry),
+ * -EACCES (AUTH refused or the password file unreadable: do not retry). */
+void *ps_redis_connect(const ps_config *cfg, const char *tag, int64_t timeout_ms, ps_errbuf *eb);
 
 /* What a wait for Redis says: once, at its first failed attempt, what is
  * known ("nothing answers there" and whether a redis-server runs on this
@@ -105,9 +120,9 @@ void ps_redis_wait_failed(ps_redis_wait *w, const char *what, const char *why);
 int ps_redis_running_here(void);
 
 /* The same, to an address already found with ps_redis_primary (the
- * Sentinels are not asked again). */
-void *ps_redis_connect_to(const ps_config *cfg, const ps_addr *to, int64_t timeout_ms,
-                          ps_errbuf *eb);
+ * Sentinels and the cluster's nodes are not asked again). */
+void *ps_redis_connect_to(const ps_config *cfg, const char *tag, const ps_addr *to,
+                          int64_t timeout_ms, ps_errbuf *eb);
 
 /* The backoff (common/backoff.h) of whoever waits for Redis at start-up:
  * the registry's new epoch and the shard's restore. */

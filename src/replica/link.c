@@ -124,7 +124,7 @@ static void went_down(ps_link *l, const char *why) {
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
   ps_link *l = ac->data;
-  char why[128];
+  char why[256];
   snprintf(why, sizeof why, "%s", l->drop_why[0] ? l->drop_why
                                   : status == REDIS_OK ? "connection closed"
                                   : ac->errstr[0] ? ac->errstr : "connection lost");
@@ -232,7 +232,7 @@ const char *ps_link_wait_failure(const ps_link *l, const redisReply *rep, char *
 static void resolve_work(uv_work_t *w) {
   ps_link *l = w->data;
   l->resolve_eb = (ps_errbuf){0};
-  ps_redis_primary(l->cfg, l->cfg->redis_timeout_ms, &l->resolved, &l->resolve_eb);
+  ps_redis_primary(l->cfg, l->k->tag, l->cfg->redis_timeout_ms, &l->resolved, &l->resolve_eb);
 }
 
 static void after_resolve(uv_work_t *w, int status) {
@@ -250,7 +250,11 @@ static void after_resolve(uv_work_t *w, int status) {
     schedule_reconnect(l);
     return;
   }
-  if (strcmp(l->resolved.host, l->at.host) != 0 || l->resolved.port != l->at.port)
+  if ((strcmp(l->resolved.host, l->at.host) != 0 || l->resolved.port != l->at.port) &&
+      l->cfg->ncluster > 0)
+    ps_log(PS_LOG_INFO, "redis: the cluster names %s:%u as the primary of %s's slot",
+           l->resolved.host, l->resolved.port, l->k->tag);
+  else if (strcmp(l->resolved.host, l->at.host) != 0 || l->resolved.port != l->at.port)
     ps_log(PS_LOG_INFO, "redis: the Sentinels name %s:%u as the primary '%s'", l->resolved.host,
            l->resolved.port, l->cfg->redis_master_name);
   l->at = l->resolved;
@@ -260,7 +264,14 @@ static void after_resolve(uv_work_t *w, int status) {
 static void link_connect(ps_link *l) {
   if (l->closing || l->ac != NULL || l->state == PS_LINK_FENCED || l->resolving)
     return;
-  if (l->cfg->nsentinels == 0) {
+  if (l->moved) {
+    /* A MOVED reply named the node serving the slot now: go there. */
+    l->moved = 0;
+    l->at = l->moved_to;
+    connect_to_primary(l);
+    return;
+  }
+  if (l->cfg->nsentinels == 0 && l->cfg->ncluster == 0) {
     l->at = l->cfg->redis;
     connect_to_primary(l);
     return;
@@ -308,15 +319,24 @@ static void connect_to_primary(ps_link *l) {
                     k->snap_prefix);
 }
 
-void ps_link_check_readonly(ps_link *l, const redisReply *rep) {
+void ps_link_check_role(ps_link *l, const redisReply *rep) {
+  ps_addr to;
   if (rep != NULL && rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0)
     ps_link_drop(l, "it is a replica now (READONLY)");
+  else if (ps_redis_redirect(rep, &to) == 1 && l->state == PS_LINK_UP) {
+    char why[300];
+    snprintf(why, sizeof why, "the cluster moved %.96s's slot to %.64s:%u (MOVED)", l->k->tag, to.host,
+             to.port);
+    l->moved = 1;
+    l->moved_to = to;
+    ps_link_drop(l, why);
+  }
 }
 
 void ps_link_drop(ps_link *l, const char *why) {
   if (l->ac == NULL || l->state != PS_LINK_UP)
     return;
-  snprintf(l->drop_why, sizeof l->drop_why, "%s", why);
+  snprintf(l->drop_why, sizeof l->drop_why, "%.199s", why);
   redisAsyncDisconnect(l->ac);
 }
 
@@ -335,8 +355,8 @@ static void on_heartbeat(redisAsyncContext *ac, void *reply, void *priv) {
   redisReply *rep = reply;
   if (ps_link_is_fenced(rep))
     ps_link_fence(l, rep->str);
-  else
-    ps_link_check_lost(l, rep);
+  else if (!ps_link_check_lost(l, rep))
+    ps_link_check_role(l, rep);
 }
 
 void ps_link_heartbeat(ps_link *l, const char *payload) {

@@ -3,7 +3,8 @@
  * shard's loop (redis_uv.c) whose life is one state machine: DOWN ->
  * CONNECTING (AUTH and CLAIM queued first) -> UP, back to DOWN on any loss
  * or deadline, FENCED for good when a newer incarnation took the shard.
- * It finds the primary (the Sentinels asked on the loop's thread pool),
+ * It finds the primary (the Sentinels or the Redis Cluster's nodes asked
+ * on the loop's thread pool; a MOVED reply followed),
  * reconnects with backoff, reads what Redis's replies say about the
  * connection (FENCED, READONLY, LOST), sends the fenced heartbeat and the
  * WAITs, and reports up through ps_link_events: it calls nothing above it.
@@ -61,14 +62,16 @@ typedef struct ps_link {
   ps_link_state state;
   redisAsyncContext *ac;
   ps_addr at;               /* the primary connected to (or last tried) */
-  uv_work_t resolve;        /* asking the Sentinels where the primary is */
+  uv_work_t resolve;        /* asking the Sentinels or the cluster where the primary is */
   int resolving;
   ps_addr resolved;
+  ps_addr moved_to;         /* the node a MOVED reply named, when moved */
+  int moved;
   ps_errbuf resolve_eb;
   int wait_replicas;        /* WAIT for this many after each write that makes entries durable */
   ps_backoff backoff;       /* between connection attempts */
   int down_logged;
-  char drop_why[96];        /* why this side dropped the connection */
+  char drop_why[200];        /* why this side dropped the connection */
   uv_timer_t retry;
   int retry_open;
   int closing;
@@ -96,9 +99,11 @@ int ps_link_fenced(const ps_link *l);
 int ps_link_is_fenced(const redisReply *rep);
 /* A newer incarnation took over (why: Redis's words): FENCED for good. */
 void ps_link_fence(ps_link *l, const char *why);
-/* A READONLY reply: this server was made a replica (a failover): drop the
- * connection, so that the primary is found again. */
-void ps_link_check_readonly(ps_link *l, const redisReply *rep);
+/* A READONLY reply: this server was made a replica (a failover); a MOVED
+ * reply: the Redis Cluster serves the shard's slot elsewhere now.  Either
+ * drops the connection, so that the primary is found again (after MOVED,
+ * the node it named is connected to first).  Any other reply: nothing. */
+void ps_link_check_role(ps_link *l, const redisReply *rep);
 /* A LOST reply (HEARTBEAT's keys check, SWITCH's epoch): Redis lost this
  * shard's keys; drop the connection so that CLAIM takes them back.
  * @return 1 when rep was one. */

@@ -79,16 +79,22 @@ void ps_registry_free(ps_registry *r) {
   free(r);
 }
 
-/* Which Redis, for messages: [redis] address, or with Sentinels the
- * primary they named (when connected) or their master_name. */
+/* Which Redis, for messages: [redis] address, or with Sentinels (a
+ * Redis Cluster) the node they named (when connected) or how it is found. */
 static const char *redis_name(const ps_registry *r, char *buf, size_t n) {
-  if (r->cfg->nsentinels == 0)
-    snprintf(buf, n, "%s:%u", r->cfg->redis.host, r->cfg->redis.port);
+  const ps_config *cfg = r->cfg;
+  if (cfg->nsentinels == 0 && cfg->ncluster == 0)
+    snprintf(buf, n, "%s:%u", cfg->redis.host, cfg->redis.port);
+  else if (r->c != NULL && r->c->tcp.host != NULL && cfg->ncluster > 0)
+    snprintf(buf, n, "%s:%d (the cluster's node for {%s})", r->c->tcp.host, r->c->tcp.port,
+             cfg->cluster_id);
   else if (r->c != NULL && r->c->tcp.host != NULL)
     snprintf(buf, n, "%s:%d (primary '%s')", r->c->tcp.host, r->c->tcp.port,
-             r->cfg->redis_master_name);
+             cfg->redis_master_name);
+  else if (cfg->ncluster > 0)
+    snprintf(buf, n, "the Redis Cluster's node for {%s}", cfg->cluster_id);
   else
-    snprintf(buf, n, "primary '%s' (from the Sentinels)", r->cfg->redis_master_name);
+    snprintf(buf, n, "primary '%s' (from the Sentinels)", cfg->redis_master_name);
   return buf;
 }
 
@@ -116,8 +122,10 @@ static redisContext *ctx(ps_registry *r, int wait) {
   r->last_try_ns = now;
   /* Short: the worker calls this on its training path. */
   ps_errbuf eb = {0};
-  redisContext *c = ps_redis_connect(r->cfg, r->cfg->redis_timeout_ms < 500 ? r->cfg->redis_timeout_ms
-                                                                          : 500, &eb);
+  char tag[PS_KEY_MAX];
+  ps_cluster_tag(tag, r->cfg->cluster_id);
+  redisContext *c = ps_redis_connect(r->cfg, tag, r->cfg->redis_timeout_ms < 500
+                                                      ? r->cfg->redis_timeout_ms : 500, &eb);
   if (c == NULL) {
     r->auth_failed = eb.code == -EACCES;
     drop(r, eb.msg);
@@ -141,6 +149,8 @@ static redisReply *vcmd(ps_registry *r, int wait, const char *fmt, va_list ap) {
     drop(r, c->errstr);
   else if (rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "READONLY", 8) == 0)
     drop(r, "it is a replica now (READONLY): a failover");  /* the next call finds the primary */
+  else if (ps_redis_redirect(rep, &(ps_addr){0}) == 1)
+    drop(r, rep->str);  /* the cluster's slot moved: the next call asks where it is */
   return rep;
 }
 
@@ -201,6 +211,31 @@ void *ps_registry_redis(ps_registry *r, int wait) { return ctx(r, wait); }
 const ps_config *ps_registry_config(const ps_registry *r) { return r->cfg; }
 
 void ps_registry_lost(ps_registry *r, const char *why) { drop(r, why); }
+
+int ps_registry_workers_alive(ps_registry *r, uint8_t *alive, int n) {
+  const char *argv[1 + PS_CONFIG_MAX_NODES];
+  char keys[PS_CONFIG_MAX_NODES][PS_KEY_MAX];
+  argv[0] = "MGET";
+  for (int j = 0; j < n && j < PS_CONFIG_MAX_NODES; j++) {
+    ps_key_node(keys[j], r->cfg->cluster_id, "worker", j);
+    argv[1 + j] = keys[j];
+  }
+  redisContext *c = ctx(r, 0);
+  if (c == NULL)
+    return -1;
+  redisReply *rep = redisCommandArgv(c, 1 + n, argv, NULL);
+  if (rep == NULL) {
+    drop(r, c->errstr);
+    return -1;
+  }
+  int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements == (size_t)n;
+  for (int j = 0; ok && j < n; j++)
+    alive[j] = rep->element[j]->type == REDIS_REPLY_STRING;
+  if (!ok && ps_redis_redirect(rep, &(ps_addr){0}) == 1)
+    drop(r, rep->str);
+  freeReplyObject(rep);
+  return ok ? 0 : -1;
+}
 
 int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos) {
   char key[PS_KEY_MAX];

@@ -61,6 +61,10 @@ void *ps_registry_command(ps_registry *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 void ps_registry_lost(ps_registry *r, const char *why);
 
+/* Which of the n workers' heartbeat keys exist (alive[j] 1 or 0), in one
+ * MGET.  @return 0, or -1 (Redis away or refusing: alive untouched). */
+int ps_registry_workers_alive(ps_registry *r, uint8_t *alive, int n);
+
 /* Worker j's saved data position (1), none (0), or Redis away (-1). */
 int ps_registry_get_pos(ps_registry *r, int worker, ps_data_pos *pos);
 /* Save worker j's data position (the chief, restoring a checkpoint).

@@ -20,6 +20,7 @@
 #include "common/timeutil.h"
 #include "replica/keys.h"
 #include "replica/link.h"
+#include "replica/registry.h"
 #include "replica/snapshot.h"
 
 struct ps_replica {
@@ -46,6 +47,15 @@ struct ps_replica {
   uint64_t last_hb_ns;
   ps_replica_alive_fn alive_fn;
   void *alive_arg;
+  /* The workers' heartbeats are the cluster's records ({C}), which a
+   * Redis Cluster keeps on the node of that tag's slot, not the shard's:
+   * they are read on a blocking connection of their own, on the loop's
+   * thread pool. */
+  ps_registry *watch_reg;
+  uv_work_t watch;
+  int watching;             /* a read in flight */
+  int watch_ok;
+  uint8_t alive[PS_CONFIG_MAX_NODES];
 };
 
 /* One log append in flight: its XADD's answer, kept until its WAIT's. */
@@ -62,8 +72,10 @@ typedef struct append_req {
 /* Free r once nothing of it is left on the loop: the link's connection,
  * Sentinel query and timer, a snapshot in flight, the interval timer. */
 static void maybe_finish_close(ps_replica *r) {
-  if (!r->closing || ps_link_busy(&r->link) || ps_snaps_busy(&r->snaps) || r->interval_open)
+  if (!r->closing || ps_link_busy(&r->link) || ps_snaps_busy(&r->snaps) || r->interval_open ||
+      r->watching)
     return;
+  ps_registry_free(r->watch_reg);
   free(r->entry);
   void (*done)(void *) = r->close_done;
   void *arg = r->close_arg;
@@ -150,7 +162,7 @@ static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
     snprintf(q->failure, sizeof q->failure, "the connection to Redis was lost");
   } else if (rep->type == REDIS_REPLY_ERROR) {
     snprintf(q->failure, sizeof q->failure, "%s", rep->str);
-    ps_link_check_readonly(&r->link, rep);
+    ps_link_check_role(&r->link, rep);
   }
   if (q->waiting)
     return;  /* on_waited answers */
@@ -302,29 +314,31 @@ static void heartbeat(ps_replica *r) {
   ps_link_heartbeat(&r->link, payload);
 }
 
-static void on_workers(redisAsyncContext *ac, void *reply, void *priv) {
-  (void)ac;
-  ps_replica *r = priv;
-  redisReply *rep = reply;
-  if (rep == NULL || rep->type != REDIS_REPLY_ARRAY || r->alive_fn == NULL)
-    return;
-  uint8_t alive[PS_CONFIG_MAX_NODES] = {0};
-  for (size_t j = 0; j < rep->elements && j < PS_CONFIG_MAX_NODES; j++)
-    alive[j] = rep->element[j]->type == REDIS_REPLY_STRING;
-  r->alive_fn(r->alive_arg, alive, (int)rep->elements);
+static void watch_work(uv_work_t *w) {
+  ps_replica *r = w->data;
+  r->watch_ok = ps_registry_workers_alive(r->watch_reg, r->alive, r->cfg->nworkers) == 0;
 }
 
-/* MGET of every worker's heartbeat key. */
-static void watch_workers(ps_replica *r) {
-  int n = r->cfg->nworkers;
-  const char *argv[1 + PS_CONFIG_MAX_NODES];
-  char keys_buf[PS_CONFIG_MAX_NODES][PS_KEY_MAX];
-  argv[0] = "MGET";
-  for (int j = 0; j < n; j++) {
-    ps_key_node(keys_buf[j], r->cfg->cluster_id, "worker", j);
-    argv[1 + j] = keys_buf[j];
+static void after_watch(uv_work_t *w, int status) {
+  ps_replica *r = w->data;
+  r->watching = 0;
+  if (r->closing) {
+    maybe_finish_close(r);
+    return;
   }
-  redisAsyncCommandArgv(ps_link_ac(&r->link), on_workers, r, 1 + n, argv, NULL);
+  if (status == 0 && r->watch_ok)
+    r->alive_fn(r->alive_arg, r->alive, r->cfg->nworkers);
+}
+
+/* Which workers' heartbeat keys exist, read in the background. */
+static void watch_workers(ps_replica *r) {
+  if (r->watching)
+    return;
+  if (r->watch_reg == NULL && (r->watch_reg = ps_registry_new(r->cfg, "ps", r->index)) == NULL)
+    return;
+  r->watch.data = r;
+  if (uv_queue_work(r->loop, &r->watch, watch_work, after_watch) == 0)
+    r->watching = 1;
 }
 
 void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg) {

@@ -375,7 +375,7 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   ps_redis_wait wait = {0};
   while (!*stop) {
     memset(info, 0, sizeof *info);
-    redisContext *c = ps_redis_connect(cfg, cfg->redis_timeout_ms, eb);
+    redisContext *c = ps_redis_connect(cfg, k.tag, cfg->redis_timeout_ms, eb);
     if (c == NULL && eb->code == -EACCES)
       return eb->code;
     if (c != NULL) {

@@ -267,11 +267,11 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
   } else if (rep != NULL) {
     char msg[300];
     snprintf(msg, sizeof msg, "the switch failed: %s", rep->str);
-    ps_link_check_readonly(l, rep);
+    ps_link_check_role(l, rep);
     snapshot_failed(s, msg);
     return;
   }
-  ps_link_check_readonly(l, rep);
+  ps_link_check_role(l, rep);
   snapshot_done(s, 0);
 }
 
@@ -349,6 +349,7 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
     if (!j->failed && rep != NULL)
       snprintf(j->why, sizeof j->why, "a chunk was not stored: %s", rep->str);
     j->failed = 1;
+    ps_link_check_role(s->link, rep);
   }
   if (!j->failed && (ps_link_ac(s->link) == NULL || job_cut_off(s, ac)))
     j->failed = 1;
@@ -379,6 +380,7 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
     if (rep != NULL && rep->type == REDIS_REPLY_ERROR) {
       char msg[300];
       snprintf(msg, sizeof msg, "not registered: %s", rep->str);
+      ps_link_check_role(s->link, rep);
       snapshot_failed(s, msg);
     } else {
       snapshot_done(s, 0);

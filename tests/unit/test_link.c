@@ -92,13 +92,13 @@ static void close_link(fx *f) {
 }
 
 /* A command the test sends on the link's connection; its reply goes
- * through ps_link_check_readonly, as the log's and snapshots' do. */
+ * through ps_link_check_role, as the log's and snapshots' do. */
 static void on_checked(redisAsyncContext *ac, void *reply, void *priv) {
   (void)ac;
   fx *f = priv;
   redisReply *rep = reply;
   snprintf(f->answer, sizeof f->answer, "%s", rep != NULL && rep->str ? rep->str : "");
-  ps_link_check_readonly(&f->link, rep);
+  ps_link_check_role(&f->link, rep);
   f->answered = 1;
 }
 

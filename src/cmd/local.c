@@ -57,7 +57,10 @@ static void local_usage(FILE *f) {
       "                  setting's default.  local gives the run its own addresses (fresh\n"
       "                  127.0.0.1 ports), Redis, secret (unless FILE names one), checkpoint\n"
       "                  directory RUNDIR/checkpoints (unless FILE sets one) and replication\n"
-      "                  mode log (unless FILE sets one); the chief initializes the shards\n"
+      "                  mode log (unless FILE sets one); the chief initializes the shards.\n"
+      "                  FILE with [redis] cluster: the run uses that Redis Cluster (and its\n"
+      "                  user and password) and starts no redis-server; its keys of\n"
+      "                  [cluster] id from an earlier run are restored, as a cluster's are\n"
       "  --ps N          shards (default: FILE's list, else 2)\n"
       "  --workers M     workers (default: FILE's list, else 2)\n"
       "  --dir RUNDIR    the run directory (default ./" DEFAULT_DIR "): cluster.conf, secret,\n"
@@ -353,11 +356,6 @@ static int setup(run *r) {
     return 2;
   if (r->o.fresh && clear_rundir(r->rundir) != 0)
     return 2;
-  if (access("/usr/bin/redis-server", X_OK) != 0 && !in_path("redis-server")) {
-    ps_cmd_error("redis-server: not found: expected Debian's /usr/bin/redis-server (`make deps` "
-                 "installs it)");
-    return 2;
-  }
 
   ps_runconf_opts ro = {.user_path = r->o.config, .rundir = r->rundir,
                         .nps = (int)r->o.nps, .nworkers = (int)r->o.nworkers,
@@ -365,7 +363,18 @@ static int setup(run *r) {
   if (ps_runconf_make(&ro, &r->cfg, &eb) != 0) {
     ps_cmd_error("%s", eb.msg);
     return 2;
+  }  if (r->cfg.ncluster == 0 && access("/usr/bin/redis-server", X_OK) != 0 &&
+      !in_path("redis-server")) {
+    ps_cmd_error("redis-server: not found: expected Debian's /usr/bin/redis-server (`make deps` "
+                 "installs it)");
+    return 2;
   }
+  if (r->cfg.ncluster > 0 && r->o.chaos_redis) {
+    ps_cmd_error("--chaos-redis with [redis] cluster in %s: expected no --chaos-redis (the "
+                 "Redis Cluster is the config's, not the run's to kill)", r->o.config);
+    return 2;
+  }
+
   /* The nemesis reads the acks from the workers' histories. */
   if (r->o.nemesis != 0 && r->cfg.history_dir[0] == '\0')
     snprintf(r->cfg.history_dir, sizeof r->cfg.history_dir, "%.*s/history",
@@ -711,8 +720,16 @@ int ps_cmd_local(int argc, char **argv) {
   if (r.cfg.last_step > 0)
     snprintf(last, sizeof last, "last step %" PRId64, r.cfg.last_step);
   static const char *const repl[] = {"off", "snapshot", "log"};
-  say(&r, "local: run directory %s: redis on port %u, the chief, %d shard%s, %d worker%s; %s, "
-      "replication %s%s", r.rundir, (unsigned)r.cfg.redis.port, r.cfg.nps,
+  char redis[PS_CONFIG_PATH_MAX];
+  if (r.cfg.ncluster > 0) {
+    char a[300];
+    snprintf(redis, sizeof redis, "the Redis Cluster of %s (%s, ...)", r.o.config,
+             ps_addr_format(&r.cfg.redis_cluster[0], a, sizeof a));
+  } else {
+    snprintf(redis, sizeof redis, "redis on port %u", (unsigned)r.cfg.redis.port);
+  }
+  say(&r, "local: run directory %s: %s, the chief, %d shard%s, %d worker%s; %s, "
+      "replication %s%s", r.rundir, redis, r.cfg.nps,
       r.cfg.nps == 1 ? "" : "s", r.cfg.nworkers, r.cfg.nworkers == 1 ? "" : "s", last,
       repl[r.cfg.replication], faults);
   if (write_targets(&r) != 0) {

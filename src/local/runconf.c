@@ -296,9 +296,19 @@ int ps_runconf_make(const ps_runconf_opts *o, ps_config *c, ps_errbuf *eb) {
     c->workers[i] = (ps_addr){.host = "127.0.0.1", .port = ports[k++]};
   c->chief = (ps_addr){.host = "127.0.0.1", .port = ports[k++]};
   c->redis = (ps_addr){.host = "127.0.0.1", .port = ports[k++]};
-  /* The run's redis-server has no ACL user and no password. */
-  c->redis_user[0] = '\0';
-  c->redis_password_file[0] = '\0';
+  if (c->ncluster > 0 && c->redis_password_file[0] && o->user_path != NULL) {
+    /* The file's Redis Cluster, with its user and password: no
+     * redis-server of the run's own. */
+    char abs[PS_CONFIG_PATH_MAX];
+    if ((rc = absolute_beside(o->user_path, c->redis_password_file, abs, sizeof abs)) != 0)
+      return ps_err_set(eb, rc, "%s: [redis] password_file = %s: %s", o->user_path,
+                        c->redis_password_file, strerror(-rc));
+    snprintf(c->redis_password_file, sizeof c->redis_password_file, "%s", abs);
+  } else if (c->ncluster == 0) {
+    /* The run's redis-server has no ACL user and no password. */
+    c->redis_user[0] = '\0';
+    c->redis_password_file[0] = '\0';
+  }
 
   if (o->user_path != NULL && given(&s, "cluster", "secret_file")) {
     char abs[PS_CONFIG_PATH_MAX];

@@ -26,7 +26,9 @@ typedef struct ps_runconf_opts {
  *     one, else "secret" beside the run's config, created (32 random bytes
  *     as hex, mode 600) unless a valid one is there from an earlier run;
  *   - [redis] address: 127.0.0.1 on a fresh port, no user or password (the
- *     run's own redis-server, bound to 127.0.0.1);
+ *     run's own redis-server, bound to 127.0.0.1); unless the file names a
+ *     Redis Cluster ([redis] cluster): then the file's, and its user and
+ *     password file (made absolute);
  *   - [checkpoint] dir: RUNDIR/checkpoints unless the file sets one;
  *   - [replication] mode: log unless the file sets it; self_init: no;
  *   - [metrics] listen: 127.0.0.1 at the first of 1 + nps + nworkers

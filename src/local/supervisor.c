@@ -98,7 +98,8 @@ int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const 
   snprintf(logs, sizeof logs, "%s/logs", rundir);
   if (mkdir(logs, 0755) != 0 && errno != EEXIST)
     return ps_err_set(eb, -errno, "%s: cannot create: %s", logs, strerror(errno));
-  add_child(s, PS_SUP_REDIS, 0);
+  if (cfg->ncluster == 0)  /* else the config's Redis Cluster, not the run's */
+    add_child(s, PS_SUP_REDIS, 0);
   add_child(s, PS_SUP_CHIEF, 0);
   for (int i = 0; i < cfg->nps; i++)
     add_child(s, PS_SUP_PS, i);
@@ -648,10 +649,10 @@ void ps_sup_poll(ps_sup *s, double now) {
 int ps_sup_start(ps_sup *s, ps_errbuf *eb) {
   double now = ps_now_s();
   ps_sup_child *redis = &s->children[0];
-  int rc = spawn(s, redis, now);
-  if (rc != 0)
+  int rc = 0, first = redis->role == PS_SUP_REDIS ? 1 : 0;
+  if (first && (rc = spawn(s, redis, now)) != 0)
     return ps_err_set(eb, rc, "cannot start redis-server: %s", strerror(-rc));
-  while (!redis_ping(s)) {
+  while (first && !redis_ping(s)) {
     int st;
     char last[400];
     if (waitpid(redis->pid, &st, WNOHANG) == redis->pid) {
@@ -670,9 +671,10 @@ int ps_sup_start(ps_sup *s, ps_errbuf *eb) {
     }
     usleep(20000);
   }
-  redis->ready = 1;
+  if (first)
+    redis->ready = 1;
   now = ps_now_s();
-  for (int i = 1; i < s->nchildren; i++) {
+  for (int i = first; i < s->nchildren; i++) {
     ps_sup_child *c = &s->children[i];
     if ((rc = spawn(s, c, now)) != 0) {
       ps_err_set(eb, rc, "cannot start %s: %s", c->name, strerror(-rc));

@@ -107,8 +107,9 @@ typedef struct ps_sup {
 int ps_sup_init(ps_sup *s, const ps_config *cfg, const char *config_path, const char *rundir,
                 ps_sup_say_fn say, void *arg, ps_errbuf *eb);
 
-/* Start redis-server and wait (up to 10 s) for its PING, then the chief,
- * the shards and the workers.  @return 0, or a negative code with a
+/* Start redis-server and wait (up to 10 s) for its PING (none with a
+ * config naming a Redis Cluster: that one is the config's), then the
+ * chief, the shards and the workers.  @return 0, or a negative code with a
  * message (then whatever started has been stopped). */
 int ps_sup_start(ps_sup *s, ps_errbuf *eb);
 

@@ -166,8 +166,24 @@ wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
 stop_shards ps 4
 verdict=$(scripts/check-history "$hist") || fail "redis cluster failover: $verdict"
+
+# paramserv local on the same Redis Cluster (the config's [redis] cluster):
+# no redis-server of its own; its shards' keys land on the cluster.
+cat >"$T/local.conf" <<EOF
+[cluster]
+id = itest-local
+[model]
+name = mlp
+[redis]
+cluster = ${addrs[1]}
+EOF
+"$BIN" local --config "$T/local.conf" --dir "$T/local" --ps 2 --workers 1 --last-step 200 \
+  >"$T/local.out" 2>&1 || fail "paramserv local on the Redis Cluster exited $?: $(tail -5 "$T/local.out")"
+grep -q "the Redis Cluster of $T/local.conf" "$T/local.out" || fail "local does not name the cluster: $(head -3 "$T/local.out")"
+[ "$(rc "${P[1]}" -c get "{itest-local}:done")" = 200 ] || fail "local's run left no {itest-local}:done on the cluster"
 echo "ok: 4 shards on a Redis Cluster of 3 primaries and 3 replicas: $(grep '^redis cluster' <<<"$st")"
 echo "ok: kill -9 of $victim (ps 0's primary) after $before acks: the cluster promoted $now in $failover_ms ms; acks again $resumed_ms ms after the kill; both workers reached step 3000"
 echo "ok: ps 1's slot $slot moved from $src to $dst ($nkeys keys MIGRATEd) mid-training: the shard followed MOVED there"
 echo "ok: then kill -9 of ps 1: $restored"
+echo "ok: paramserv local --config (with [redis] cluster) trained 200 steps on the same Redis Cluster, no redis-server of its own"
 echo "$verdict" | sed 's/^/ok: redis cluster: /'

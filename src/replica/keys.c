@@ -123,6 +123,42 @@ int ps_redis_redirect(const void *reply, ps_addr *to) {
   return moved ? 1 : 2;
 }
 
+int ps_redis_slot_primary(const void *reply, long long slot, const ps_addr *asked, ps_addr *out,
+                          char *why, size_t len) {
+  const redisReply *r = reply;
+  if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+    snprintf(why, len, "CLUSTER SLOTS: not a list");
+    return -1;
+  }
+  for (size_t i = 0; i < r->elements; i++) {
+    const redisReply *e = r->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+        e->element[0]->integer > slot || e->element[1]->integer < slot)
+      continue;
+    const redisReply *node = e->element[2];
+    if (node->type != REDIS_REPLY_ARRAY || node->elements < 2 ||
+        node->element[1]->type != REDIS_REPLY_INTEGER) {
+      snprintf(why, len, "CLUSTER SLOTS: slot %lld's primary is not host, port", slot);
+      return -1;
+    }
+    /* An empty or NULL host is the node asked (Redis's "unknown endpoint"). */
+    const redisReply *h = node->element[0];
+    const char *host = h->type == REDIS_REPLY_STRING && h->len > 0 ? h->str : asked->host;
+    char addr[300];
+    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%.256s]:%lld" : "%.256s:%lld", host,
+             node->element[1]->integer);
+    if (ps_addr_parse(addr, out) != 0) {
+      snprintf(why, len, "CLUSTER SLOTS named '%.200s', not host:port", addr);
+      return -1;
+    }
+    return 0;
+  }
+  snprintf(why, len, "no node serves slot %lld: the cluster is failing over, or was never "
+           "created (redis-cli --cluster create)", slot);
+  return -1;
+}
+
 /* Ask one node of the Redis Cluster which primary serves tag's slot. */
 static int ask_cluster(const ps_config *cfg, const ps_addr *seed, const char *tag,
                        int64_t timeout_ms, ps_addr *out, char *why, size_t len) {
@@ -145,32 +181,8 @@ static int ask_cluster(const ps_config *cfg, const ps_addr *seed, const char *ta
   if (slot >= 0 && (r == NULL || r->type != REDIS_REPLY_ARRAY))
     snprintf(why, len, "CLUSTER SLOTS: %s",
              r == NULL ? c->errstr : r->type == REDIS_REPLY_ERROR ? r->str : "not a list");
-  for (size_t i = 0; r != NULL && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
-    const redisReply *e = r->element[i];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[0]->integer > slot ||
-        e->element[1]->integer < slot)
-      continue;
-    const redisReply *node = e->element[2];
-    if (node->type != REDIS_REPLY_ARRAY || node->elements < 2 ||
-        node->element[1]->type != REDIS_REPLY_INTEGER) {
-      snprintf(why, len, "CLUSTER SLOTS: slot %lld's primary is not host, port", slot);
-      break;
-    }
-    /* An empty or NULL host is the node asked (Redis's "unknown endpoint"). */
-    const char *host = node->element[0]->type == REDIS_REPLY_STRING && node->element[0]->len > 0
-                           ? node->element[0]->str
-                           : seed->host;
-    char addr[300];
-    snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%lld" : "%s:%lld", host,
-             node->element[1]->integer);
-    rc = ps_addr_parse(addr, out);
-    if (rc != 0)
-      snprintf(why, len, "CLUSTER SLOTS named '%.200s', not host:port", addr);
-    break;
-  }
-  if (rc != 0 && slot >= 0 && r != NULL && r->type == REDIS_REPLY_ARRAY && !why[0])
-    snprintf(why, len, "no node serves slot %lld (of %s): the cluster is failing over, or was "
-             "never created (redis-cli --cluster create)", slot, tag);
+  if (r != NULL && r->type == REDIS_REPLY_ARRAY)
+    rc = ps_redis_slot_primary(r, slot, seed, out, why, len);
   freeReplyObject(r);
   redisFree(c);
   return rc;

@@ -76,6 +76,12 @@ void ps_cluster_tag(char out[PS_KEY_MAX], const char *cluster);
 int ps_redis_primary(const ps_config *cfg, const char *tag, int64_t timeout_ms, ps_addr *out,
                      ps_errbuf *eb);
 
+/* From a CLUSTER SLOTS reply (an opaque hiredis redisReply *), the primary
+ * serving `slot` (an empty host there: the node `asked`).  @return 0, or
+ * -1 with why set (no range holds the slot, or its entry is malformed). */
+int ps_redis_slot_primary(const void *reply, long long slot, const ps_addr *asked, ps_addr *out,
+                          char *why, size_t len);
+
 /* A Redis Cluster redirection: 1 for MOVED (the slot is served by *to
  * now), 2 for ASK (the slot is moving to *to), 0 for any other reply. */
 int ps_redis_redirect(const void *reply, ps_addr *to);

@@ -502,14 +502,24 @@ static int sync_rows_read(ps_shard *s, const uint8_t *p, uint64_t len, ps_errbuf
 static int tsec_put(void *arg, int t, uint64_t i, const ps_table_entry *e, ps_errbuf *eb) {
   (void)i;
   ps_shard *s = arg;
-  ps_table_entry had;
-  if (ps_table_get(s->tables[t], e->key, &had))
-    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
-                      "table", e->key);
-  int rc = ps_table_put(s->tables[t], e, eb);
+  int rc = ps_table_load(s->tables[t], e, eb);
   if (rc == -ENOMEM)
     return ps_err_set(eb, -ENOMEM, "out of memory");
   return rc == 0 ? 0 : PS_ECORRUPT;
+}
+
+/* A table's head: room for what follows, at most its caps (a section
+ * holding more is refused or trimmed by the entries' own checks). */
+static int tsec_head(void *arg, int t, uint64_t rows, uint64_t pending, ps_errbuf *eb) {
+  ps_shard *s = arg;
+  const ps_table_opts *o = &s->o.tables[t];
+  if (o->max_rows > 0 && rows > o->max_rows)
+    rows = o->max_rows;
+  if (o->max_pending > 0 && pending > o->max_pending)
+    pending = o->max_pending;
+  if (ps_table_reserve(s->tables[t], rows, pending) != 0)
+    return ps_err_set(eb, -ENOMEM, "out of memory for %" PRIu64 " rows", rows);
+  return 0;
 }
 
 /* Replace every table by the section's (bytes long, 4-byte aligned; 0
@@ -530,7 +540,7 @@ static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *e
   s->sync_rows_len = 0;
   if (bytes == 0)
     return 0;
-  ps_tsec_visit v = {.entry = tsec_put, .arg = s};
+  ps_tsec_visit v = {.head = tsec_head, .entry = tsec_put, .arg = s};
   uint64_t used = 0;
   int rc = ps_tsec_walk(p, bytes, shape, s->o.ntables, &v, has_sync_rows(&s->o) ? &used : NULL,
                         eb);

@@ -27,7 +27,8 @@ ps_state_service *ps_state_service_new(ps_shard *shard, const char *name, uint64
 void ps_state_service_free(ps_state_service *ss);
 
 /* Allocate and touch the copy buffer now (a first cut into fresh pages
- * would stall on every page fault); nothing when out of memory. */
+ * would stall on every page fault); nothing when out of memory, nor for a
+ * state with sparse tables (whose cuts each allocate their copy). */
 void ps_state_service_prepare(ps_state_service *ss);
 
 /* What a frame asks of the caller. */

@@ -590,7 +590,8 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
   return 1;
 }
 
-int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
+/* What ps_table_put and ps_table_load refuse of an entry. */
+static int check_entry(const ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
   if (e->pending && t->o.admit_after <= 1)
     return ps_err_set(eb, PS_EFORMAT,
                       "sparse table %" PRIu32 ": pending key %" PRIu64 ", expected none "
@@ -611,11 +612,13 @@ int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
                         "sparse table %" PRIu32 ": row %" PRIu64 " without slot %d, expected "
                         "%d slots (%s)", t->o.table_id, e->key, s, t->nslots,
                         ps_optim_name(&t->o.optim));
-  keyset *ks = e->pending ? &t->pend : &t->rows;
-  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
-    return -ENOMEM;
-  ps_table_remove(t, e->key);
-  rec *r = ks_at(ks, ks_add(ks, e->key, e->last_step));
+  return 0;
+}
+
+/* The entry's record i (just added to ks, linked by its last_step): its
+ * count, values and slots; then the caps. */
+static int place(ps_table *t, keyset *ks, uint32_t i, const ps_table_entry *e) {
+  rec *r = ks_at(ks, i);
   r->count = e->count;
   if (e->pending) {
     while (t->pend.live > t->o.max_pending)
@@ -629,6 +632,36 @@ int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
     memcpy(slots[s], e->slots[s], t->o.dim * sizeof(float));
   while (t->o.max_rows > 0 && t->rows.live > t->o.max_rows)
     evict_head(t, PS_TABLE_EVICT);
+  return 0;
+}
+
+int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
+  int rc = check_entry(t, e, eb);
+  if (rc != 0)
+    return rc;
+  keyset *ks = e->pending ? &t->pend : &t->rows;
+  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+    return -ENOMEM;
+  ps_table_remove(t, e->key);
+  return place(t, ks, ks_add(ks, e->key, e->last_step), e);
+}
+
+int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
+  int rc = check_entry(t, e, eb);
+  if (rc != 0)
+    return rc;
+  keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
+  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+    return -ENOMEM;
+  if ((other->live > 0 && ks_find(other, e->key) != NONE) || ks_find(ks, e->key) != NONE)
+    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                      "table", e->key);
+  return place(t, ks, ks_add(ks, e->key, e->last_step), e);
+}
+
+int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending) {
+  if (ks_reserve(&t->rows, rows) != 0 || ks_reserve(&t->pend, pending) != 0)
+    return -ENOMEM;
   return 0;
 }
 

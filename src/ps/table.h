@@ -134,6 +134,15 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
  * count not in 1..admit_after-1) or -ENOMEM, and then nothing changed. */
 int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
 
+/* A restore's entry into a table it fills in order: as ps_table_put, but
+ * the key must be new to the table (one lookup instead of a removal):
+ * PS_ECORRUPT naming it when the table already holds it. */
+int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
+
+/* Room for `rows` rows and `pending` pending keys, so that filling the
+ * table to there never grows its maps on the way.  @return 0 or -ENOMEM. */
+int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending);
+
 typedef struct ps_table_stats {
   uint64_t rows, pending;    /* held now */
   uint64_t admitted;         /* rows created by pushes */

@@ -106,6 +106,7 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   /* Chunk by chunk into the state, through one chunk's room: a large
    * state never needs a second copy.  A failure part-way leaves the state
    * half loaded, and every path after a failure loads it whole again. */
+  uint64_t t0 = ps_now_ns();
   float *piece = malloc(PS_SNAP_CHUNK_FLOATS * sizeof(float));
   if (piece == NULL)
     return ps_err_set(eb, -ENOMEM, "out of memory for a snapshot chunk");
@@ -133,8 +134,11 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
     freeReplyObject(r);
   }
   free(piece);
+  uint64_t t1 = ps_now_ns();
   if (rc == 0)
     rc = ps_shard_state_load_end(s, &in, eb);
+  info->read_s = (double)(t1 - t0) * 1e-9;
+  info->decode_s = (double)(ps_now_ns() - t1) * 1e-9;
   if (rc == 0) {
     ps_shard_set_journal(s, journal);
     info->snap_version = version;
@@ -354,8 +358,10 @@ static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
   if (sid != NULL && sid->type == REDIS_REPLY_STRING)
     snprintf(snap_id, sizeof snap_id, "%s", sid->str);
   freeReplyObject(meta);
+  uint64_t t0 = ps_now_ns();
   if (rc == 0)
     rc = replay(c, k, shard, lineage, info, eb);
+  info->replay_s = (double)(ps_now_ns() - t0) * 1e-9;
   if (rc != 0)
     return rc;
   info->loaded = 1;

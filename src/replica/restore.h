@@ -22,6 +22,9 @@ typedef struct ps_restore_info {
   uint64_t gc_snapshots; /* snapshots that never switched, deleted */
   uint64_t gc_streams;   /* logs of dead incarnations, deleted */
   double seconds;        /* time spent, connect to ready */
+  double read_s;         /* of which reading the snapshot's chunks */
+  double decode_s;       /* decoding its sparse tables into the shard */
+  double replay_s;       /* reading and replaying the log */
 } ps_restore_info;
 
 /* Connect to Redis (retrying with backoff while it is unreachable, logging

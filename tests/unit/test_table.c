@@ -690,6 +690,27 @@ static void test_iterate_and_put_restores(void **state) {
   assert_int_equal(eb.n, 0);  /* a restore reports nothing */
   assert_tables_equal(a, b);
 
+  /* ps_table_load, after ps_table_reserve, restores the same table; a key
+   * loaded twice (as a row, or as a row and a pending key) is refused. */
+  ps_table *d = table_new(&o);
+  assert_int_equal(ps_table_reserve(d, st.rows, st.pending), 0);
+  ps_table_iter_init(a, &it);
+  ps_table_entry first = {0}, first_pending = {0};
+  while (ps_table_iter_next(a, &it, &e)) {
+    if (!e.pending && first.key == 0)
+      first = e;
+    if (e.pending && first_pending.key == 0)
+      first_pending = e;
+    assert_int_equal(ps_table_load(d, &e, &err), 0);
+  }
+  assert_tables_equal(a, d);
+  assert_int_equal(ps_table_load(d, &first, &err), PS_ECORRUPT);
+  assert_non_null(strstr(err.msg, "again: expected each key once"));
+  first_pending.key = first.key;
+  assert_int_equal(ps_table_load(d, &first_pending, &err), PS_ECORRUPT);
+  assert_tables_equal(a, d);
+  ps_table_free(d);
+
   /* The same history from here gives the same tables and events. */
   size_t before = ea.n;
   random_pushes(a, 6, 300, 500);

@@ -166,6 +166,15 @@ static void on_claimed(redisAsyncContext *ac, void *reply, void *priv) {
     ps_link_fence(l, rep->str);
     return;
   }
+  ps_addr to;
+  if (ps_redis_redirect(rep, &to) == 1) {
+    /* The cluster serves the slot elsewhere: straight there next. */
+    l->moved = 1;
+    l->moved_to = to;
+    snprintf(l->drop_why, sizeof l->drop_why, "%.150s (MOVED)", rep->str);
+    redisAsyncDisconnect(l->ac);
+    return;
+  }
   if (rep->type == REDIS_REPLY_ERROR) {
     ps_log(PS_LOG_WARN, "redis: epoch check failed: %s", rep->str);
     redisAsyncDisconnect(l->ac);

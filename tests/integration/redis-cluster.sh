@@ -166,6 +166,12 @@ wait_exit "$PID_w0" 120 || fail "worker 0 exited $?"
 wait_exit "$PID_w1" 120 || fail "worker 1 exited $?"
 stop_shards ps 4
 verdict=$(scripts/check-history "$hist") || fail "redis cluster failover: $verdict"
+# paramserv check names each shard's primary.
+"$BIN" check --config "$T/c.conf" >"$T/check.out" 2>&1 || true
+for i in 0 1 2 3; do
+  grep -q "redis cluster: shard $i's keys ({itest:ps:$i}) on the primary $(owner "{itest:ps:$i}")" "$T/check.out" ||
+    fail "paramserv check does not name shard $i's primary: $(grep -i redis "$T/check.out")"
+done
 
 # paramserv local on the same Redis Cluster (the config's [redis] cluster):
 # no redis-server of its own; its shards' keys land on the cluster.

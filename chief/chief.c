@@ -42,7 +42,6 @@
 #include "worker/control.h"
 
 #define TICK_MS 100
-#define HOLD_MS 2000          /* a shard resumes by itself if RESUME never comes */
 
 typedef struct chief chief;
 
@@ -362,7 +361,7 @@ static void write_done(chief *ch, ps_cut *job) {
 
 /* Cut and hand the copies to the writer; wait: finish before returning. */
 static int checkpoint(chief *ch, int wait) {
-  ps_cut *job = ps_cut_take(&ch->cut_env, ++ch->cut_id, HOLD_MS);
+  ps_cut *job = ps_cut_take(&ch->cut_env, ++ch->cut_id, ps_cut_hold_ms(&ch->cut_env));
   if (job == NULL)
     return -1;
   ch->last_ckpt_step = job->step;

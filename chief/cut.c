@@ -30,6 +30,11 @@ int ps_find_nonfinite(const float *v, size_t n, int shard, char *what, size_t le
 
 int64_t ps_cut_deadline_ms(int hold_ms) { return (int64_t)hold_ms - hold_ms / 4; }
 
+int ps_cut_hold_ms(const ps_cut_env *env) {
+  uint64_t ms = 2000 + env->largest_image * sizeof(float) / 150000;
+  return ms > 60000 ? 60000 : (int)ms;
+}
+
 typedef struct cut_ctx {
   ps_cut *job;
   uint64_t cut_id;
@@ -63,7 +68,7 @@ void ps_cut_free(ps_cut *job) {
   free(job);
 }
 
-ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
+ps_cut *ps_cut_take(ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   const ps_config *cfg = env->cfg;
   ps_cut *job = calloc(1, sizeof *job);
   if (job == NULL)
@@ -78,8 +83,17 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
     reqs[i].u.cut.hold_ms = (uint32_t)hold_ms;
   }
   uint64_t connects = ps_client_connects(env->client);
+  /* The CUT call may take as long as the cut may. */
+  int normal = ps_client_deadline(env->client);
+  int64_t cut_ms = ps_cut_deadline_ms(hold_ms);
+  if (normal > 0 && cut_ms > normal)
+    ps_client_set_deadline(env->client, (int)cut_ms);
   uint64_t t0 = ps_now_ns();
   int rc = env->call(env->call_arg, reqs, on_cut_reply, &x);
+  ps_client_set_deadline(env->client, normal);
+  for (int i = 0; i < cfg->nps; i++)
+    if (job->info[i].image_floats > env->largest_image)
+      env->largest_image = job->info[i].image_floats;
   if (env->test_delay_ms > 0) {
     struct timespec d = {env->test_delay_ms / 1000, (long)(env->test_delay_ms % 1000) * 1000000L};
     while (nanosleep(&d, &d) != 0 && errno == EINTR) {
@@ -138,8 +152,11 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
     }
   }
   /* Every shard's next piece in each round, each at most its slice long
-   * (the cap of its frames). */
+   * (the cap of its frames).  A FETCH may wait as long as a CUT could: the
+   * shard's loop may be copying a state for Redis. */
   uint64_t got[PS_CONFIG_MAX_NODES] = {0};
+  if (normal > 0 && cut_ms > normal)
+    ps_client_set_deadline(env->client, (int)cut_ms);
   for (;;) {
     int any = 0;
     memset(reqs, 0, sizeof reqs);
@@ -160,6 +177,7 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
     if (env->call(env->call_arg, reqs, on_fetch_reply, &x) != 0 || ps_client_connects(env->client) != connects) {
       ps_log(PS_LOG_WARN, "checkpoint: fetching the copies failed (%s); trying again later",
              ps_client_error(env->client));
+      ps_client_set_deadline(env->client, normal);
       ps_cut_free(job);
       return NULL;
     }
@@ -167,6 +185,7 @@ ps_cut *ps_cut_take(const ps_cut_env *env, uint64_t cut_id, int hold_ms) {
       if (reqs[i].type)
         got[i] += reqs[i].u.fetch.count;
   }
+  ps_client_set_deadline(env->client, normal);
   job->fetch_s = (double)(ps_now_ns() - t1) * 1e-9;
   return job;
 }

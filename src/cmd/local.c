@@ -374,6 +374,12 @@ static int setup(run *r) {
                  "Redis Cluster is the config's, not the run's to kill)", r->o.config);
     return 2;
   }
+  if (r->cfg.ncluster > 0 && (r->o.nemesis & (1u << PS_NEM_REDIS_ERRORS))) {
+    ps_cmd_error("--nemesis redis-errors with [redis] cluster in %s: expected kill or pause (the "
+                 "Redis Cluster is the config's, not the run's to make refuse writes)",
+                 r->o.config);
+    return 2;
+  }
 
   /* The nemesis reads the acks from the workers' histories. */
   if (r->o.nemesis != 0 && r->cfg.history_dir[0] == '\0')

@@ -186,6 +186,15 @@ EOF
 "$BIN" local --config "$T/local.conf" --dir "$T/local" --ps 2 --workers 1 --last-step 200 \
   >"$T/local.out" 2>&1 || fail "paramserv local on the Redis Cluster exited $?: $(tail -5 "$T/local.out")"
 grep -q "the Redis Cluster of $T/local.conf" "$T/local.out" || fail "local does not name the cluster: $(head -3 "$T/local.out")"
+# Faults aimed at a Redis of the run's own are refused, one line each.
+for opt in "--chaos --chaos-redis" "--nemesis redis-errors"; do
+  set +e
+  out=$("$BIN" local --config "$T/local.conf" --dir "$T/local-refused" $opt 2>&1)
+  st=$?
+  set -e
+  [ "$st" -eq 2 ] && [ "$(wc -l <<<"$out")" -eq 1 ] && grep -q "with \[redis\] cluster in" <<<"$out" ||
+    fail "local $opt with a Redis Cluster: exit $st, '$out' (expected exit 2 and one line)"
+done
 [ "$(rc "${P[1]}" -c get "{itest-local}:done")" = 200 ] || fail "local's run left no {itest-local}:done on the cluster"
 echo "ok: 4 shards on a Redis Cluster of 3 primaries and 3 replicas: $(grep '^redis cluster' <<<"$st")"
 echo "ok: kill -9 of $victim (ps 0's primary) after $before acks: the cluster promoted $now in $failover_ms ms; acks again $resumed_ms ms after the kill; both workers reached step 3000"

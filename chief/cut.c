@@ -32,6 +32,8 @@ int64_t ps_cut_deadline_ms(int hold_ms) { return (int64_t)hold_ms - hold_ms / 4;
 
 int ps_cut_hold_ms(const ps_cut_env *env) {
   uint64_t ms = 2000 + env->largest_image * sizeof(float) / 150000;
+  if (ms < (uint64_t)env->retry_hold_ms)
+    ms = (uint64_t)env->retry_hold_ms;
   return ms > 60000 ? 60000 : (int)ms;
 }
 
@@ -117,6 +119,9 @@ ps_cut *ps_cut_take(ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   }
   int rc2 = env->call(env->call_arg, reqs, NULL, NULL);
   job->stall_ms = (double)(ps_now_ns() - t0) * 1e-6;
+  env->retry_hold_ms = rc != 0 || rc2 != 0 || x.replied != cfg->nps || late
+                           ? (hold_ms < 30000 ? 2 * hold_ms : 60000)
+                           : 0;
   if (rc != 0 || rc2 != 0 || x.replied != cfg->nps ||
       ps_client_connects(env->client) != connects) {
     ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",

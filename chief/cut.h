@@ -42,10 +42,14 @@ typedef struct ps_cut_env {
    * next cut's hold_ms grows with it (ps_cut_hold_ms).  Updated by
    * ps_cut_take. */
   uint64_t largest_image;
+  /* After a cut that failed or came back too late: twice the hold it had
+   * (a first cut knows no image yet; a shard may be busy longer than its
+   * size says).  0 after a cut that worked.  Updated by ps_cut_take. */
+  int retry_hold_ms;
 } ps_cut_env;
 
 /* The hold_ms of the next cut: 2000 ms, plus 1 ms per 150 KB of the
- * largest image seen (a shard copies its image on the loop that answers
+ * largest image seen, or retry_hold_ms when larger (a shard copies its image on the loop that answers
  * the CUT, and may be copying one for Redis when the CUT comes: at 5
  * million rows a shard, 750 MB, its replies took up to 2.2 s on 2 cores
  * under faults, past the 1.5 s of a fixed 2000), at most 60 s.  A chief

@@ -93,6 +93,10 @@ ps_cut *ps_cut_take(ps_cut_env *env, uint64_t cut_id, int hold_ms) {
   uint64_t t0 = ps_now_ns();
   int rc = env->call(env->call_arg, reqs, on_cut_reply, &x);
   ps_client_set_deadline(env->client, normal);
+  /* The CUT call's own error: the RESUME's below would replace it. */
+  char cut_err[300] = "";
+  if (rc != 0)
+    snprintf(cut_err, sizeof cut_err, "%s", ps_client_error(env->client));
   for (int i = 0; i < cfg->nps; i++)
     if (job->info[i].image_floats > env->largest_image)
       env->largest_image = job->info[i].image_floats;
@@ -126,7 +130,8 @@ ps_cut *ps_cut_take(ps_cut_env *env, uint64_t cut_id, int hold_ms) {
       ps_client_connects(env->client) != connects) {
     ps_log(PS_LOG_WARN, "checkpoint: the cut did not complete (%s); trying again later",
            rc == -EPERM || rc2 == -EPERM ? "this chief no longer holds the lease"
-           : rc || rc2                   ? ps_client_error(env->client)
+           : rc                          ? cut_err
+           : rc2                         ? ps_client_error(env->client)
                                          : "a shard reconnected during it");
     ps_cut_free(job);
     return NULL;

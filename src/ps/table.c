@@ -39,6 +39,18 @@ typedef struct slot {
   uint32_t tag;
 } slot;
 
+/* An open walk's view of one keyset (TABLE.md, "Walks"). */
+typedef struct ks_walk {
+  uint32_t *order;        /* the records in list order when the walk began */
+  uint32_t n, next;       /* order[next] is read next */
+  uint32_t nrec;          /* records [0, nrec) were handed out when it began */
+  uint64_t *unread;       /* bit i: record i is in order, not read, its bytes still the walk's */
+  uint32_t *saved;        /* record i's bytes as the walk began: 1 + its place in bytes; 0 none */
+  char *bytes;            /* the saved records, rec_bytes each */
+  size_t nsaved, cap;
+  int spoilt;             /* a save found no memory: the walk cannot go on */
+} ks_walk;
+
 typedef struct keyset {
   size_t rec_bytes;       /* a multiple of 8 */
   unsigned shift;         /* records per block: 1 << shift */
@@ -50,6 +62,7 @@ typedef struct keyset {
   uint32_t head, tail;    /* head: least recently touched */
   slot *slots;            /* nslots, a power of two; NULL before the first record */
   size_t nslots;
+  ks_walk *walk;          /* the open walk, or NULL */
 } keyset;
 
 static void ks_init(keyset *ks, size_t rec_bytes) {
@@ -184,7 +197,29 @@ static uint64_t stamp(const keyset *ks, uint64_t step) {
   return step;
 }
 
+/* Record i's bytes are about to change or the record to go: an open walk
+ * that has not read it yet keeps them first. */
+static void ks_keep(keyset *ks, uint32_t i) {
+  ks_walk *w = ks->walk;
+  if (w == NULL || i >= w->nrec || !(w->unread[i >> 6] >> (i & 63) & 1))
+    return;
+  w->unread[i >> 6] &= ~(1ULL << (i & 63));
+  if (w->nsaved == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 1024;
+    char *b = realloc(w->bytes, cap * ks->rec_bytes);
+    if (b == NULL) {
+      w->spoilt = 1;
+      return;
+    }
+    w->bytes = b;
+    w->cap = cap;
+  }
+  memcpy(w->bytes + w->nsaved * ks->rec_bytes, ks_at(ks, i), ks->rec_bytes);
+  w->saved[i] = (uint32_t)++w->nsaved;
+}
+
 static void ks_touch(keyset *ks, uint32_t i, uint64_t step) {
+  ks_keep(ks, i);
   uint64_t s = stamp(ks, step);
   lru_unlink(ks, i);
   ks_at(ks, i)->step = s;
@@ -216,6 +251,7 @@ static uint32_t ks_add(keyset *ks, uint64_t key, uint64_t step) {
 /* Take record i out of the map (backward shift: no tombstones, so probe
  * lengths never grow with deletions) and the list, and free it. */
 static void ks_del(keyset *ks, uint32_t i) {
+  ks_keep(ks, i);
   size_t mask = ks->nslots - 1;
   uint64_t key = ks_at(ks, i)->key;
   size_t hole = ks_probe(ks, key, tag_of(key));
@@ -247,6 +283,7 @@ struct ps_table {
   uint64_t *scratch;      /* a push's keys, sorted to find repeats */
   size_t scratch_cap;
   ps_table_stats st;
+  struct ps_table_walk *walk;  /* the open walk, or NULL */
 };
 
 static float *row_values(const rec *r) {
@@ -306,6 +343,7 @@ int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb) {
 void ps_table_free(ps_table *t) {
   if (t == NULL)
     return;
+  ps_table_walk_end(t->walk);
   ks_close(&t->rows);
   ks_close(&t->pend);
   free(t->scratch);
@@ -493,6 +531,7 @@ int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t 
     uint32_t r = ks_find(&t->rows, keys[i]);
     if (r == NONE)
       continue;
+    ks_keep(&t->rows, r);
     row_apply(t, ks_at(&t->rows, r), grads + i * dim, lr);
     ks_touch(&t->rows, r, step);
   }
@@ -588,6 +627,107 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
   entry_of(t, r, it->pending, out);
   it->next = r->next;
   return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Walks: the table as it was, read while it changes                    */
+/* ------------------------------------------------------------------ */
+
+struct ps_table_walk {
+  ps_table *t;
+  ks_walk rows, pend;
+};
+
+static void ks_walk_free(ks_walk *w) {
+  free(w->order);
+  free(w->unread);
+  free(w->saved);
+  free(w->bytes);
+}
+
+static int ks_walk_begin(keyset *ks, ks_walk *w) {
+  memset(w, 0, sizeof *w);
+  w->n = ks->live;
+  w->nrec = ks->used;
+  w->order = malloc(((size_t)w->n + 1) * sizeof *w->order);
+  w->unread = calloc(((size_t)w->nrec + 63) / 64 + 1, sizeof *w->unread);
+  w->saved = calloc((size_t)w->nrec + 1, sizeof *w->saved);
+  if (w->order == NULL || w->unread == NULL || w->saved == NULL) {
+    ks_walk_free(w);
+    return -ENOMEM;
+  }
+  uint32_t k = 0;
+  for (uint32_t i = ks->head; i != NONE; i = ks_at(ks, i)->next) {
+    w->order[k++] = i;
+    w->unread[i >> 6] |= 1ULL << (i & 63);
+  }
+  ks->walk = w;
+  return 0;
+}
+
+ps_table_walk *ps_table_walk_begin(ps_table *t) {
+  if (t->walk != NULL)
+    return NULL;
+  ps_table_walk *w = calloc(1, sizeof *w);
+  if (w == NULL)
+    return NULL;
+  w->t = t;
+  if (ks_walk_begin(&t->rows, &w->rows) != 0) {
+    free(w);
+    return NULL;
+  }
+  if (ks_walk_begin(&t->pend, &w->pend) != 0) {
+    t->rows.walk = NULL;
+    ks_walk_free(&w->rows);
+    free(w);
+    return NULL;
+  }
+  t->walk = w;
+  return w;
+}
+
+void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pending) {
+  *rows = w->rows.n;
+  *pending = w->pend.n;
+}
+
+/* The next record of one keyset's walk: its saved bytes, or the live ones
+ * (read now: a change after this saves nothing). */
+static const rec *ks_walk_next(const keyset *ks, ks_walk *w) {
+  uint32_t i = w->order[w->next++];
+  if (w->saved[i] != 0)
+    return (const rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes);
+  w->unread[i >> 6] &= ~(1ULL << (i & 63));
+  return ks_at(ks, i);
+}
+
+int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out) {
+  ps_table *t = w->t;
+  if (w->rows.spoilt || w->pend.spoilt)
+    return -ENOMEM;
+  if (w->rows.next < w->rows.n) {
+    entry_of(t, ks_walk_next(&t->rows, &w->rows), 0, out);
+    return 1;
+  }
+  if (w->pend.next < w->pend.n) {
+    entry_of(t, ks_walk_next(&t->pend, &w->pend), 1, out);
+    return 1;
+  }
+  return 0;
+}
+
+uint64_t ps_table_walk_saved(const ps_table_walk *w) {
+  return (uint64_t)w->rows.nsaved + w->pend.nsaved;
+}
+
+void ps_table_walk_end(ps_table_walk *w) {
+  if (w == NULL)
+    return;
+  w->t->rows.walk = w->t->pend.walk = NULL;
+  w->t->walk = NULL;
+  ks_walk_free(&w->rows);
+  ks_walk_free(&w->pend);
+  free(w);
 }
 
 /* What ps_table_put and ps_table_load refuse of an entry. */

@@ -143,6 +143,26 @@ int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
  * table to there never grows its maps on the way.  @return 0 or -ENOMEM. */
 int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending);
 
+/* A walk: the table's entries as they were when it began (rows, then
+ * pending keys, each in ps_table_iter order), read one by one while the
+ * table goes on changing, without a copy of the table (TABLE.md, "Walks"):
+ * an entry that changes or goes before the walk read it is saved first.
+ * At most one walk per table is open. */
+typedef struct ps_table_walk ps_table_walk;
+
+/* Begin one: NULL when one is open already, or out of memory. */
+ps_table_walk *ps_table_walk_begin(ps_table *t);
+/* Its rows and pending keys. */
+void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pending);
+/* @return 1 and the next entry in *out (its values and slots valid until
+ * the table changes or the next call), 0 at the end, or -ENOMEM when a
+ * save found no memory (the walk cannot go on: end it). */
+int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out);
+/* Entries saved so far: what the walk costs beyond its 8 bytes a row. */
+uint64_t ps_table_walk_saved(const ps_table_walk *w);
+/* End it (NULL: nothing); ps_table_free ends an open one. */
+void ps_table_walk_end(ps_table_walk *w);
+
 typedef struct ps_table_stats {
   uint64_t rows, pending;    /* held now */
   uint64_t admitted;         /* rows created by pushes */

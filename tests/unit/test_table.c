@@ -754,6 +754,94 @@ static void test_iterate_and_put_restores(void **state) {
   events_free(&eb);
 }
 
+/* One step of a history that touches every kind of change: a push of
+ * up to 8 keys (rows updated, keys counted, rows admitted and evicted),
+ * every third step an expiry, every fifth a removal. */
+static void history_step(ps_table *t, ps_rng *r, uint64_t step) {
+  uint32_t dim = ps_table_options(t)->dim;
+  uint64_t universe[60];
+  for (uint64_t i = 0; i < 60; i++)
+    universe[i] = 1000 + i;
+  uint64_t keys[8];
+  float g[8 * 8];
+  size_t n = 1 + ps_rng_below(r, 8);
+  draw_keys(r, keys, n, universe, 60);
+  for (size_t i = 0; i < n * dim; i++)
+    g[i] = (float)(ps_rng_uniform(r) - 0.5);
+  push(t, keys, g, n, 0.05f, step);
+  if (step % 3 == 0)
+    ps_table_expire(t, step);
+  if (step % 5 == 0)
+    ps_table_remove(t, universe[ps_rng_below(r, 60)]);
+}
+
+/* A walk reads the table as it was when it began, whatever the table does
+ * between its reads; the table itself goes on as one without a walk. */
+static void test_walk(void **state) {
+  (void)state;
+  ps_table_opts o = opts_of(PS_OPTIM_ADAM, 3);
+  o.admit_after = 2;
+  o.max_rows = 30;
+  o.max_pending = 20;
+  o.idle_steps = 12;
+  ps_table *a = table_new(&o);
+  random_pushes(a, 5, 1, 300);
+  /* b: a as it is now; d: a copy that will live the same history. */
+  ps_table *b = table_new(&o), *d = table_new(&o);
+  ps_table_iter it;
+  ps_table_entry e;
+  ps_errbuf err = {0};
+  ps_table_iter_init(a, &it);
+  while (ps_table_iter_next(a, &it, &e)) {
+    assert_int_equal(ps_table_put(b, &e, &err), 0);
+    assert_int_equal(ps_table_put(d, &e, &err), 0);
+  }
+  ps_table_stats st = ps_table_get_stats(a);
+  assert_true(st.rows > 10 && st.pending > 0);
+
+  ps_table_walk *w = ps_table_walk_begin(a);
+  assert_non_null(w);
+  assert_null(ps_table_walk_begin(a));  /* one at a time */
+  uint64_t rows = 0, pending = 0;
+  ps_table_walk_counts(w, &rows, &pending);
+  assert_int_equal(rows, st.rows);
+  assert_int_equal(pending, st.pending);
+  /* Three steps of history between reads: rows and keys change and go
+   * before the walk reaches them. */
+  ps_table *c = table_new(&o);
+  ps_rng ra, rd;
+  ps_rng_seed(&ra, 99);
+  ps_rng_seed(&rd, 99);
+  uint64_t step = 300;
+  int rc;
+  while ((rc = ps_table_walk_next(w, &e)) == 1) {
+    assert_int_equal(ps_table_load(c, &e, &err), 0);
+    for (int k = 0; k < 3; k++, step++)
+      history_step(a, &ra, step);
+  }
+  assert_int_equal(rc, 0);
+  assert_true(ps_table_walk_saved(w) > 0);
+  ps_table_walk_end(w);
+  assert_tables_equal(b, c);
+  for (uint64_t s2 = 300; s2 < step; s2++)
+    history_step(d, &rd, s2);
+  assert_tables_equal(a, d);
+
+  /* A walk ended early, and a new one after it; ps_table_free ends an
+   * open one. */
+  w = ps_table_walk_begin(a);
+  assert_non_null(w);
+  assert_int_equal(ps_table_walk_next(w, &e), 1);
+  ps_table_walk_end(w);
+  w = ps_table_walk_begin(a);
+  assert_non_null(w);
+  history_step(a, &ra, step++);
+  ps_table_free(a);
+  ps_table_free(b);
+  ps_table_free(c);
+  ps_table_free(d);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Memory                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -1071,6 +1159,7 @@ int main(void) {
       cmocka_unit_test(test_push_refuses_repeated_keys),
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_iterate_and_put_restores),
+      cmocka_unit_test(test_walk),
       cmocka_unit_test(test_memory_per_row),
       cmocka_unit_test(test_random_against_model),
   };

@@ -526,6 +526,10 @@ static int tsec_head(void *arg, int t, uint64_t rows, uint64_t pending, ps_errbu
  * bytes: an image without a section, empty tables). */
 static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *eb) {
   ps_tsec_table shape[PS_SHARD_MAX_TABLES];
+  for (int t = 0; t < s->o.ntables; t++)
+    if (ps_table_walking(s->tables[t]))
+      return ps_err_set(eb, -EBUSY, "the state is being read (a snapshot in progress): it "
+                        "cannot be replaced now");
   for (int t = 0; t < s->o.ntables; t++) {
     ps_table *fresh = NULL;
     int rc = ps_table_new(&s->o.tables[t], &fresh, eb);
@@ -580,17 +584,152 @@ ps_state_info ps_shard_state_info(const ps_shard *s) {
   return in;
 }
 
-void ps_shard_state_write(const ps_shard *s, float *img) {
-  ps_state_info in = ps_shard_state_info(s);
+/* The image up to its table section: the segments and the exactly-once
+ * rows. */
+static void head_write(const ps_shard *s, const ps_state_info *in, float *img) {
   size_t n = s->o.nfloats, bytes = n * sizeof(float);
   memcpy(ps_state_segment(img, n, 0), s->values, bytes);
-  for (uint32_t k = 0; k < in.nslots; k++)
+  for (uint32_t k = 0; k < in->nslots; k++)
     memcpy(ps_state_segment(img, n, 1 + k), s->slots[k], bytes);
-  if (in.has_accum)
-    memcpy(ps_state_segment(img, n, 1 + in.nslots), s->accum, bytes);
-  for (uint32_t j = 0; j < in.nonce; j++)
-    ps_state_once_put(&in, n, img, j, s->once[j]);
-  tsec_write(s, (uint8_t *)(img + ps_state_tables_at(&in, n)));
+  if (in->has_accum)
+    memcpy(ps_state_segment(img, n, 1 + in->nslots), s->accum, bytes);
+  for (uint32_t j = 0; j < in->nonce; j++)
+    ps_state_once_put(in, n, img, j, s->once[j]);
+}
+
+void ps_shard_state_write(const ps_shard *s, float *img) {
+  ps_state_info in = ps_shard_state_info(s);
+  head_write(s, &in, img);
+  tsec_write(s, (uint8_t *)(img + ps_state_tables_at(&in, s->o.nfloats)));
+}
+
+/* ------------------------------------------------- the state read later */
+
+struct ps_shard_reader {
+  ps_shard *s;
+  ps_state_info info;
+  float *head;              /* the image up to its table section, copied at the start */
+  uint64_t head_floats;
+  uint64_t at;              /* floats read so far */
+  ps_table_walk *walks[PS_SHARD_MAX_TABLES];
+  int t, t_headed;          /* the table being read; its head given */
+  uint8_t *tail;            /* the open sync step's rows: their length, then them */
+  size_t tail_len, tail_at;
+  uint8_t *stage;           /* one unit (a head, an entry) being given out */
+  size_t stage_cap, stage_len, stage_at;
+};
+
+void ps_shard_reader_end(ps_shard_reader *r) {
+  if (r == NULL)
+    return;
+  for (int t = 0; t < r->s->o.ntables; t++)
+    ps_table_walk_end(r->walks[t]);
+  free(r->head);
+  free(r->tail);
+  free(r->stage);
+  free(r);
+}
+
+ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
+  ps_shard_reader *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return NULL;
+  r->s = s;
+  r->info = ps_shard_state_info(s);
+  r->head_floats = ps_state_tables_at(&r->info, s->o.nfloats);
+  r->head = malloc((size_t)(r->head_floats ? r->head_floats : 1) * sizeof(float));
+  size_t row_max = PS_TSEC_HEAD;
+  for (int t = 0; t < s->o.ntables; t++) {
+    size_t b = PS_TSEC_ENTRY + 4 * (size_t)s->o.tables[t].dim *
+                                   (1 + (size_t)ps_optim_nslots(s->o.tables[t].optim.kind));
+    row_max = b > row_max ? b : row_max;
+  }
+  r->stage = malloc(row_max);
+  r->stage_cap = row_max;
+  if (has_sync_rows(&s->o)) {
+    r->tail_len = 8 + s->sync_rows_len;
+    if ((r->tail = malloc(r->tail_len)) != NULL) {
+      ps_put_le64(r->tail, s->sync_rows_len);
+      if (s->sync_rows_len > 0)
+        memcpy(r->tail + 8, s->sync_rows, s->sync_rows_len);
+    }
+  }
+  int ok = r->head != NULL && r->stage != NULL && (r->tail_len == 0 || r->tail != NULL);
+  for (int t = 0; ok && t < s->o.ntables; t++)
+    ok = (r->walks[t] = ps_table_walk_begin(s->tables[t])) != NULL;
+  if (!ok) {
+    ps_shard_reader_end(r);
+    return NULL;
+  }
+  head_write(s, &r->info, r->head);
+  *info = r->info;
+  return r;
+}
+
+/* The next unit of the table section into the stage: a table's head, an
+ * entry, or the tail.  @return 1, 0 at the end, -ENOMEM (a walk spoilt). */
+static int reader_stage(ps_shard_reader *r) {
+  ps_shard *s = r->s;
+  r->stage_at = r->stage_len = 0;
+  while (r->t < s->o.ntables) {
+    if (!r->t_headed) {
+      uint64_t rows = 0, pending = 0;
+      ps_table_walk_counts(r->walks[r->t], &rows, &pending);
+      r->stage_len = (size_t)(ps_tsec_put_head(r->stage, rows, pending) - r->stage);
+      r->t_headed = 1;
+      return 1;
+    }
+    ps_table_entry e;
+    int rc = ps_table_walk_next(r->walks[r->t], &e);
+    if (rc < 0)
+      return rc;
+    if (rc == 1) {
+      r->stage_len = (size_t)(ps_tsec_put_entry(s->tables[r->t], &e, r->stage) - r->stage);
+      return 1;
+    }
+    ps_table_walk_end(r->walks[r->t]);
+    r->walks[r->t] = NULL;
+    r->t++;
+    r->t_headed = 0;
+  }
+  return 0;
+}
+
+int ps_shard_reader_read(ps_shard_reader *r, float *out, uint64_t count) {
+  if (count > r->info.image_floats - r->at)
+    return -EINVAL;
+  uint64_t from_head = r->at < r->head_floats ? r->head_floats - r->at : 0;
+  if (from_head > count)
+    from_head = count;
+  memcpy(out, r->head + r->at, (size_t)from_head * sizeof(float));
+  r->at += from_head;
+  uint8_t *p = (uint8_t *)(out + from_head);
+  size_t want = (size_t)(count - from_head) * sizeof(float);
+  while (want > 0) {
+    if (r->stage_at == r->stage_len) {
+      int rc = reader_stage(r);
+      if (rc < 0)
+        return rc;
+      if (rc == 0) {
+        /* The tail, then nothing: the image is its info's length. */
+        size_t take = r->tail_len - r->tail_at < want ? r->tail_len - r->tail_at : want;
+        if (take == 0)
+          return -EINVAL;
+        memcpy(p, r->tail + r->tail_at, take);
+        r->tail_at += take;
+        p += take;
+        want -= take;
+        continue;
+      }
+    }
+    size_t take = r->stage_len - r->stage_at < want ? r->stage_len - r->stage_at : want;
+    memcpy(p, r->stage + r->stage_at, take);
+    r->stage_at += take;
+    p += take;
+    want -= take;
+  }
+  r->at += count - from_head;
+  return 0;
 }
 
 int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,

@@ -183,6 +183,20 @@ ps_state_info ps_shard_state_info(const ps_shard *s);
  * floats). */
 void ps_shard_state_write(const ps_shard *s, float *img);
 
+/* The state image as it is now, read piece by piece later while the shard
+ * goes on changing: the same floats ps_shard_state_write would write now,
+ * without a copy of the tables (their walks, TABLE.md "Walks"; the rest is
+ * copied now).  *info: the image's.  NULL when out of memory or a walk of
+ * one of the tables is open (one reader at a time).  End it before the
+ * shard's tables are replaced or freed. */
+typedef struct ps_shard_reader ps_shard_reader;
+ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info);
+/* The next count floats of the image into out.  @return 0; -ENOMEM (a
+ * walk could not save an entry: this reader cannot go on), -EINVAL (past
+ * the image's end). */
+int ps_shard_reader_read(ps_shard_reader *r, float *out, uint64_t count);
+void ps_shard_reader_end(ps_shard_reader *r);
+
 /* Does `info` describe an image this shard can load (ps_state_check against
  * its shape)?  @return 0, or PS_ELAYOUT with a message naming what differs. */
 int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,

@@ -716,6 +716,8 @@ int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out) {
   return 0;
 }
 
+int ps_table_walking(const ps_table *t) { return t->walk != NULL; }
+
 uint64_t ps_table_walk_saved(const ps_table_walk *w) {
   return (uint64_t)w->rows.nsaved + w->pend.nsaved;
 }

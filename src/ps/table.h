@@ -162,6 +162,8 @@ int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out);
 uint64_t ps_table_walk_saved(const ps_table_walk *w);
 /* End it (NULL: nothing); ps_table_free ends an open one. */
 void ps_table_walk_end(ps_table_walk *w);
+/* Whether a walk of t is open. */
+int ps_table_walking(const ps_table *t);
 
 typedef struct ps_table_stats {
   uint64_t rows, pending;    /* held now */

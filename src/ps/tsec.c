@@ -28,30 +28,38 @@ uint64_t ps_tsec_bytes(ps_table *const *tables, int n) {
   return bytes;
 }
 
+uint8_t *ps_tsec_put_head(uint8_t *p, uint64_t rows, uint64_t pending) {
+  ps_put_le64(p, rows);
+  ps_put_le64(p + 8, pending);
+  return p + PS_TSEC_HEAD;
+}
+
+uint8_t *ps_tsec_put_entry(const ps_table *tb, const ps_table_entry *e, uint8_t *p) {
+  ps_put_le64(p, e->key);
+  ps_put_le64(p + 8, e->count);
+  ps_put_le64(p + 16, e->last_step);
+  p += PS_TSEC_ENTRY;
+  if (e->pending)
+    return p;
+  ps_tsec_table d = of(tb);
+  size_t dim = d.dim;
+  memcpy(p, e->values, dim * sizeof(float));
+  p += dim * sizeof(float);
+  for (uint32_t k = 0; k < d.nslots; k++, p += dim * sizeof(float))
+    memcpy(p, e->slots[k], dim * sizeof(float));
+  return p;
+}
+
 uint8_t *ps_tsec_write(ps_table *const *tables, int n, uint8_t *p) {
   for (int t = 0; t < n; t++) {
     const ps_table *tb = tables[t];
     ps_table_stats st = ps_table_get_stats(tb);
-    ps_put_le64(p, st.rows);
-    ps_put_le64(p + 8, st.pending);
-    p += PS_TSEC_HEAD;
-    ps_tsec_table d = of(tb);
-    size_t dim = d.dim;
+    p = ps_tsec_put_head(p, st.rows, st.pending);
     ps_table_iter it;
     ps_table_entry e;
     ps_table_iter_init(tb, &it);
-    while (ps_table_iter_next(tb, &it, &e)) {
-      ps_put_le64(p, e.key);
-      ps_put_le64(p + 8, e.count);
-      ps_put_le64(p + 16, e.last_step);
-      p += PS_TSEC_ENTRY;
-      if (e.pending)
-        continue;
-      memcpy(p, e.values, dim * sizeof(float));
-      p += dim * sizeof(float);
-      for (uint32_t k = 0; k < d.nslots; k++, p += dim * sizeof(float))
-        memcpy(p, e.slots[k], dim * sizeof(float));
-    }
+    while (ps_table_iter_next(tb, &it, &e))
+      p = ps_tsec_put_entry(tb, &e, p);
   }
   return p;
 }

@@ -33,6 +33,12 @@ uint64_t ps_tsec_bytes(ps_table *const *tables, int n);
  * aligned), each table's entries in ps_table_iter order.  @return the end. */
 uint8_t *ps_tsec_write(ps_table *const *tables, int n, uint8_t *p);
 
+/* Its parts, for a writer that goes piece by piece (the shard's reader):
+ * a table's head, and one entry of table tb (a pending key's 24 bytes, or
+ * a row's with its values and slots).  @return the end. */
+uint8_t *ps_tsec_put_head(uint8_t *p, uint64_t rows, uint64_t pending);
+uint8_t *ps_tsec_put_entry(const ps_table *tb, const ps_table_entry *e, uint8_t *p);
+
 /* What a walk calls: at each table's head, then for each of its entries.
  * i counts the table's entries from 0, rows first, then pending keys.  An
  * entry's values and slots point into the section (row only), valid for

@@ -11,7 +11,8 @@
 #include "common/timeutil.h"
 
 struct ps_snap_job {
-  float *img;             /* the copied state image; chunk k is floats [k*262144, ...) */
+  ps_shard_reader *rd;    /* the state image as it was at the cut, read chunk by chunk */
+  float *chunk;           /* the chunk being sent (hiredis copies it into its buffer) */
   ps_state_info info;
   uint64_t journal, nondurable;
   uint64_t taken_ns;      /* when the state was copied */
@@ -61,7 +62,7 @@ void ps_snaps_connected(ps_snaps *s, int claimed) {
 }
 
 /* In `log` mode a snapshot only compacts: every acknowledged update is in
- * the log already.  Its cost is a copy of the whole state and the state's
+ * the log already.  Its cost is a read of the whole state and the state's
  * bytes sent, so it waits until the log holds [replication] log_ratio (1)
  * times as many bytes as the image (then it costs no more than the log
  * did, and a restore replays at most that many images' worth of entries);
@@ -105,7 +106,8 @@ double ps_snaps_lag_seconds(const ps_snaps *s) {
 static void job_free(ps_snap_job *j) {
   if (j == NULL)
     return;
-  free(j->img);
+  ps_shard_reader_end(j->rd);
+  free(j->chunk);
   free(j);
 }
 
@@ -140,7 +142,7 @@ void ps_snaps_close(ps_snaps *s) {
 static void snapshot_done(ps_snaps *s, int ok) {
   if (!ok) {
     /* Retried at a later tick, backing off while Redis keeps refusing: a
-     * copy of a large state every interval would be work thrown away. */
+     * read of a large state every interval would be work thrown away. */
     s->need_full = 1;
     s->next_ns = ps_now_ns() + ps_backoff_next(&s->backoff) * 1000000ULL;
   } else {
@@ -323,9 +325,17 @@ static int send_chunks(ps_snaps *s) {
     uint64_t i = j->next;
     char key[PS_KEY_MAX + 80];
     snprintf(key, sizeof key, "%s%s:%" PRIu64, s->link->k->snap_prefix, j->id, i);
-    const char *argv[3] = {"SET", key, (const char *)(j->img + i * PS_SNAP_CHUNK_FLOATS)};
-    size_t argl[3] = {3, strlen(key),
-                      (size_t)ps_snap_chunk_floats(j->info.image_floats, i) * sizeof(float)};
+    uint64_t floats = ps_snap_chunk_floats(j->info.image_floats, i);
+    /* The chunks are read in order, each once: a chunk is made when it
+     * is sent. */
+    int rc = ps_shard_reader_read(j->rd, j->chunk, floats);
+    if (rc != 0) {
+      snprintf(j->why, sizeof j->why, "out of memory for the rows that changed while it was "
+               "written");
+      return -1;
+    }
+    const char *argv[3] = {"SET", key, (const char *)j->chunk};
+    size_t argl[3] = {3, strlen(key), (size_t)floats * sizeof(float)};
     if (redisAsyncCommandArgv(ps_link_ac(s->link), on_chunk_set, s, 3, argv, argl) != REDIS_OK)
       return -1;
     j->next++;
@@ -370,7 +380,7 @@ static void on_chunk_set(redisAsyncContext *ac, void *reply, void *priv) {
 
 /* The snapshot is registered: a crash from now on leaves chunks that the
  * next start-up or switch finds and deletes.  Store them.  (Registering
- * first also means a Redis that refuses writes costs a copy and one
+ * first also means a Redis that refuses writes costs a cut and one
  * command, not the whole state sent.) */
 static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
   ps_snaps *s = priv;
@@ -392,10 +402,13 @@ static void on_registered(redisAsyncContext *ac, void *reply, void *priv) {
     return;
   }
   if (send_chunks(s) != 0) {
-    /* hiredis took no more: the connection is going.  With none in
-     * flight, nothing else will end the job. */
+    /* hiredis took no more (the connection is going), or the state could
+     * not be read.  With none in flight, nothing else will end the job. */
     if (j->pending == 0) {
-      snapshot_done(s, 0);
+      if (j->why[0])
+        snapshot_failed(s, j->why);
+      else
+        snapshot_done(s, 0);
       return;
     }
     j->failed = 1;
@@ -413,16 +426,16 @@ void ps_snaps_start(ps_snaps *s) {
   ps_snap_job *j = calloc(1, sizeof *j);
   if (j == NULL)
     return;
-  j->info = ps_shard_state_info(sh);
   j->taken_ns = ps_now_ns();
-  j->nchunks = ps_snap_chunks(j->info.image_floats);
-  j->img = malloc((size_t)(j->info.image_floats ? j->info.image_floats : 1) * sizeof(float));
-  if (j->img == NULL) {
+  /* The reader is the consistent cut: everything below happens off it,
+   * the chunks read from it as they are sent, while the shard goes on. */
+  j->rd = ps_shard_reader_begin(sh, &j->info);
+  j->chunk = malloc(PS_SNAP_CHUNK_FLOATS * sizeof(float));
+  if (j->rd == NULL || j->chunk == NULL) {
     job_free(j);
     return;
   }
-  /* The copy is the consistent cut: everything below happens off it. */
-  ps_shard_state_write(sh, j->img);
+  j->nchunks = ps_snap_chunks(j->info.image_floats);
   j->journal = ps_shard_journal(sh);
   j->nondurable = s->ev.nondurable(s->ev.arg);
   snprintf(j->id, sizeof j->id, "%" PRIu64 ".%" PRIu64, s->link->epoch, ++s->counter);

@@ -18,7 +18,7 @@
 /* What the snapshots tell, and ask, their owner; each with `arg`. */
 typedef struct ps_snap_events {
   void *arg;
-  /* A snapshot is about to copy the state: every journal entry made so
+  /* A snapshot is about to cut the state: every journal entry made so
    * far must be sent before its chunks (the owner's kept entry). */
   void (*before_copy)(void *arg);
   /* A snapshot of the state at journal count n switched (and, with
@@ -71,7 +71,8 @@ void ps_snaps_init(ps_snaps *s, ps_link *l, ps_shard *shard, uint64_t layout_has
                    uint64_t restored_version, const ps_snap_events *ev);
 
 /* Start a snapshot when one may (connected, none in flight, not backing
- * off after a failure): a copy of the state now, the rest on the loop. */
+ * off after a failure): the state cut now (ps_shard_reader), its chunks
+ * read from the cut as they are sent, on the loop. */
 void ps_snaps_start(ps_snaps *s);
 /* The replication interval's tick: a snapshot when the state changed
  * since the last one began, one is owed, or the owner owes one. */

@@ -2,6 +2,7 @@
  * step's rows by shard (src/worker/sparse_split.c): pushes of rows,
  * a replay of the journal that repeats every admission and eviction, the
  * state image's table section, and the rows coming back to their places. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -183,6 +184,62 @@ static void test_image_round_trip(void **state) {
   ps_sparse_part_free(&part);
   ps_shard_free(live);
   ps_shard_free(copy);
+}
+
+/* A reader gives the image as it was when it began, read in pieces of odd
+ * sizes while pushes (admissions, evictions, expiries) change the shard
+ * between them; the shard ends as one that took the same pushes without a
+ * reader.  One reader at a time. */
+static void test_reader(void **state) {
+  (void)state;
+  ps_shard_opts o = opts();
+  ps_shard *live = ps_shard_new(&o, NULL), *twin = ps_shard_new(&o, NULL);
+  float g[N] = {0.1f, -0.2f, 0.3f, 0.0f, 0.5f};
+  enum { STEPS = 40 };
+  ps_sparse_part part[STEPS];
+  memset(part, 0, sizeof part);
+  for (int k = 0; k < STEPS; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part[k]);
+  }
+  int k = 0;
+  for (; k < 15; k++) {
+    ps_shard_push(live, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part[k].bytes, part[k].len, NULL);
+    ps_shard_push(twin, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part[k].bytes, part[k].len, NULL);
+  }
+  ps_state_info want_in, in;
+  float *want = image(live, &want_in);
+  ps_shard_reader *rd = ps_shard_reader_begin(live, &in);
+  assert_non_null(rd);
+  assert_null(ps_shard_reader_begin(live, &in));
+  assert_memory_equal(&in, &want_in, sizeof in);
+  float *got = calloc(in.image_floats, sizeof(float));
+  assert_non_null(got);
+  for (uint64_t at = 0, piece = 1; at < in.image_floats; piece = piece * 3 % 37 + 1) {
+    uint64_t n = piece < in.image_floats - at ? piece : in.image_floats - at;
+    assert_int_equal(ps_shard_reader_read(rd, got + at, n), 0);
+    at += n;
+    if (k < STEPS) {
+      ps_shard_push(live, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part[k].bytes, part[k].len,
+                    NULL);
+      k++;
+    }
+  }
+  assert_int_equal(ps_shard_reader_read(rd, got, 1), -EINVAL);  /* past its end */
+  ps_shard_reader_end(rd);
+  assert_memory_equal(got, want, in.image_floats * sizeof(float));
+  assert_true(k > 20);  /* pushes did run while it was read */
+  assert_true(ps_shard_table_stats(live, 1).evicted + ps_shard_table_stats(live, 1).expired > 0);
+  for (int j = 15; j < k; j++)
+    ps_shard_push(twin, 0, 1, (uint64_t)j + 1, (uint64_t)j, g, part[j].bytes, part[j].len, NULL);
+  assert_same_image(live, twin);
+  free(want);
+  free(got);
+  for (int j = 0; j < STEPS; j++)
+    ps_sparse_part_free(&part[j]);
+  ps_shard_free(live);
+  ps_shard_free(twin);
 }
 
 /* The section's one reader: a walk of an image's section meets every table
@@ -545,6 +602,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_replay_repeats_admissions_and_evictions),
       cmocka_unit_test(test_image_round_trip),
+      cmocka_unit_test(test_reader),
       cmocka_unit_test(test_section_walk),
       cmocka_unit_test(test_shapes),
       cmocka_unit_test(test_sparse_check),

@@ -617,6 +617,7 @@ struct ps_shard_reader {
   size_t tail_len, tail_at;
   uint8_t *stage;           /* one unit (a head, an entry) being given out */
   size_t stage_cap, stage_len, stage_at;
+  float *copy;              /* no walk to be had: the whole image, copied at the start */
 };
 
 void ps_shard_reader_end(ps_shard_reader *r) {
@@ -627,6 +628,7 @@ void ps_shard_reader_end(ps_shard_reader *r) {
   free(r->head);
   free(r->tail);
   free(r->stage);
+  free(r->copy);
   free(r);
 }
 
@@ -655,8 +657,21 @@ ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
     }
   }
   int ok = r->head != NULL && r->stage != NULL && (r->tail_len == 0 || r->tail != NULL);
-  for (int t = 0; ok && t < s->o.ntables; t++)
-    ok = (r->walks[t] = ps_table_walk_begin(s->tables[t])) != NULL;
+  int walked = ok;
+  for (int t = 0; walked && t < s->o.ntables; t++)
+    walked = (r->walks[t] = ps_table_walk_begin(s->tables[t])) != NULL;
+  if (ok && !walked) {
+    /* Every walk of a table taken (or no memory for one): a copy, as
+     * ps_shard_state_write makes. */
+    for (int t = 0; t < s->o.ntables; t++) {
+      ps_table_walk_end(r->walks[t]);
+      r->walks[t] = NULL;
+    }
+    r->copy = malloc((size_t)(r->info.image_floats ? r->info.image_floats : 1) * sizeof(float));
+    ok = r->copy != NULL;
+    if (ok)
+      ps_shard_state_write(s, r->copy);
+  }
   if (!ok) {
     ps_shard_reader_end(r);
     return NULL;
@@ -698,6 +713,11 @@ static int reader_stage(ps_shard_reader *r) {
 int ps_shard_reader_read(ps_shard_reader *r, float *out, uint64_t count) {
   if (count > r->info.image_floats - r->at)
     return -EINVAL;
+  if (r->copy != NULL) {
+    memcpy(out, r->copy + r->at, (size_t)count * sizeof(float));
+    r->at += count;
+    return 0;
+  }
   uint64_t from_head = r->at < r->head_floats ? r->head_floats - r->at : 0;
   if (from_head > count)
     from_head = count;

@@ -186,9 +186,10 @@ void ps_shard_state_write(const ps_shard *s, float *img);
 /* The state image as it is now, read piece by piece later while the shard
  * goes on changing: the same floats ps_shard_state_write would write now,
  * without a copy of the tables (their walks, TABLE.md "Walks"; the rest is
- * copied now).  *info: the image's.  NULL when out of memory or a walk of
- * one of the tables is open (one reader at a time).  End it before the
- * shard's tables are replaced or freed. */
+ * copied now; with 4 walks of a table open already, the whole image is
+ * copied now instead).  *info: the image's.  NULL when out of memory.
+ * End it before the shard is freed; while one is open the state cannot be
+ * replaced (a LOAD is refused). */
 typedef struct ps_shard_reader ps_shard_reader;
 ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info);
 /* The next count floats of the image into out.  @return 0; -ENOMEM (a

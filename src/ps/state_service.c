@@ -22,8 +22,9 @@ typedef struct image {
   const void *owner;            /* whose cut (state_service.h) */
   uint64_t fence, cut_id;       /* of the CUT that made it */
   ps_state_info info;
-  float *buf;
+  float *buf;                   /* the copy; NULL when read through rd */
   uint64_t cap;                 /* floats allocated at buf */
+  ps_shard_reader *rd;          /* a state with sparse tables: the cut, read FETCH by FETCH */
   int refs;                     /* the service's while current, + one per reply being written */
   uint64_t fetched;             /* floats FETCHed from the start, in order */
   int resumed;                  /* its RESUME came */
@@ -78,7 +79,8 @@ static void image_unref(image *img) {
   if (img == NULL || --img->refs > 0)
     return;
   ps_state_service *ss = img->ss;
-  if (ss != NULL && ss->spare == NULL && img->info.table_floats == 0) {
+  ps_shard_reader_end(img->rd);
+  if (ss != NULL && ss->spare == NULL && img->info.table_floats == 0 && img->buf != NULL) {
     ss->spare = img->buf;
     ss->spare_cap = img->cap;
   } else {
@@ -170,21 +172,36 @@ static ps_state_answer on_cut(ps_state_service *ss, const void *owner, ps_conn *
   if (!holds_state)
     return refuse(PS_EFORMAT, PS_ERROR_RETRY, "CUT of %s, which holds no state yet", ss->name);
   ps_state_info in = ps_shard_state_info(ss->shard);
-  /* A new image, in the spare buffer when there is one: an earlier cut's
-   * buffer may still be on the wire in a FETCH_REPLY. */
-  image *img = calloc(1, sizeof *img);
-  float *buf = img != NULL ? grow(ss->spare, &ss->spare_cap, in.image_floats) : NULL;
-  if (buf == NULL) {
-    free(img);
-    return refuse(-ENOMEM, PS_ERROR_RETRY, "out of memory for a copy of %" PRIu64 " floats",
-                  in.image_floats);
-  }
-  *img = (image){.ss = ss, .owner = owner, .fence = m->fence, .cut_id = m->cut_id, .info = in,
-                 .buf = buf, .cap = ss->spare_cap, .refs = 1};
-  ss->spare = NULL;
-  ss->spare_cap = 0;
   uint64_t t0 = ps_now_ns();
-  ps_shard_state_write(ss->shard, img->buf);
+  image *img = calloc(1, sizeof *img);
+  if (img == NULL)
+    return refuse(-ENOMEM, PS_ERROR_RETRY, "out of memory for a cut");
+  *img = (image){.ss = ss, .owner = owner, .fence = m->fence, .cut_id = m->cut_id, .info = in,
+                 .refs = 1};
+  if (in.table_floats > 0) {
+    /* Sparse tables: no copy of every row; the FETCHes read the cut
+     * (ps_shard_reader) in order while the shard goes on. */
+    if ((img->rd = ps_shard_reader_begin(ss->shard, &img->info)) == NULL) {
+      free(img);
+      return refuse(-ENOMEM, PS_ERROR_RETRY, "out of memory for a cut of %" PRIu64 " floats",
+                    in.image_floats);
+    }
+    in = img->info;
+  } else {
+    /* A new image, in the spare buffer when there is one: an earlier
+     * cut's buffer may still be on the wire in a FETCH_REPLY. */
+    float *buf = grow(ss->spare, &ss->spare_cap, in.image_floats);
+    if (buf == NULL) {
+      free(img);
+      return refuse(-ENOMEM, PS_ERROR_RETRY, "out of memory for a copy of %" PRIu64 " floats",
+                    in.image_floats);
+    }
+    img->buf = buf;
+    img->cap = ss->spare_cap;
+    ss->spare = NULL;
+    ss->spare_cap = 0;
+    ps_shard_state_write(ss->shard, img->buf);
+  }
   /* The owner's earlier cut goes; so does the oldest beyond the cap. */
   int i = find(ss, owner);
   if (i >= 0)
@@ -205,6 +222,19 @@ static ps_state_answer on_cut(ps_state_service *ss, const void *owner, ps_conn *
 static void on_fetch_written(void *arg, int status) {
   (void)status;
   image_unref(arg);
+}
+
+/* A piece read from a cut's reader, kept until its reply is written. */
+typedef struct piece {
+  image *img;
+  float floats[];
+} piece;
+
+static void on_piece_written(void *arg, int status) {
+  (void)status;
+  piece *p = arg;
+  image_unref(p->img);
+  free(p);
 }
 
 /* The owner's image i is no longer needed once it was fetched to its end
@@ -234,6 +264,11 @@ static ps_state_answer on_fetch(ps_state_service *ss, const void *owner, ps_conn
     return refuse(PS_EFORMAT, 0, "FETCH of floats %" PRIu64 "..+%" PRIu64 ": the copy holds %"
                   PRIu64 " and a piece is at most %" PRIu64, f->offset, f->count, total,
                   ss->max_piece);
+  /* A cut read through its reader is read once, in order. */
+  if (img->rd != NULL && f->offset != img->fetched)
+    return refuse(PS_EFORMAT, 0, "FETCH of floats %" PRIu64 "..+%" PRIu64 ": this cut is read "
+                  "once, in order: expected the piece at %" PRIu64, f->offset, f->count,
+                  img->fetched);
   ps_msg m = {.type = PS_MSG_FETCH_REPLY};
   m.u.fetch_reply.cut_id = f->cut_id;
   m.u.fetch_reply.offset = f->offset;
@@ -242,8 +277,26 @@ static ps_state_answer on_fetch(ps_state_service *ss, const void *owner, ps_conn
   size_t plen = ps_proto_encode_prefix(&m, req, prefix);
   /* The image stays, unchanged, until this reply is written. */
   img->refs++;
-  if (ps_conn_send(c, prefix, plen, img->buf + f->offset, f->count * sizeof(float),
-                   on_fetch_written, img) != 0) {
+  int sent;
+  if (img->rd != NULL) {
+    piece *p = malloc(sizeof *p + (size_t)(f->count ? f->count : 1) * sizeof(float));
+    int rc = p == NULL ? -ENOMEM : ps_shard_reader_read(img->rd, p->floats, f->count);
+    if (rc != 0) {
+      free(p);
+      image_unref(img);
+      return refuse(-ENOMEM, 0, "FETCH of floats %" PRIu64 "..+%" PRIu64 ": out of memory for "
+                    "the cut's rows", f->offset, f->count);
+    }
+    p->img = img;
+    sent = ps_conn_send(c, prefix, plen, p->floats, f->count * sizeof(float), on_piece_written,
+                        p);
+    if (sent != 0)
+      free(p);
+  } else {
+    sent = ps_conn_send(c, prefix, plen, img->buf + f->offset, f->count * sizeof(float),
+                        on_fetch_written, img);
+  }
+  if (sent != 0) {
     image_unref(img);
     return (ps_state_answer){.outcome = PS_STATE_ANSWERED};
   }

@@ -16,6 +16,7 @@
 #define DEFAULT_MAX_PENDING (1u << 20)
 #define BLOCK_BYTES ((size_t)256 << 10)
 #define MIN_SLOTS 16
+#define WALKS 4                  /* walks of one table open at once */
 
 /* ------------------------------------------------------------------ */
 /* A keyset: records found by key through an open-addressing map, kept  */
@@ -62,7 +63,7 @@ typedef struct keyset {
   uint32_t head, tail;    /* head: least recently touched */
   slot *slots;            /* nslots, a power of two; NULL before the first record */
   size_t nslots;
-  ks_walk *walk;          /* the open walk, or NULL */
+  ks_walk *walks[WALKS];  /* the open walks (NULL: a free place) */
 } keyset;
 
 static void ks_init(keyset *ks, size_t rec_bytes) {
@@ -197,10 +198,9 @@ static uint64_t stamp(const keyset *ks, uint64_t step) {
   return step;
 }
 
-/* Record i's bytes are about to change or the record to go: an open walk
- * that has not read it yet keeps them first. */
-static void ks_keep(keyset *ks, uint32_t i) {
-  ks_walk *w = ks->walk;
+/* Record i's bytes are about to change or the record to go: each open
+ * walk that has not read it yet keeps them first. */
+static void ks_keep_for(keyset *ks, ks_walk *w, uint32_t i) {
   if (w == NULL || i >= w->nrec || !(w->unread[i >> 6] >> (i & 63) & 1))
     return;
   w->unread[i >> 6] &= ~(1ULL << (i & 63));
@@ -216,6 +216,11 @@ static void ks_keep(keyset *ks, uint32_t i) {
   }
   memcpy(w->bytes + w->nsaved * ks->rec_bytes, ks_at(ks, i), ks->rec_bytes);
   w->saved[i] = (uint32_t)++w->nsaved;
+}
+
+static void ks_keep(keyset *ks, uint32_t i) {
+  for (int k = 0; k < WALKS; k++)
+    ks_keep_for(ks, ks->walks[k], i);
 }
 
 static void ks_touch(keyset *ks, uint32_t i, uint64_t step) {
@@ -283,7 +288,7 @@ struct ps_table {
   uint64_t *scratch;      /* a push's keys, sorted to find repeats */
   size_t scratch_cap;
   ps_table_stats st;
-  struct ps_table_walk *walk;  /* the open walk, or NULL */
+  struct ps_table_walk *walks[WALKS];  /* the open walks (NULL: a free place) */
 };
 
 static float *row_values(const rec *r) {
@@ -343,7 +348,8 @@ int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb) {
 void ps_table_free(ps_table *t) {
   if (t == NULL)
     return;
-  ps_table_walk_end(t->walk);
+  for (int k = 0; k < WALKS; k++)
+    ps_table_walk_end(t->walks[k]);
   ks_close(&t->rows);
   ks_close(&t->pend);
   free(t->scratch);
@@ -635,6 +641,7 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
 
 struct ps_table_walk {
   ps_table *t;
+  int place;              /* in t->walks and the keysets' walks */
   ks_walk rows, pend;
 };
 
@@ -645,7 +652,7 @@ static void ks_walk_free(ks_walk *w) {
   free(w->bytes);
 }
 
-static int ks_walk_begin(keyset *ks, ks_walk *w) {
+static int ks_walk_begin(keyset *ks, ks_walk *w, int place) {
   memset(w, 0, sizeof *w);
   w->n = ks->live;
   w->nrec = ks->used;
@@ -661,28 +668,32 @@ static int ks_walk_begin(keyset *ks, ks_walk *w) {
     w->order[k++] = i;
     w->unread[i >> 6] |= 1ULL << (i & 63);
   }
-  ks->walk = w;
+  ks->walks[place] = w;
   return 0;
 }
 
 ps_table_walk *ps_table_walk_begin(ps_table *t) {
-  if (t->walk != NULL)
+  int place = 0;
+  while (place < WALKS && t->walks[place] != NULL)
+    place++;
+  if (place == WALKS)
     return NULL;
   ps_table_walk *w = calloc(1, sizeof *w);
   if (w == NULL)
     return NULL;
   w->t = t;
-  if (ks_walk_begin(&t->rows, &w->rows) != 0) {
+  w->place = place;
+  if (ks_walk_begin(&t->rows, &w->rows, place) != 0) {
     free(w);
     return NULL;
   }
-  if (ks_walk_begin(&t->pend, &w->pend) != 0) {
-    t->rows.walk = NULL;
+  if (ks_walk_begin(&t->pend, &w->pend, place) != 0) {
+    t->rows.walks[place] = NULL;
     ks_walk_free(&w->rows);
     free(w);
     return NULL;
   }
-  t->walk = w;
+  t->walks[place] = w;
   return w;
 }
 
@@ -716,7 +727,12 @@ int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out) {
   return 0;
 }
 
-int ps_table_walking(const ps_table *t) { return t->walk != NULL; }
+int ps_table_walking(const ps_table *t) {
+  for (int k = 0; k < WALKS; k++)
+    if (t->walks[k] != NULL)
+      return 1;
+  return 0;
+}
 
 uint64_t ps_table_walk_saved(const ps_table_walk *w) {
   return (uint64_t)w->rows.nsaved + w->pend.nsaved;
@@ -725,8 +741,8 @@ uint64_t ps_table_walk_saved(const ps_table_walk *w) {
 void ps_table_walk_end(ps_table_walk *w) {
   if (w == NULL)
     return;
-  w->t->rows.walk = w->t->pend.walk = NULL;
-  w->t->walk = NULL;
+  w->t->rows.walks[w->place] = w->t->pend.walks[w->place] = NULL;
+  w->t->walks[w->place] = NULL;
   ks_walk_free(&w->rows);
   ks_walk_free(&w->pend);
   free(w);

@@ -147,10 +147,10 @@ int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending);
  * pending keys, each in ps_table_iter order), read one by one while the
  * table goes on changing, without a copy of the table (TABLE.md, "Walks"):
  * an entry that changes or goes before the walk read it is saved first.
- * At most one walk per table is open. */
+ * At most 4 walks of one table are open at once. */
 typedef struct ps_table_walk ps_table_walk;
 
-/* Begin one: NULL when one is open already, or out of memory. */
+/* Begin one: NULL when 4 are open already, or out of memory. */
 ps_table_walk *ps_table_walk_begin(ps_table *t);
 /* Its rows and pending keys. */
 void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pending);

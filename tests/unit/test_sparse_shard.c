@@ -210,9 +210,9 @@ static void test_reader(void **state) {
   }
   ps_state_info want_in, in;
   float *want = image(live, &want_in);
-  ps_shard_reader *rd = ps_shard_reader_begin(live, &in);
+  ps_shard_reader *rd = ps_shard_reader_begin(live, &in), *rd2 = ps_shard_reader_begin(live, &in);
   assert_non_null(rd);
-  assert_null(ps_shard_reader_begin(live, &in));
+  assert_non_null(rd2);  /* a snapshot and a checkpoint cut at once */
   assert_memory_equal(&in, &want_in, sizeof in);
   float *got = calloc(in.image_floats, sizeof(float));
   assert_non_null(got);
@@ -229,6 +229,24 @@ static void test_reader(void **state) {
   assert_int_equal(ps_shard_reader_read(rd, got, 1), -EINVAL);  /* past its end */
   ps_shard_reader_end(rd);
   assert_memory_equal(got, want, in.image_floats * sizeof(float));
+  memset(got, 0, in.image_floats * sizeof(float));
+  assert_int_equal(ps_shard_reader_read(rd2, got, in.image_floats), 0);
+  assert_memory_equal(got, want, in.image_floats * sizeof(float));
+  /* Walks for 3 more readers (4 a table); a fifth copies the image. */
+  ps_state_info now_in, in5;
+  float *now = image(live, &now_in);
+  ps_shard_reader *more[4];
+  for (int m = 0; m < 4; m++)
+    assert_non_null(more[m] = ps_shard_reader_begin(live, &in5));
+  float *got5 = malloc(in5.image_floats * sizeof(float));
+  assert_int_equal(ps_shard_reader_read(more[3], got5, in5.image_floats), 0);
+  assert_int_equal(in5.image_floats, now_in.image_floats);
+  assert_memory_equal(got5, now, in5.image_floats * sizeof(float));
+  for (int m = 0; m < 4; m++)
+    ps_shard_reader_end(more[m]);
+  ps_shard_reader_end(rd2);
+  free(now);
+  free(got5);
   assert_true(k > 20);  /* pushes did run while it was read */
   assert_true(ps_shard_table_stats(live, 1).evicted + ps_shard_table_stats(live, 1).expired > 0);
   for (int j = 15; j < k; j++)

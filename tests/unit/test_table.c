@@ -799,23 +799,35 @@ static void test_walk(void **state) {
   ps_table_stats st = ps_table_get_stats(a);
   assert_true(st.rows > 10 && st.pending > 0);
 
-  ps_table_walk *w = ps_table_walk_begin(a);
+  ps_table_walk *w = ps_table_walk_begin(a), *w2 = ps_table_walk_begin(a), *w3 = NULL;
   assert_non_null(w);
-  assert_null(ps_table_walk_begin(a));  /* one at a time */
+  assert_non_null(w2);
   uint64_t rows = 0, pending = 0;
   ps_table_walk_counts(w, &rows, &pending);
   assert_int_equal(rows, st.rows);
   assert_int_equal(pending, st.pending);
   /* Three steps of history between reads: rows and keys change and go
    * before the walk reaches them. */
-  ps_table *c = table_new(&o);
+  /* w2 is read at the end; w3 begins half way, with its own copy e3 of the
+   * table then, and reads along. */
+  ps_table *c = table_new(&o), *c2 = table_new(&o), *c3 = table_new(&o), *e3 = table_new(&o);
   ps_rng ra, rd;
   ps_rng_seed(&ra, 99);
   ps_rng_seed(&rd, 99);
-  uint64_t step = 300;
+  uint64_t step = 300, read = 0;
   int rc;
   while ((rc = ps_table_walk_next(w, &e)) == 1) {
     assert_int_equal(ps_table_load(c, &e, &err), 0);
+    if (++read == st.rows / 2) {
+      w3 = ps_table_walk_begin(a);
+      assert_non_null(w3);
+      ps_table_iter_init(a, &it);
+      ps_table_entry x;
+      while (ps_table_iter_next(a, &it, &x))
+        assert_int_equal(ps_table_put(e3, &x, &err), 0);
+    }
+    if (w3 != NULL && ps_table_walk_next(w3, &e) == 1)
+      assert_int_equal(ps_table_load(c3, &e, &err), 0);
     for (int k = 0; k < 3; k++, step++)
       history_step(a, &ra, step);
   }
@@ -823,6 +835,24 @@ static void test_walk(void **state) {
   assert_true(ps_table_walk_saved(w) > 0);
   ps_table_walk_end(w);
   assert_tables_equal(b, c);
+  while ((rc = ps_table_walk_next(w2, &e)) == 1)
+    assert_int_equal(ps_table_load(c2, &e, &err), 0);
+  assert_int_equal(rc, 0);
+  ps_table_walk_end(w2);
+  assert_tables_equal(b, c2);
+  assert_non_null(w3);
+  while ((rc = ps_table_walk_next(w3, &e)) == 1)
+    assert_int_equal(ps_table_load(c3, &e, &err), 0);
+  assert_int_equal(rc, 0);
+  ps_table_walk_end(w3);
+  assert_tables_equal(e3, c3);
+  /* At most 4 at once. */
+  ps_table_walk *four[5];
+  for (int k = 0; k < 4; k++)
+    assert_non_null(four[k] = ps_table_walk_begin(a));
+  assert_null(four[4] = ps_table_walk_begin(a));
+  for (int k = 0; k < 4; k++)
+    ps_table_walk_end(four[k]);
   for (uint64_t s2 = 300; s2 < step; s2++)
     history_step(d, &rd, s2);
   assert_tables_equal(a, d);
@@ -839,6 +869,9 @@ static void test_walk(void **state) {
   ps_table_free(a);
   ps_table_free(b);
   ps_table_free(c);
+  ps_table_free(c2);
+  ps_table_free(c3);
+  ps_table_free(e3);
   ps_table_free(d);
 }
 

@@ -79,6 +79,16 @@ static void blocks(const step_rows *r, ps_sparse_part *part) {
   ps_hashring_free(&ring);
 }
 
+/* The KV blocks of pushes 0..n-1 (make_rows), into part[0..n). */
+static void make_parts(ps_sparse_part *part, int n) {
+  memset(part, 0, (size_t)n * sizeof *part);
+  for (int k = 0; k < n; k++) {
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part[k]);
+  }
+}
+
 static float *image(const ps_shard *s, ps_state_info *in) {
   *in = ps_shard_state_info(s);
   float *img = malloc(in->image_floats * sizeof(float));
@@ -111,11 +121,8 @@ static void test_replay_repeats_admissions_and_evictions(void **state) {
   enum { STEPS = 30 };
   ps_journal j[STEPS];
   ps_sparse_part part[STEPS];
-  memset(part, 0, sizeof part);
+  make_parts(part, STEPS);
   for (int k = 0; k < STEPS; k++) {
-    step_rows r;
-    make_rows(&r, k);
-    blocks(&r, &part[k]);
     assert_int_equal(ps_shard_push(live, (uint32_t)(k % 2), 1, (uint64_t)(k / 2 + 1), (uint64_t)k,
                                    g, part[k].bytes, part[k].len, &j[k]),
                      PS_SHARD_APPLIED);
@@ -197,12 +204,7 @@ static void test_reader(void **state) {
   float g[N] = {0.1f, -0.2f, 0.3f, 0.0f, 0.5f};
   enum { STEPS = 40 };
   ps_sparse_part part[STEPS];
-  memset(part, 0, sizeof part);
-  for (int k = 0; k < STEPS; k++) {
-    step_rows r;
-    make_rows(&r, k);
-    blocks(&r, &part[k]);
-  }
+  make_parts(part, STEPS);
   int k = 0;
   for (; k < 15; k++) {
     ps_shard_push(live, 0, 1, (uint64_t)k + 1, (uint64_t)k, g, part[k].bytes, part[k].len, NULL);

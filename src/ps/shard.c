@@ -468,15 +468,19 @@ static uint64_t table_floats(const ps_shard *s) {
   return bytes / sizeof(float);
 }
 
+/* The section's tail in sync mode: the open step's rows, their length
+ * first (8 + sync_rows_len bytes); nothing otherwise. */
+static uint8_t *sync_tail_write(const ps_shard *s, uint8_t *p) {
+  if (!has_sync_rows(&s->o))
+    return p;
+  ps_put_le64(p, s->sync_rows_len);
+  if (s->sync_rows_len > 0)
+    memcpy(p + 8, s->sync_rows, s->sync_rows_len);
+  return p + 8 + s->sync_rows_len;
+}
+
 static uint8_t *tsec_write(const ps_shard *s, uint8_t *p) {
-  p = ps_tsec_write(s->tables, s->o.ntables, p);
-  if (has_sync_rows(&s->o)) {
-    ps_put_le64(p, s->sync_rows_len);
-    if (s->sync_rows_len > 0)
-      memcpy(p + 8, s->sync_rows, s->sync_rows_len);
-    p += 8 + s->sync_rows_len;
-  }
-  return p;
+  return sync_tail_write(s, ps_tsec_write(s->tables, s->o.ntables, p));
 }
 
 /* The open sync step's rows from a section's tail (len bytes at p), each
@@ -638,6 +642,25 @@ ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
     return NULL;
   r->s = s;
   r->info = ps_shard_state_info(s);
+  *info = r->info;
+  int walked = 1;
+  for (int t = 0; walked && t < s->o.ntables; t++)
+    walked = (r->walks[t] = ps_table_walk_begin(s->tables[t])) != NULL;
+  if (!walked) {
+    /* Every walk of a table taken (or no memory for one): a copy, as
+     * ps_shard_state_write makes. */
+    for (int t = 0; t < s->o.ntables; t++) {
+      ps_table_walk_end(r->walks[t]);
+      r->walks[t] = NULL;
+    }
+    r->copy = malloc((size_t)(r->info.image_floats ? r->info.image_floats : 1) * sizeof(float));
+    if (r->copy == NULL) {
+      ps_shard_reader_end(r);
+      return NULL;
+    }
+    ps_shard_state_write(s, r->copy);
+    return r;
+  }
   r->head_floats = ps_state_tables_at(&r->info, s->o.nfloats);
   r->head = malloc((size_t)(r->head_floats ? r->head_floats : 1) * sizeof(float));
   size_t row_max = PS_TSEC_HEAD;
@@ -648,36 +671,14 @@ ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
   }
   r->stage = malloc(row_max);
   r->stage_cap = row_max;
-  if (has_sync_rows(&s->o)) {
-    r->tail_len = 8 + s->sync_rows_len;
-    if ((r->tail = malloc(r->tail_len)) != NULL) {
-      ps_put_le64(r->tail, s->sync_rows_len);
-      if (s->sync_rows_len > 0)
-        memcpy(r->tail + 8, s->sync_rows, s->sync_rows_len);
-    }
-  }
-  int ok = r->head != NULL && r->stage != NULL && (r->tail_len == 0 || r->tail != NULL);
-  int walked = ok;
-  for (int t = 0; walked && t < s->o.ntables; t++)
-    walked = (r->walks[t] = ps_table_walk_begin(s->tables[t])) != NULL;
-  if (ok && !walked) {
-    /* Every walk of a table taken (or no memory for one): a copy, as
-     * ps_shard_state_write makes. */
-    for (int t = 0; t < s->o.ntables; t++) {
-      ps_table_walk_end(r->walks[t]);
-      r->walks[t] = NULL;
-    }
-    r->copy = malloc((size_t)(r->info.image_floats ? r->info.image_floats : 1) * sizeof(float));
-    ok = r->copy != NULL;
-    if (ok)
-      ps_shard_state_write(s, r->copy);
-  }
-  if (!ok) {
+  r->tail_len = has_sync_rows(&s->o) ? 8 + s->sync_rows_len : 0;
+  r->tail = r->tail_len > 0 ? malloc(r->tail_len) : NULL;
+  if (r->head == NULL || r->stage == NULL || (r->tail_len > 0 && r->tail == NULL)) {
     ps_shard_reader_end(r);
     return NULL;
   }
   head_write(s, &r->info, r->head);
-  *info = r->info;
+  sync_tail_write(s, r->tail);
   return r;
 }
 

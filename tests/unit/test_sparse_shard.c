@@ -563,10 +563,20 @@ static void test_sync_step(void **state) {
   ps_table_init_row(&o.tables[0], k0, init);
   assert_memory_equal(before, init, sizeof init);
   /* The image of the open step, into another shard. */
-  ps_state_info in;
+  ps_state_info in, rin;
   float *img = image(live, &in);
   ps_errbuf eb = {0};
   assert_int_equal(ps_shard_state_load(copy, &in, img, &eb), 0);
+  /* A reader gives the same image, the open step's rows at its end. */
+  ps_shard_reader *rd = ps_shard_reader_begin(live, &rin);
+  assert_non_null(rd);
+  assert_int_equal(rin.image_floats, in.image_floats);
+  float *read = malloc(in.image_floats * sizeof(float));
+  assert_non_null(read);
+  assert_int_equal(ps_shard_reader_read(rd, read, in.image_floats), 0);
+  ps_shard_reader_end(rd);
+  assert_memory_equal(read, img, in.image_floats * sizeof(float));
+  free(read);
   free(img);
   assert_int_equal(ps_shard_push(live, 1, 1, 1, 0, g, part[1].bytes, part[1].len, &j[1]),
                    PS_SHARD_APPLIED);

@@ -35,6 +35,11 @@
  * joins, or one that came back). */
 #define VIEW_POLL_MS 200
 
+/* A member's own return: the run ended ({<cluster>}:done in Redis) while
+ * this member was out of its ring (paused or cut off through the end, or
+ * restarted then). */
+#define RUN_ENDED 1
+
 /* Set by SIGTERM and SIGINT (ps_trainer_start_process). */
 static volatile sig_atomic_t *stop;
 
@@ -129,13 +134,21 @@ static void became_holder(member *m) {
 
 /* No member of view v holds a state: wait for the chief to load this
  * member (then propose the next view, so that every member reports again
- * and the others fetch it) or for a newer view.  @return 0 or -EINTR. */
+ * and the others fetch it) or for a newer view.  @return 0, -EINTR or
+ * RUN_ENDED. */
 static int wait_for_a_state(member *m, const ps_view *v) {
   ps_log(PS_LOG_INFO, "ring: no member of view %" PRIu64 " holds a state: waiting for the "
          "chief to load one", v->epoch);
   ps_ring_set_holds(m->ring, 0, 1);
+  double next_poll = 0;
   while (!*stop) {
     wait_a_little(m, 50);
+    double now = ps_now_s();
+    if (now >= next_poll) {
+      next_poll = now + VIEW_POLL_MS / 1000.0;
+      if (ps_registry_run_ended(m->reg))
+        return RUN_ENDED;
+    }
     ps_view cur;
     if (ps_ring_take_loaded(m->ring)) {
       became_holder(m);
@@ -151,14 +164,17 @@ static int wait_for_a_state(member *m, const ps_view *v) {
 }
 
 /* Enter a view that holds this member, with the state of its member that
- * is furthest on, after every member reported (README.md, "Views").
- * @return 0, or -EINTR. */
+ * is furthest on, after every member reported (README.md, "Views").  A
+ * run that ended meanwhile is not trained on alone.
+ * @return 0, -EINTR or RUN_ENDED. */
 static int change_view(member *m, int suspect, const char *why) {
   char buf[400];
   ps_log(PS_LOG_INFO, "ring: leaving view %" PRIu64 ": %s", m->epoch, why);
   for (;;) {
     if (*stop)
       return -EINTR;
+    if (ps_registry_run_ended(m->reg))
+      return RUN_ENDED;
     ps_view v;
     int rc = ps_view_get(m->reg, &v);
     if (rc < 0) {
@@ -244,8 +260,9 @@ static int change_view(member *m, int suspect, const char *why) {
       /* None does: a new cluster with a chief, or every member restarted.
        * The chief loads one (its checkpoint or the seeded state), which
        * then proposes the next view. */
-      if (wait_for_a_state(m, &v) != 0)
-        return -EINTR;
+      rc = wait_for_a_state(m, &v);
+      if (rc != 0)
+        return rc;
       continue;
     }
     if (!m->holds || steps[src] > mine) {
@@ -491,7 +508,9 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       ps_view v;
       if (ps_view_get(reg, &v) == 1) {
         m.view_seen = now;
-        if (v.epoch > m.epoch)
+        if (ps_registry_run_ended(reg))
+          rc = RUN_ENDED;
+        else if (v.epoch > m.epoch)
           rc = change_view(&m, -1, "a newer view");
       }
     }
@@ -526,6 +545,14 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
   if (rc == 0 && !*stop && !cfg->ps_self_init)
     rc = wait_for_the_end(&m);
   uint64_t gstep = ps_shard_version(state);
+  if (rc == RUN_ENDED) {
+    /* Its step's work is in no view's state: the run's final state is the
+     * one the others ended with (and the chief checkpointed). */
+    ps_log(PS_LOG_INFO, "this member was at global step %" PRIu64 " and out of the ring when "
+           "the run ended: it stops without training on alone", gstep);
+    status = 0;
+    goto out;
+  }
   if (rc == PS_ESTOPPED)
     ps_log(PS_LOG_INFO, "the chief ended the run at global step %" PRIu64,
            ps_ring_stop_step(ring));

@@ -37,7 +37,8 @@ run() {
     fi
     awk -v i="$i" '$0 ~ "^local: worker " i " starts" { last = "" } /done: |the run already ended/ { last = $0 }
       END { print last }' "$T/$name/logs/worker-$i.log" |
-      grep -q "global step 4000[ ,]" || fail "$name: worker $i's last run did not end at step 4000"
+      grep -q "global step 4000[ ,]" ||
+      fail "$name: worker $i's last run did not end at step 4000; its log ends: $(tail -4 "$T/$name/logs/worker-$i.log" | tr '\n' '|')"
   done
 }
 run chaos --nemesis kill,pause,redis-errors --fault-gap "$(fault_gap 1.5)"

@@ -134,6 +134,32 @@ acc=$(sed -n 's/^final test_acc \([0-9.]*\).*/\1/p' "$T/pause-w0.log")
 awk -v a="$acc" 'BEGIN { exit !(a >= 0.87) }' || fail "pause: test accuracy $acc, expected at least 0.87"
 echo "ok: a member paused past the timeout and resumed: test accuracy $acc"
 
+# A member paused (SIGSTOP) through the end of the run: the others finish
+# without it and record the end in Redis; resumed, it finds the run ended
+# and exits 0 rather than forming a view alone and training on by itself.
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+conf="$T/pause-end.conf"
+write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=700" \
+  "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
+  "cluster.peer_timeout_ms=1000" "worker.heartbeat_ms=300" "$(metrics_on 4)"
+sed -i '/^ps = *$/d' "$conf"
+for i in 0 1 2; do start "pause-end-w$i" "$BIN" worker --config "$conf" --index "$i"; done
+wait_members "$conf" 1 3 30
+wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
+kill -STOP "$PID_pause_end_w1"
+for i in 0 2; do
+  v="PID_pause_end_w$i"
+  wait_exit "${!v}" 300 || fail "pause through the end: worker $i exited $?"
+  grep -q "done: .*global step 700," "$T/pause-end-w$i.log" || fail "pause through the end: worker $i did not end at step 700"
+done
+kill -CONT "$PID_pause_end_w1"
+wait_exit "$PID_pause_end_w1" 60 || fail "pause through the end: the resumed worker 1 exited $?"
+grep -q "the run already ended at global step 700 " "$T/pause-end-w1.log" ||
+  fail "pause through the end: worker 1 did not find the run ended: $(tail -3 "$T/pause-end-w1.log")"
+! grep -q "done: \|in view [0-9]*: 1 at" "$T/pause-end-w1.log" ||
+  fail "pause through the end: worker 1 trained on alone after the run ended: $(grep "done: \|in view" "$T/pause-end-w1.log" | tail -2)"
+echo "ok: a member paused through the run's end: $(grep -o "this member was at global step [0-9]*" "$T/pause-end-w1.log") when it resumed; it found the run ended and exited 0"
+
 # Redis silent (SIGSTOP) past the ring's timeout: a member that cannot see
 # the current view stops training until Redis answers (a partition from
 # Redis leaves no branch training on), then the ring goes on to the end.

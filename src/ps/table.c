@@ -11,271 +11,10 @@
 
 #include "common/endian.h"
 #include "common/rng.h"
+#include "ps/keyset.h"
 
-#define NONE UINT32_MAX
+#define NONE PS_KS_NONE
 #define DEFAULT_MAX_PENDING (1u << 20)
-#define BLOCK_BYTES ((size_t)256 << 10)
-#define MIN_SLOTS 16
-#define WALKS 4                  /* walks of one table open at once */
-
-/* ------------------------------------------------------------------ */
-/* A keyset: records found by key through an open-addressing map, kept  */
-/* in an arena of fixed blocks, on a list from least to most recently   */
-/* touched.  The table has two: its rows, and the keys still pending.   */
-/* ------------------------------------------------------------------ */
-
-/* Every record starts with this; a row's floats follow it. */
-typedef struct rec {
-  uint64_t key;
-  uint64_t step;          /* last touch */
-  uint64_t count;         /* row: updates applied; pending: occurrences */
-  uint32_t prev, next;    /* the list; `next` also chains free records */
-} rec;
-
-/* A map slot.  The tag is the key's hash (its low 32 bits): it gives the
- * home slot without reading the record, and rules out most records that
- * are not the key without a cache miss. */
-typedef struct slot {
-  uint32_t rec;           /* NONE: empty */
-  uint32_t tag;
-} slot;
-
-/* An open walk's view of one keyset (TABLE.md, "Walks"). */
-typedef struct ks_walk {
-  uint32_t *order;        /* the records in list order when the walk began */
-  uint32_t n, next;       /* order[next] is read next */
-  uint32_t nrec;          /* records [0, nrec) were handed out when it began */
-  uint64_t *unread;       /* bit i: record i is in order, not read, its bytes still the walk's */
-  uint32_t *saved;        /* record i's bytes as the walk began: 1 + its place in bytes; 0 none */
-  char *bytes;            /* the saved records, rec_bytes each */
-  size_t nsaved, cap;
-  int spoilt;             /* a save found no memory: the walk cannot go on */
-} ks_walk;
-
-typedef struct keyset {
-  size_t rec_bytes;       /* a multiple of 8 */
-  unsigned shift;         /* records per block: 1 << shift */
-  char **blocks;
-  uint32_t nblocks, cap_blocks;
-  uint32_t used;          /* records [0, used) were handed out at least once */
-  uint32_t free_head, nfree;
-  uint32_t live;
-  uint32_t head, tail;    /* head: least recently touched */
-  slot *slots;            /* nslots, a power of two; NULL before the first record */
-  size_t nslots;
-  ks_walk *walks[WALKS];  /* the open walks (NULL: a free place) */
-} keyset;
-
-static void ks_init(keyset *ks, size_t rec_bytes) {
-  memset(ks, 0, sizeof *ks);
-  ks->rec_bytes = rec_bytes;
-  while (ks->shift < 31 && (rec_bytes << (ks->shift + 1)) <= BLOCK_BYTES)
-    ks->shift++;
-  ks->free_head = ks->head = ks->tail = NONE;
-}
-
-static void ks_close(keyset *ks) {
-  for (uint32_t b = 0; b < ks->nblocks; b++)
-    free(ks->blocks[b]);
-  free(ks->blocks);
-  free(ks->slots);
-}
-
-static rec *ks_at(const keyset *ks, uint32_t i) {
-  return (rec *)(ks->blocks[i >> ks->shift] + (size_t)(i & ((1u << ks->shift) - 1)) * ks->rec_bytes);
-}
-
-static uint64_t ks_bytes(const keyset *ks) {
-  return (uint64_t)ks->nblocks * (ks->rec_bytes << ks->shift) +
-         (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(slot);
-}
-
-static uint32_t tag_of(uint64_t key) {
-  return (uint32_t)XXH3_64bits(&key, sizeof key);
-}
-
-/* The slot that holds `key`, or the empty slot where it would go. */
-static size_t ks_probe(const keyset *ks, uint64_t key, uint32_t tag) {
-  size_t mask = ks->nslots - 1;
-  for (size_t i = tag & mask;; i = (i + 1) & mask) {
-    slot s = ks->slots[i];
-    if (s.rec == NONE || (s.tag == tag && ks_at(ks, s.rec)->key == key))
-      return i;
-  }
-}
-
-static uint32_t ks_find(const keyset *ks, uint64_t key) {
-  if (ks->nslots == 0)
-    return NONE;
-  return ks->slots[ks_probe(ks, key, tag_of(key))].rec;
-}
-
-static int ks_grow_map(keyset *ks, size_t nslots) {
-  slot *s = malloc(nslots * sizeof *s);
-  if (s == NULL)
-    return -ENOMEM;
-  memset(s, 0xff, nslots * sizeof *s);
-  for (size_t i = 0; i < ks->nslots; i++) {
-    if (ks->slots[i].rec == NONE)
-      continue;
-    size_t j = ks->slots[i].tag & (nslots - 1);
-    while (s[j].rec != NONE)
-      j = (j + 1) & (nslots - 1);
-    s[j] = ks->slots[i];
-  }
-  free(ks->slots);
-  ks->slots = s;
-  ks->nslots = nslots;
-  return 0;
-}
-
-/* Make room for `target` live records: the map at most 3/4 full, and
- * enough records free or in allocated blocks.  Nothing else changes, so a
- * caller reserves before it starts a change it must finish. */
-static int ks_reserve(keyset *ks, uint64_t target) {
-  if (target >= NONE)
-    return -ENOMEM;
-  size_t nslots = ks->nslots ? ks->nslots : MIN_SLOTS;
-  while (target * 4 > (uint64_t)nslots * 3)
-    nslots *= 2;
-  if (nslots != ks->nslots && ks_grow_map(ks, nslots) != 0)
-    return -ENOMEM;
-  uint64_t need = target > ks->live ? target - ks->live : 0;
-  while ((uint64_t)ks->nfree + ((uint64_t)ks->nblocks << ks->shift) - ks->used < need) {
-    if (((uint64_t)ks->nblocks + 1) << ks->shift > NONE)
-      return -ENOMEM;
-    if (ks->nblocks == ks->cap_blocks) {
-      uint32_t cap = ks->cap_blocks ? 2 * ks->cap_blocks : 8;
-      char **b = realloc(ks->blocks, cap * sizeof *b);
-      if (b == NULL)
-        return -ENOMEM;
-      ks->blocks = b;
-      ks->cap_blocks = cap;
-    }
-    if ((ks->blocks[ks->nblocks] = malloc(ks->rec_bytes << ks->shift)) == NULL)
-      return -ENOMEM;
-    ks->nblocks++;
-  }
-  return 0;
-}
-
-static void lru_unlink(keyset *ks, uint32_t i) {
-  rec *r = ks_at(ks, i);
-  if (r->prev != NONE)
-    ks_at(ks, r->prev)->next = r->next;
-  else
-    ks->head = r->next;
-  if (r->next != NONE)
-    ks_at(ks, r->next)->prev = r->prev;
-  else
-    ks->tail = r->prev;
-}
-
-/* Link record i after every record of a step at most its own.  From the
- * tail, so a record stamped now (stamp()) goes in at once. */
-static void lru_insert(keyset *ks, uint32_t i) {
-  rec *r = ks_at(ks, i);
-  uint32_t after = ks->tail;
-  while (after != NONE && ks_at(ks, after)->step > r->step)
-    after = ks_at(ks, after)->prev;
-  r->prev = after;
-  r->next = after == NONE ? ks->head : ks_at(ks, after)->next;
-  if (after == NONE)
-    ks->head = i;
-  else
-    ks_at(ks, after)->next = i;
-  if (r->next == NONE)
-    ks->tail = i;
-  else
-    ks_at(ks, r->next)->prev = i;
-}
-
-/* The step a touch at `step` records: never older than the newest touch
- * in the keyset, so the list stays ordered by step (TABLE.md: stamps). */
-static uint64_t stamp(const keyset *ks, uint64_t step) {
-  if (ks->tail != NONE && ks_at(ks, ks->tail)->step > step)
-    return ks_at(ks, ks->tail)->step;
-  return step;
-}
-
-/* Record i's bytes are about to change or the record to go: each open
- * walk that has not read it yet keeps them first. */
-static void ks_keep_for(keyset *ks, ks_walk *w, uint32_t i) {
-  if (w == NULL || i >= w->nrec || !(w->unread[i >> 6] >> (i & 63) & 1))
-    return;
-  w->unread[i >> 6] &= ~(1ULL << (i & 63));
-  if (w->nsaved == w->cap) {
-    size_t cap = w->cap ? 2 * w->cap : 1024;
-    char *b = realloc(w->bytes, cap * ks->rec_bytes);
-    if (b == NULL) {
-      w->spoilt = 1;
-      return;
-    }
-    w->bytes = b;
-    w->cap = cap;
-  }
-  memcpy(w->bytes + w->nsaved * ks->rec_bytes, ks_at(ks, i), ks->rec_bytes);
-  w->saved[i] = (uint32_t)++w->nsaved;
-}
-
-static void ks_keep(keyset *ks, uint32_t i) {
-  for (int k = 0; k < WALKS; k++)
-    ks_keep_for(ks, ks->walks[k], i);
-}
-
-static void ks_touch(keyset *ks, uint32_t i, uint64_t step) {
-  ks_keep(ks, i);
-  uint64_t s = stamp(ks, step);
-  lru_unlink(ks, i);
-  ks_at(ks, i)->step = s;
-  lru_insert(ks, i);
-}
-
-/* A new record for `key` (reserved before), last touched at `step`
- * (placed by it, not stamped), count 0; its payload is the caller's. */
-static uint32_t ks_add(keyset *ks, uint64_t key, uint64_t step) {
-  uint32_t i;
-  if (ks->free_head != NONE) {
-    i = ks->free_head;
-    ks->free_head = ks_at(ks, i)->next;
-    ks->nfree--;
-  } else {
-    i = ks->used++;
-  }
-  uint32_t tag = tag_of(key);
-  ks->slots[ks_probe(ks, key, tag)] = (slot){i, tag};
-  rec *r = ks_at(ks, i);
-  r->key = key;
-  r->step = step;
-  r->count = 0;
-  lru_insert(ks, i);
-  ks->live++;
-  return i;
-}
-
-/* Take record i out of the map (backward shift: no tombstones, so probe
- * lengths never grow with deletions) and the list, and free it. */
-static void ks_del(keyset *ks, uint32_t i) {
-  ks_keep(ks, i);
-  size_t mask = ks->nslots - 1;
-  uint64_t key = ks_at(ks, i)->key;
-  size_t hole = ks_probe(ks, key, tag_of(key));
-  for (size_t j = (hole + 1) & mask; ks->slots[j].rec != NONE; j = (j + 1) & mask) {
-    size_t home = ks->slots[j].tag & mask;
-    /* The entry at j may fill the hole if the hole is not before its
-     * home on its probe path. */
-    if (((j - home) & mask) >= ((j - hole) & mask)) {
-      ks->slots[hole] = ks->slots[j];
-      hole = j;
-    }
-  }
-  ks->slots[hole].rec = NONE;
-  lru_unlink(ks, i);
-  ks_at(ks, i)->next = ks->free_head;
-  ks->free_head = i;
-  ks->nfree++;
-  ks->live--;
-}
 
 /* ------------------------------------------------------------------ */
 /* The table                                                            */
@@ -284,18 +23,18 @@ static void ks_del(keyset *ks, uint32_t i) {
 struct ps_table {
   ps_table_opts o;
   int nslots;             /* optimizer slots per row */
-  keyset rows, pend;
+  ps_keyset rows, pend;
   uint64_t *scratch;      /* a push's keys, sorted to find repeats */
   size_t scratch_cap;
   ps_table_stats st;
-  struct ps_table_walk *walks[WALKS];  /* the open walks (NULL: a free place) */
+  struct ps_table_walk *walks[PS_KS_WALKS];  /* the open walks (NULL: a free place) */
 };
 
-static float *row_values(const rec *r) {
+static float *row_values(const ps_ks_rec *r) {
   return (float *)(uintptr_t)(r + 1);
 }
 
-static void row_slots(const ps_table *t, const rec *r, float *slots[PS_OPTIM_MAX_SLOTS]) {
+static void row_slots(const ps_table *t, const ps_ks_rec *r, float *slots[PS_OPTIM_MAX_SLOTS]) {
   for (int s = 0; s < PS_OPTIM_MAX_SLOTS; s++)
     slots[s] = s < t->nslots ? row_values(r) + (size_t)t->o.dim * (size_t)(s + 1) : NULL;
 }
@@ -339,8 +78,8 @@ int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb) {
     t->o.max_pending = DEFAULT_MAX_PENDING;
   t->nslots = ps_optim_nslots(o->optim.kind);
   size_t floats = (size_t)o->dim * (size_t)(1 + t->nslots);
-  ks_init(&t->rows, (sizeof(rec) + floats * sizeof(float) + 7) & ~(size_t)7);
-  ks_init(&t->pend, sizeof(rec));
+  ps_ks_init(&t->rows, (sizeof(ps_ks_rec) + floats * sizeof(float) + 7) & ~(size_t)7);
+  ps_ks_init(&t->pend, sizeof(ps_ks_rec));
   *out = t;
   return 0;
 }
@@ -348,10 +87,10 @@ int ps_table_new(const ps_table_opts *o, ps_table **out, ps_errbuf *eb) {
 void ps_table_free(ps_table *t) {
   if (t == NULL)
     return;
-  for (int k = 0; k < WALKS; k++)
+  for (int k = 0; k < PS_KS_WALKS; k++)
     ps_table_walk_end(t->walks[k]);
-  ks_close(&t->rows);
-  ks_close(&t->pend);
+  ps_ks_close(&t->rows);
+  ps_ks_close(&t->pend);
   free(t->scratch);
   free(t);
 }
@@ -386,9 +125,9 @@ void ps_table_init_row(const ps_table_opts *o, uint64_t key, float *out) {
 void ps_table_pull(const ps_table *t, const uint64_t *keys, size_t n, float *out) {
   for (size_t i = 0; i < n; i++) {
     float *dst = out + i * t->o.dim;
-    uint32_t r = ks_find(&t->rows, keys[i]);
+    uint32_t r = ps_ks_find(&t->rows, keys[i]);
     if (r != NONE)
-      memcpy(dst, row_values(ks_at(&t->rows, r)), t->o.dim * sizeof(float));
+      memcpy(dst, row_values(ps_ks_at(&t->rows, r)), t->o.dim * sizeof(float));
     else
       ps_table_init_row(&t->o, keys[i], dst);
   }
@@ -436,7 +175,7 @@ static int check_distinct(ps_table *t, const uint64_t *keys, size_t n, ps_errbuf
   return 0;
 }
 
-static void row_apply(ps_table *t, rec *r, const float *g, float lr) {
+static void row_apply(ps_table *t, ps_ks_rec *r, const float *g, float lr) {
   float *slots[PS_OPTIM_MAX_SLOTS];
   row_slots(t, r, slots);
   r->count++;
@@ -444,8 +183,8 @@ static void row_apply(ps_table *t, rec *r, const float *g, float lr) {
 }
 
 static void evict_head(ps_table *t, ps_table_event kind) {
-  uint64_t key = ks_at(&t->rows, t->rows.head)->key;
-  ks_del(&t->rows, t->rows.head);
+  uint64_t key = ps_ks_at(&t->rows, t->rows.head)->key;
+  ps_ks_del(&t->rows, t->rows.head);
   if (kind == PS_TABLE_EVICT)
     t->st.evicted++;
   else
@@ -454,7 +193,7 @@ static void evict_head(ps_table *t, ps_table_event kind) {
 }
 
 static void forget_head(ps_table *t) {
-  ks_del(&t->pend, t->pend.head);
+  ps_ks_del(&t->pend, t->pend.head);
   t->st.forgotten++;
 }
 
@@ -462,8 +201,8 @@ static void forget_head(ps_table *t) {
 static void admit(ps_table *t, uint64_t key, const float *g, float lr, uint64_t step) {
   if (t->o.max_rows > 0 && t->rows.live >= t->o.max_rows)
     evict_head(t, PS_TABLE_EVICT);
-  uint32_t i = ks_add(&t->rows, key, stamp(&t->rows, step));
-  rec *r = ks_at(&t->rows, i);
+  uint32_t i = ps_ks_add(&t->rows, key, ps_ks_stamp(&t->rows, step));
+  ps_ks_rec *r = ps_ks_at(&t->rows, i);
   ps_table_init_row(&t->o, key, row_values(r));
   float *slots[PS_OPTIM_MAX_SLOTS];
   row_slots(t, r, slots);
@@ -481,11 +220,11 @@ static void occur(ps_table *t, uint64_t key, const float *g, float lr, uint64_t 
     admit(t, key, g, lr, step);
     return;
   }
-  uint32_t p = ks_find(&t->pend, key);
-  uint64_t c = (p == NONE ? 0 : ks_at(&t->pend, p)->count) + 1;
+  uint32_t p = ps_ks_find(&t->pend, key);
+  uint64_t c = (p == NONE ? 0 : ps_ks_at(&t->pend, p)->count) + 1;
   if (c >= t->o.admit_after) {
     if (p != NONE)
-      ks_del(&t->pend, p);
+      ps_ks_del(&t->pend, p);
     admit(t, key, g, lr, step);
     return;
   }
@@ -493,11 +232,11 @@ static void occur(ps_table *t, uint64_t key, const float *g, float lr, uint64_t 
   if (p == NONE) {
     if (t->pend.live >= t->o.max_pending)
       forget_head(t);
-    p = ks_add(&t->pend, key, stamp(&t->pend, step));
+    p = ps_ks_add(&t->pend, key, ps_ks_stamp(&t->pend, step));
   } else {
-    ks_touch(&t->pend, p, step);
+    ps_ks_touch(&t->pend, p, step);
   }
-  ks_at(&t->pend, p)->count = c;
+  ps_ks_at(&t->pend, p)->count = c;
 }
 
 int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t n, float lr,
@@ -513,11 +252,11 @@ int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t 
   size_t nfresh = 0;
   uint64_t new_rows = 0, new_pend = 0;
   for (size_t i = 0; i < n; i++) {
-    if (ks_find(&t->rows, keys[i]) != NONE)
+    if (ps_ks_find(&t->rows, keys[i]) != NONE)
       continue;
     fresh[nfresh++] = i;
-    uint32_t p = t->o.admit_after <= 1 ? NONE : ks_find(&t->pend, keys[i]);
-    if (t->o.admit_after <= 1 || (p != NONE && ks_at(&t->pend, p)->count + 1 >= t->o.admit_after))
+    uint32_t p = t->o.admit_after <= 1 ? NONE : ps_ks_find(&t->pend, keys[i]);
+    if (t->o.admit_after <= 1 || (p != NONE && ps_ks_at(&t->pend, p)->count + 1 >= t->o.admit_after))
       new_rows++;
     else if (p == NONE)
       new_pend++;
@@ -527,19 +266,19 @@ int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t 
     rows = t->o.max_rows;
   if (pend > t->o.max_pending)
     pend = t->o.max_pending;
-  if (ks_reserve(&t->rows, rows) != 0 || ks_reserve(&t->pend, pend) != 0)
+  if (ps_ks_reserve(&t->rows, rows) != 0 || ps_ks_reserve(&t->pend, pend) != 0)
     return -ENOMEM;
   /* The rows first, so that a row this push updates is not evicted to make
    * room for one it creates before its turn; then the keys without rows,
    * in push order. */
   size_t dim = t->o.dim;
   for (size_t i = 0; i < n; i++) {
-    uint32_t r = ks_find(&t->rows, keys[i]);
+    uint32_t r = ps_ks_find(&t->rows, keys[i]);
     if (r == NONE)
       continue;
-    ks_keep(&t->rows, r);
-    row_apply(t, ks_at(&t->rows, r), grads + i * dim, lr);
-    ks_touch(&t->rows, r, step);
+    ps_ks_keep(&t->rows, r);
+    row_apply(t, ps_ks_at(&t->rows, r), grads + i * dim, lr);
+    ps_ks_touch(&t->rows, r, step);
   }
   for (size_t f = 0; f < nfresh; f++) {
     size_t i = (size_t)fresh[f];
@@ -553,10 +292,10 @@ int ps_table_push(ps_table *t, const uint64_t *keys, const float *grads, size_t 
 /* ------------------------------------------------------------------ */
 
 /* Is the head of ks untouched for at least `idle` steps at `step`? */
-static int head_idle(const keyset *ks, uint64_t idle, uint64_t step) {
+static int head_idle(const ps_keyset *ks, uint64_t idle, uint64_t step) {
   if (ks->head == NONE)
     return 0;
-  uint64_t last = ks_at(ks, ks->head)->step;
+  uint64_t last = ps_ks_at(ks, ks->head)->step;
   return last <= step && step - last >= idle;
 }
 
@@ -573,20 +312,20 @@ size_t ps_table_expire(ps_table *t, uint64_t step) {
 }
 
 int ps_table_remove(ps_table *t, uint64_t key) {
-  uint32_t i = ks_find(&t->rows, key);
+  uint32_t i = ps_ks_find(&t->rows, key);
   if (i != NONE) {
-    ks_del(&t->rows, i);
+    ps_ks_del(&t->rows, i);
     return 1;
   }
-  i = ks_find(&t->pend, key);
+  i = ps_ks_find(&t->pend, key);
   if (i != NONE) {
-    ks_del(&t->pend, i);
+    ps_ks_del(&t->pend, i);
     return 1;
   }
   return 0;
 }
 
-static void entry_of(const ps_table *t, const rec *r, int pending, ps_table_entry *out) {
+static void entry_of(const ps_table *t, const ps_ks_rec *r, int pending, ps_table_entry *out) {
   float *slots[PS_OPTIM_MAX_SLOTS];
   *out = (ps_table_entry){.pending = pending, .key = r->key, .count = r->count,
                           .last_step = r->step};
@@ -599,14 +338,14 @@ static void entry_of(const ps_table *t, const rec *r, int pending, ps_table_entr
 }
 
 int ps_table_get(const ps_table *t, uint64_t key, ps_table_entry *out) {
-  uint32_t i = ks_find(&t->rows, key);
+  uint32_t i = ps_ks_find(&t->rows, key);
   if (i != NONE) {
-    entry_of(t, ks_at(&t->rows, i), 0, out);
+    entry_of(t, ps_ks_at(&t->rows, i), 0, out);
     return 1;
   }
-  i = ks_find(&t->pend, key);
+  i = ps_ks_find(&t->pend, key);
   if (i != NONE) {
-    entry_of(t, ks_at(&t->pend, i), 1, out);
+    entry_of(t, ps_ks_at(&t->pend, i), 1, out);
     return 1;
   }
   return 0;
@@ -628,8 +367,8 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
   }
   if (it->next == NONE)
     return 0;
-  const keyset *ks = it->pending ? &t->pend : &t->rows;
-  const rec *r = ks_at(ks, it->next);
+  const ps_keyset *ks = it->pending ? &t->pend : &t->rows;
+  const ps_ks_rec *r = ps_ks_at(ks, it->next);
   entry_of(t, r, it->pending, out);
   it->next = r->next;
   return 1;
@@ -642,54 +381,26 @@ int ps_table_iter_next(const ps_table *t, ps_table_iter *it, ps_table_entry *out
 struct ps_table_walk {
   ps_table *t;
   int place;              /* in t->walks and the keysets' walks */
-  ks_walk rows, pend;
+  ps_ks_walk rows, pend;
 };
-
-static void ks_walk_free(ks_walk *w) {
-  free(w->order);
-  free(w->unread);
-  free(w->saved);
-  free(w->bytes);
-}
-
-static int ks_walk_begin(keyset *ks, ks_walk *w, int place) {
-  memset(w, 0, sizeof *w);
-  w->n = ks->live;
-  w->nrec = ks->used;
-  w->order = malloc(((size_t)w->n + 1) * sizeof *w->order);
-  w->unread = calloc(((size_t)w->nrec + 63) / 64 + 1, sizeof *w->unread);
-  w->saved = calloc((size_t)w->nrec + 1, sizeof *w->saved);
-  if (w->order == NULL || w->unread == NULL || w->saved == NULL) {
-    ks_walk_free(w);
-    return -ENOMEM;
-  }
-  uint32_t k = 0;
-  for (uint32_t i = ks->head; i != NONE; i = ks_at(ks, i)->next) {
-    w->order[k++] = i;
-    w->unread[i >> 6] |= 1ULL << (i & 63);
-  }
-  ks->walks[place] = w;
-  return 0;
-}
 
 ps_table_walk *ps_table_walk_begin(ps_table *t) {
   int place = 0;
-  while (place < WALKS && t->walks[place] != NULL)
+  while (place < PS_KS_WALKS && t->walks[place] != NULL)
     place++;
-  if (place == WALKS)
+  if (place == PS_KS_WALKS)
     return NULL;
   ps_table_walk *w = calloc(1, sizeof *w);
   if (w == NULL)
     return NULL;
   w->t = t;
   w->place = place;
-  if (ks_walk_begin(&t->rows, &w->rows, place) != 0) {
+  if (ps_ks_walk_begin(&t->rows, &w->rows, place) != 0) {
     free(w);
     return NULL;
   }
-  if (ks_walk_begin(&t->pend, &w->pend, place) != 0) {
-    t->rows.walks[place] = NULL;
-    ks_walk_free(&w->rows);
+  if (ps_ks_walk_begin(&t->pend, &w->pend, place) != 0) {
+    ps_ks_walk_end(&t->rows, &w->rows, place);
     free(w);
     return NULL;
   }
@@ -702,33 +413,23 @@ void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pend
   *pending = w->pend.n;
 }
 
-/* The next record of one keyset's walk: its saved bytes, or the live ones
- * (read now: a change after this saves nothing). */
-static const rec *ks_walk_next(const keyset *ks, ks_walk *w) {
-  uint32_t i = w->order[w->next++];
-  if (w->saved[i] != 0)
-    return (const rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes);
-  w->unread[i >> 6] &= ~(1ULL << (i & 63));
-  return ks_at(ks, i);
-}
-
 int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out) {
   ps_table *t = w->t;
   if (w->rows.spoilt || w->pend.spoilt)
     return -ENOMEM;
   if (w->rows.next < w->rows.n) {
-    entry_of(t, ks_walk_next(&t->rows, &w->rows), 0, out);
+    entry_of(t, ps_ks_walk_next(&t->rows, &w->rows), 0, out);
     return 1;
   }
   if (w->pend.next < w->pend.n) {
-    entry_of(t, ks_walk_next(&t->pend, &w->pend), 1, out);
+    entry_of(t, ps_ks_walk_next(&t->pend, &w->pend), 1, out);
     return 1;
   }
   return 0;
 }
 
 int ps_table_walking(const ps_table *t) {
-  for (int k = 0; k < WALKS; k++)
+  for (int k = 0; k < PS_KS_WALKS; k++)
     if (t->walks[k] != NULL)
       return 1;
   return 0;
@@ -741,10 +442,9 @@ uint64_t ps_table_walk_saved(const ps_table_walk *w) {
 void ps_table_walk_end(ps_table_walk *w) {
   if (w == NULL)
     return;
-  w->t->rows.walks[w->place] = w->t->pend.walks[w->place] = NULL;
   w->t->walks[w->place] = NULL;
-  ks_walk_free(&w->rows);
-  ks_walk_free(&w->pend);
+  ps_ks_walk_end(&w->t->rows, &w->rows, w->place);
+  ps_ks_walk_end(&w->t->pend, &w->pend, w->place);
   free(w);
 }
 
@@ -775,8 +475,8 @@ static int check_entry(const ps_table *t, const ps_table_entry *e, ps_errbuf *eb
 
 /* The entry's record i (just added to ks, linked by its last_step): its
  * count, values and slots; then the caps. */
-static int place(ps_table *t, keyset *ks, uint32_t i, const ps_table_entry *e) {
-  rec *r = ks_at(ks, i);
+static int place(ps_table *t, ps_keyset *ks, uint32_t i, const ps_table_entry *e) {
+  ps_ks_rec *r = ps_ks_at(ks, i);
   r->count = e->count;
   if (e->pending) {
     while (t->pend.live > t->o.max_pending)
@@ -797,28 +497,28 @@ int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
   int rc = check_entry(t, e, eb);
   if (rc != 0)
     return rc;
-  keyset *ks = e->pending ? &t->pend : &t->rows;
-  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+  ps_keyset *ks = e->pending ? &t->pend : &t->rows;
+  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
     return -ENOMEM;
   ps_table_remove(t, e->key);
-  return place(t, ks, ks_add(ks, e->key, e->last_step), e);
+  return place(t, ks, ps_ks_add(ks, e->key, e->last_step), e);
 }
 
 int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
   int rc = check_entry(t, e, eb);
   if (rc != 0)
     return rc;
-  keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
-  if (ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+  ps_keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
+  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
     return -ENOMEM;
-  if ((other->live > 0 && ks_find(other, e->key) != NONE) || ks_find(ks, e->key) != NONE)
+  if ((other->live > 0 && ps_ks_find(other, e->key) != NONE) || ps_ks_find(ks, e->key) != NONE)
     return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
                       "table", e->key);
-  return place(t, ks, ks_add(ks, e->key, e->last_step), e);
+  return place(t, ks, ps_ks_add(ks, e->key, e->last_step), e);
 }
 
 int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending) {
-  if (ks_reserve(&t->rows, rows) != 0 || ks_reserve(&t->pend, pending) != 0)
+  if (ps_ks_reserve(&t->rows, rows) != 0 || ps_ks_reserve(&t->pend, pending) != 0)
     return -ENOMEM;
   return 0;
 }
@@ -827,6 +527,6 @@ ps_table_stats ps_table_get_stats(const ps_table *t) {
   ps_table_stats s = t->st;
   s.rows = t->rows.live;
   s.pending = t->pend.live;
-  s.bytes = sizeof *t + ks_bytes(&t->rows) + ks_bytes(&t->pend) + t->scratch_cap * sizeof(uint64_t);
+  s.bytes = sizeof *t + ps_ks_bytes(&t->rows) + ps_ks_bytes(&t->pend) + t->scratch_cap * sizeof(uint64_t);
   return s;
 }

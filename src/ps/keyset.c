@@ -1,0 +1,261 @@
+/* A sparse table's keyset (see keyset.h; TABLE.md gives the structure). */
+#include "ps/keyset.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define BLOCK_BYTES ((size_t)256 << 10)
+#define MIN_SLOTS 16
+
+void ps_ks_init(ps_keyset *ks, size_t rec_bytes) {
+  memset(ks, 0, sizeof *ks);
+  ks->rec_bytes = rec_bytes;
+  while (ks->shift < 31 && (rec_bytes << (ks->shift + 1)) <= BLOCK_BYTES)
+    ks->shift++;
+  ks->free_head = ks->head = ks->tail = PS_KS_NONE;
+}
+
+void ps_ks_close(ps_keyset *ks) {
+  for (uint32_t b = 0; b < ks->nblocks; b++)
+    free(ks->blocks[b]);
+  free(ks->blocks);
+  free(ks->slots);
+}
+
+
+uint64_t ps_ks_bytes(const ps_keyset *ks) {
+  return (uint64_t)ks->nblocks * (ks->rec_bytes << ks->shift) +
+         (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(ps_ks_slot);
+}
+
+static uint32_t tag_of(uint64_t key) {
+  return (uint32_t)XXH3_64bits(&key, sizeof key);
+}
+
+/* The slot that holds `key`, or the empty slot where it would go. */
+static size_t ks_probe(const ps_keyset *ks, uint64_t key, uint32_t tag) {
+  size_t mask = ks->nslots - 1;
+  for (size_t i = tag & mask;; i = (i + 1) & mask) {
+    ps_ks_slot s = ks->slots[i];
+    if (s.rec == PS_KS_NONE || (s.tag == tag && ps_ks_at(ks, s.rec)->key == key))
+      return i;
+  }
+}
+
+uint32_t ps_ks_find(const ps_keyset *ks, uint64_t key) {
+  if (ks->nslots == 0)
+    return PS_KS_NONE;
+  return ks->slots[ks_probe(ks, key, tag_of(key))].rec;
+}
+
+static int ks_grow_map(ps_keyset *ks, size_t nslots) {
+  ps_ks_slot *s = malloc(nslots * sizeof *s);
+  if (s == NULL)
+    return -ENOMEM;
+  memset(s, 0xff, nslots * sizeof *s);
+  for (size_t i = 0; i < ks->nslots; i++) {
+    if (ks->slots[i].rec == PS_KS_NONE)
+      continue;
+    size_t j = ks->slots[i].tag & (nslots - 1);
+    while (s[j].rec != PS_KS_NONE)
+      j = (j + 1) & (nslots - 1);
+    s[j] = ks->slots[i];
+  }
+  free(ks->slots);
+  ks->slots = s;
+  ks->nslots = nslots;
+  return 0;
+}
+
+/* Make room for `target` live records: the map at most 3/4 full, and
+ * enough records free or in allocated blocks.  Nothing else changes, so a
+ * caller reserves before it starts a change it must finish. */
+int ps_ks_reserve(ps_keyset *ks, uint64_t target) {
+  if (target >= PS_KS_NONE)
+    return -ENOMEM;
+  size_t nslots = ks->nslots ? ks->nslots : MIN_SLOTS;
+  while (target * 4 > (uint64_t)nslots * 3)
+    nslots *= 2;
+  if (nslots != ks->nslots && ks_grow_map(ks, nslots) != 0)
+    return -ENOMEM;
+  uint64_t need = target > ks->live ? target - ks->live : 0;
+  while ((uint64_t)ks->nfree + ((uint64_t)ks->nblocks << ks->shift) - ks->used < need) {
+    if (((uint64_t)ks->nblocks + 1) << ks->shift > PS_KS_NONE)
+      return -ENOMEM;
+    if (ks->nblocks == ks->cap_blocks) {
+      uint32_t cap = ks->cap_blocks ? 2 * ks->cap_blocks : 8;
+      char **b = realloc(ks->blocks, cap * sizeof *b);
+      if (b == NULL)
+        return -ENOMEM;
+      ks->blocks = b;
+      ks->cap_blocks = cap;
+    }
+    if ((ks->blocks[ks->nblocks] = malloc(ks->rec_bytes << ks->shift)) == NULL)
+      return -ENOMEM;
+    ks->nblocks++;
+  }
+  return 0;
+}
+
+static void lru_unlink(ps_keyset *ks, uint32_t i) {
+  ps_ks_rec *r = ps_ks_at(ks, i);
+  if (r->prev != PS_KS_NONE)
+    ps_ks_at(ks, r->prev)->next = r->next;
+  else
+    ks->head = r->next;
+  if (r->next != PS_KS_NONE)
+    ps_ks_at(ks, r->next)->prev = r->prev;
+  else
+    ks->tail = r->prev;
+}
+
+/* Link record i after every record of a step at most its own.  From the
+ * tail, so a record stamped now (ps_ks_stamp()) goes in at once. */
+static void lru_insert(ps_keyset *ks, uint32_t i) {
+  ps_ks_rec *r = ps_ks_at(ks, i);
+  uint32_t after = ks->tail;
+  while (after != PS_KS_NONE && ps_ks_at(ks, after)->step > r->step)
+    after = ps_ks_at(ks, after)->prev;
+  r->prev = after;
+  r->next = after == PS_KS_NONE ? ks->head : ps_ks_at(ks, after)->next;
+  if (after == PS_KS_NONE)
+    ks->head = i;
+  else
+    ps_ks_at(ks, after)->next = i;
+  if (r->next == PS_KS_NONE)
+    ks->tail = i;
+  else
+    ps_ks_at(ks, r->next)->prev = i;
+}
+
+/* The step a touch at `step` records: never older than the newest touch
+ * in the ps_keyset, so the list stays ordered by step (TABLE.md: stamps). */
+uint64_t ps_ks_stamp(const ps_keyset *ks, uint64_t step) {
+  if (ks->tail != PS_KS_NONE && ps_ks_at(ks, ks->tail)->step > step)
+    return ps_ks_at(ks, ks->tail)->step;
+  return step;
+}
+
+/* Record i's bytes are about to change or the record to go: each open
+ * walk that has not read it yet keeps them first. */
+static void ks_keep_for(ps_keyset *ks, ps_ks_walk *w, uint32_t i) {
+  if (w == NULL || i >= w->nrec || !(w->unread[i >> 6] >> (i & 63) & 1))
+    return;
+  w->unread[i >> 6] &= ~(1ULL << (i & 63));
+  if (w->nsaved == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 1024;
+    char *b = realloc(w->bytes, cap * ks->rec_bytes);
+    if (b == NULL) {
+      w->spoilt = 1;
+      return;
+    }
+    w->bytes = b;
+    w->cap = cap;
+  }
+  memcpy(w->bytes + w->nsaved * ks->rec_bytes, ps_ks_at(ks, i), ks->rec_bytes);
+  w->saved[i] = (uint32_t)++w->nsaved;
+}
+
+void ps_ks_keep(ps_keyset *ks, uint32_t i) {
+  for (int k = 0; k < PS_KS_WALKS; k++)
+    ks_keep_for(ks, ks->walks[k], i);
+}
+
+void ps_ks_touch(ps_keyset *ks, uint32_t i, uint64_t step) {
+  ps_ks_keep(ks, i);
+  uint64_t s = ps_ks_stamp(ks, step);
+  lru_unlink(ks, i);
+  ps_ks_at(ks, i)->step = s;
+  lru_insert(ks, i);
+}
+
+/* A new record for `key` (reserved before), last touched at `step`
+ * (placed by it, not stamped), count 0; its payload is the caller's. */
+uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step) {
+  uint32_t i;
+  if (ks->free_head != PS_KS_NONE) {
+    i = ks->free_head;
+    ks->free_head = ps_ks_at(ks, i)->next;
+    ks->nfree--;
+  } else {
+    i = ks->used++;
+  }
+  uint32_t tag = tag_of(key);
+  ks->slots[ks_probe(ks, key, tag)] = (ps_ks_slot){i, tag};
+  ps_ks_rec *r = ps_ks_at(ks, i);
+  r->key = key;
+  r->step = step;
+  r->count = 0;
+  lru_insert(ks, i);
+  ks->live++;
+  return i;
+}
+
+/* Take record i out of the map (backward shift: no tombstones, so probe
+ * lengths never grow with deletions) and the list, and free it. */
+void ps_ks_del(ps_keyset *ks, uint32_t i) {
+  ps_ks_keep(ks, i);
+  size_t mask = ks->nslots - 1;
+  uint64_t key = ps_ks_at(ks, i)->key;
+  size_t hole = ks_probe(ks, key, tag_of(key));
+  for (size_t j = (hole + 1) & mask; ks->slots[j].rec != PS_KS_NONE; j = (j + 1) & mask) {
+    size_t home = ks->slots[j].tag & mask;
+    /* The entry at j may fill the hole if the hole is not before its
+     * home on its probe path. */
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      ks->slots[hole] = ks->slots[j];
+      hole = j;
+    }
+  }
+  ks->slots[hole].rec = PS_KS_NONE;
+  lru_unlink(ks, i);
+  ps_ks_at(ks, i)->next = ks->free_head;
+  ks->free_head = i;
+  ks->nfree++;
+  ks->live--;
+}
+
+static void walk_free(ps_ks_walk *w) {
+  free(w->order);
+  free(w->unread);
+  free(w->saved);
+  free(w->bytes);
+}
+
+void ps_ks_walk_end(ps_keyset *ks, ps_ks_walk *w, int place) {
+  if (ks->walks[place] == w)
+    ks->walks[place] = NULL;
+  walk_free(w);
+}
+
+int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place) {
+  memset(w, 0, sizeof *w);
+  w->n = ks->live;
+  w->nrec = ks->used;
+  w->order = malloc(((size_t)w->n + 1) * sizeof *w->order);
+  w->unread = calloc(((size_t)w->nrec + 63) / 64 + 1, sizeof *w->unread);
+  w->saved = calloc((size_t)w->nrec + 1, sizeof *w->saved);
+  if (w->order == NULL || w->unread == NULL || w->saved == NULL) {
+    walk_free(w);
+    return -ENOMEM;
+  }
+  uint32_t k = 0;
+  for (uint32_t i = ks->head; i != PS_KS_NONE; i = ps_ks_at(ks, i)->next) {
+    w->order[k++] = i;
+    w->unread[i >> 6] |= 1ULL << (i & 63);
+  }
+  ks->walks[place] = w;
+  return 0;
+}
+
+/* The next record of one keyset's walk: its saved bytes, or the live ones
+ * (read now: a change after this saves nothing). */
+const ps_ks_rec *ps_ks_walk_next(const ps_keyset *ks, ps_ks_walk *w) {
+  uint32_t i = w->order[w->next++];
+  if (w->saved[i] != 0)
+    return (const ps_ks_rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes);
+  w->unread[i >> 6] &= ~(1ULL << (i & 63));
+  return ps_ks_at(ks, i);
+}

@@ -18,6 +18,8 @@ void ps_ks_init(ps_keyset *ks, size_t rec_bytes) {
 }
 
 void ps_ks_close(ps_keyset *ks) {
+  free(ks->changed);
+  free(ks->removed);
   for (uint32_t b = 0; b < ks->nblocks; b++)
     free(ks->blocks[b]);
   free(ks->blocks);
@@ -27,7 +29,8 @@ void ps_ks_close(ps_keyset *ks) {
 
 uint64_t ps_ks_bytes(const ps_keyset *ks) {
   return (uint64_t)ks->nblocks * (ks->rec_bytes << ks->shift) +
-         (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(ps_ks_slot);
+         (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(ps_ks_slot) +
+         (uint64_t)(ks->changed_words + ks->cap_removed) * sizeof(uint64_t);
 }
 
 static uint32_t tag_of(uint64_t key) {
@@ -90,6 +93,14 @@ int ps_ks_reserve(ps_keyset *ks, uint64_t target) {
       if (b == NULL)
         return -ENOMEM;
       ks->blocks = b;
+      /* The change bits cover every record the block array can hold. */
+      size_t words = ((((size_t)cap) << ks->shift) + 63) / 64;
+      uint64_t *c = realloc(ks->changed, words * sizeof *c);
+      if (c == NULL)
+        return -ENOMEM;
+      memset(c + ks->changed_words, 0, (words - ks->changed_words) * sizeof *c);
+      ks->changed = c;
+      ks->changed_words = words;
       ks->cap_blocks = cap;
     }
     if ((ks->blocks[ks->nblocks] = malloc(ks->rec_bytes << ks->shift)) == NULL)
@@ -163,8 +174,46 @@ void ps_ks_keep(ps_keyset *ks, uint32_t i) {
     ks_keep_for(ks, ks->walks[k], i);
 }
 
+static int changed(const ps_keyset *ks, uint32_t i) {
+  return ks->changed[i >> 6] >> (i & 63) & 1;
+}
+
+static void mark(ps_keyset *ks, uint32_t i) {
+  if (!changed(ks, i)) {
+    ks->changed[i >> 6] |= 1ULL << (i & 63);
+    ks->nchanged++;
+  }
+}
+
+static void unmark(ps_keyset *ks, uint32_t i) {
+  if (changed(ks, i)) {
+    ks->changed[i >> 6] &= ~(1ULL << (i & 63));
+    ks->nchanged--;
+  }
+}
+
+/* Append n keys to the keyset's removed keys; -ENOMEM when it cannot. */
+static int note_removed(ps_keyset *ks, const uint64_t *keys, size_t n) {
+  if (ks->nremoved + n > ks->cap_removed) {
+    size_t cap = ks->cap_removed ? ks->cap_removed : 256;
+    while (cap < ks->nremoved + n)
+      cap *= 2;
+    uint64_t *r = realloc(ks->removed, cap * sizeof *r);
+    if (r == NULL) {
+      ks->removed_lost = 1;
+      return -ENOMEM;
+    }
+    ks->removed = r;
+    ks->cap_removed = cap;
+  }
+  memcpy(ks->removed + ks->nremoved, keys, n * sizeof *keys);
+  ks->nremoved += n;
+  return 0;
+}
+
 void ps_ks_touch(ps_keyset *ks, uint32_t i, uint64_t step) {
   ps_ks_keep(ks, i);
+  mark(ks, i);
   uint64_t s = ps_ks_stamp(ks, step);
   lru_unlink(ks, i);
   ps_ks_at(ks, i)->step = s;
@@ -190,6 +239,7 @@ uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step) {
   r->count = 0;
   lru_insert(ks, i);
   ks->live++;
+  mark(ks, i);
   return i;
 }
 
@@ -199,6 +249,9 @@ void ps_ks_del(ps_keyset *ks, uint32_t i) {
   ps_ks_keep(ks, i);
   size_t mask = ks->nslots - 1;
   uint64_t key = ps_ks_at(ks, i)->key;
+  unmark(ks, i);
+  if (ks->tracking)
+    (void)note_removed(ks, &key, 1); /* on failure ps_ks_changes_lost says so */
   size_t hole = ks_probe(ks, key, tag_of(key));
   for (size_t j = (hole + 1) & mask; ks->slots[j].rec != PS_KS_NONE; j = (j + 1) & mask) {
     size_t home = ks->slots[j].tag & mask;
@@ -218,6 +271,7 @@ void ps_ks_del(ps_keyset *ks, uint32_t i) {
 }
 
 static void walk_free(ps_ks_walk *w) {
+  free(w->removed);
   free(w->order);
   free(w->unread);
   free(w->saved);
@@ -230,9 +284,10 @@ void ps_ks_walk_end(ps_keyset *ks, ps_ks_walk *w, int place) {
   walk_free(w);
 }
 
-int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place) {
+/* A walk's arrays for n records of ks.  @return 0 or -ENOMEM. */
+static int walk_alloc(const ps_keyset *ks, ps_ks_walk *w, uint32_t n) {
   memset(w, 0, sizeof *w);
-  w->n = ks->live;
+  w->n = n;
   w->nrec = ks->used;
   w->order = malloc(((size_t)w->n + 1) * sizeof *w->order);
   w->unread = calloc(((size_t)w->nrec + 63) / 64 + 1, sizeof *w->unread);
@@ -241,13 +296,77 @@ int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place) {
     walk_free(w);
     return -ENOMEM;
   }
+  return 0;
+}
+
+/* The walk reads record i as its k-th. */
+static void walk_place(ps_ks_walk *w, uint32_t k, uint32_t i) {
+  w->order[k] = i;
+  w->unread[i >> 6] |= 1ULL << (i & 63);
+}
+
+int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place) {
+  if (walk_alloc(ks, w, ks->live) != 0)
+    return -ENOMEM;
   uint32_t k = 0;
-  for (uint32_t i = ks->head; i != PS_KS_NONE; i = ps_ks_at(ks, i)->next) {
-    w->order[k++] = i;
-    w->unread[i >> 6] |= 1ULL << (i & 63);
-  }
+  for (uint32_t i = ks->head; i != PS_KS_NONE; i = ps_ks_at(ks, i)->next)
+    walk_place(w, k++, i);
   ks->walks[place] = w;
   return 0;
+}
+
+int ps_ks_changes_begin(ps_keyset *ks, ps_ks_walk *w, int place, int all) {
+  if (all) {
+    if (ps_ks_walk_begin(ks, w, place) != 0)
+      return -ENOMEM;
+    w->all = 1;
+    ks->tracking = 1;
+    if (ks->changed != NULL)
+      memset(ks->changed, 0, ks->changed_words * sizeof *ks->changed);
+    ks->nchanged = 0;
+    ks->nremoved = 0;
+    ks->removed_lost = 0;
+    return 0;
+  }
+  if (walk_alloc(ks, w, ks->nchanged) != 0)
+    return -ENOMEM;
+  /* A touch moves a record to the tail, so the changed records are found
+   * from there back: all of them at once after a stored change walk. */
+  uint32_t k = ks->nchanged;
+  for (uint32_t i = ks->tail; k > 0 && i != PS_KS_NONE; i = ps_ks_at(ks, i)->prev) {
+    if (changed(ks, i)) {
+      walk_place(w, --k, i);
+      unmark(ks, i);
+    }
+  }
+  w->removed = ks->removed;
+  w->nremoved = ks->nremoved;
+  ks->removed = NULL;
+  ks->nremoved = ks->cap_removed = 0;
+  ks->walks[place] = w;
+  return 0;
+}
+
+int ps_ks_changes_undo(ps_keyset *ks, ps_ks_walk *w) {
+  if (w->all) {
+    /* The removals before it are gone: only another walk of all is exact. */
+    ks->removed_lost = 1;
+    return 0;
+  }
+  for (uint32_t k = 0; k < w->n; k++) {
+    uint32_t i = w->order[k];
+    if (i < ks->used && ps_ks_find(ks, ps_ks_at(ks, i)->key) == i)
+      mark(ks, i);
+  }
+  int rc = note_removed(ks, w->removed, w->nremoved);
+  free(w->removed);
+  w->removed = NULL;
+  w->nremoved = 0;
+  return rc;
+}
+
+int ps_ks_changes_lost(const ps_keyset *ks) {
+  return ks->removed_lost || !ks->tracking;
 }
 
 /* The next record of one keyset's walk: its saved bytes, or the live ones

@@ -38,6 +38,9 @@ typedef struct ps_ks_walk {
   char *bytes;            /* the saved records, rec_bytes each */
   size_t nsaved, cap;
   int spoilt;             /* a save found no memory: the walk cannot go on */
+  int all;                /* a change walk of every record */
+  uint64_t *removed;      /* a change walk: the keys removed before it began */
+  size_t nremoved;
 } ps_ks_walk;
 
 typedef struct ps_keyset {
@@ -52,6 +55,14 @@ typedef struct ps_keyset {
   ps_ks_slot *slots;      /* nslots, a power of two; NULL before the first record */
   size_t nslots;
   ps_ks_walk *walks[PS_KS_WALKS];  /* the open walks (NULL: a free place) */
+  /* Changes since the last change walk began (TABLE.md, "Changes"). */
+  uint64_t *changed;      /* bit i: record i was added or touched */
+  size_t changed_words;
+  uint32_t nchanged;      /* bits set */
+  uint64_t *removed;      /* keys of the records deleted */
+  size_t nremoved, cap_removed;
+  int tracking;           /* a change walk began: removals are recorded */
+  int removed_lost;       /* a removal found no memory to be recorded */
 } ps_keyset;
 
 static inline ps_ks_rec *ps_ks_at(const ps_keyset *ks, uint32_t i) {
@@ -62,7 +73,8 @@ static inline ps_ks_rec *ps_ks_at(const ps_keyset *ks, uint32_t i) {
  * sizeof(ps_ks_rec)); ps_ks_close frees what it holds. */
 void ps_ks_init(ps_keyset *ks, size_t rec_bytes);
 void ps_ks_close(ps_keyset *ks);
-/* The memory it holds: its blocks (whole), the block array and the map. */
+/* The memory it holds: its blocks (whole), the block array, the map and
+ * the changes (bitmap, removed keys). */
 uint64_t ps_ks_bytes(const ps_keyset *ks);
 /* key's record, or PS_KS_NONE. */
 uint32_t ps_ks_find(const ps_keyset *ks, uint64_t key);
@@ -90,6 +102,22 @@ uint64_t ps_ks_stamp(const ps_keyset *ks, uint64_t step);
 int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place);
 /* End it: ks no longer saves records for it, and its memory is freed. */
 void ps_ks_walk_end(ps_keyset *ks, ps_ks_walk *w, int place);
+/* Begin a change walk in place `place`: the records added or touched since
+ * the previous change walk began (every record when `all`), in list order,
+ * read as ps_ks_walk_begin's are; it takes the keys deleted since then
+ * (w->removed) and starts the next interval empty.  @return 0 or -ENOMEM
+ * (nothing changed). */
+int ps_ks_changes_begin(ps_keyset *ks, ps_ks_walk *w, int place, int all);
+/* The change walk w was not stored: its records (those still live) and its
+ * removed keys count as changed again; after a walk of `all`,
+ * ps_ks_changes_lost says so instead.  Call it before ps_ks_walk_end.
+ * @return 0 or -ENOMEM (ps_ks_changes_lost says so too). */
+int ps_ks_changes_undo(ps_keyset *ks, ps_ks_walk *w);
+/* Whether the changes recorded are not all of them (no change walk began
+ * yet, so removals were not recorded; a removal found no memory; or a walk
+ * of all was undone): the next change walk must be one of `all`. */
+int ps_ks_changes_lost(const ps_keyset *ks);
+
 /* The next record of one keyset's walk: its saved bytes, or the live ones
  * (read now: a change after this saves nothing). */
 const ps_ks_rec *ps_ks_walk_next(const ps_keyset *ks, ps_ks_walk *w);

@@ -384,7 +384,9 @@ struct ps_table_walk {
   ps_ks_walk rows, pend;
 };
 
-ps_table_walk *ps_table_walk_begin(ps_table *t) {
+/* Open a walk (changes: a change walk, of every entry when `all`).
+ * @return it, or NULL when 4 are open already or out of memory. */
+static ps_table_walk *walk_open(ps_table *t, int changes, int all) {
   int place = 0;
   while (place < PS_KS_WALKS && t->walks[place] != NULL)
     place++;
@@ -395,17 +397,47 @@ ps_table_walk *ps_table_walk_begin(ps_table *t) {
     return NULL;
   w->t = t;
   w->place = place;
-  if (ps_ks_walk_begin(&t->rows, &w->rows, place) != 0) {
+  if ((changes ? ps_ks_changes_begin(&t->rows, &w->rows, place, all)
+               : ps_ks_walk_begin(&t->rows, &w->rows, place)) != 0) {
     free(w);
     return NULL;
   }
-  if (ps_ks_walk_begin(&t->pend, &w->pend, place) != 0) {
+  if ((changes ? ps_ks_changes_begin(&t->pend, &w->pend, place, all)
+               : ps_ks_walk_begin(&t->pend, &w->pend, place)) != 0) {
+    if (changes)
+      (void)ps_ks_changes_undo(&t->rows, &w->rows);
     ps_ks_walk_end(&t->rows, &w->rows, place);
     free(w);
     return NULL;
   }
   t->walks[place] = w;
   return w;
+}
+
+ps_table_walk *ps_table_walk_begin(ps_table *t) {
+  return walk_open(t, 0, 0);
+}
+
+ps_table_walk *ps_table_changes_begin(ps_table *t, int all) {
+  return walk_open(t, 1, all);
+}
+
+void ps_table_changes_removed(const ps_table_walk *w, const uint64_t **rows, size_t *nrows,
+                              const uint64_t **pending, size_t *npending) {
+  *rows = w->rows.removed;
+  *nrows = w->rows.nremoved;
+  *pending = w->pend.removed;
+  *npending = w->pend.nremoved;
+}
+
+int ps_table_changes_undo(ps_table_walk *w) {
+  int a = ps_ks_changes_undo(&w->t->rows, &w->rows);
+  int b = ps_ks_changes_undo(&w->t->pend, &w->pend);
+  return a != 0 ? a : b;
+}
+
+int ps_table_changes_lost(const ps_table *t) {
+  return ps_ks_changes_lost(&t->rows) || ps_ks_changes_lost(&t->pend);
 }
 
 void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pending) {

@@ -165,6 +165,32 @@ void ps_table_walk_end(ps_table_walk *w);
 /* Whether a walk of t is open. */
 int ps_table_walking(const ps_table *t);
 
+/* Changes (TABLE.md, "Changes"): a change walk reads, as a walk does, the
+ * entries added or touched since the previous change walk began (rows,
+ * then pending keys, each in ps_table_iter order; every entry when `all`),
+ * and holds the keys whose row or pending key was removed in that interval
+ * (evicted, expired, forgotten, admitted out of pending, or by
+ * ps_table_remove: some may be held again, and the walk then has their
+ * entry).  Beginning one starts the next interval.  A writer that keeps
+ * a copy of the table elsewhere stores the removals, then the entries, and
+ * the copy equals the table as the walk began.  It takes one of the 4
+ * places of walks; end it with ps_table_walk_end.  NULL as
+ * ps_table_walk_begin. */
+ps_table_walk *ps_table_changes_begin(ps_table *t, int all);
+/* The change walk's removed keys, of rows and of pending keys (none for a
+ * walk of all); valid until the walk ends. */
+void ps_table_changes_removed(const ps_table_walk *w, const uint64_t **rows, size_t *nrows,
+                              const uint64_t **pending, size_t *npending);
+/* The change walk was not stored: the next change walk has its entries
+ * (those still held) and its removals again; after a walk of all the next
+ * must be one of all (ps_table_changes_lost).  Before ps_table_walk_end.
+ * @return 0 or -ENOMEM (then ps_table_changes_lost is 1). */
+int ps_table_changes_undo(ps_table_walk *w);
+/* 1 when the changes recorded are not all of them (no walk of all yet, a
+ * removal found no memory, or a walk of all was undone): the next change
+ * walk must be one of all. */
+int ps_table_changes_lost(const ps_table *t);
+
 typedef struct ps_table_stats {
   uint64_t rows, pending;    /* held now */
   uint64_t admitted;         /* rows created by pushes */

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "common/endian.h"
+
 #define BLOCK_BYTES ((size_t)256 << 10)
 #define MIN_SLOTS 16
 
@@ -20,6 +22,8 @@ void ps_ks_init(ps_keyset *ks, size_t rec_bytes) {
 void ps_ks_close(ps_keyset *ks) {
   free(ks->changed);
   free(ks->removed);
+  free(ks->ranks);
+  free(ks->unlinked);
   for (uint32_t b = 0; b < ks->nblocks; b++)
     free(ks->blocks[b]);
   free(ks->blocks);
@@ -222,7 +226,8 @@ void ps_ks_touch(ps_keyset *ks, uint32_t i, uint64_t step) {
 
 /* A new record for `key` (reserved before), last touched at `step`
  * (placed by it, not stamped), count 0; its payload is the caller's. */
-uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step) {
+/* A free record for key, in the map, not on the list. */
+static uint32_t take(ps_keyset *ks, uint64_t key, uint64_t step) {
   uint32_t i;
   if (ks->free_head != PS_KS_NONE) {
     i = ks->free_head;
@@ -237,10 +242,102 @@ uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step) {
   r->key = key;
   r->step = step;
   r->count = 0;
-  lru_insert(ks, i);
   ks->live++;
   mark(ks, i);
   return i;
+}
+
+uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step) {
+  uint32_t i = take(ks, key, step);
+  lru_insert(ks, i);
+  return i;
+}
+
+uint32_t ps_ks_add_ranked(ps_keyset *ks, uint64_t key, uint64_t step, uint64_t rank) {
+  size_t need = (size_t)ks->nblocks << ks->shift;
+  if (ks->ranks_cap < need) {
+    uint64_t *r = realloc(ks->ranks, need * sizeof *r);
+    if (r == NULL)
+      return PS_KS_NONE;
+    ks->ranks = r;
+    ks->ranks_cap = need;
+  }
+  if (ks->nunlinked == ks->cap_unlinked) {
+    size_t cap = ks->cap_unlinked ? 2 * ks->cap_unlinked : 1024;
+    uint32_t *u = realloc(ks->unlinked, cap * sizeof *u);
+    if (u == NULL)
+      return PS_KS_NONE;
+    ks->unlinked = u;
+    ks->cap_unlinked = cap;
+  }
+  uint32_t i = take(ks, key, step);
+  ks->ranks[i] = rank;
+  ks->unlinked[ks->nunlinked++] = i;
+  return i;
+}
+
+int ps_ks_link_ranked(ps_keyset *ks) {
+  size_t n = ks->nunlinked;
+  uint32_t *a = ks->unlinked, *b = malloc((n + 1) * sizeof *b);
+  size_t *count = malloc(((size_t)1 << 16) * sizeof *count);
+  if (b == NULL || count == NULL) {
+    free(b);
+    free(count);
+    return -ENOMEM;
+  }
+  /* Radix sort by rank less the least, 16 bits a pass, as many passes as
+   * the ranks' spread needs (a writer's ranks are nearly dense: 2). */
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (size_t k = 0; k < n; k++) {
+    uint64_t r = ks->ranks[a[k]];
+    lo = r < lo ? r : lo;
+    hi = r > hi ? r : hi;
+  }
+  for (unsigned shift = 0; n > 1 && shift < 64 && ((hi - lo) >> shift) != 0; shift += 16) {
+    memset(count, 0, ((size_t)1 << 16) * sizeof *count);
+    for (size_t k = 0; k < n; k++)
+      count[((ks->ranks[a[k]] - lo) >> shift) & 0xffff]++;
+    size_t sum = 0;
+    for (size_t d = 0; d < (1 << 16); d++) {
+      size_t c = count[d];
+      count[d] = sum;
+      sum += c;
+    }
+    for (size_t k = 0; k < n; k++)
+      b[count[((ks->ranks[a[k]] - lo) >> shift) & 0xffff]++] = a[k];
+    uint32_t *t = a;
+    a = b;
+    b = t;
+  }
+  for (size_t k = 0; k < n; k++) {
+    /* Appended at the tail, rank by rank: the stamps came in list order. */
+    ps_ks_rec *r = ps_ks_at(ks, a[k]);
+    r->prev = ks->tail;
+    r->next = PS_KS_NONE;
+    if (ks->tail == PS_KS_NONE)
+      ks->head = a[k];
+    else
+      ps_ks_at(ks, ks->tail)->next = a[k];
+    ks->tail = a[k];
+  }
+  free(a);
+  free(b);
+  free(count);
+  ks->unlinked = NULL;
+  ks->nunlinked = ks->cap_unlinked = 0;
+  free(ks->ranks);
+  ks->ranks = NULL;
+  ks->ranks_cap = 0;
+  return 0;
+}
+
+void ps_ks_changes_reset(ps_keyset *ks) {
+  if (ks->changed != NULL)
+    memset(ks->changed, 0, ks->changed_words * sizeof *ks->changed);
+  ks->nchanged = 0;
+  ks->nremoved = 0;
+  ks->removed_lost = 0;
+  ks->tracking = 1;
 }
 
 /* Take record i out of the map (backward shift: no tombstones, so probe
@@ -271,6 +368,7 @@ void ps_ks_del(ps_keyset *ks, uint32_t i) {
 }
 
 static void walk_free(ps_ks_walk *w) {
+  free(w->place);
   free(w->removed);
   free(w->order);
   free(w->unread);
@@ -367,6 +465,52 @@ int ps_ks_changes_undo(ps_keyset *ks, ps_ks_walk *w) {
 
 int ps_ks_changes_lost(const ps_keyset *ks) {
   return ks->removed_lost || !ks->tracking;
+}
+
+uint32_t ps_ks_bucket(uint64_t key, unsigned bits, uint64_t seed) {
+  if (bits == 0)
+    return 0;
+  uint8_t b[8];
+  ps_put_le64(b, key);
+  return (uint32_t)(XXH3_64bits_withSeed(b, sizeof b, seed) >> (64 - bits));
+}
+
+int ps_ks_walk_group(const ps_keyset *ks, ps_ks_walk *w, unsigned bits, uint64_t seed) {
+  size_t nb = (size_t)1 << bits;
+  uint32_t *bucket = malloc(((size_t)w->n + 1) * sizeof *bucket);
+  uint32_t *order = malloc(((size_t)w->n + 1) * sizeof *order);
+  uint32_t *place = malloc(((size_t)w->n + 1) * sizeof *place);
+  size_t *start = calloc(nb + 1, sizeof *start);
+  if (bucket == NULL || order == NULL || place == NULL || start == NULL) {
+    free(bucket);
+    free(order);
+    free(place);
+    free(start);
+    return -ENOMEM;
+  }
+  for (uint32_t k = 0; k < w->n; k++) {
+    /* The key as the walk sees it: saved if it changed since. */
+    uint32_t i = w->order[k];
+    const ps_ks_rec *r = w->saved[i] != 0
+                             ? (const ps_ks_rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes)
+                             : ps_ks_at(ks, i);
+    bucket[k] = ps_ks_bucket(r->key, bits, seed);
+    start[bucket[k] + 1]++;
+  }
+  for (size_t b = 0; b < nb; b++)
+    start[b + 1] += start[b];
+  for (uint32_t k = 0; k < w->n; k++) {
+    size_t to = start[bucket[k]]++;
+    order[to] = w->order[k];
+    place[to] = k;
+  }
+  free(bucket);
+  free(start);
+  free(w->order);
+  free(w->place);
+  w->order = order;
+  w->place = place;
+  return 0;
 }
 
 /* The next record of one keyset's walk: its saved bytes, or the live ones

@@ -39,6 +39,7 @@ typedef struct ps_ks_walk {
   size_t nsaved, cap;
   int spoilt;             /* a save found no memory: the walk cannot go on */
   int all;                /* a change walk of every record */
+  uint32_t *place;        /* grouped (ps_ks_walk_group): order[k]'s place in the list; else NULL */
   uint64_t *removed;      /* a change walk: the keys removed before it began */
   size_t nremoved;
 } ps_ks_walk;
@@ -62,6 +63,12 @@ typedef struct ps_keyset {
   uint64_t *removed;      /* keys of the records deleted */
   size_t nremoved, cap_removed;
   int tracking;           /* a change walk began: removals are recorded */
+  /* A ranked load in progress (ps_ks_add_ranked): each record's rank, and
+   * the records added, not yet on the list. */
+  uint64_t *ranks;
+  size_t ranks_cap;
+  uint32_t *unlinked;
+  size_t nunlinked, cap_unlinked;
   int removed_lost;       /* a removal found no memory to be recorded */
 } ps_keyset;
 
@@ -91,6 +98,18 @@ void ps_ks_touch(ps_keyset *ks, uint32_t i, uint64_t step);
 /* A new record for `key` (reserved before), last touched at `step`
  * (placed by it, not stamped), count 0; its payload is the caller's. */
 uint32_t ps_ks_add(ps_keyset *ks, uint64_t key, uint64_t step);
+/* A ranked load's record for `key` (reserved before; the keyset holds no
+ * linked record yet): as ps_ks_add, but off the list until
+ * ps_ks_link_ranked, which places the ranked records in rank order.
+ * @return its index, or PS_KS_NONE when out of memory (nothing added). */
+uint32_t ps_ks_add_ranked(ps_keyset *ks, uint64_t key, uint64_t step, uint64_t rank);
+/* Put the ranked records on the list, lowest rank first, and forget their
+ * ranks.  @return 0 or -ENOMEM (then nothing is linked; free the keyset). */
+int ps_ks_link_ranked(ps_keyset *ks);
+/* Start a new interval of changes with none recorded: the keyset as it is
+ * now is what a copy holds (a restore from that copy). */
+void ps_ks_changes_reset(ps_keyset *ks);
+
 /* Take record i out of the map (backward shift: no tombstones, so probe
  * lengths never grow with deletions) and the list, and free it. */
 void ps_ks_del(ps_keyset *ks, uint32_t i);
@@ -117,6 +136,14 @@ int ps_ks_changes_undo(ps_keyset *ks, ps_ks_walk *w);
  * yet, so removals were not recorded; a removal found no memory; or a walk
  * of all was undone): the next change walk must be one of `all`. */
 int ps_ks_changes_lost(const ps_keyset *ks);
+
+/* Before its first read: regroup the walk's order by bucket (the top
+ * `bits` bits of XXH3 of the key, seeded by `seed`), bucket 0 first, list
+ * order within a bucket, remembering each record's place in the list.
+ * @return 0 or -ENOMEM (the walk as it was). */
+int ps_ks_walk_group(const ps_keyset *ks, ps_ks_walk *w, unsigned bits, uint64_t seed);
+/* A key's bucket, as ps_ks_walk_group groups them. */
+uint32_t ps_ks_bucket(uint64_t key, unsigned bits, uint64_t seed);
 
 /* The next record of one keyset's walk: its saved bytes, or the live ones
  * (read now: a change after this saves nothing). */

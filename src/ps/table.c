@@ -382,7 +382,14 @@ struct ps_table_walk {
   ps_table *t;
   int place;              /* in t->walks and the keysets' walks */
   ps_ks_walk rows, pend;
+  uint64_t last_place;    /* the place in its list of the entry read last */
 };
+
+/* The place in its list of the entry keyset walk kw read last. */
+static uint64_t read_place(const ps_ks_walk *kw) {
+  uint32_t k = kw->next - 1;
+  return kw->place != NULL ? kw->place[k] : k;
+}
 
 /* Open a walk (changes: a change walk, of every entry when `all`).
  * @return it, or NULL when 4 are open already or out of memory. */
@@ -436,6 +443,11 @@ int ps_table_changes_undo(ps_table_walk *w) {
   return a != 0 ? a : b;
 }
 
+void ps_table_changes_reset(ps_table *t) {
+  ps_ks_changes_reset(&t->rows);
+  ps_ks_changes_reset(&t->pend);
+}
+
 int ps_table_changes_lost(const ps_table *t) {
   return ps_ks_changes_lost(&t->rows) || ps_ks_changes_lost(&t->pend);
 }
@@ -451,13 +463,33 @@ int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out) {
     return -ENOMEM;
   if (w->rows.next < w->rows.n) {
     entry_of(t, ps_ks_walk_next(&t->rows, &w->rows), 0, out);
+    w->last_place = read_place(&w->rows);
     return 1;
   }
   if (w->pend.next < w->pend.n) {
     entry_of(t, ps_ks_walk_next(&t->pend, &w->pend), 1, out);
+    w->last_place = read_place(&w->pend);
     return 1;
   }
   return 0;
+}
+
+int ps_table_walk_group(ps_table_walk *w, unsigned bits) {
+  if (w->rows.next > 0 || w->pend.next > 0 || bits > 24)
+    return -EINVAL;
+  uint64_t seed = w->t->o.table_id;
+  if (ps_ks_walk_group(&w->t->rows, &w->rows, bits, seed) != 0 ||
+      ps_ks_walk_group(&w->t->pend, &w->pend, bits, seed) != 0)
+    return -ENOMEM;
+  return 0;
+}
+
+uint32_t ps_table_bucket(const ps_table *t, uint64_t key, unsigned bits) {
+  return ps_ks_bucket(key, bits, t->o.table_id);
+}
+
+uint64_t ps_table_walk_place(const ps_table_walk *w) {
+  return w->last_place;
 }
 
 int ps_table_walking(const ps_table *t) {
@@ -547,6 +579,44 @@ int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
     return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
                       "table", e->key);
   return place(t, ks, ps_ks_add(ks, e->key, e->last_step), e);
+}
+
+int ps_table_load_ranked(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb) {
+  int rc = check_entry(t, e, eb);
+  if (rc != 0)
+    return rc;
+  ps_keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
+  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
+    return -ENOMEM;
+  if ((other->live > 0 && ps_ks_find(other, e->key) != NONE) || ps_ks_find(ks, e->key) != NONE)
+    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                      "table", e->key);
+  uint32_t i = ps_ks_add_ranked(ks, e->key, e->last_step, rank);
+  if (i == NONE)
+    return -ENOMEM;
+  ps_ks_rec *r = ps_ks_at(ks, i);
+  r->count = e->count;
+  if (!e->pending) {
+    float *slots[PS_OPTIM_MAX_SLOTS];
+    row_slots(t, r, slots);
+    memcpy(row_values(r), e->values, t->o.dim * sizeof(float));
+    for (int s = 0; s < t->nslots; s++)
+      memcpy(slots[s], e->slots[s], t->o.dim * sizeof(float));
+  }
+  return 0;
+}
+
+int ps_table_link_ranked(ps_table *t) {
+  if (ps_ks_link_ranked(&t->rows) != 0 || ps_ks_link_ranked(&t->pend) != 0)
+    return -ENOMEM;
+  ps_ks_changes_reset(&t->rows);
+  ps_ks_changes_reset(&t->pend);
+  /* Caps lowered since the copy was written: the evictions are changes. */
+  while (t->o.max_rows > 0 && t->rows.live > t->o.max_rows)
+    evict_head(t, PS_TABLE_EVICT);
+  while (t->pend.live > t->o.max_pending)
+    forget_head(t);
+  return 0;
 }
 
 int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending) {

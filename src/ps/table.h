@@ -139,6 +139,18 @@ int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
  * PS_ECORRUPT naming it when the table already holds it. */
 int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
 
+/* A restore whose entries come in any order (a copy kept by key, TABLE.md
+ * "Changes"), each with its rank: its place in its list when it was
+ * stored, growing from least to most recently touched.  Into an empty
+ * table, every entry through ps_table_load_ranked (refused as
+ * ps_table_load refuses), then ps_table_link_ranked once: the table then
+ * holds the lists a load in rank order would, and its changes start
+ * empty, the copy holding what it holds (less what caps lowered since
+ * evict, which are changes).  @return 0, or as ps_table_load; link:
+ * 0 or -ENOMEM (free the table). */
+int ps_table_load_ranked(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb);
+int ps_table_link_ranked(ps_table *t);
+
 /* Room for `rows` rows and `pending` pending keys, so that filling the
  * table to there never grows its maps on the way.  @return 0 or -ENOMEM. */
 int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending);
@@ -158,6 +170,17 @@ void ps_table_walk_counts(const ps_table_walk *w, uint64_t *rows, uint64_t *pend
  * the table changes or the next call), 0 at the end, or -ENOMEM when a
  * save found no memory (the walk cannot go on: end it). */
 int ps_table_walk_next(ps_table_walk *w, ps_table_entry *out);
+/* Before a walk's first read: give its rows, then its pending keys,
+ * bucket by bucket (ps_table_bucket with `bits`, at most 24), each bucket
+ * in list order.  @return 0, -EINVAL (read already, or bits past 24) or
+ * -ENOMEM (the walk unchanged). */
+int ps_table_walk_group(ps_table_walk *w, unsigned bits);
+/* Key's bucket of 2^bits in table t: the top bits of XXH3_64bits of the
+ * key's 8 bytes (little-endian) seeded by the table id. */
+uint32_t ps_table_bucket(const ps_table *t, uint64_t key, unsigned bits);
+/* The place in its list (0: the least recently touched) of the entry the
+ * walk gave last, as the walk began: a rank for ps_table_load_ranked. */
+uint64_t ps_table_walk_place(const ps_table_walk *w);
 /* Entries saved so far: what the walk costs beyond its 8 bytes a row. */
 uint64_t ps_table_walk_saved(const ps_table_walk *w);
 /* End it (NULL: nothing); ps_table_free ends an open one. */
@@ -186,6 +209,9 @@ void ps_table_changes_removed(const ps_table_walk *w, const uint64_t **rows, siz
  * must be one of all (ps_table_changes_lost).  Before ps_table_walk_end.
  * @return 0 or -ENOMEM (then ps_table_changes_lost is 1). */
 int ps_table_changes_undo(ps_table_walk *w);
+/* Start a new interval with no changes recorded: the table as it is now
+ * is what the writer's copy holds. */
+void ps_table_changes_reset(ps_table *t);
 /* 1 when the changes recorded are not all of them (no walk of all yet, a
  * removal found no memory, or a walk of all was undone): the next change
  * walk must be one of all. */

@@ -38,10 +38,10 @@ static copied *slot_of(copy *c, uint64_t key) {
   return &c->e[key - 1000];
 }
 
-static void copy_store(copy *c, const ps_table_entry *e) {
+static void copy_store(copy *c, const ps_table_entry *e, uint64_t rank) {
   copied *x = slot_of(c, e->key);
   *x = (copied){.present = 1, .pending = e->pending, .count = e->count,
-                .last_step = e->last_step, .rank = c->next_rank++};
+                .last_step = e->last_step, .rank = rank};
   if (e->pending)
     return;
   memcpy(x->values, e->values, sizeof x->values);
@@ -89,8 +89,10 @@ static ps_table_opts history_opts(void) {
   return o;
 }
 
-/* 200 rounds: some history, a change walk (every 9th of all) read with
- * more history between its reads, stored or (one in four) undone. */
+/* 200 rounds: some history, a change walk (every 9th of all), half of them
+ * grouped by bucket, read with more history between its reads, stored
+ * (each entry ranked by its place in its list, after every earlier walk's)
+ * or (one in four) undone. */
 static void test_changes_keep_a_copy(void **state) {
   (void)state;
   ps_table_opts o = history_opts();
@@ -125,8 +127,22 @@ static void test_changes_keep_a_copy(void **state) {
     ps_table_entry e;
     int rc;
     uint64_t read = 0;
+    unsigned bits = ps_rng_below(&r, 2) ? (unsigned)ps_rng_below(&r, 5) : 99;
+    if (bits != 99)
+      assert_int_equal(ps_table_walk_group(w, bits), 0);
+    uint32_t last_bucket = 0;
+    int last_pending = 0;
     while ((rc = ps_table_walk_next(w, &e)) == 1) {
-      copy_store(&next, &e);
+      uint64_t place = ps_table_walk_place(w);
+      assert_true(place < (e.pending ? pending : rows));
+      copy_store(&next, &e, c.next_rank + place);
+      if (bits != 99) {
+        uint32_t b = ps_table_bucket(a, e.key, bits);
+        if (e.pending == last_pending)
+          assert_true(b >= last_bucket);
+        last_bucket = b;
+        last_pending = e.pending;
+      }
       read++;
       if (ps_rng_below(&r, 3) == 0)
         history_step(a, &r, step++);
@@ -135,6 +151,7 @@ static void test_changes_keep_a_copy(void **state) {
     assert_int_equal(read, rows + pending);
     saved += ps_table_walk_saved(w);
     if (store) {
+      next.next_rank = c.next_rank + (rows > pending ? rows : pending);
       c = next;
       ps_table *got = copy_table(&c, &o);
       assert_tables_equal(then, got);
@@ -153,8 +170,10 @@ static void test_changes_keep_a_copy(void **state) {
       assert_non_null(w);
       assert_int_equal(ps_table_changes_lost(a), 0);
       memset(c.e, 0, sizeof c.e);
+      ps_table_walk_counts(w, &rows, &pending);
       while ((rc = ps_table_walk_next(w, &e)) == 1)
-        copy_store(&c, &e);
+        copy_store(&c, &e, c.next_rank + ps_table_walk_place(w));
+      c.next_rank += rows > pending ? rows : pending;
       assert_int_equal(rc, 0);
       ps_table_walk_end(w);
       ps_table *got = copy_table(&c, &o);
@@ -211,10 +230,87 @@ static void test_changes_beside_walks(void **state) {
   ps_table_free(a);
 }
 
+/* A table loaded from its entries in a shuffled order, each with its rank
+ * (its place in its list, spread over more than 16 bits), then linked:
+ * the same table, and no changes to write. */
+static void test_ranked_load(void **state) {
+  (void)state;
+  ps_table_opts o = history_opts();
+  ps_table *a = table_new(&o);
+  ps_rng r;
+  ps_rng_seed(&r, 11);
+  for (uint64_t step = 1; step < 400; step++)
+    history_step(a, &r, step);
+  /* Entries with their ranks, in list order. */
+  typedef struct ranked {
+    ps_table_entry e;
+    uint64_t rank;
+    float floats[DIM * (1 + NSLOTS)];
+  } ranked;
+  ranked *v = calloc(2 * NKEYS, sizeof *v);
+  assert_non_null(v);
+  size_t n = 0;
+  ps_table_iter it;
+  ps_table_entry e;
+  ps_table_iter_init(a, &it);
+  while (ps_table_iter_next(a, &it, &e)) {
+    ranked *x = &v[n];
+    x->e = e;
+    x->rank = 7 + (uint64_t)n * 100003;  /* gaps: two radix passes */
+    if (!e.pending) {
+      memcpy(x->floats, e.values, DIM * sizeof(float));
+      x->e.values = x->floats;
+      for (int k = 0; k < NSLOTS; k++) {
+        memcpy(x->floats + DIM * (1 + k), e.slots[k], DIM * sizeof(float));
+        x->e.slots[k] = x->floats + DIM * (1 + k);
+      }
+    }
+    n++;
+  }
+  assert_true(n > 20);
+  for (size_t k = n - 1; k > 0; k--) {
+    size_t j = ps_rng_below(&r, k + 1);
+    ranked t = v[k];
+    v[k] = v[j];
+    v[j] = t;
+  }
+  for (size_t k = 0; k < n; k++)  /* the floats moved with their entries */
+    if (!v[k].e.pending) {
+      v[k].e.values = v[k].floats;
+      for (int q = 0; q < NSLOTS; q++)
+        v[k].e.slots[q] = v[k].floats + DIM * (1 + q);
+    }
+  ps_table *b = table_new(&o);
+  ps_errbuf eb = {0};
+  for (size_t k = 0; k < n; k++)
+    assert_int_equal(ps_table_load_ranked(b, &v[k].e, v[k].rank, &eb), 0);
+  assert_int_equal(ps_table_load_ranked(b, &v[0].e, 1, &eb), PS_ECORRUPT);
+  assert_int_equal(ps_table_link_ranked(b), 0);
+  assert_tables_equal(a, b);
+  assert_int_equal(ps_table_changes_lost(b), 0);
+  ps_table_walk *w = ps_table_changes_begin(b, 0);
+  assert_non_null(w);
+  uint64_t rows, pending;
+  ps_table_walk_counts(w, &rows, &pending);
+  assert_int_equal(rows + pending, 0);
+  ps_table_walk_end(w);
+  /* And it goes on as the original does. */
+  ps_rng rb = r;
+  for (uint64_t step = 400; step < 450; step++) {
+    history_step(a, &r, step);
+    history_step(b, &rb, step);
+  }
+  assert_tables_equal(a, b);
+  free(v);
+  ps_table_free(a);
+  ps_table_free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_changes_keep_a_copy),
       cmocka_unit_test(test_changes_beside_walks),
+      cmocka_unit_test(test_ranked_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

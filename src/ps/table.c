@@ -539,19 +539,21 @@ static int check_entry(const ps_table *t, const ps_table_entry *e, ps_errbuf *eb
 
 /* The entry's record i (just added to ks, linked by its last_step): its
  * count, values and slots; then the caps. */
-static int place(ps_table *t, ps_keyset *ks, uint32_t i, const ps_table_entry *e) {
-  ps_ks_rec *r = ps_ks_at(ks, i);
+static void fill(const ps_table *t, ps_ks_rec *r, const ps_table_entry *e) {
   r->count = e->count;
-  if (e->pending) {
-    while (t->pend.live > t->o.max_pending)
-      forget_head(t);
-    return 0;
-  }
+  if (e->pending)
+    return;
   float *slots[PS_OPTIM_MAX_SLOTS];
   row_slots(t, r, slots);
   memcpy(row_values(r), e->values, t->o.dim * sizeof(float));
   for (int s = 0; s < t->nslots; s++)
     memcpy(slots[s], e->slots[s], t->o.dim * sizeof(float));
+}
+
+static int place(ps_table *t, ps_keyset *ks, uint32_t i, const ps_table_entry *e) {
+  fill(t, ps_ks_at(ks, i), e);
+  while (t->pend.live > t->o.max_pending)
+    forget_head(t);
   while (t->o.max_rows > 0 && t->rows.live > t->o.max_rows)
     evict_head(t, PS_TABLE_EVICT);
   return 0;
@@ -568,41 +570,41 @@ int ps_table_put(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
   return place(t, ks, ps_ks_add(ks, e->key, e->last_step), e);
 }
 
-int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
-  int rc = check_entry(t, e, eb);
-  if (rc != 0)
-    return rc;
+/* A load's checks: the entry, room for it, a key new to the table.
+ * @return its keyset, or NULL with *rc set. */
+static ps_keyset *load_room(ps_table *t, const ps_table_entry *e, int *rc, ps_errbuf *eb) {
+  if ((*rc = check_entry(t, e, eb)) != 0)
+    return NULL;
   ps_keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
-  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
-    return -ENOMEM;
-  if ((other->live > 0 && ps_ks_find(other, e->key) != NONE) || ps_ks_find(ks, e->key) != NONE)
-    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
-                      "table", e->key);
+  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0) {
+    *rc = -ENOMEM;
+    return NULL;
+  }
+  if ((other->live > 0 && ps_ks_find(other, e->key) != NONE) || ps_ks_find(ks, e->key) != NONE) {
+    *rc = ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
+                     "table", e->key);
+    return NULL;
+  }
+  return ks;
+}
+
+int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb) {
+  int rc;
+  ps_keyset *ks = load_room(t, e, &rc, eb);
+  if (ks == NULL)
+    return rc;
   return place(t, ks, ps_ks_add(ks, e->key, e->last_step), e);
 }
 
 int ps_table_load_ranked(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb) {
-  int rc = check_entry(t, e, eb);
-  if (rc != 0)
+  int rc;
+  ps_keyset *ks = load_room(t, e, &rc, eb);
+  if (ks == NULL)
     return rc;
-  ps_keyset *ks = e->pending ? &t->pend : &t->rows, *other = e->pending ? &t->rows : &t->pend;
-  if (ps_ks_reserve(ks, (uint64_t)ks->live + 1) != 0)
-    return -ENOMEM;
-  if ((other->live > 0 && ps_ks_find(other, e->key) != NONE) || ps_ks_find(ks, e->key) != NONE)
-    return ps_err_set(eb, PS_ECORRUPT, "key %" PRIu64 " again: expected each key once in a "
-                      "table", e->key);
   uint32_t i = ps_ks_add_ranked(ks, e->key, e->last_step, rank);
   if (i == NONE)
     return -ENOMEM;
-  ps_ks_rec *r = ps_ks_at(ks, i);
-  r->count = e->count;
-  if (!e->pending) {
-    float *slots[PS_OPTIM_MAX_SLOTS];
-    row_slots(t, r, slots);
-    memcpy(row_values(r), e->values, t->o.dim * sizeof(float));
-    for (int s = 0; s < t->nslots; s++)
-      memcpy(slots[s], e->slots[s], t->o.dim * sizeof(float));
-  }
+  fill(t, ps_ks_at(ks, i), e);
   return 0;
 }
 

@@ -104,6 +104,19 @@ static int propose(member *m, const ps_view *cur, int suspect, ps_view *v) {
   return ps_view_propose(m->reg, cur != NULL ? cur->epoch : 0, members, n, v);
 }
 
+/* The run ended ({<cluster>}:done) while this member was out of the ring
+ * (paused or cut off through the end).  Not for a member at the limit
+ * (it ended with the others, whoever recorded the end first), nor one a
+ * step short of it: without a chief, members that finished the last
+ * all-reduce exit, which breaks it for a member still in it; that one
+ * redoes the step as any interrupted step. */
+static int ended_without_me(member *m) {
+  uint64_t last = m->cfg->last_step > 0 ? (uint64_t)m->cfg->last_step : 0;
+  if (last > 0 && ps_shard_version(m->state) + 1 >= last)
+    return 0;
+  return ps_registry_run_ended(m->reg);
+}
+
 /* A new cluster (no view yet): give the other workers up to
  * [cluster] peer_timeout_ms to start, so that the first view holds them
  * all rather than the first to start training alone. */
@@ -146,7 +159,7 @@ static int wait_for_a_state(member *m, const ps_view *v) {
     double now = ps_now_s();
     if (now >= next_poll) {
       next_poll = now + VIEW_POLL_MS / 1000.0;
-      if (ps_registry_run_ended(m->reg))
+      if (ended_without_me(m))
         return RUN_ENDED;
     }
     ps_view cur;
@@ -173,7 +186,7 @@ static int change_view(member *m, int suspect, const char *why) {
   for (;;) {
     if (*stop)
       return -EINTR;
-    if (ps_registry_run_ended(m->reg))
+    if (ended_without_me(m))
       return RUN_ENDED;
     ps_view v;
     int rc = ps_view_get(m->reg, &v);
@@ -508,7 +521,7 @@ int ps_ring_member_run(const ps_config *cfg, int index) {
       ps_view v;
       if (ps_view_get(reg, &v) == 1) {
         m.view_seen = now;
-        if (ps_registry_run_ended(reg))
+        if (ended_without_me(&m))
           rc = RUN_ENDED;
         else if (v.epoch > m.epoch)
           rc = change_view(&m, -1, "a newer view");

@@ -103,19 +103,27 @@ for i in 0 1 2; do
 done
 echo "ok: kill -9 of a member and its return: the interrupted step: $got; test accuracy $acc; $(sed -n 's/.*done: //p' "$T/kill-w0.log")"
 
+# pause_member NAME LAST_STEP PEER_TIMEOUT_MS: a new run of 3 members
+# (NAME-wJ, config $T/NAME.conf in $conf) to LAST_STEP; member 1 paused
+# with SIGSTOP once it passed step 200.
+pause_member() {
+  redis-cli -p "$REDIS_PORT" flushall >/dev/null
+  conf="$T/$1.conf"
+  write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=$2" \
+    "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
+    "cluster.peer_timeout_ms=$3" "worker.heartbeat_ms=300" "$(metrics_on 4)"
+  sed -i '/^ps = *$/d' "$conf"
+  for i in 0 1 2; do start "$1-w$i" "$BIN" worker --config "$conf" --index "$i"; done
+  wait_members "$conf" 1 3 30
+  wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
+  local v="PID_${1//-/_}_w1"
+  kill -STOP "${!v}"
+}
+
 # A member paused (SIGSTOP) past the peer timeout: the others time out,
 # leave it out (its heartbeat expired; theirs did not while they waited)
 # and go on; resumed, it finds its view over and rejoins with their state.
-redis-cli -p "$REDIS_PORT" flushall >/dev/null
-conf="$T/pause.conf"
-write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=1200" \
-  "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
-  "cluster.peer_timeout_ms=2000" "worker.heartbeat_ms=300" "$(metrics_on 4)"
-sed -i '/^ps = *$/d' "$conf"
-for i in 0 1 2; do start "pause-w$i" "$BIN" worker --config "$conf" --index "$i"; done
-wait_members "$conf" 1 3 30
-wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
-kill -STOP "$PID_pause_w1"
+pause_member pause 1200 2000
 wait_members "$conf" 0 2 30
 wait_members "$conf" 2 2 30
 kill -CONT "$PID_pause_w1"
@@ -137,16 +145,7 @@ echo "ok: a member paused past the timeout and resumed: test accuracy $acc"
 # A member paused (SIGSTOP) through the end of the run: the others finish
 # without it and record the end in Redis; resumed, it finds the run ended
 # and exits 0 rather than forming a view alone and training on by itself.
-redis-cli -p "$REDIS_PORT" flushall >/dev/null
-conf="$T/pause-end.conf"
-write_config "$conf" 0 3 "cluster.mode=ring" "model.name=mlp" "train.last_step=700" \
-  "train.threads=1" "train.log_every=50" "replication.mode=snapshot" \
-  "cluster.peer_timeout_ms=1000" "worker.heartbeat_ms=300" "$(metrics_on 4)"
-sed -i '/^ps = *$/d' "$conf"
-for i in 0 1 2; do start "pause-end-w$i" "$BIN" worker --config "$conf" --index "$i"; done
-wait_members "$conf" 1 3 30
-wait_metric "$conf" worker 1 "m['paramserv_ring_global_step'] >= 200" 60
-kill -STOP "$PID_pause_end_w1"
+pause_member pause-end 700 1000
 for i in 0 2; do
   v="PID_pause_end_w$i"
   wait_exit "${!v}" 300 || fail "pause through the end: worker $i exited $?"

@@ -146,7 +146,7 @@ static void lru_insert(ps_keyset *ks, uint32_t i) {
 }
 
 /* The step a touch at `step` records: never older than the newest touch
- * in the ps_keyset, so the list stays ordered by step (TABLE.md: stamps). */
+ * in the keyset, so the list stays ordered by step (TABLE.md: stamps). */
 uint64_t ps_ks_stamp(const ps_keyset *ks, uint64_t step) {
   if (ks->tail != PS_KS_NONE && ps_ks_at(ks, ks->tail)->step > step)
     return ps_ks_at(ks, ks->tail)->step;

@@ -30,7 +30,6 @@ void ps_ks_close(ps_keyset *ks) {
   free(ks->slots);
 }
 
-
 uint64_t ps_ks_bytes(const ps_keyset *ks) {
   return (uint64_t)ks->nblocks * (ks->rec_bytes << ks->shift) +
          (uint64_t)ks->cap_blocks * sizeof(char *) + (uint64_t)ks->nslots * sizeof(ps_ks_slot) +
@@ -309,17 +308,10 @@ int ps_ks_link_ranked(ps_keyset *ks) {
     a = b;
     b = t;
   }
-  for (size_t k = 0; k < n; k++) {
-    /* Appended at the tail, rank by rank: the stamps came in list order. */
-    ps_ks_rec *r = ps_ks_at(ks, a[k]);
-    r->prev = ks->tail;
-    r->next = PS_KS_NONE;
-    if (ks->tail == PS_KS_NONE)
-      ks->head = a[k];
-    else
-      ps_ks_at(ks, ks->tail)->next = a[k];
-    ks->tail = a[k];
-  }
+  /* Rank by rank: each goes in at the tail, the stamps having come in
+   * list order. */
+  for (size_t k = 0; k < n; k++)
+    lru_insert(ks, a[k]);
   free(a);
   free(b);
   free(count);
@@ -418,12 +410,7 @@ int ps_ks_changes_begin(ps_keyset *ks, ps_ks_walk *w, int place, int all) {
     if (ps_ks_walk_begin(ks, w, place) != 0)
       return -ENOMEM;
     w->all = 1;
-    ks->tracking = 1;
-    if (ks->changed != NULL)
-      memset(ks->changed, 0, ks->changed_words * sizeof *ks->changed);
-    ks->nchanged = 0;
-    ks->nremoved = 0;
-    ks->removed_lost = 0;
+    ps_ks_changes_reset(ks);
     return 0;
   }
   if (walk_alloc(ks, w, ks->nchanged) != 0)
@@ -467,6 +454,13 @@ int ps_ks_changes_lost(const ps_keyset *ks) {
   return ks->removed_lost || !ks->tracking;
 }
 
+/* Record i as walk w sees it: the bytes it saved, or the live ones. */
+static const ps_ks_rec *walk_view(const ps_keyset *ks, const ps_ks_walk *w, uint32_t i) {
+  if (w->saved[i] != 0)
+    return (const ps_ks_rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes);
+  return ps_ks_at(ks, i);
+}
+
 uint32_t ps_ks_bucket(uint64_t key, unsigned bits, uint64_t seed) {
   if (bits == 0)
     return 0;
@@ -489,12 +483,7 @@ int ps_ks_walk_group(const ps_keyset *ks, ps_ks_walk *w, unsigned bits, uint64_t
     return -ENOMEM;
   }
   for (uint32_t k = 0; k < w->n; k++) {
-    /* The key as the walk sees it: saved if it changed since. */
-    uint32_t i = w->order[k];
-    const ps_ks_rec *r = w->saved[i] != 0
-                             ? (const ps_ks_rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes)
-                             : ps_ks_at(ks, i);
-    bucket[k] = ps_ks_bucket(r->key, bits, seed);
+    bucket[k] = ps_ks_bucket(walk_view(ks, w, w->order[k])->key, bits, seed);
     start[bucket[k] + 1]++;
   }
   for (size_t b = 0; b < nb; b++)
@@ -517,8 +506,6 @@ int ps_ks_walk_group(const ps_keyset *ks, ps_ks_walk *w, unsigned bits, uint64_t
  * (read now: a change after this saves nothing). */
 const ps_ks_rec *ps_ks_walk_next(const ps_keyset *ks, ps_ks_walk *w) {
   uint32_t i = w->order[w->next++];
-  if (w->saved[i] != 0)
-    return (const ps_ks_rec *)(w->bytes + (size_t)(w->saved[i] - 1) * ks->rec_bytes);
   w->unread[i >> 6] &= ~(1ULL << (i & 63));
-  return ps_ks_at(ks, i);
+  return walk_view(ks, w, i);
 }

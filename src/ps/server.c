@@ -693,9 +693,11 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO,
            "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
            " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64
-           "); snapshot read %.3f s, its tables decoded %.3f s, log replayed %.3f s",
+           "); snapshot read %.3f s, its tables' %" PRIu64 " entries read %.3f s (%" PRIu64
+           " delta chunks merged first), log replayed %.3f s",
            ri.seconds, ri.snap_version, ri.replayed, ps_shard_version(s->shard),
-           ps_shard_global_step(s->shard), ri.epoch, ri.read_s, ri.decode_s, ri.replay_s);
+           ps_shard_global_step(s->shard), ri.epoch, ri.read_s, ri.rows, ri.decode_s, ri.merged,
+           ri.replay_s);
     if (ri.skipped > 0)
       ps_log(PS_LOG_WARN, "restore: the log held %" PRIu64 " entries after a missing one: "
              "updates that were never acknowledged%s; not replayed", ri.skipped,

@@ -622,6 +622,16 @@ struct ps_shard_reader {
   uint8_t *stage;           /* one unit (a head, an entry) being given out */
   size_t stage_cap, stage_len, stage_at;
   float *copy;              /* no walk to be had: the whole image, copied at the start */
+  /* A cut of the tables' changes (ps_shard_reader_begin_changes): the
+   * image gives every table's head empty, the walks are change walks read
+   * by ps_shard_reader_change. */
+  int changes, all;
+  unsigned bits;
+  int ct, cstage;           /* the table being read; 0: its removals not gathered, 1: being
+                             * read, 2: its entries */
+  struct bucket_key { uint32_t bucket; uint64_t key; } *rm;  /* table ct's removals, by bucket */
+  size_t nrm, rm_at;
+  ps_shard_cut_counts held[PS_SHARD_MAX_TABLES];  /* rows, pending: the tables as cut */
 };
 
 void ps_shard_reader_end(ps_shard_reader *r) {
@@ -633,7 +643,32 @@ void ps_shard_reader_end(ps_shard_reader *r) {
   free(r->tail);
   free(r->stage);
   free(r->copy);
+  free(r->rm);
   free(r);
+}
+
+/* The parts of a reader copied at its start: the image up to its table
+ * section, the open sync step's rows; and the room for one unit.
+ * @return 0 or -ENOMEM. */
+static int reader_prepare(ps_shard_reader *r) {
+  ps_shard *s = r->s;
+  r->head_floats = ps_state_tables_at(&r->info, s->o.nfloats);
+  r->head = malloc((size_t)(r->head_floats ? r->head_floats : 1) * sizeof(float));
+  size_t row_max = PS_TSEC_HEAD;
+  for (int t = 0; t < s->o.ntables; t++) {
+    size_t b = PS_TSEC_ENTRY + 4 * (size_t)s->o.tables[t].dim *
+                                   (1 + (size_t)ps_optim_nslots(s->o.tables[t].optim.kind));
+    row_max = b > row_max ? b : row_max;
+  }
+  r->stage = malloc(row_max);
+  r->stage_cap = row_max;
+  r->tail_len = has_sync_rows(&s->o) ? 8 + s->sync_rows_len : 0;
+  r->tail = r->tail_len > 0 ? malloc(r->tail_len) : NULL;
+  if (r->head == NULL || r->stage == NULL || (r->tail_len > 0 && r->tail == NULL))
+    return -ENOMEM;
+  head_write(s, &r->info, r->head);
+  sync_tail_write(s, r->tail);
+  return 0;
 }
 
 ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
@@ -661,25 +696,146 @@ ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
     ps_shard_state_write(s, r->copy);
     return r;
   }
-  r->head_floats = ps_state_tables_at(&r->info, s->o.nfloats);
-  r->head = malloc((size_t)(r->head_floats ? r->head_floats : 1) * sizeof(float));
-  size_t row_max = PS_TSEC_HEAD;
-  for (int t = 0; t < s->o.ntables; t++) {
-    size_t b = PS_TSEC_ENTRY + 4 * (size_t)s->o.tables[t].dim *
-                                   (1 + (size_t)ps_optim_nslots(s->o.tables[t].optim.kind));
-    row_max = b > row_max ? b : row_max;
-  }
-  r->stage = malloc(row_max);
-  r->stage_cap = row_max;
-  r->tail_len = has_sync_rows(&s->o) ? 8 + s->sync_rows_len : 0;
-  r->tail = r->tail_len > 0 ? malloc(r->tail_len) : NULL;
-  if (r->head == NULL || r->stage == NULL || (r->tail_len > 0 && r->tail == NULL)) {
+  if (reader_prepare(r) != 0) {
     ps_shard_reader_end(r);
     return NULL;
   }
-  head_write(s, &r->info, r->head);
-  sync_tail_write(s, r->tail);
   return r;
+}
+
+/* Give the changes of every table whose change walk began back to the
+ * next one.  @return 0, or -ENOMEM (that table's next walk is one of all). */
+static int changes_undo(ps_shard_reader *r) {
+  int rc = 0;
+  for (int t = 0; t < r->s->o.ntables; t++)
+    if (r->walks[t] != NULL && ps_table_changes_undo(r->walks[t]) != 0)
+      rc = -ENOMEM;
+  return rc;
+}
+
+ps_shard_reader *ps_shard_reader_begin_changes(ps_shard *s, ps_state_info *info, int all,
+                                               unsigned bits) {
+  ps_shard_reader *r = calloc(1, sizeof *r);
+  if (r == NULL)
+    return NULL;
+  r->s = s;
+  r->changes = 1;
+  r->bits = bits;
+  for (int t = 0; t < s->o.ntables; t++)
+    all |= ps_table_changes_lost(s->tables[t]);
+  r->all = all;
+  int ok = 1;
+  for (int t = 0; t < s->o.ntables; t++) {
+    ps_table_stats st = ps_table_get_stats(s->tables[t]);
+    r->held[t] = (ps_shard_cut_counts){.rows = st.rows, .pending = st.pending};
+  }
+  for (int t = 0; ok && t < s->o.ntables; t++)
+    ok = (r->walks[t] = ps_table_changes_begin(s->tables[t], all)) != NULL &&
+         ps_table_walk_group(r->walks[t], bits) == 0;
+  r->info = ps_shard_state_info(s);
+  r->info.table_floats = ((uint64_t)s->o.ntables * PS_TSEC_HEAD +
+                          (has_sync_rows(&s->o) ? 8 + s->sync_rows_len : 0)) / sizeof(float);
+  r->info.image_floats = ps_state_image_floats(&r->info, s->o.nfloats);
+  *info = r->info;
+  if (!ok || reader_prepare(r) != 0) {
+    (void)changes_undo(r);
+    ps_shard_reader_end(r);
+    return NULL;
+  }
+  return r;
+}
+
+int ps_shard_reader_all(const ps_shard_reader *r) { return r->all; }
+
+ps_shard_cut_counts ps_shard_reader_table_counts(const ps_shard_reader *r, int t) {
+  ps_shard_cut_counts c = r->held[t];
+  const uint64_t *rk, *pk;
+  size_t nr, np;
+  ps_table_walk_counts(r->walks[t], &c.changed_rows, &c.changed_pending);
+  ps_table_changes_removed(r->walks[t], &rk, &nr, &pk, &np);
+  c.removed = nr + np;
+  return c;
+}
+
+static int bucket_key_cmp(const void *a, const void *b) {
+  const struct bucket_key *x = a, *y = b;
+  if (x->bucket != y->bucket)
+    return x->bucket < y->bucket ? -1 : 1;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+/* Table ct's removed keys, ordered by bucket.  @return 0 or -ENOMEM. */
+static int removals_gather(ps_shard_reader *r) {
+  const ps_table *tb = r->s->tables[r->ct];
+  const uint64_t *rk, *pk;
+  size_t nr, np;
+  ps_table_changes_removed(r->walks[r->ct], &rk, &nr, &pk, &np);
+  free(r->rm);
+  r->rm = NULL;
+  r->nrm = r->rm_at = 0;
+  if (nr + np == 0)
+    return 0;
+  if ((r->rm = malloc((nr + np) * sizeof *r->rm)) == NULL)
+    return -ENOMEM;
+  for (size_t i = 0; i < nr + np; i++) {
+    uint64_t key = i < nr ? rk[i] : pk[i - nr];
+    r->rm[i] = (struct bucket_key){ps_table_bucket(tb, key, r->bits), key};
+  }
+  r->nrm = nr + np;
+  qsort(r->rm, r->nrm, sizeof *r->rm, bucket_key_cmp);
+  return 0;
+}
+
+int ps_shard_reader_change(ps_shard_reader *r, ps_shard_change *c) {
+  ps_shard *s = r->s;
+  while (r->ct < s->o.ntables) {
+    if (r->cstage == 0) {
+      if (removals_gather(r) != 0)
+        return -ENOMEM;
+      r->cstage = 1;
+    }
+    if (r->cstage == 1) {
+      if (r->rm_at < r->nrm) {
+        *c = (ps_shard_change){.table = r->ct, .removed = 1, .bucket = r->rm[r->rm_at].bucket,
+                               .e = {.key = r->rm[r->rm_at].key}};
+        r->rm_at++;
+        return 1;
+      }
+      r->cstage = 2;
+    }
+    int rc = ps_table_walk_next(r->walks[r->ct], &c->e);
+    if (rc < 0)
+      return rc;
+    if (rc == 1) {
+      c->table = r->ct;
+      c->removed = 0;
+      c->bucket = ps_table_bucket(s->tables[r->ct], c->e.key, r->bits);
+      c->place = ps_table_walk_place(r->walks[r->ct]);
+      return 1;
+    }
+    r->ct++;
+    r->cstage = 0;
+  }
+  return 0;
+}
+
+int ps_shard_reader_undo(ps_shard_reader *r) { return r->changes ? changes_undo(r) : 0; }
+
+uint64_t ps_shard_changes_bytes(const ps_shard *s) {
+  uint64_t bytes = 0;
+  for (int t = 0; t < s->o.ntables; t++) {
+    const ps_table_opts *o = &s->o.tables[t];
+    uint64_t row = PS_TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
+    if (ps_table_changes_lost(s->tables[t])) {
+      ps_table_stats st = ps_table_get_stats(s->tables[t]);
+      bytes += st.rows * row + st.pending * PS_TSEC_ENTRY;
+      continue;
+    }
+    uint64_t entries, removed;
+    ps_table_changes_count(s->tables[t], &entries, &removed);
+    bytes += entries * row + removed * 8;
+  }
+  return bytes;
 }
 
 /* The next unit of the table section into the stage: a table's head, an
@@ -690,10 +846,17 @@ static int reader_stage(ps_shard_reader *r) {
   while (r->t < s->o.ntables) {
     if (!r->t_headed) {
       uint64_t rows = 0, pending = 0;
-      ps_table_walk_counts(r->walks[r->t], &rows, &pending);
+      if (!r->changes)
+        ps_table_walk_counts(r->walks[r->t], &rows, &pending);
       r->stage_len = (size_t)(ps_tsec_put_head(r->stage, rows, pending) - r->stage);
       r->t_headed = 1;
       return 1;
+    }
+    if (r->changes) {
+      /* The entries are ps_shard_reader_change's. */
+      r->t++;
+      r->t_headed = 0;
+      continue;
     }
     ps_table_entry e;
     int rc = ps_table_walk_next(r->walks[r->t], &e);
@@ -835,6 +998,25 @@ int ps_shard_state_load(ps_shard *s, const ps_state_info *info, const float *img
 }
 
 void ps_shard_set_journal(ps_shard *s, uint64_t n) { s->journal = n; }
+
+int ps_shard_rows_reserve(ps_shard *s, int t, uint64_t rows, uint64_t pending) {
+  return tsec_head(s, t, rows, pending, &(ps_errbuf){0}) == 0 ? 0 : -ENOMEM;
+}
+
+int ps_shard_row_load(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank,
+                      ps_errbuf *eb) {
+  int rc = ps_table_load_ranked(s->tables[t], e, rank, eb);
+  if (rc == -ENOMEM)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  return rc == 0 ? 0 : PS_ECORRUPT;
+}
+
+int ps_shard_rows_link(ps_shard *s) {
+  for (int t = 0; t < s->o.ntables; t++)
+    if (ps_table_link_ranked(s->tables[t]) != 0)
+      return -ENOMEM;
+  return 0;
+}
 
 /* ------------------------------------------------------- the opaque API */
 

@@ -198,6 +198,61 @@ ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info);
 int ps_shard_reader_read(ps_shard_reader *r, float *out, uint64_t count);
 void ps_shard_reader_end(ps_shard_reader *r);
 
+/* A cut for a store that keeps the tables' rows by key (src/replica
+ * REDIS.md, format 5): the image as ps_shard_reader_begin gives it but
+ * with every table's head empty (0 rows, 0 pending keys: *info is that
+ * image's), and each table's change walk (TABLE.md "Changes": of all its
+ * entries when `all` or when its changes are lost, else those since the
+ * previous cut), grouped by bucket of `bits` (ps_table_bucket).  Read the
+ * image with ps_shard_reader_read, the changes with ps_shard_reader_change;
+ * a cut that was not stored is undone (ps_shard_reader_undo) before its
+ * end, so that the next one carries its changes.  NULL when out of memory
+ * or every walk of a table is taken (nothing taken). */
+ps_shard_reader *ps_shard_reader_begin_changes(ps_shard *s, ps_state_info *info, int all,
+                                               unsigned bits);
+/* Whether the cut is of every entry (asked, or a table's changes lost). */
+int ps_shard_reader_all(const ps_shard_reader *r);
+/* Table t as the cut was made: its rows and pending keys, and what its
+ * change walk carries (entries changed, keys removed). */
+typedef struct ps_shard_cut_counts {
+  uint64_t rows, pending;
+  uint64_t changed_rows, changed_pending, removed;
+} ps_shard_cut_counts;
+ps_shard_cut_counts ps_shard_reader_table_counts(const ps_shard_reader *r, int t);
+
+/* One change of a cut: table `table`'s key removed (e.key only), or its
+ * entry as the cut was made, with its place among the walk's entries of
+ * its list (ps_table_walk_place: those changed since the previous cut
+ * follow every other entry in the list, so a copy ranks them after every
+ * rank it holds).  Per table, its removals by bucket, then its rows
+ * by bucket, then its pending keys by bucket. */
+typedef struct ps_shard_change {
+  int table;
+  int removed;
+  uint32_t bucket;
+  uint64_t place;
+  ps_table_entry e;     /* its values and slots valid until the next call or a change */
+} ps_shard_change;
+/* @return 1 and the next change in *c, 0 at the end, -ENOMEM (the cut
+ * cannot go on: undo it). */
+int ps_shard_reader_change(ps_shard_reader *r, ps_shard_change *c);
+/* The cut was not stored: its changes go back to the next cut.  @return 0,
+ * or -ENOMEM (the next cut of that table is one of all). */
+int ps_shard_reader_undo(ps_shard_reader *r);
+/* About the bytes of rows the next change cut would carry: a snapshot's
+ * cost, against the log it trims. */
+uint64_t ps_shard_changes_bytes(const ps_shard *s);
+
+/* Restoring from a store kept by key: after ps_shard_state_load_end
+ * loaded an image with empty tables, room for table t's rows and pending
+ * keys (@return 0 or -ENOMEM), each entry with its rank in any order
+ * (ps_table_load_ranked: @return 0, PS_ECORRUPT with eb, -ENOMEM), then
+ * the lists linked once (@return 0 or -ENOMEM). */
+int ps_shard_rows_reserve(ps_shard *s, int t, uint64_t rows, uint64_t pending);
+int ps_shard_row_load(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank,
+                      ps_errbuf *eb);
+int ps_shard_rows_link(ps_shard *s);
+
 /* Does `info` describe an image this shard can load (ps_state_check against
  * its shape)?  @return 0, or PS_ELAYOUT with a message naming what differs. */
 int ps_shard_state_check(const ps_shard *s, const ps_state_info *info, char *why,

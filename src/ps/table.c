@@ -448,6 +448,11 @@ void ps_table_changes_reset(ps_table *t) {
   ps_ks_changes_reset(&t->pend);
 }
 
+void ps_table_changes_count(const ps_table *t, uint64_t *entries, uint64_t *removed) {
+  *entries = (uint64_t)t->rows.nchanged + t->pend.nchanged;
+  *removed = (uint64_t)t->rows.nremoved + t->pend.nremoved;
+}
+
 int ps_table_changes_lost(const ps_table *t) {
   return ps_ks_changes_lost(&t->rows) || ps_ks_changes_lost(&t->pend);
 }

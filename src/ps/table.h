@@ -212,6 +212,10 @@ int ps_table_changes_undo(ps_table_walk *w);
 /* Start a new interval with no changes recorded: the table as it is now
  * is what the writer's copy holds. */
 void ps_table_changes_reset(ps_table *t);
+/* The changes recorded so far in this interval: entries added or touched,
+ * and keys removed (what the next change walk would carry, but for a walk
+ * of all). */
+void ps_table_changes_count(const ps_table *t, uint64_t *entries, uint64_t *removed);
 /* 1 when the changes recorded are not all of them (no walk of all yet, a
  * removal found no memory, or a walk of all was undone): the next change
  * walk must be one of all. */

@@ -21,6 +21,7 @@ void ps_shard_keys_init(ps_shard_keys *k, const char *cluster, int index) {
   snprintf(k->logkey, sizeof k->logkey, "%s:logkey", k->tag);
   snprintf(k->snaps, sizeof k->snaps, "%s:snaps", k->tag);
   snprintf(k->snap_prefix, sizeof k->snap_prefix, "%s:snap:", k->tag);
+  snprintf(k->rows_prefix, sizeof k->rows_prefix, "%s:rows:", k->tag);
   snprintf(k->node, sizeof k->node, "%s:node", k->tag);
 }
 

@@ -5,6 +5,7 @@
 #define PS_REPLICA_KEYS_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common/config.h"
 #include "paramserv/error.h"
@@ -19,7 +20,9 @@ typedef struct ps_shard_keys {
   char logkey[PS_KEY_MAX];       /* names the current log stream */
   char log[PS_KEY_MAX];          /* this incarnation's log stream (after ps_shard_keys_log) */
   char snaps[PS_KEY_MAX];        /* snapshot id -> chunk count, of every snapshot written */
-  char snap_prefix[PS_KEY_MAX];  /* + "<id>:<k>": chunk k of snapshot id */
+  char snap_prefix[PS_KEY_MAX];  /* + "<id>:<k>": chunk k of snapshot id; "<id>:d<k>": its
+                                  * delta chunk k */
+  char rows_prefix[PS_KEY_MAX];  /* + "<b>": the sparse tables' rows of bucket b */
   char node[PS_KEY_MAX];         /* heartbeat */
 } ps_shard_keys;
 
@@ -28,7 +31,15 @@ void ps_shard_keys_init(ps_shard_keys *k, const char *cluster, int index);
 void ps_shard_keys_log(ps_shard_keys *k, uint64_t epoch);
 
 /* The replica's format (REDIS.md): the meta hash's `format` field. */
-#define PS_SNAP_FORMAT "4"
+#define PS_SNAP_FORMAT "5"
+
+/* A snapshot's registration in P:snaps: "<chunks> <deltas>", its image
+ * chunks and at most that many delta chunks (format 4: "<chunks>"). */
+static inline void ps_snap_registered(const char *v, uint64_t *chunks, uint64_t *deltas) {
+  char *end = NULL;
+  *chunks = v != NULL ? strtoull(v, &end, 10) : 0;
+  *deltas = end != NULL && *end == ' ' ? strtoull(end + 1, NULL, 10) : 0;
+}
 
 /* A snapshot is the shard's state image (ps_shard_state_write) cut into
  * chunks of this many floats, each one LZ4 block. */

@@ -28,11 +28,14 @@
   "if redis.call('GET', KEYS[2]) ~= KEYS[3] then lost[#lost + 1] = 'logkey' end\n"  \
   "if redis.call('EXISTS', KEYS[3]) == 0 then lost[#lost + 1] = 'log stream' end\n" \
   "if ARGV[2] == '1' then\n"                                                        \
-  "  local m = redis.call('HMGET', KEYS[4], 'snap', 'chunks')\n"                    \
+  "  local m = redis.call('HMGET', KEYS[4], 'snap', 'chunks', 'merged', 'deltas')\n" \
   "  if not m[1] then lost[#lost + 1] = 'meta'\n"                                   \
   "  else for k = 0, (tonumber(m[2]) or 0) - 1 do\n"                               \
   "    if redis.call('EXISTS', ARGV[3] .. m[1] .. ':' .. k) == 0 then\n"            \
-  "      lost[#lost + 1] = 'snapshot chunks' break end end end end\n"
+  "      lost[#lost + 1] = 'snapshot chunks' break end end\n"                      \
+  "    for k = tonumber(m[3]) or 0, (tonumber(m[4]) or 0) - 1 do\n"                \
+  "    if redis.call('EXISTS', ARGV[3] .. m[1] .. ':d' .. k) == 0 then\n"           \
+  "      lost[#lost + 1] = 'delta chunks' break end end end end\n"
 
 /* On every (re)connection: claim back what was lost (a snapshot follows).
  * Returns OK, or CLAIMED and what was lost.  KEYS and ARGV: KEYS_CHECK's. */

@@ -387,8 +387,7 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
   ps_snap_events se = {.arg = r, .before_copy = on_snap_before_copy,
                        .switched = on_snap_switched, .closed = on_snap_closed,
                        .owed = snap_owed, .nondurable = snap_nondurable, .held = snap_held};
-  ps_snaps_init(&r->snaps, &r->link, shard, layout_hash,
-                restored->loaded ? restored->snap_version : 0, &se);
+  ps_snaps_init(&r->snaps, &r->link, shard, layout_hash, restored, &se);
   uv_timer_init(loop, &r->interval);
   r->interval.data = r;
   r->interval_open = 1;

@@ -17,6 +17,7 @@
 #include "proto/proto.h"
 #include "replica/keys.h"
 #include "replica/registry.h"
+#include "replica/rows.h"
 
 /* If the epoch still holds, rename the stream named by KEYS[2] (the log
  * key) to KEYS[3], make sure KEYS[3] exists, and record it in KEYS[2]:
@@ -53,6 +54,182 @@ static int hash_u64(const redisReply *h, const char *field, uint64_t *out) {
 
 /* ------------------------------------------------------------ snapshot */
 
+/* Format 5: finish the merges of the meta's delta chunks that a previous
+ * incarnation left (REDIS.md §7 step 6), in order, by the same script: one
+ * it merged meanwhile does nothing.  @return 0; -EIO (Redis refused or
+ * went away: the restore starts over); PS_ECORRUPT (a chunk missing or
+ * malformed). */
+static int finish_merges(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
+                         ps_restore_info *info, ps_errbuf *eb) {
+  uint64_t merged = 0, deltas = 0;
+  const redisReply *snap = hash_get(meta, "snap");
+  if (hash_u64(meta, "merged", &merged) || hash_u64(meta, "deltas", &deltas) || snap == NULL ||
+      snap->type != REDIS_REPLY_STRING)
+    return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (no merged, deltas)",
+                      k->meta);
+  size_t plen = strlen(k->rows_prefix);
+  for (uint64_t i = merged; i < deltas; i++) {
+    char chunk[PS_KEY_MAX + 80], kk[24], nk[24];
+    snprintf(chunk, sizeof chunk, "%s%s:d%" PRIu64, k->snap_prefix, snap->str, i);
+    redisReply *r = redisCommand(c, "GET %s", chunk);
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+      int rc = ps_err_set(eb, -EIO, "%s: GET failed: %s", chunk, r ? r->str : c->errstr);
+      freeReplyObject(r);
+      return rc;
+    }
+    if (r->type != REDIS_REPLY_STRING) {
+      freeReplyObject(r);
+      /* Merged since the meta was read (a stale incarnation's merge)? */
+      redisReply *m = redisCommand(c, "HGET %s merged", k->meta);
+      int done = m != NULL && m->type == REDIS_REPLY_STRING && strtoull(m->str, NULL, 10) > i;
+      freeReplyObject(m);
+      if (done)
+        continue;
+      return ps_err_set(eb, PS_ECORRUPT, "%s: delta chunk %" PRIu64 " of %" PRIu64 " missing "
+                        "before its merge (restore from a checkpoint: delete the keys of %s)",
+                        chunk, i, deltas, k->tag);
+    }
+    uint32_t *buckets = NULL;
+    size_t ng = 0;
+    int rc = ps_delta_check(r->str, r->len, PS_ROWS_MAX_BITS, &buckets, &ng, eb);
+    freeReplyObject(r);
+    if (rc != 0)
+      return rc == -ENOMEM ? ps_err_set(eb, -ENOMEM, "out of memory for a delta chunk")
+                           : ps_err_set(eb, PS_ECORRUPT, "%s: %s", chunk, eb->msg);
+    const char **argv = malloc((ng + 8) * sizeof *argv);
+    char *names = malloc(ng * (plen + 12) + 1);
+    if (argv == NULL || names == NULL) {
+      free(argv);
+      free(names);
+      free(buckets);
+      return ps_err_set(eb, -ENOMEM, "out of memory for a merge");
+    }
+    snprintf(nk, sizeof nk, "%zu", ng + 2);
+    snprintf(kk, sizeof kk, "%" PRIu64, i);
+    int argc = 0;
+    argv[argc++] = "EVAL";
+    argv[argc++] = PS_MERGE_SCRIPT;
+    argv[argc++] = nk;
+    argv[argc++] = k->meta;
+    argv[argc++] = chunk;
+    for (size_t g = 0; g < ng; g++) {
+      char *name = names + g * (plen + 12);
+      snprintf(name, plen + 12, "%s%" PRIu32, k->rows_prefix, buckets[g]);
+      argv[argc++] = name;
+    }
+    argv[argc++] = snap->str;
+    argv[argc++] = kk;
+    argv[argc++] = k->rows_prefix;
+    r = redisCommandArgv(c, argc, argv, NULL);
+    free(argv);
+    free(names);
+    free(buckets);
+    if (r == NULL || r->type == REDIS_REPLY_ERROR) {
+      int corrupt = r != NULL && (strncmp(r->str, "CORRUPT", 7) == 0 ||
+                                  strncmp(r->str, "LOST", 4) == 0);
+      rc = ps_err_set(eb, corrupt ? PS_ECORRUPT : -EIO, "%s: merge failed: %s", chunk,
+                      r ? r->str : c->errstr);
+      freeReplyObject(r);
+      return rc;
+    }
+    if (r->type == REDIS_REPLY_INTEGER && r->integer == 1)
+      info->merged++;
+    freeReplyObject(r);
+  }
+  return 0;
+}
+
+/* Buckets read at once (pipelined HGETALLs). */
+#define ROWS_WINDOW 16
+
+/* Format 5: every entry of the rows' hashes into the shard's tables (which
+ * the image left empty), ranked, then linked; the counts must be the
+ * meta's `rows`. */
+static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
+                     ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
+  const ps_shard_opts *o = ps_shard_options(s);
+  uint64_t bits = 0, rank_next = 0;
+  const redisReply *rows = hash_get(meta, "rows");
+  if (hash_u64(meta, "row_bits", &bits) || hash_u64(meta, "rank_next", &rank_next) ||
+      rows == NULL || rows->type != REDIS_REPLY_STRING || bits > PS_ROWS_MAX_BITS)
+    return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (row_bits, rank_next, "
+                      "rows)", k->meta);
+  info->rank_next = rank_next;
+  if (o->ntables == 0)
+    return 0;
+  uint64_t want[PS_SHARD_MAX_TABLES][2], got[PS_SHARD_MAX_TABLES][2] = {{0}};
+  ps_tsec_table shapes[PS_SHARD_MAX_TABLES];
+  size_t scratch_floats = 1;
+  const char *p = rows->str;
+  for (int t = 0; t < o->ntables; t++) {
+    int used = 0;
+    if (sscanf(p, "%" SCNu64 ":%" SCNu64 "%n", &want[t][0], &want[t][1], &used) != 2 ||
+        (p[used] != (t + 1 < o->ntables ? ',' : '\0')))
+      return ps_err_set(eb, PS_ECORRUPT, "%s: rows \"%s\", expected <rows>:<pending> for each "
+                        "of %d tables", k->meta, rows->str, o->ntables);
+    p += used + (t + 1 < o->ntables);
+    shapes[t] = (ps_tsec_table){.dim = o->tables[t].dim,
+                                .nslots = (uint32_t)ps_optim_nslots(o->tables[t].optim.kind),
+                                .name = o->table_names[t][0] ? o->table_names[t] : NULL};
+    size_t f = (size_t)shapes[t].dim * (1 + shapes[t].nslots);
+    scratch_floats = f > scratch_floats ? f : scratch_floats;
+    if (ps_shard_rows_reserve(s, t, want[t][0], want[t][1]) != 0)
+      return ps_err_set(eb, -ENOMEM, "out of memory for %" PRIu64 " rows", want[t][0]);
+  }
+  float *scratch = malloc(scratch_floats * sizeof(float));
+  if (scratch == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for a row");
+  uint64_t nb = 1ull << bits;
+  int rc = 0;
+  for (uint64_t b0 = 0; b0 < nb && rc == 0; b0 += ROWS_WINDOW) {
+    uint64_t b1 = b0 + ROWS_WINDOW < nb ? b0 + ROWS_WINDOW : nb;
+    for (uint64_t b = b0; b < b1; b++)
+      redisAppendCommand(c, "HGETALL %s%" PRIu64, k->rows_prefix, b);
+    for (uint64_t b = b0; b < b1; b++) {
+      redisReply *r = NULL;
+      if (redisGetReply(c, (void **)&r) != REDIS_OK || r == NULL || r->type != REDIS_REPLY_ARRAY) {
+        if (rc == 0)
+          rc = ps_err_set(eb, -EIO, "%s%" PRIu64 ": HGETALL failed: %s", k->rows_prefix, b,
+                          r && r->str ? r->str : c->errstr);
+        freeReplyObject(r);
+        if (c->err)
+          break;
+        continue;
+      }
+      for (size_t i = 0; rc == 0 && i + 1 < r->elements; i += 2) {
+        const redisReply *f = r->element[i], *v = r->element[i + 1];
+        int t = 0;
+        uint64_t rank = 0;
+        ps_table_entry e;
+        rc = ps_rows_decode(f->str, f->len, v->str, v->len, shapes, o->ntables, scratch, &t, &e,
+                            &rank, eb);
+        if (rc == 0)
+          rc = ps_shard_row_load(s, t, &e, rank, eb);
+        if (rc == 0)
+          got[t][e.pending]++;
+        else if (rc != -ENOMEM)
+          rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu64 ": %s", k->rows_prefix, b, eb->msg);
+      }
+      freeReplyObject(r);
+    }
+  }
+  free(scratch);
+  for (int t = 0; rc == 0 && t < o->ntables; t++) {
+    info->rows += got[t][0] + got[t][1];
+    if (got[t][0] != want[t][0] || got[t][1] != want[t][1]) {
+      char name[64];
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s*: %s holds %" PRIu64 " rows and %" PRIu64 " pending "
+                      "keys, the meta says %" PRIu64 " and %" PRIu64 " (restore from a "
+                      "checkpoint: delete the keys of %s)", k->rows_prefix,
+                      ps_tsec_table_name(shapes, t, name, sizeof name), got[t][0], got[t][1],
+                      want[t][0], want[t][1], k->tag);
+    }
+  }
+  if (rc == 0 && ps_shard_rows_link(s) != 0)
+    rc = ps_err_set(eb, -ENOMEM, "out of memory linking the tables' rows");
+  return rc;
+}
+
 static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
                          ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
   const ps_shard_opts *o = ps_shard_options(s);
@@ -60,10 +237,13 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   ps_state_info in = {0};
   const redisReply *snap = hash_get(meta, "snap"), *fmt = hash_get(meta, "format");
   /* Format 2 stored its chunks as LZ4 blocks; 3 and 4 store them raw;
-   * 4 adds the sparse tables (table_floats, sparse blocks in `v`). */
+   * 4 adds the sparse tables (table_floats, sparse blocks in `v`); 5 keeps
+   * their rows by key, beside the image (rows.h). */
   int lz4 = fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "2") == 0;
   int old = lz4 || (fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "3") == 0);
-  if (!old && (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0))
+  int v4 = fmt != NULL && fmt->type == REDIS_REPLY_STRING && strcmp(fmt->str, "4") == 0;
+  if (!old && !v4 &&
+      (fmt == NULL || fmt->type != REDIS_REPLY_STRING || strcmp(fmt->str, PS_SNAP_FORMAT) != 0))
     return ps_err_set(eb, PS_EVERSION,
                       "%s: replica format %s, this shard reads formats 2 to %s (restore from a "
                       "checkpoint: delete the keys of %s)",
@@ -137,6 +317,8 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   uint64_t t1 = ps_now_ns();
   if (rc == 0)
     rc = ps_shard_state_load_end(s, &in, eb);
+  if (rc == 0 && !old && !v4)
+    rc = load_rows(c, k, meta, s, info, eb);
   info->read_s = (double)(t1 - t0) * 1e-9;
   info->decode_s = (double)(ps_now_ns() - t1) * 1e-9;
   if (rc == 0) {
@@ -264,11 +446,14 @@ static void gc_snapshots(redisContext *c, const ps_shard_keys *k, const char *ke
     const char *id = h->element[i]->str;
     if (id == NULL || (keep != NULL && strcmp(id, keep) == 0))
       continue;
-    uint64_t chunks = strtoull(h->element[i + 1]->str ? h->element[i + 1]->str : "0", NULL, 10);
+    uint64_t chunks, deltas;
+    ps_snap_registered(h->element[i + 1]->str, &chunks, &deltas);
     for (uint64_t j = 0; j < chunks; j++)
       redisAppendCommand(c, "DEL %s%s:%" PRIu64, k->snap_prefix, id, j);
+    for (uint64_t j = 0; j < deltas; j++)
+      redisAppendCommand(c, "DEL %s%s:d%" PRIu64, k->snap_prefix, id, j);
     redisAppendCommand(c, "HDEL %s %s", k->snaps, id);
-    for (uint64_t j = 0; j <= chunks; j++) {
+    for (uint64_t j = 0; j <= chunks + deltas; j++) {
       redisReply *r = NULL;
       if (redisGetReply(c, (void **)&r) != REDIS_OK)
         break;
@@ -352,7 +537,11 @@ static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
     return rc;
   }
   hash_u64(meta, "epoch", &lineage);
-  rc = load_snapshot(c, k, meta, shard, info, eb);
+  const redisReply *fv = hash_get(meta, "format");
+  if (fv != NULL && fv->type == REDIS_REPLY_STRING && strcmp(fv->str, PS_SNAP_FORMAT) == 0)
+    rc = finish_merges(c, k, meta, info, eb);
+  if (rc == 0)
+    rc = load_snapshot(c, k, meta, shard, info, eb);
   char snap_id[64] = "";
   const redisReply *sid = hash_get(meta, "snap");
   if (sid != NULL && sid->type == REDIS_REPLY_STRING)

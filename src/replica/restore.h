@@ -19,10 +19,13 @@ typedef struct ps_restore_info {
   uint64_t skipped;      /* entries after a missing one: never acknowledged
                             with on_redis_failure = block (REDIS.md §9) */
   uint64_t nondurable;   /* acknowledged without their entry, over the run */
+  uint64_t rank_next;    /* format 5: the next snapshot's rows rank above this */
+  uint64_t merged;       /* delta chunks a previous incarnation left, merged */
+  uint64_t rows;         /* sparse table entries read from the rows' hashes */
   uint64_t gc_snapshots; /* snapshots that never switched, deleted */
   uint64_t gc_streams;   /* logs of dead incarnations, deleted */
   double seconds;        /* time spent, connect to ready */
-  double read_s;         /* of which reading the snapshot's chunks */
+  double read_s;         /* of which reading the snapshot's chunks (and rows) */
   double decode_s;       /* decoding its sparse tables into the shard */
   double replay_s;       /* reading and replaying the log */
 } ps_restore_info;

@@ -14,6 +14,7 @@
 #include "common/backoff.h"
 #include "ps/shard.h"
 #include "replica/link.h"
+#include "replica/restore.h"
 
 /* What the snapshots tell, and ask, their owner; each with `arg`. */
 typedef struct ps_snap_events {
@@ -62,13 +63,25 @@ typedef struct ps_snaps {
   int gc_pending;         /* a switch's GC listing not yet answered */
   uint64_t counter;
   int closing, final_started;
+  /* Format 5, sparse tables: the rows kept by key (rows.h). */
+  int need_all;           /* the next cut is of every entry: Redis lost rows, or a merge failed */
+  uint64_t rank_next;     /* the next cut's entries rank from here */
+  struct ps_snap_merges {
+    char id[48];          /* the switched snapshot whose delta chunks are being merged */
+    uint64_t count, next; /* its delta chunks; the first not known to be merged */
+    uint64_t sent;        /* merges issued */
+    uint32_t **groups;    /* each chunk's groups' buckets: its merge's KEYS */
+    size_t *ngroups;
+    int running;          /* merges in flight */
+  } mg;
 } ps_snaps;
 
-/* The snapshots of `shard` on `l` (the link's shard keys and epoch).
- * restored_version: the version of the snapshot Redis holds (a restore
- * loaded it), 0 when it holds none.  The first one is owed. */
+/* The snapshots of `shard` on `l` (the link's shard keys and epoch), after
+ * `restored` (what the restore loaded: the version of the snapshot Redis
+ * holds, none when not loaded; where its rows' ranks end).  The first one
+ * is owed. */
 void ps_snaps_init(ps_snaps *s, ps_link *l, ps_shard *shard, uint64_t layout_hash,
-                   uint64_t restored_version, const ps_snap_events *ev);
+                   const ps_restore_info *restored, const ps_snap_events *ev);
 
 /* Start a snapshot when one may (connected, none in flight, not backing
  * off after a failure): the state cut now (ps_shard_reader), its chunks
@@ -101,7 +114,7 @@ double ps_snaps_lag_seconds(const ps_snaps *s);
  * down says when it is gone), or ev.closed when no connection is left.  A
  * snapshot in flight is abandoned first. */
 void ps_snaps_close(ps_snaps *s);
-/* A snapshot is in flight. */
+/* A snapshot, or the merges of one, in flight. */
 int ps_snaps_busy(const ps_snaps *s);
 
 #endif

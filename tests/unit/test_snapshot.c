@@ -28,6 +28,7 @@
 #include "replica/restore.h"
 #include "replica/snapshot.h"
 #include "redis_server.h"
+#include "sparse_rows.h"
 
 typedef struct fx {
   ps_config cfg;
@@ -45,6 +46,12 @@ typedef struct fx {
   /* What the snapshots and the link reported. */
   int switches, fenced;
   uint64_t switched_n;
+  /* A shard of sparse tables (sparse_rows.h) instead of the mlp's. */
+  int sparse;
+  uint64_t hash;          /* its layout hash */
+  int restore_at;         /* the switch whose callback restores a next incarnation (0: none) */
+  int want;               /* switches switched_n_idle waits for */
+  ps_restore_info at_switch;
 } fx;
 
 static volatile int no_stop;
@@ -56,10 +63,13 @@ static void on_fenced(void *arg, const char *why) {
   ((fx *)arg)->fenced++;
 }
 static void on_nothing(void *arg) { (void)arg; }
+static void restore_at_switch(fx *f);
 static void on_switched(void *arg, uint64_t n) {
   fx *f = arg;
   f->switches++;
   f->switched_n = n;
+  if (f->switches == f->restore_at)
+    restore_at_switch(f);
 }
 static void on_tick(uv_timer_t *t) { ps_snaps_tick(&((fx *)t->data)->snaps); }
 static int owed_none(void *arg) { (void)arg; return 0; }
@@ -68,14 +78,25 @@ static uint64_t count_none(void *arg) { (void)arg; return 0; }
 /* A shard of the default mlp (adam: an image of three chunks), restored
  * from Redis as a ps starts (its epoch taken), and its snapshots on a
  * link that connects now. */
+/* The shard's options, and its layout hash into f->hash. */
+static ps_shard_opts shard_opts(fx *f) {
+  if (f->sparse) {
+    f->hash = 0x5ba25e5ba25eULL;
+    return opts();
+  }
+  ps_errbuf eb = {0};
+  if (f->layout.hash == 0 && ps_layout_for_cluster(&f->cfg, &f->model, &f->layout, &eb) != 0)
+    fail_msg("layout: %s", eb.msg);
+  f->hash = f->layout.hash;
+  return ps_shard_opts_for(&f->cfg, &f->layout, 0);
+}
+
 static void start(fx *f) {
   ps_errbuf eb = {0};
-  if (ps_layout_for_cluster(&f->cfg, &f->model, &f->layout, &eb) != 0)
-    fail_msg("layout: %s", eb.msg);
-  ps_shard_opts so = ps_shard_opts_for(&f->cfg, &f->layout, 0);
+  ps_shard_opts so = shard_opts(f);
   f->shard = ps_shard_new(&so, NULL);
   assert_non_null(f->shard);
-  if (ps_replica_restore(&f->cfg, 0, f->layout.hash, f->shard, &no_stop, &f->ri, &eb) != 0)
+  if (ps_replica_restore(&f->cfg, 0, f->hash, f->shard, &no_stop, &f->ri, &eb) != 0)
     fail_msg("restore: %s", eb.msg);
   ps_shard_keys_init(&f->k, f->cfg.cluster_id, 0);
   ps_shard_keys_log(&f->k, f->ri.epoch);
@@ -85,8 +106,7 @@ static void start(fx *f) {
   ps_snap_events se = {.arg = f, .before_copy = on_nothing, .switched = on_switched,
                        .closed = on_nothing, .owed = owed_none, .nondurable = count_none,
                        .held = count_none};
-  ps_snaps_init(&f->snaps, &f->link, f->shard, f->layout.hash,
-                f->ri.loaded ? f->ri.snap_version : 0, &se);
+  ps_snaps_init(&f->snaps, &f->link, f->shard, f->hash, &f->ri, &se);
   uv_timer_init(&f->loop, &f->tick);
   f->tick.data = f;
   uv_timer_start(&f->tick, on_tick, (uint64_t)f->cfg.replicate_interval_ms,
@@ -145,11 +165,11 @@ static float *image_of(const ps_shard *s, uint64_t *floats) {
  * takes the epoch (fencing every older one) and loads what Redis holds.
  * @return it (free it). */
 static ps_shard *restore_next(fx *f, ps_restore_info *ri) {
-  ps_shard_opts so = ps_shard_opts_for(&f->cfg, &f->layout, 0);
+  ps_shard_opts so = shard_opts(f);
   ps_shard *s = ps_shard_new(&so, NULL);
   assert_non_null(s);
   ps_errbuf eb = {0};
-  if (ps_replica_restore(&f->cfg, 0, f->layout.hash, s, &no_stop, ri, &eb) != 0)
+  if (ps_replica_restore(&f->cfg, 0, f->hash, s, &no_stop, ri, &eb) != 0)
     fail_msg("the next incarnation's restore: %s", eb.msg);
   return s;
 }
@@ -372,6 +392,111 @@ static void test_log_mode_waits_for_the_log(void **state) {
   assert_true(ps_snaps_busy(&f->snaps));
 }
 
+/* ------------------------------------------------- sparse tables' rows */
+
+/* Pushes k0..k1-1 of rows (sparse_rows.h), worker 0, push k at global
+ * step k / 3 (rows touched at one step rank by their order alone), then a
+ * tick. */
+static void push_rows(fx *f, int k0, int k1) {
+  float g[N] = {0.1f, -0.2f, 0.3f, 0.0f, 0.5f};
+  for (int k = k0; k < k1; k++) {
+    ps_sparse_part part = {0};
+    step_rows r;
+    make_rows(&r, k);
+    blocks(&r, &part);
+    f->seq++;
+    assert_int_equal(ps_shard_push(f->shard, 0, 1, f->seq, (uint64_t)k / 3, g, part.bytes,
+                                   part.len, NULL),
+                     PS_SHARD_APPLIED);
+    free(part.bytes);
+    ps_snaps_updated(&f->snaps);
+  }
+  ps_snaps_tick(&f->snaps);
+}
+
+static void assert_same_state(const ps_shard *a, const ps_shard *b) {
+  uint64_t na, nb;
+  float *xa = image_of(a, &na), *xb = image_of(b, &nb);
+  assert_int_equal(na, nb);
+  assert_memory_equal(xa, xb, na * sizeof(float));
+  free(xa);
+  free(xb);
+}
+
+/* In the switched callback, before this incarnation has sent one merge:
+ * a new incarnation restores, finishing the merges itself, and holds
+ * exactly this state. */
+static void restore_at_switch(fx *f) {
+  char deltas[24];
+  assert_true(redis_str(redis, deltas, sizeof deltas, "HGET %s deltas", f->k.meta));
+  ps_shard *s = restore_next(f, &f->at_switch);
+  assert_int_equal(f->at_switch.merged, strtoull(deltas, NULL, 10));
+  assert_true(f->at_switch.merged > 0);
+  assert_same_state(f->shard, s);
+  ps_shard_free(s);
+}
+
+static int switched_n_idle(void *arg) {
+  fx *f = arg;
+  return f->switches >= f->want && !ps_snaps_busy(&f->snaps);
+}
+
+/* Rows kept by key (REDIS.md format 5): the first snapshot writes every
+ * row, each next one only the rows changed and removed since (admitted,
+ * evicted for room, expired, pending keys counted and forgotten), merged
+ * into the rows' hashes after its switch; a restore after a chain of them
+ * holds exactly the shard's tables, lists in order, counts and stamps. */
+static void test_rows_chain_restores_exact(void **state) {
+  fx *f = *state;
+  f->sparse = 1;
+  start(f);
+  wait_until(&f->loop, switched1, f, "the first snapshot");
+  /* One push a snapshot: most rows are not changed by it, and rank
+   * below those that are, some at the same step. */
+  for (int round = 0; round < 24; round++) {
+    push_rows(f, round, round + 1);
+    f->want = f->switches + 1;
+    wait_until(&f->loop, switched_n_idle, f, "a snapshot of the pushes, merged");
+    assert_int_equal(ps_snaps_lag(&f->snaps), 0);
+  }
+  ps_table_stats st = ps_shard_table_stats(f->shard, 1);
+  assert_true(st.evicted + st.expired > 0 && st.pending > 0);
+  /* Every delta merged and deleted; the rows in their hashes. */
+  char merged[24], deltas[24];
+  assert_true(redis_str(redis, merged, sizeof merged, "HGET %s merged", f->k.meta));
+  assert_true(redis_str(redis, deltas, sizeof deltas, "HGET %s deltas", f->k.meta));
+  assert_string_equal(merged, deltas);
+  ps_restore_info ri;
+  ps_shard *s = restore_next(f, &ri);
+  assert_int_equal(ri.loaded, 1);
+  assert_int_equal(ri.merged, 0);
+  assert_int_equal(ri.rows, ps_shard_table_stats(f->shard, 0).rows +
+                                ps_shard_table_stats(f->shard, 0).pending + st.rows + st.pending);
+  assert_same_state(f->shard, s);
+  ps_shard_free(s);
+}
+
+/* A shard killed between a switch and its merges: the next incarnation's
+ * restore merges the delta chunks itself (restore_at_switch), and the
+ * stale incarnation's merges, sent after, change nothing. */
+static void test_rows_merged_by_the_restore(void **state) {
+  fx *f = *state;
+  f->sparse = 1;
+  start(f);
+  wait_until(&f->loop, switched1, f, "the first snapshot");
+  push_rows(f, 0, 6);
+  f->want = f->restore_at = f->switches + 1;
+  wait_until(&f->loop, switched_n_idle, f, "a snapshot of the pushes");
+  assert_int_equal(f->at_switch.loaded, 1);
+  /* The stale merges found nothing to do: the state is the same. */
+  ps_restore_info ri;
+  f->restore_at = 0;
+  ps_shard *s = restore_next(f, &ri);
+  assert_int_equal(ri.merged, 0);
+  assert_same_state(f->shard, s);
+  ps_shard_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_restores_exact_state, setup, teardown),
@@ -379,6 +504,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_switch_deletes_others, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stale_switch_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_log_mode_waits_for_the_log, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rows_chain_restores_exact, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rows_merged_by_the_restore, setup, teardown),
   };
   return cmocka_run_group_tests(tests, redis_group_setup, redis_group_teardown);
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The replica's formats in a real Redis (src/replica/REDIS.md): a shard
 # killed with log entries after its snapshot is restored the same, bit for
-# bit, from the format this release writes (4: raw chunks, `v` gradients,
-# a table section and `table_floats` for sparse tables)
-# and from the one before (2: LZ4 blocks, `g`), as rewritten by
-# replica_keys.py; a gradient cut short and an unknown format are refused
+# bit, from the format this release writes (5: raw chunks, `v` gradients,
+# a table section and `table_floats` for sparse tables, their rows kept by
+# key), from the one before (4: the meta without 5's fields) and from 2
+# (LZ4 blocks, `g`), as rewritten by replica_keys.py; a gradient cut short and an unknown format are refused
 # with one line naming them, and the shard exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +32,7 @@ keys save "$T/saved.pickle"
 
 # restore NAME: start a shard on the saved replica; it must restore version
 # 60 from the snapshot and 60 entries, then switch in its own first snapshot
-# (format 4); that snapshot's "version sha256" in $IMAGE.  (Not run in a
+# (format 5); that snapshot's "version sha256" in $IMAGE.  (Not run in a
 # $(...) subshell: a shard started there would escape the cleanup.)
 restore() {
   local name=$1 i
@@ -42,7 +42,7 @@ restore() {
   grep -q "snapshot at version 0 + 60 log entries = version 60," "$T/$name.log" ||
     fail "$name: $(grep -o 'restored from Redis.*' "$T/$name.log" || echo 'no restore line')"
   for ((i = 0; i < 200; i++)); do
-    [ "$(meta version)" = 60 ] && [ "$(meta format)" = 4 ] && break
+    [ "$(meta version)" = 60 ] && [ "$(meta format)" = 5 ] && break
     sleep 0.05
   done
   [ "$(meta version)" = 60 ] || fail "$name: no snapshot of version 60 within 10 s"
@@ -52,16 +52,22 @@ restore() {
   IMAGE=$(keys image)
 }
 
-restore ps-format4
+restore ps-format5
 a=$IMAGE
-echo "ok: format 4: snapshot at version 0 + 60 log entries = version 60 (image $a)"
+echo "ok: format 5: snapshot at version 0 + 60 log entries = version 60 (image $a)"
+keys load "$T/saved.pickle"
+keys to-format-4
+[ "$(meta format)" = 4 ] || fail "to-format-4 left format $(meta format)"
+restore ps-format4
+[ "$IMAGE" = "$a" ] || fail "format 4 restored to $IMAGE, format 5 to $a"
+echo "ok: format 4: the same state, bit for bit"
 keys load "$T/saved.pickle"
 conv=$(keys to-format-2)
 [ "$(meta format)" = 2 ] && [[ $conv == *", 60 gradients" ]] ||
   fail "to-format-2 left format $(meta format) and converted $conv"
 restore ps-format2
 b=$IMAGE
-[ "$a" = "$b" ] || fail "format 2 restored to $b, format 4 to $a"
+[ "$a" = "$b" ] || fail "format 2 restored to $b, format 5 to $a"
 echo "ok: format 2 ($conv as LZ4 blocks): the same state, bit for bit"
 
 # refused NAME PATTERN: a shard on the replica as it is now exits 1 with an
@@ -81,4 +87,4 @@ keys cut-entry
 refused cut-entry 'entry [0-9]+-60: gradient of [0-9]+ bytes, expected [0-9]+'
 keys load "$T/saved.pickle"
 keys set-format 9
-refused format-9 'replica format 9, this shard reads formats 2 to 4'
+refused format-9 'replica format 9, this shard reads formats 2 to 5'

@@ -4,8 +4,11 @@
   replica_keys.py PORT TAG save FILE       every key of TAG, DUMPed, to FILE
   replica_keys.py PORT TAG load FILE       FLUSHALL, then RESTORE them
   replica_keys.py PORT TAG image           the current snapshot's state image
-                                           (raw chunks, format 4) on stdout:
+                                           (raw chunks, format 4 or 5) on stdout:
                                            "<version> <sha256>"
+  replica_keys.py PORT TAG to-format-4     rewrite a replica of a shard without
+                                           sparse tables as format 4 wrote it:
+                                           the meta without format 5's fields
   replica_keys.py PORT TAG to-format-2     rewrite it as format 2 wrote it:
                                            chunks and log gradients as LZ4
                                            blocks, push entries' `v` as `g`;
@@ -58,11 +61,18 @@ def main():
             r.restore(k, 0, v)
     elif cmd == "image":
         m = r.hgetall(meta)
-        assert m[b"format"] == b"4", m[b"format"]
+        assert m[b"format"] in (b"4", b"5"), m[b"format"]
         snap, chunks = m[b"snap"].decode(), int(m[b"chunks"])
         img = b"".join(r.get(f"{tag}:snap:{snap}:{i}") for i in range(chunks))
         assert len(img) == 4 * int(m[b"image_floats"]), (len(img), m[b"image_floats"])
         print(m[b"version"].decode(), hashlib.sha256(img).hexdigest())
+    elif cmd == "to-format-4":
+        m = r.hgetall(meta)
+        assert m[b"deltas"] == b"0" and m[b"rows"] == b"", (m[b"deltas"], m[b"rows"])
+        r.hdel(meta, "deltas", "merged", "row_bits", "rank_next", "rows")
+        r.hset(meta, "format", "4")
+        for sid, v in r.hgetall(tag + ":snaps").items():
+            r.hset(tag + ":snaps", sid, v.split()[0])
     elif cmd == "to-format-2":
         m = r.hgetall(meta)
         snap, chunks = m[b"snap"].decode(), int(m[b"chunks"])

@@ -408,7 +408,7 @@ static void push_rows(fx *f, int k0, int k1) {
     assert_int_equal(ps_shard_push(f->shard, 0, 1, f->seq, (uint64_t)k / 3, g, part.bytes,
                                    part.len, NULL),
                      PS_SHARD_APPLIED);
-    free(part.bytes);
+    ps_sparse_part_free(&part);
     ps_snaps_updated(&f->snaps);
   }
   ps_snaps_tick(&f->snaps);

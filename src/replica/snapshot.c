@@ -106,14 +106,20 @@ static int compaction_due(const ps_snaps *s) {
   if (s->link->cfg->replication != PS_REPLICATION_LOG)
     return 1;
   ps_state_info in = ps_shard_state_info(s->shard);
+  double ratio = s->link->cfg->replicate_log_ratio, log = (double)s->log_bytes;
+  if (ps_shard_ntables(s->shard) == 0)
+    return log >= (double)in.image_floats * sizeof(float) * ratio;
   /* With sparse tables a snapshot writes the image without their rows,
-   * and the rows changed since the last one (all of them after a loss). */
-  double bytes = (double)in.image_floats * sizeof(float);
-  if (ps_shard_ntables(s->shard) > 0)
-    bytes = (double)(in.image_floats - in.table_floats) * sizeof(float) +
-            (double)(s->need_all ? in.table_floats * sizeof(float)
-                                 : ps_shard_changes_bytes(s->shard));
-  return (double)s->log_bytes >= bytes * s->link->cfg->replicate_log_ratio;
+   * and the rows changed since the last one (all of them after a loss).
+   * When most pushes bring rows not changed since (ids mostly distinct),
+   * those grow faster than the log, which then never reaches them: so a
+   * snapshot is also due once the log and the changes it would write
+   * reach an eighth of the rows, which bounds what Redis holds beside the
+   * rows (and a restore's replay) to that. */
+  double rows = (double)in.table_floats * sizeof(float);
+  double changes = s->need_all ? rows : (double)ps_shard_changes_bytes(s->shard);
+  double head = (double)(in.image_floats - in.table_floats) * sizeof(float);
+  return log >= (head + changes) * ratio || (!s->need_all && log + changes >= rows / 8);
 }
 
 void ps_snaps_tick(ps_snaps *s) {

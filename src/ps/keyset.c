@@ -113,7 +113,18 @@ int ps_ks_reserve(ps_keyset *ks, uint64_t target) {
   return 0;
 }
 
+/* A ranked load's record not linked yet (a lazy load's cold record). */
+static int unlinked(const ps_keyset *ks, uint32_t i) {
+  return ks->nranked > 0 && i < ks->ranks_cap && ks->ranks[i] != PS_KS_LINKED;
+}
+
 static void lru_unlink(ps_keyset *ks, uint32_t i) {
+  if (unlinked(ks, i)) {
+    /* Off the list: touched (linked now, at the tail) or deleted. */
+    ks->ranks[i] = PS_KS_LINKED;
+    ks->nranked--;
+    return;
+  }
   ps_ks_rec *r = ps_ks_at(ks, i);
   if (r->prev != PS_KS_NONE)
     ps_ks_at(ks, r->prev)->next = r->next;
@@ -147,6 +158,8 @@ static void lru_insert(ps_keyset *ks, uint32_t i) {
 /* The step a touch at `step` records: never older than the newest touch
  * in the keyset, so the list stays ordered by step (TABLE.md: stamps). */
 uint64_t ps_ks_stamp(const ps_keyset *ks, uint64_t step) {
+  if (ks->floor_step > step)
+    step = ks->floor_step;
   if (ks->tail != PS_KS_NONE && ps_ks_at(ks, ks->tail)->step > step)
     return ps_ks_at(ks, ks->tail)->step;
   return step;
@@ -241,6 +254,9 @@ static uint32_t take(ps_keyset *ks, uint64_t key, uint64_t step) {
   r->key = key;
   r->step = step;
   r->count = 0;
+  r->prev = r->next = PS_KS_NONE;
+  if (i < ks->ranks_cap)
+    ks->ranks[i] = PS_KS_LINKED;
   ks->live++;
   mark(ks, i);
   return i;
@@ -272,11 +288,18 @@ uint32_t ps_ks_add_ranked(ps_keyset *ks, uint64_t key, uint64_t step, uint64_t r
   uint32_t i = take(ks, key, step);
   ks->ranks[i] = rank;
   ks->unlinked[ks->nunlinked++] = i;
+  ks->nranked++;
+  /* What the copy holds already: not a change. */
+  unmark(ks, i);
   return i;
 }
 
 int ps_ks_link_ranked(ps_keyset *ks) {
-  size_t n = ks->nunlinked;
+  /* Those touched or deleted since their load are not waiting any more. */
+  size_t n = 0;
+  for (size_t k = 0; k < ks->nunlinked; k++)
+    if (unlinked(ks, ks->unlinked[k]))
+      ks->unlinked[n++] = ks->unlinked[k];
   uint32_t *a = ks->unlinked, *b = malloc((n + 1) * sizeof *b);
   size_t *count = malloc(((size_t)1 << 16) * sizeof *count);
   if (b == NULL || count == NULL) {
@@ -309,9 +332,26 @@ int ps_ks_link_ranked(ps_keyset *ks) {
     b = t;
   }
   /* Rank by rank: each goes in at the tail, the stamps having come in
-   * list order. */
+   * list order.  When records were touched since the load (a lazy load:
+   * they are on the list already, stamped at least the floor, so after
+   * every record loaded), the loaded ones go before them, from the last
+   * rank back, each at the head. */
   for (size_t k = 0; k < n; k++)
-    lru_insert(ks, a[k]);
+    ks->ranks[a[k]] = PS_KS_LINKED;
+  if (ks->head == PS_KS_NONE) {
+    for (size_t k = 0; k < n; k++)
+      lru_insert(ks, a[k]);
+  } else {
+    for (size_t k = n; k-- > 0;) {
+      ps_ks_rec *r = ps_ks_at(ks, a[k]);
+      r->prev = PS_KS_NONE;
+      r->next = ks->head;
+      ps_ks_at(ks, ks->head)->prev = a[k];
+      ks->head = a[k];
+    }
+  }
+  ks->nranked = 0;
+  ks->floor_step = 0;
   free(a);
   free(b);
   free(count);
@@ -396,6 +436,8 @@ static void walk_place(ps_ks_walk *w, uint32_t k, uint32_t i) {
 }
 
 int ps_ks_walk_begin(ps_keyset *ks, ps_ks_walk *w, int place) {
+  if (ks->nranked > 0)
+    return -EBUSY;  /* records loaded and not linked yet: not on the list to walk */
   if (walk_alloc(ks, w, ks->live) != 0)
     return -ENOMEM;
   uint32_t k = 0;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define PS_KS_LINKED UINT64_MAX
 #define PS_KS_NONE UINT32_MAX
 #define PS_KS_WALKS 4            /* walks of one table open at once */
 
@@ -65,8 +66,10 @@ typedef struct ps_keyset {
   int tracking;           /* a change walk began: removals are recorded */
   /* A ranked load in progress (ps_ks_add_ranked): each record's rank, and
    * the records added, not yet on the list. */
-  uint64_t *ranks;
+  uint64_t *ranks;        /* a ranked load's record i: its rank; PS_KS_LINKED once linked */
   size_t ranks_cap;
+  uint32_t nranked;       /* records loaded ranked, not linked yet */
+  uint64_t floor_step;    /* a lazy load: no touch stamps below the loaded records' newest */
   uint32_t *unlinked;
   size_t nunlinked, cap_unlinked;
   int removed_lost;       /* a removal found no memory to be recorded */

@@ -613,6 +613,34 @@ int ps_table_load_ranked(ps_table *t, const ps_table_entry *e, uint64_t rank, ps
   return 0;
 }
 
+int ps_table_lazy_begin(ps_table *t, uint64_t rows_step, uint64_t pending_step) {
+  if (t->o.max_rows > 0 || t->o.idle_steps > 0 || t->o.admit_after > 1 || t->rows.live > 0 ||
+      t->pend.live > 0)
+    return -EINVAL;
+  t->rows.floor_step = rows_step;
+  t->pend.floor_step = pending_step;
+  ps_ks_changes_reset(&t->rows);
+  ps_ks_changes_reset(&t->pend);
+  return 0;
+}
+
+int ps_table_load_lazy(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb) {
+  if (ps_ks_find(&t->rows, e->key) != NONE || ps_ks_find(&t->pend, e->key) != NONE)
+    return 1;
+  int rc = ps_table_load_ranked(t, e, rank, eb);
+  return rc;
+}
+
+int ps_table_lazy_end(ps_table *t) {
+  if (ps_ks_link_ranked(&t->rows) != 0 || ps_ks_link_ranked(&t->pend) != 0)
+    return -ENOMEM;
+  return 0;
+}
+
+uint64_t ps_table_lazy_left(const ps_table *t) {
+  return (uint64_t)t->rows.nranked + t->pend.nranked;
+}
+
 int ps_table_link_ranked(ps_table *t) {
   if (ps_ks_link_ranked(&t->rows) != 0 || ps_ks_link_ranked(&t->pend) != 0)
     return -ENOMEM;

@@ -151,6 +151,27 @@ int ps_table_load(ps_table *t, const ps_table_entry *e, ps_errbuf *eb);
 int ps_table_load_ranked(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb);
 int ps_table_link_ranked(ps_table *t);
 
+/* A lazy restore (TABLE.md "Lazy loads"): the table serves while its
+ * entries still come in from the copy, in any order.  Into an empty table
+ * with no max_rows, idle_steps or admission count (nothing of it evicts:
+ * the least recently touched may not be loaded yet), ps_table_lazy_begin
+ * with the newest stamp of each list in the copy (rows, pending keys: no
+ * touch is stamped below it); then, while the table serves, each entry
+ * through ps_table_load_lazy with its rank (skipped, @return 1, when the
+ * table holds its key: loaded already, or admitted since), and once every
+ * one is in, ps_table_lazy_end.  A loaded entry touched before the end
+ * goes to the tail as any touched entry; the end puts the others before
+ * every touched one, by rank.  The table then is what a full load, then
+ * the same calls, make, and its changes are the touches since the begin.
+ * Walks of all wait for the end (ps_table_walk_begin gives NULL).
+ * @return 0; lazy_begin -EINVAL (the table may evict, or is not empty);
+ * load_lazy 1, or as ps_table_load; lazy_end 0 or -ENOMEM. */
+int ps_table_lazy_begin(ps_table *t, uint64_t rows_step, uint64_t pending_step);
+int ps_table_load_lazy(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb);
+int ps_table_lazy_end(ps_table *t);
+/* Entries loaded and not linked yet (0: none, or the end came). */
+uint64_t ps_table_lazy_left(const ps_table *t);
+
 /* Room for `rows` rows and `pending` pending keys, so that filling the
  * table to there never grows its maps on the way.  @return 0 or -ENOMEM. */
 int ps_table_reserve(ps_table *t, uint64_t rows, uint64_t pending);

@@ -306,11 +306,123 @@ static void test_ranked_load(void **state) {
   ps_table_free(b);
 }
 
+/* A lazy load (TABLE.md "Lazy loads"): the table serves pushes while its
+ * entries come in, each loaded before a push touches its key (as a shard
+ * fetches it on first touch), the rest in any order, some twice; pushes
+ * come at steps older than the copy's newest (stamped up to it).  At the
+ * end it is the table a full ranked load, then the same pushes, make, with
+ * the same changes to write. */
+static void test_lazy_load(void **state) {
+  (void)state;
+  ps_table_opts o = opts_of(PS_OPTIM_ADAM, DIM);
+  ps_table *a = table_new(&o);
+  ps_rng r;
+  ps_rng_seed(&r, 23);
+  uint64_t universe[90];
+  for (uint64_t i = 0; i < 90; i++)
+    universe[i] = 5000 + i * 7919;
+  float g[8 * DIM];
+  uint64_t keys[8];
+  for (uint64_t step = 1; step < 120; step++) {
+    size_t n = 1 + ps_rng_below(&r, 8);
+    draw_keys(&r, keys, n, universe, 60);  /* the copy holds keys of the first 60 */
+    for (size_t i = 0; i < n * DIM; i++)
+      g[i] = (float)(ps_rng_uniform(&r) - 0.5);
+    push(a, keys, g, n, 0.05f, step / 2);  /* two pushes a step: ties broken by order */
+  }
+  /* The copy: every entry with its rank, shuffled; the list's newest stamp. */
+  typedef struct ranked {
+    ps_table_entry e;
+    uint64_t rank;
+    float floats[DIM * (1 + NSLOTS)];
+  } ranked;
+  ranked *v = calloc(NKEYS, sizeof *v);
+  assert_non_null(v);
+  size_t nv = 0;
+  uint64_t newest = 0;
+  ps_table_iter it;
+  ps_table_entry e;
+  ps_table_iter_init(a, &it);
+  while (ps_table_iter_next(a, &it, &e)) {
+    assert_false(e.pending);
+    v[nv].e = e;
+    v[nv].rank = 3 + nv * 70001;
+    newest = e.last_step > newest ? e.last_step : newest;
+    nv++;
+  }
+  for (size_t k = nv - 1; k > 0; k--) {
+    size_t j = ps_rng_below(&r, k + 1);
+    ranked t = v[k];
+    v[k] = v[j];
+    v[j] = t;
+  }
+  ps_table_iter_init(a, &it);
+  while (ps_table_iter_next(a, &it, &e))
+    for (size_t k = 0; k < nv; k++)
+      if (v[k].e.key == e.key) {
+        memcpy(v[k].floats, e.values, DIM * sizeof(float));
+        for (int q = 0; q < NSLOTS; q++)
+          memcpy(v[k].floats + DIM * (1 + q), e.slots[q], DIM * sizeof(float));
+        v[k].e.values = v[k].floats;
+        for (int q = 0; q < NSLOTS; q++)
+          v[k].e.slots[q] = v[k].floats + DIM * (1 + q);
+      }
+  ps_table *b = table_new(&o), *c = table_new(&o);
+  ps_errbuf eb = {0};
+  for (size_t k = 0; k < nv; k++)
+    assert_int_equal(ps_table_load_ranked(b, &v[k].e, v[k].rank, &eb), 0);
+  assert_int_equal(ps_table_link_ranked(b), 0);
+  assert_int_equal(ps_table_lazy_begin(c, newest, 0), 0);
+  size_t loaded = 0;
+  for (; loaded < nv / 3; loaded++)
+    assert_int_equal(ps_table_load_lazy(c, &v[loaded].e, v[loaded].rank, &eb), 0);
+  assert_null(ps_table_walk_begin(c));  /* a walk of all waits for the end */
+  for (uint64_t k = 0; k < 60; k++) {
+    size_t n = 1 + ps_rng_below(&r, 8);
+    draw_keys(&r, keys, n, universe, 90);  /* new keys too */
+    for (size_t i = 0; i < n * DIM; i++)
+      g[i] = (float)(ps_rng_uniform(&r) - 0.5);
+    uint64_t step = newest - 2 + k / 4;     /* some below the copy's newest */
+    push(b, keys, g, n, 0.05f, step);
+    for (size_t i = 0; i < n; i++)         /* first touch: its entry first */
+      for (size_t q = 0; q < nv; q++)
+        if (v[q].e.key == keys[i])
+          assert_true(ps_table_load_lazy(c, &v[q].e, v[q].rank, &eb) >= 0);
+    push(c, keys, g, n, 0.05f, step);
+    if (loaded < nv)                        /* the background load goes on */
+      assert_true(ps_table_load_lazy(c, &v[loaded].e, v[loaded].rank, &eb) >= 0), loaded++;
+  }
+  assert_true(ps_table_lazy_left(c) > 0);
+  for (size_t k = 0; k < nv; k++)           /* the rest, and again what came */
+    assert_true(ps_table_load_lazy(c, &v[k].e, v[k].rank, &eb) >= 0);
+  assert_int_equal(ps_table_load_lazy(c, &v[0].e, v[0].rank, &eb), 1);
+  assert_int_equal(ps_table_lazy_end(c), 0);
+  assert_int_equal(ps_table_lazy_left(c), 0);
+  assert_tables_equal(b, c);
+  uint64_t eb_n, eb_r, ec_n, ec_r;
+  ps_table_changes_count(b, &eb_n, &eb_r);
+  ps_table_changes_count(c, &ec_n, &ec_r);
+  assert_int_equal(eb_n, ec_n);
+  assert_int_equal(eb_r, ec_r);
+  /* And both go on alike. */
+  ps_rng rb = r;
+  for (uint64_t step = 200; step < 230; step++) {
+    history_step(b, &r, step);
+    history_step(c, &rb, step);
+  }
+  assert_tables_equal(b, c);
+  free(v);
+  ps_table_free(a);
+  ps_table_free(b);
+  ps_table_free(c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_changes_keep_a_copy),
       cmocka_unit_test(test_changes_beside_walks),
       cmocka_unit_test(test_ranked_load),
+      cmocka_unit_test(test_lazy_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

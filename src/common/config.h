@@ -105,6 +105,7 @@ typedef struct ps_config {
   int64_t replicate_every_updates;
   double replicate_log_ratio;     /* log: a snapshot once the log holds this x the image's bytes */
   int ps_self_init;               /* a shard with no replica initializes itself */
+  int ps_lazy_restore;            /* sparse rows come back from Redis while the shard serves */
   int on_redis_failure;           /* ps_redis_failure */
   int64_t redis_replicas;         /* WAIT for this many replicas; -1: auto (see ps_config_redis_replicas) */
 

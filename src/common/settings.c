@@ -252,6 +252,8 @@ const ps_setting ps_settings[] = {
      .help = "a shard also snapshots after this many updates (bounds the log to replay)"},
     {"replication", "log_ratio", DOUBLE, FIELD(replicate_log_ratio), .max = 1000, .def = "1",
      .help = "log: a snapshot waits until the log since the last holds this x the state's bytes"},
+    {"replication", "lazy_restore", BOOL, FIELD(ps_lazy_restore), .def = "yes",
+     .help = "a restarted shard serves before its sparse rows are all back from Redis"},
     {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "no",
      .help = "a shard with no replica initializes its variables itself (no: the chief does)"},
     {"replication", "on_redis_failure", ENUM, FIELD(on_redis_failure), .choices = redis_failures,

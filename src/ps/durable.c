@@ -127,6 +127,13 @@ void ps_durable_journal(ps_durable *d, const ps_journal *j) {
   ps_replica_append(d->replica, j);
 }
 
+int ps_durable_fetch(ps_durable *d, const ps_shard_key *keys, size_t n, void (*done)(void *),
+                     void *arg) {
+  if (d->replica == NULL)
+    return 1;
+  return ps_replica_fetch(d->replica, keys, n, done, arg);
+}
+
 void ps_durable_flush(ps_durable *d) {
   if (d->replica != NULL)
     ps_replica_flush(d->replica);

@@ -46,6 +46,12 @@ ps_durable *ps_durable_new(uv_loop_t *loop, const ps_config *cfg, int index, uin
  * switches.  @return 0, or -ENOMEM. */
 int ps_durable_start(ps_durable *d, const ps_restore_info *restored);
 
+/* A lazy restore: bring these keys' rows in from Redis (replica.h,
+ * ps_replica_fetch); done(arg) once they are.  @return 0 (done follows), 1
+ * (nothing to wait for), -ENOMEM. */
+int ps_durable_fetch(ps_durable *d, const ps_shard_key *keys, size_t n, void (*done)(void *),
+                     void *arg);
+
 /* The frame being handled, while it is: a journal entry whose gradient is
  * `payload` borrows it, and `conn` holds the frame (ps_conn_hold) until
  * ps_durable_flush.  NULL, NULL after the frame. */

@@ -34,6 +34,7 @@
 #include "ps/shard.h"
 #include "replica/registry.h"
 #include "ps/server_internal.h"
+#include "ps/rowwait.h"
 
 #define TICK_MS 50
 
@@ -346,6 +347,19 @@ static void control_outcome(server *s, ps_control_outcome o) {
   }
 }
 
+/* A PULL or PUSH that waited for its rows (rowwait.h), its payload a copy. */
+static void on_waited(client *cl, const ps_frame_header *h, const uint8_t *payload,
+                      const ps_msg *m) {
+  (void)payload;
+  if (m->type == PS_MSG_PULL) {
+    on_pull(cl, h->request_id, &m->u.pull);
+    return;
+  }
+  /* No journal entry borrows the copy: it is freed after this. */
+  ps_durable_frame(cl->srv->durable, NULL, NULL);
+  ps_server_push(cl, h->request_id, &m->u.push);
+}
+
 static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *payload) {
   client *cl = ps_conn_data(conn);
   ps_msg m;
@@ -362,6 +376,14 @@ static void on_frame(ps_conn *conn, const ps_frame_header *h, const uint8_t *pay
     on_hello(cl, &m.u.hello);
     return;
   }
+  int waits = ps_rowwait_frame(cl, h, payload, &m, on_waited);
+  if (waits < 0) {
+    ps_conn_fail(conn, -ENOMEM, PS_ERROR_RETRY, "shard %d: out of memory holding a request "
+                 "for its rows", cl->srv->index);
+    return;
+  }
+  if (waits == 1)
+    return;
   switch (m.type) {
   case PS_MSG_PULL:
     on_pull(cl, h->request_id, &m.u.pull);
@@ -415,6 +437,7 @@ static void on_conn_close(ps_conn *conn, int err, const char *why) {
   s->nclients--;
   cl->closed = 1;
   cl->conn = NULL;
+  ps_rowwait_closed(cl);
   cl->refs++;
   client_unref(cl);
   if (s->phase != PS_PHASE_STOPPING)
@@ -538,11 +561,14 @@ void ps_server_state_began(server *s, const char *source) {
                   ps_shard_version(s->shard), ps_shard_journal(s->shard), source);
 }
 
+/* Fenced out by a newer incarnation, or (why says so) a lazy restore's
+ * rows that could not be loaded: nothing more is acknowledged. */
 static void on_fenced(void *arg, const char *why) {
   server *s = arg;
-  (void)why;
   s->status = 1;
-  ps_server_stop(s, "fenced out by a newer incarnation");
+  ps_server_stop(s, why != NULL && strncmp(why, "rows:", 5) == 0
+                        ? why
+                        : "fenced out by a newer incarnation");
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -698,6 +724,9 @@ int ps_server_run(const ps_config *cfg, int index) {
            ri.seconds, ri.snap_version, ri.replayed, ps_shard_version(s->shard),
            ps_shard_global_step(s->shard), ri.epoch, ri.read_s, ri.rows, ri.decode_s, ri.merged,
            ri.replay_s);
+    if (ri.lazy)
+      ps_log(PS_LOG_INFO, "restore: the tables' rows come in from Redis while the shard serves "
+             "(a request waits for the rows it names that are not in yet)");
     if (ri.skipped > 0)
       ps_log(PS_LOG_WARN, "restore: the log held %" PRIu64 " entries after a missing one: "
              "updates that were never acknowledged%s; not replayed", ri.skipped,
@@ -800,6 +829,7 @@ out:
     ps_log(PS_LOG_WARN, "event loop closed with handles still open");
   ps_durable_free(s->durable);
   free(s->unbag);
+  free(s->miss);
   ps_metrics_free(s->metrics);
   ps_server_pull_bufs_free(s);
   ps_control_free(s);

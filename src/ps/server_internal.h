@@ -92,6 +92,8 @@ typedef struct server {
   uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */
   uint64_t resume_at_ns;        /* it resumes by itself then */
   struct held_push *held, *held_tail;
+  ps_shard_key *miss;           /* rowwait.c: a request's keys not in yet */
+  size_t miss_cap;
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */
   uv_timer_t watchdog;          /* systemd's, when it set one */
   int watchdog_on;
@@ -117,6 +119,11 @@ struct client {
   int refused;            /* REFUSE logged why it is closing */
   int refs;               /* acks waiting for Redis hold the client */
   int closed;             /* its connection is gone */
+  /* rowwait.c: frames waiting for their rows (a lazy restore). */
+  struct rowwait_frame *rw_head, *rw_tail;
+  int rw_fetching;        /* their first's rows asked for */
+  void (*rw_dispatch)(client *cl, const ps_frame_header *h, const uint8_t *payload,
+                      const ps_msg *m);
 };
 
 /* Drop a reference (an ack kept for Redis, a held push): the client is

@@ -32,6 +32,9 @@ struct ps_shard {
    * length and its bytes, applied (summed per key) when the step is. */
   uint8_t *sync_rows;
   size_t sync_rows_len, sync_rows_cap;
+  uint64_t *lazy_done;    /* a lazy load: its buckets all in (NULL: none going on) */
+  unsigned lazy_bits;
+  uint64_t lazy_left;     /* buckets not all in */
   uint8_t *tsec;          /* a LOAD's table section, until load_end parses it */
   uint64_t tsec_bytes;
   int tsec_failed;        /* no room for it */
@@ -107,6 +110,7 @@ static void shard_close(ps_shard *s) {
   free(s->keys);
   free(s->sync_rows);
   free(s->tsec);
+  free(s->lazy_done);
   free(s->values);
   for (int i = 0; i < PS_OPTIM_MAX_SLOTS; i++)
     free(s->slots[i]);
@@ -672,6 +676,8 @@ static int reader_prepare(ps_shard_reader *r) {
 }
 
 ps_shard_reader *ps_shard_reader_begin(ps_shard *s, ps_state_info *info) {
+  if (s->lazy_done != NULL)
+    return NULL;  /* the tables are not all in yet */
   ps_shard_reader *r = calloc(1, sizeof *r);
   if (r == NULL)
     return NULL;
@@ -728,6 +734,7 @@ ps_shard_reader *ps_shard_reader_begin_changes(ps_shard *s, ps_state_info *info,
   for (int t = 0; t < s->o.ntables; t++) {
     ps_table_stats st = ps_table_get_stats(s->tables[t]);
     r->held[t] = (ps_shard_cut_counts){.rows = st.rows, .pending = st.pending};
+    ps_table_newest(s->tables[t], &r->held[t].rows_newest, &r->held[t].pending_newest);
   }
   for (int t = 0; ok && t < s->o.ntables; t++)
     ok = (r->walks[t] = ps_table_changes_begin(s->tables[t], all)) != NULL &&
@@ -1009,6 +1016,88 @@ int ps_shard_row_load(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank
   if (rc == -ENOMEM)
     return ps_err_set(eb, -ENOMEM, "out of memory");
   return rc == 0 ? 0 : PS_ECORRUPT;
+}
+
+int ps_shard_lazy_begin(ps_shard *s, unsigned bits, const uint64_t (*newest)[2]) {
+  for (int t = 0; t < s->o.ntables; t++) {
+    const ps_table_opts *o = &s->o.tables[t];
+    if (o->max_rows > 0 || o->idle_steps > 0 || o->admit_after > 1)
+      return -EINVAL;
+  }
+  size_t words = (((size_t)1 << bits) + 63) / 64;
+  free(s->lazy_done);
+  if ((s->lazy_done = calloc(words, sizeof *s->lazy_done)) == NULL)
+    return -ENOMEM;
+  for (int t = 0; t < s->o.ntables; t++)
+    if (ps_table_lazy_begin(s->tables[t], newest[t][0], newest[t][1]) != 0)
+      return -EINVAL;
+  s->lazy_bits = bits;
+  s->lazy_left = (uint64_t)1 << bits;
+  return 0;
+}
+
+int ps_shard_lazy_entry(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank,
+                        ps_errbuf *eb) {
+  int rc = ps_table_load_lazy(s->tables[t], e, rank, eb);
+  if (rc == -ENOMEM)
+    return ps_err_set(eb, -ENOMEM, "out of memory");
+  return rc < 0 ? PS_ECORRUPT : rc;
+}
+
+int ps_shard_lazy_bucket(ps_shard *s, uint32_t bucket) {
+  if (s->lazy_done == NULL || (s->lazy_done[bucket >> 6] >> (bucket & 63) & 1))
+    return 0;
+  s->lazy_done[bucket >> 6] |= 1ULL << (bucket & 63);
+  if (--s->lazy_left > 0)
+    return 0;
+  for (int t = 0; t < s->o.ntables; t++)
+    if (ps_table_lazy_end(s->tables[t]) != 0)
+      return -ENOMEM;
+  free(s->lazy_done);
+  s->lazy_done = NULL;
+  return 1;
+}
+
+int ps_shard_lazy(const ps_shard *s) { return s->lazy_done != NULL; }
+
+void ps_shard_lazy_progress(const ps_shard *s, uint64_t *done, uint64_t *all) {
+  *all = (uint64_t)1 << s->lazy_bits;
+  *done = s->lazy_done != NULL ? *all - s->lazy_left : *all;
+}
+
+long ps_shard_lazy_missing(const ps_shard *s, int kind, const void *sparse, uint64_t bytes,
+                           ps_shard_key **out, size_t *cap) {
+  if (s->lazy_done == NULL || bytes == 0)
+    return 0;
+  ps_sparse sp = {.bytes = bytes, .data = sparse};
+  ps_sparse_iter it;
+  ps_sparse_block b;
+  ps_table_entry e;
+  size_t n = 0;
+  ps_sparse_iter_init(&sp, &it);
+  while (ps_sparse_iter_next(&it, (ps_sparse_kind)kind, &b)) {
+    if (b.table >= (uint32_t)s->o.ntables)
+      continue;  /* refused when the frame is handled (ps_shard_sparse_check) */
+    const ps_table *tb = s->tables[b.table];
+    for (uint64_t i = 0; i < b.nkeys; i++) {
+      uint64_t key = ps_get_le64(b.keys + 8 * i);
+      if (ps_table_get(tb, key, &e))
+        continue;
+      uint32_t bucket = ps_table_bucket(tb, key, s->lazy_bits);
+      if (s->lazy_done[bucket >> 6] >> (bucket & 63) & 1)
+        continue;
+      if (n == *cap) {
+        size_t c = *cap ? 2 * *cap : 256;
+        ps_shard_key *o = realloc(*out, c * sizeof *o);
+        if (o == NULL)
+          return -ENOMEM;
+        *out = o;
+        *cap = c;
+      }
+      (*out)[n++] = (ps_shard_key){.table = b.table, .bucket = bucket, .key = key};
+    }
+  }
+  return (long)n;
 }
 
 int ps_shard_rows_link(ps_shard *s) {

@@ -216,6 +216,7 @@ int ps_shard_reader_all(const ps_shard_reader *r);
  * change walk carries (entries changed, keys removed). */
 typedef struct ps_shard_cut_counts {
   uint64_t rows, pending;
+  uint64_t rows_newest, pending_newest;  /* each list's newest stamp (ps_table_newest) */
   uint64_t changed_rows, changed_pending, removed;
 } ps_shard_cut_counts;
 ps_shard_cut_counts ps_shard_reader_table_counts(const ps_shard_reader *r, int t);
@@ -252,6 +253,36 @@ int ps_shard_rows_reserve(ps_shard *s, int t, uint64_t rows, uint64_t pending);
 int ps_shard_row_load(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank,
                       ps_errbuf *eb);
 int ps_shard_rows_link(ps_shard *s);
+
+/* A lazy restore from a store kept by key (TABLE.md "Lazy loads"): the
+ * shard serves while its tables' entries come in, bucket by bucket (of
+ * `bits`), or key by key on first touch.  After ps_shard_state_load_end
+ * loaded an image with empty tables, ps_shard_lazy_begin with each table's
+ * newest stamps (newest[t][0] rows, [1] pending keys): -EINVAL when a
+ * table may evict (then load it whole), -ENOMEM.  Each entry goes in with
+ * ps_shard_lazy_entry (as ps_table_load_lazy: 1 when the table holds its
+ * key); ps_shard_lazy_bucket says a bucket's entries are all in; when
+ * every bucket is, the tables are linked and the load ends (@return 1,
+ * else 0; -ENOMEM).  ps_shard_lazy: 1 while it goes on. */
+int ps_shard_lazy_begin(ps_shard *s, unsigned bits, const uint64_t (*newest)[2]);
+int ps_shard_lazy_entry(ps_shard *s, int t, const ps_table_entry *e, uint64_t rank,
+                        ps_errbuf *eb);
+int ps_shard_lazy_bucket(ps_shard *s, uint32_t bucket);
+int ps_shard_lazy(const ps_shard *s);
+/* Buckets whose entries are all in, of all of them. */
+void ps_shard_lazy_progress(const ps_shard *s, uint64_t *done, uint64_t *all);
+
+/* A key a request needs that a lazy load has not brought yet. */
+typedef struct ps_shard_key {
+  uint32_t table, bucket;
+  uint64_t key;
+} ps_shard_key;
+/* The keys of these sparse blocks of `kind` (a PULL's K or bag blocks, a
+ * PUSH's KV blocks; checked) that the tables do not hold and whose bucket is not in
+ * yet, into *out (grown: *cap entries).  @return how many (0 when none, or
+ * no lazy load), or -ENOMEM. */
+long ps_shard_lazy_missing(const ps_shard *s, int kind, const void *sparse, uint64_t bytes,
+                           ps_shard_key **out, size_t *cap);
 
 /* Does `info` describe an image this shard can load (ps_state_check against
  * its shape)?  @return 0, or PS_ELAYOUT with a message naming what differs. */

@@ -171,6 +171,12 @@ static ps_state_answer on_cut(ps_state_service *ss, const void *owner, ps_conn *
                               const ps_msg_cut *m, int holds_state) {
   if (!holds_state)
     return refuse(PS_EFORMAT, PS_ERROR_RETRY, "CUT of %s, which holds no state yet", ss->name);
+  if (ps_shard_lazy(ss->shard)) {
+    uint64_t done, all;
+    ps_shard_lazy_progress(ss->shard, &done, &all);
+    return refuse(PS_EFORMAT, PS_ERROR_RETRY, "CUT of %s, which is still loading its tables' "
+                  "rows from Redis (%" PRIu64 " of %" PRIu64 " buckets in)", ss->name, done, all);
+  }
   ps_state_info in = ps_shard_state_info(ss->shard);
   uint64_t t0 = ps_now_ns();
   image *img = calloc(1, sizeof *img);

@@ -637,6 +637,11 @@ int ps_table_lazy_end(ps_table *t) {
   return 0;
 }
 
+void ps_table_newest(const ps_table *t, uint64_t *rows_step, uint64_t *pending_step) {
+  *rows_step = t->rows.tail != NONE ? ps_ks_at(&t->rows, t->rows.tail)->step : 0;
+  *pending_step = t->pend.tail != NONE ? ps_ks_at(&t->pend, t->pend.tail)->step : 0;
+}
+
 uint64_t ps_table_lazy_left(const ps_table *t) {
   return (uint64_t)t->rows.nranked + t->pend.nranked;
 }

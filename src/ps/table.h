@@ -169,6 +169,9 @@ int ps_table_link_ranked(ps_table *t);
 int ps_table_lazy_begin(ps_table *t, uint64_t rows_step, uint64_t pending_step);
 int ps_table_load_lazy(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb);
 int ps_table_lazy_end(ps_table *t);
+/* The newest stamp of each list (its tail's; 0 when empty): a lazy load's
+ * floors. */
+void ps_table_newest(const ps_table *t, uint64_t *rows_step, uint64_t *pending_step);
 /* Entries loaded and not linked yet (0: none, or the end came). */
 uint64_t ps_table_lazy_left(const ps_table *t);
 

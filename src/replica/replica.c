@@ -21,6 +21,7 @@
 #include "replica/keys.h"
 #include "replica/link.h"
 #include "replica/registry.h"
+#include "replica/rowload.h"
 #include "replica/snapshot.h"
 
 struct ps_replica {
@@ -33,6 +34,7 @@ struct ps_replica {
   ps_replica_events ev;     /* the owner's */
   ps_link link;
   ps_snaps snaps;
+  ps_rowload *rowload;      /* a lazy restore's rows still coming in (NULL: none) */
 
   uv_timer_t interval;
   int interval_open;
@@ -76,6 +78,7 @@ static void maybe_finish_close(ps_replica *r) {
       r->watching)
     return;
   ps_registry_free(r->watch_reg);
+  ps_rowload_free(r->rowload);
   free(r->entry);
   void (*done)(void *) = r->close_done;
   void *arg = r->close_arg;
@@ -99,6 +102,26 @@ static void on_link_up(void *arg, int claimed) {
   if (claimed)
     r->ev.lost(r->ev.arg, ps_shard_journal(r->shard), "Redis lost this shard's keys");
   ps_snaps_connected(&r->snaps, claimed);
+  if (r->rowload != NULL)
+    ps_rowload_up(r->rowload);
+}
+
+/* The rows of a lazy restore could not come in: the state is not whole,
+ * so nothing more may be acknowledged; the process stops, and its next
+ * start restores again. */
+static void on_rows_failed(void *arg, const char *why) {
+  ps_replica *r = arg;
+  char line[900];
+  snprintf(line, sizeof line, "rows: the tables' rows could not be loaded from Redis: %s", why);
+  ps_log(PS_LOG_ERROR, "%s", line);
+  r->ev.fenced(r->ev.arg, line);
+}
+
+int ps_replica_fetch(ps_replica *r, const ps_shard_key *keys, size_t n, void (*done)(void *),
+                     void *arg) {
+  if (r->rowload == NULL)
+    return 1;
+  return ps_rowload_fetch(r->rowload, keys, n, done, arg);
 }
 
 static void on_link_down(void *arg) {
@@ -379,6 +402,10 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
   r->ev = *ev;
   ps_shard_keys_init(&r->k, cfg->cluster_id, index);
   ps_shard_keys_log(&r->k, r->epoch);
+  if (restored->lazy && (r->rowload = ps_rowload_new(&r->link, shard, on_rows_failed, r)) == NULL) {
+    free(r);
+    return NULL;
+  }
   /* What the restore loaded is a snapshot Redis holds: CLAIM and the
    * heartbeat check that it is still there. */
   ps_link_events le = {.arg = r, .up = on_link_up, .down = on_link_down,

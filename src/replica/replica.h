@@ -104,4 +104,11 @@ void ps_replica_watch_workers(ps_replica *r, ps_replica_alive_fn fn, void *arg);
  * until then (the answers of what was sent). */
 void ps_replica_close(ps_replica *r, void (*done)(void *arg), void *arg);
 
+/* A lazy restore (restore.h `lazy`): bring keys[0..n) (ps_shard_lazy_missing's)
+ * into the shard's tables; done(arg) once they are in, on the loop.
+ * @return 0 (done follows), 1 (no lazy load: nothing to wait for), or
+ * -ENOMEM. */
+int ps_replica_fetch(ps_replica *r, const ps_shard_key *keys, size_t n, void (*done)(void *),
+                     void *arg);
+
 #endif

@@ -142,9 +142,13 @@ static int finish_merges(redisContext *c, const ps_shard_keys *k, const redisRep
 /* Buckets read at once (pipelined HGETALLs). */
 #define ROWS_WINDOW 16
 
-/* Format 5: every entry of the rows' hashes into the shard's tables (which
- * the image left empty), ranked, then linked; the counts must be the
- * meta's `rows`. */
+/* Format 5: the tables' entries from the rows' hashes, into the shard's
+ * tables (which the image left empty).  A shard whose tables never evict
+ * serves before they are in (lazy, TABLE.md "Lazy loads"): the load only
+ * begins here, with the lists' newest stamps, and the replica brings the
+ * buckets in while the shard serves (rowload.c).  Otherwise every hash is
+ * read now, the entries ranked, the lists linked, and the counts must be
+ * the meta's `rows`. */
 static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *meta,
                      ps_shard *s, ps_restore_info *info, ps_errbuf *eb) {
   const ps_shard_opts *o = ps_shard_options(s);
@@ -157,28 +161,25 @@ static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *
   info->rank_next = rank_next;
   if (o->ntables == 0)
     return 0;
-  uint64_t want[PS_SHARD_MAX_TABLES][2], got[PS_SHARD_MAX_TABLES][2] = {{0}};
-  ps_tsec_table shapes[PS_SHARD_MAX_TABLES];
-  size_t scratch_floats = 1;
+  uint64_t want[PS_SHARD_MAX_TABLES][2], newest[PS_SHARD_MAX_TABLES][2];
+  uint64_t got[PS_SHARD_MAX_TABLES][2] = {{0}};
   const char *p = rows->str;
   for (int t = 0; t < o->ntables; t++) {
     int used = 0;
-    if (sscanf(p, "%" SCNu64 ":%" SCNu64 "%n", &want[t][0], &want[t][1], &used) != 2 ||
+    if (sscanf(p, "%" SCNu64 ":%" SCNu64 ":%" SCNu64 ":%" SCNu64 "%n", &want[t][0], &want[t][1],
+               &newest[t][0], &newest[t][1], &used) != 4 ||
         (p[used] != (t + 1 < o->ntables ? ',' : '\0')))
-      return ps_err_set(eb, PS_ECORRUPT, "%s: rows \"%s\", expected <rows>:<pending> for each "
-                        "of %d tables", k->meta, rows->str, o->ntables);
+      return ps_err_set(eb, PS_ECORRUPT, "%s: rows \"%s\", expected <rows>:<pending>:<newest "
+                        "row>:<newest pending> for each of %d tables", k->meta, rows->str,
+                        o->ntables);
     p += used + (t + 1 < o->ntables);
-    shapes[t] = (ps_tsec_table){.dim = o->tables[t].dim,
-                                .nslots = (uint32_t)ps_optim_nslots(o->tables[t].optim.kind),
-                                .name = o->table_names[t][0] ? o->table_names[t] : NULL};
-    size_t f = (size_t)shapes[t].dim * (1 + shapes[t].nslots);
-    scratch_floats = f > scratch_floats ? f : scratch_floats;
     if (ps_shard_rows_reserve(s, t, want[t][0], want[t][1]) != 0)
       return ps_err_set(eb, -ENOMEM, "out of memory for %" PRIu64 " rows", want[t][0]);
   }
-  float *scratch = malloc(scratch_floats * sizeof(float));
-  if (scratch == NULL)
-    return ps_err_set(eb, -ENOMEM, "out of memory for a row");
+  if (info->cfg->ps_lazy_restore && ps_shard_lazy_begin(s, (unsigned)bits, newest) == 0) {
+    info->lazy = 1;
+    return 0;
+  }
   uint64_t nb = 1ull << bits;
   int rc = 0;
   for (uint64_t b0 = 0; b0 < nb && rc == 0; b0 += ROWS_WINDOW) {
@@ -196,28 +197,17 @@ static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *
           break;
         continue;
       }
-      for (size_t i = 0; rc == 0 && i + 1 < r->elements; i += 2) {
-        const redisReply *f = r->element[i], *v = r->element[i + 1];
-        int t = 0;
-        uint64_t rank = 0;
-        ps_table_entry e;
-        rc = ps_rows_decode(f->str, f->len, v->str, v->len, shapes, o->ntables, scratch, &t, &e,
-                            &rank, eb);
-        if (rc == 0)
-          rc = ps_shard_row_load(s, t, &e, rank, eb);
-        if (rc == 0)
-          got[t][e.pending]++;
-        else if (rc != -ENOMEM)
-          rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu64 ": %s", k->rows_prefix, b, eb->msg);
-      }
+      if (rc == 0 && (rc = ps_rows_take_all(s, r, 0, got, eb)) != 0 && rc != -ENOMEM)
+        rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu64 ": %s", k->rows_prefix, b, eb->msg);
       freeReplyObject(r);
     }
   }
-  free(scratch);
   for (int t = 0; rc == 0 && t < o->ntables; t++) {
     info->rows += got[t][0] + got[t][1];
     if (got[t][0] != want[t][0] || got[t][1] != want[t][1]) {
       char name[64];
+      ps_tsec_table shapes[PS_SHARD_MAX_TABLES];
+      ps_rows_shapes(o, shapes);
       rc = ps_err_set(eb, PS_ECORRUPT, "%s*: %s holds %" PRIu64 " rows and %" PRIu64 " pending "
                       "keys, the meta says %" PRIu64 " and %" PRIu64 " (restore from a "
                       "checkpoint: delete the keys of %s)", k->rows_prefix,
@@ -227,6 +217,41 @@ static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *
   }
   if (rc == 0 && ps_shard_rows_link(s) != 0)
     rc = ps_err_set(eb, -ENOMEM, "out of memory linking the tables' rows");
+  return rc;
+}
+
+/* A lazy load: the entries of keys[0..n) that are not in yet, fetched
+ * (HMGET, one per bucket, pipelined) before a replayed entry touches
+ * them. */
+static int fetch_keys(redisContext *c, const ps_shard_keys *k, ps_shard *s, ps_shard_key *keys,
+                      size_t n, ps_errbuf *eb) {
+  ps_rows_sort(keys, n);
+  size_t sent = 0;
+  int rc = 0;
+  for (size_t at = 0; at < n && rc == 0; at += ps_rows_run(keys + at, n - at), sent++) {
+    ps_rows_hmget h;
+    if (ps_rows_hmget_make(&h, k->rows_prefix, keys + at, ps_rows_run(keys + at, n - at)) != 0)
+      return ps_err_set(eb, -ENOMEM, "out of memory for a fetch");
+    redisAppendCommandArgv(c, h.argc, h.argv, h.argl);
+    ps_rows_hmget_free(&h);
+  }
+  for (size_t at = 0; sent > 0; at += ps_rows_run(keys + at, n - at), sent--) {
+    redisReply *r = NULL;
+    if (redisGetReply(c, (void **)&r) != REDIS_OK || r == NULL || r->type == REDIS_REPLY_ERROR) {
+      if (rc == 0)
+        rc = ps_err_set(eb, -EIO, "%s%" PRIu32 ": HMGET failed: %s", k->rows_prefix,
+                        keys[at].bucket, r && r->str ? r->str : c->errstr);
+      freeReplyObject(r);
+      if (c->err)
+        break;
+      continue;
+    }
+    if (rc == 0 && (rc = ps_rows_take_some(s, keys + at, ps_rows_run(keys + at, n - at), r,
+                                           eb)) != 0 && rc != -ENOMEM)
+      rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu32 ": %s", k->rows_prefix, keys[at].bucket,
+                      eb->msg);
+    freeReplyObject(r);
+  }
   return rc;
 }
 
@@ -346,6 +371,8 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
     return ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
   char start[48] = "-";
   int rc = 0;
+  ps_shard_key *miss = NULL;
+  size_t miss_cap = 0;
   for (;;) {
     redisReply *r = redisCommand(c, "XRANGE %s %s + COUNT 256", k->log, start);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
@@ -404,6 +431,14 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
                             sb.msg[0] ? sb.msg : why);
             break;
           }
+          /* A lazy load: the rows it touches come in first. */
+          long nmiss = ps_shard_lazy_missing(s, PS_SPARSE_KV, j.sparse, j.sparse_bytes, &miss,
+                                             &miss_cap);
+          if (nmiss < 0 || (nmiss > 0 && (rc = fetch_keys(c, k, s, miss, (size_t)nmiss, eb)))) {
+            if (nmiss < 0)
+              rc = ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
+            break;
+          }
         }
         if (v != NULL) {
           j.g = (const float *)(const void *)v->str;
@@ -427,6 +462,7 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
     if (rc != 0 || count == 0)
       break;
   }
+  free(miss);
   free(g);
   return rc;
 }
@@ -570,6 +606,7 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   ps_redis_wait wait = {0};
   while (!*stop) {
     memset(info, 0, sizeof *info);
+    info->cfg = cfg;
     redisContext *c = ps_redis_connect(cfg, k.tag, cfg->redis_timeout_ms, eb);
     if (c == NULL && eb->code == -EACCES)
       return eb->code;

@@ -22,6 +22,8 @@ typedef struct ps_restore_info {
   uint64_t rank_next;    /* format 5: the next snapshot's rows rank above this */
   uint64_t merged;       /* delta chunks a previous incarnation left, merged */
   uint64_t rows;         /* sparse table entries read from the rows' hashes */
+  int lazy;              /* the tables' entries come in while the shard serves (rowload.h) */
+  const ps_config *cfg;  /* the config restored with (set by ps_replica_restore) */
   uint64_t gc_snapshots; /* snapshots that never switched, deleted */
   uint64_t gc_streams;   /* logs of dead incarnations, deleted */
   double seconds;        /* time spent, connect to ready */

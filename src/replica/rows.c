@@ -2,11 +2,18 @@
 #include "replica/rows.h"
 
 #include <errno.h>
+#include <hiredis/hiredis.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/endian.h"
+
+void ps_rows_field_put(uint8_t out[PS_ROWS_FIELD], uint32_t table, uint64_t key) {
+  ps_put_le32(out, table);
+  ps_put_le64(out + 4, key);
+}
 
 uint32_t ps_rows_value_bytes(const ps_tsec_table *t, int pending) {
   return PS_ROWS_VALUE_HEAD + (pending ? 0 : 4u * t->dim * (1 + t->nslots));
@@ -59,6 +66,128 @@ int ps_rows_decode(const void *field, size_t flen, const void *value, size_t vle
   for (uint32_t k = 0; k < tb->nslots; k++)
     e->slots[k] = scratch + (size_t)(1 + k) * tb->dim;
   return 0;
+}
+
+size_t ps_rows_shapes(const ps_shard_opts *o, ps_tsec_table *out) {
+  size_t most = 1;
+  for (int t = 0; t < o->ntables; t++) {
+    out[t] = (ps_tsec_table){.dim = o->tables[t].dim,
+                             .nslots = (uint32_t)ps_optim_nslots(o->tables[t].optim.kind),
+                             .name = o->table_names[t][0] ? o->table_names[t] : NULL};
+    size_t f = (size_t)out[t].dim * (1 + out[t].nslots);
+    most = f > most ? f : most;
+  }
+  return most;
+}
+
+/* One field and value into the shard. */
+static int take_one(ps_shard *s, const ps_tsec_table *shapes, float *scratch, const void *field,
+                    size_t flen, const void *value, size_t vlen, int lazy, uint64_t (*got)[2],
+                    ps_errbuf *eb) {
+  int t = 0;
+  uint64_t rank = 0;
+  ps_table_entry e;
+  int rc = ps_rows_decode(field, flen, value, vlen, shapes, ps_shard_ntables(s), scratch, &t, &e,
+                          &rank, eb);
+  if (rc == 0)
+    rc = lazy ? ps_shard_lazy_entry(s, t, &e, rank, eb) : ps_shard_row_load(s, t, &e, rank, eb);
+  if (rc == 1)
+    rc = 0;  /* held already */
+  if (rc == 0 && got != NULL)
+    got[t][e.pending]++;
+  return rc;
+}
+
+int ps_rows_take_all(ps_shard *s, const void *reply, int lazy, uint64_t (*got)[2],
+                     ps_errbuf *eb) {
+  const redisReply *r = reply;
+  ps_tsec_table shapes[PS_SHARD_MAX_TABLES];
+  float *scratch = malloc(ps_rows_shapes(ps_shard_options(s), shapes) * sizeof(float));
+  if (scratch == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for a row");
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i + 1 < r->elements; i += 2) {
+    const redisReply *f = r->element[i], *v = r->element[i + 1];
+    if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+      rc = ps_err_set(eb, PS_ECORRUPT, "a field or value that is not a string");
+    else
+      rc = take_one(s, shapes, scratch, f->str, f->len, v->str, v->len, lazy, got, eb);
+  }
+  free(scratch);
+  return rc;
+}
+
+int ps_rows_take_some(ps_shard *s, const ps_shard_key *keys, size_t n, const void *reply,
+                      ps_errbuf *eb) {
+  const redisReply *r = reply;
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != n)
+    return ps_err_set(eb, PS_ECORRUPT, "HMGET of %zu fields answered %zu", n,
+                      r->type == REDIS_REPLY_ARRAY ? r->elements : 0);
+  ps_tsec_table shapes[PS_SHARD_MAX_TABLES];
+  float *scratch = malloc(ps_rows_shapes(ps_shard_options(s), shapes) * sizeof(float));
+  if (scratch == NULL)
+    return ps_err_set(eb, -ENOMEM, "out of memory for a row");
+  int rc = 0;
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const redisReply *v = r->element[i];
+    if (v->type == REDIS_REPLY_NIL)
+      continue;  /* not in the copy: a key new to the table */
+    uint8_t field[PS_ROWS_FIELD];
+    ps_rows_field_put(field, keys[i].table, keys[i].key);
+    rc = v->type != REDIS_REPLY_STRING
+             ? ps_err_set(eb, PS_ECORRUPT, "a value that is not a string")
+             : take_one(s, shapes, scratch, field, sizeof field, v->str, v->len, 1, NULL, eb);
+  }
+  free(scratch);
+  return rc;
+}
+
+int ps_rows_hmget_make(ps_rows_hmget *h, const char *prefix, const ps_shard_key *keys, size_t n) {
+  *h = (ps_rows_hmget){.argv = malloc((n + 2) * sizeof *h->argv),
+                       .argl = malloc((n + 2) * sizeof *h->argl),
+                       .fields = malloc(n * PS_ROWS_FIELD + 1)};
+  if (h->argv == NULL || h->argl == NULL || h->fields == NULL) {
+    ps_rows_hmget_free(h);
+    return -ENOMEM;
+  }
+  snprintf(h->key, sizeof h->key, "%s%" PRIu32, prefix, keys[0].bucket);
+  h->argv[0] = "HMGET";
+  h->argl[0] = 5;
+  h->argv[1] = h->key;
+  h->argl[1] = strlen(h->key);
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *f = h->fields + i * PS_ROWS_FIELD;
+    ps_rows_field_put(f, keys[i].table, keys[i].key);
+    h->argv[2 + i] = (const char *)f;
+    h->argl[2 + i] = PS_ROWS_FIELD;
+  }
+  h->argc = (int)n + 2;
+  return 0;
+}
+
+void ps_rows_hmget_free(ps_rows_hmget *h) {
+  free(h->argv);
+  free(h->argl);
+  free(h->fields);
+  *h = (ps_rows_hmget){0};
+}
+
+static int key_cmp(const void *a, const void *b) {
+  const ps_shard_key *x = a, *y = b;
+  if (x->bucket != y->bucket)
+    return x->bucket < y->bucket ? -1 : 1;
+  if (x->table != y->table)
+    return x->table < y->table ? -1 : 1;
+  return (x->key > y->key) - (x->key < y->key);
+}
+
+void ps_rows_sort(ps_shard_key *keys, size_t n) { qsort(keys, n, sizeof *keys, key_cmp); }
+
+size_t ps_rows_run(const ps_shard_key *keys, size_t n) {
+  size_t k = 1;
+  while (k < n && keys[k].bucket == keys[0].bucket)
+    k++;
+  return n == 0 ? 0 : k;
 }
 
 /* ------------------------------------------------------------- deltas */
@@ -120,8 +249,7 @@ uint8_t *ps_delta_add(ps_delta *d, uint32_t bucket, uint32_t table, uint64_t key
   uint8_t *g = d->buf + d->group_at;
   ps_put_le32(g + 8, ps_get_le32(g + 8) + 1);
   uint8_t *p = d->buf + d->len;
-  ps_put_le32(p, table);
-  ps_put_le64(p + 4, key);
+  ps_rows_field_put(p, table, key);
   ps_put_le32(p + 12, vlen);
   d->len += record_bytes(vlen);
   return p + PS_DELTA_RECORD;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "paramserv/error.h"
+#include "ps/shard.h"
 #include "ps/table.h"
 #include "ps/tsec.h"
 
@@ -25,6 +26,9 @@ enum {
 #define PS_DELTA_REMOVE 0xFFFFFFFFu   /* a record's length: remove the field */
 #define PS_DELTA_REPLACE 1u           /* a group's flag: delete the hash first */
 
+/* An entry's field: table, key. */
+void ps_rows_field_put(uint8_t out[PS_ROWS_FIELD], uint32_t table, uint64_t key);
+
 /* An entry's value: its bytes, and the value itself (rank: its place in
  * its list plus the snapshot's base). */
 uint32_t ps_rows_value_bytes(const ps_tsec_table *t, int pending);
@@ -38,6 +42,38 @@ uint8_t *ps_rows_value_put(uint8_t *p, const ps_tsec_table *t, const ps_table_en
 int ps_rows_decode(const void *field, size_t flen, const void *value, size_t vlen,
                    const ps_tsec_table *tables, int n, float *scratch, int *t,
                    ps_table_entry *e, uint64_t *rank, ps_errbuf *eb);
+
+/* The shapes of a shard's tables (dim, slots, name) into out; @return the
+ * most floats of one row's values and slots (a decode's scratch). */
+size_t ps_rows_shapes(const ps_shard_opts *o, ps_tsec_table *out);
+
+/* Entries from a bucket's hash into the shard: every field and value of
+ * an HGETALL reply (an opaque hiredis redisReply *), or the values of an
+ * HMGET of keys[0..n) (NULL: absent).  lazy: through ps_shard_lazy_entry
+ * (held keys skipped), else ps_shard_row_load; got[t][0], got[t][1] count
+ * the rows and pending keys of table t decoded.  @return 0, or PS_ECORRUPT
+ * or -ENOMEM with eb. */
+int ps_rows_take_all(ps_shard *s, const void *reply, int lazy, uint64_t (*got)[2],
+                     ps_errbuf *eb);
+int ps_rows_take_some(ps_shard *s, const ps_shard_key *keys, size_t n, const void *reply,
+                      ps_errbuf *eb);
+
+/* The HMGET of keys[0..n) (one bucket's: keys[0].bucket) from the hashes
+ * named prefix<b>: argv and argl into the struct (fields in its buffer).
+ * @return 0 or -ENOMEM; free with ps_rows_hmget_free. */
+typedef struct ps_rows_hmget {
+  const char **argv;
+  size_t *argl;
+  uint8_t *fields;
+  char key[256];
+  int argc;
+} ps_rows_hmget;
+int ps_rows_hmget_make(ps_rows_hmget *h, const char *prefix, const ps_shard_key *keys, size_t n);
+void ps_rows_hmget_free(ps_rows_hmget *h);
+/* Order keys by bucket (then table, key); @return the length of the run of
+ * keys[0]'s bucket. */
+void ps_rows_sort(ps_shard_key *keys, size_t n);
+size_t ps_rows_run(const ps_shard_key *keys, size_t n);
 
 /* A delta chunk being made: groups of records, each group one bucket's
  * (its hash is the merge's KEYS[2 + group]). */

@@ -40,7 +40,7 @@ struct ps_snap_job {
   uint64_t carry_key;
   uint8_t *carry;
   uint64_t rank_base, rank_next;
-  char rows_text[PS_SHARD_MAX_TABLES * 44];  /* the meta's `rows`: "<rows>:<pending>,..." */
+  char rows_text[PS_SHARD_MAX_TABLES * 88];  /* the meta's `rows` (REDIS.md §2) */
 };
 
 /* Point the meta hash at a new snapshot and trim the log it covers, if the
@@ -617,8 +617,9 @@ static int rows_prepare(ps_snaps *s, ps_snap_job *j) {
     rec_max = row > rec_max ? row : rec_max;
     uint64_t most = c.changed_rows > c.changed_pending ? c.changed_rows : c.changed_pending;
     span = most > span ? most : span;
-    at += (size_t)snprintf(j->rows_text + at, sizeof j->rows_text - at, "%s%" PRIu64 ":%" PRIu64,
-                           t > 0 ? "," : "", c.rows, c.pending);
+    at += (size_t)snprintf(j->rows_text + at, sizeof j->rows_text - at,
+                           "%s%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64, t > 0 ? "," : "",
+                           c.rows, c.pending, c.rows_newest, c.pending_newest);
   }
   /* Every chunk but the last is fuller than PS_DELTA_BYTES less one record. */
   j->delta_max = total / (PS_DELTA_BYTES - rec_max) + 1;

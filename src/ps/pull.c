@@ -8,6 +8,7 @@
 #include "common/endian.h"
 #include "net/conn.h"
 #include "proto/proto.h"
+#include "common/timeutil.h"
 #include "ps/server_internal.h"
 
 /* A copy of the slice at one version, shared by every pull reply of that
@@ -169,6 +170,11 @@ static void sparse_reply(client *cl, uint64_t req, ps_msg *m) {
 
 void ps_server_pull_reply(client *cl, uint64_t req) {
   server *s = cl->srv;
+  if (!s->pulled) {
+    s->pulled = 1;
+    ps_log(PS_LOG_INFO, "first pull answered %.3f s after start",
+           (double)(ps_now_ns() - s->started_ns) * 1e-9);
+  }
   ps_msg m = {.type = PS_MSG_PULL_REPLY};
   m.u.pull_reply.version = ps_shard_version(s->shard);
   m.u.pull_reply.global_step = ps_shard_global_step(s->shard);

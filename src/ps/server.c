@@ -620,6 +620,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     return 1;
   s->cfg = cfg;
   s->index = index;
+  s->started_ns = started_ns;
   int status = 1, loop_open = 0;
   ps_errbuf eb = {0};
   char desc[128];

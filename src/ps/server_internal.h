@@ -92,6 +92,8 @@ typedef struct server {
   uint64_t cut_id;              /* the cut that holds pushes (phase HELD) */
   uint64_t resume_at_ns;        /* it resumes by itself then */
   struct held_push *held, *held_tail;
+  uint64_t started_ns;          /* the process's start */
+  int pulled;                   /* a pull was answered (its time said once) */
   ps_shard_key *miss;           /* rowwait.c: a request's keys not in yet */
   size_t miss_cap;
   uv_timer_t stop_timer;        /* STOP: exit once the replies are out */

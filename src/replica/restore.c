@@ -357,6 +357,50 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
 
 /* -------------------------------------------------------------- replay */
 
+/* A lazy load: the rows a page of log entries touches that are not in
+ * yet, fetched before any of them is applied (one pipelined round of
+ * HMGETs a page).  A key one of them admits is fetched too: Redis does
+ * not hold it, and nothing comes in for it.  Entries that do not parse
+ * are the replay's to refuse. */
+static int prefetch(redisContext *c, const ps_shard_keys *k, ps_shard *s, const redisReply *page,
+                    ps_errbuf *eb) {
+  size_t want = ps_shard_options(s)->nfloats * sizeof(float);
+  ps_shard_key *all = NULL, *one = NULL;
+  size_t nall = 0, cap_all = 0, cap_one = 0;
+  int rc = 0;
+  for (size_t i = 0; i < page->elements && rc == 0; i++) {
+    const redisReply *e = page->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
+      continue;
+    const redisReply *v = hash_get(e->element[1], "v");
+    if (v == NULL || v->type != REDIS_REPLY_STRING || v->len <= want ||
+        ps_sparse_check(PS_SPARSE_KV, (const uint8_t *)v->str + want, v->len - want, NULL,
+                        &(ps_errbuf){0}) != 0)
+      continue;
+    long n = ps_shard_lazy_missing(s, PS_SPARSE_KV, v->str + want, v->len - want, &one, &cap_one);
+    if (n > 0 && nall + (size_t)n > cap_all) {
+      size_t cap = cap_all ? cap_all : 1024;
+      while (cap < nall + (size_t)n)
+        cap *= 2;
+      ps_shard_key *a = realloc(all, cap * sizeof *a);
+      if (a == NULL)
+        n = -1;
+      else
+        all = a, cap_all = cap;
+    }
+    if (n < 0)
+      rc = ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
+    else if (n > 0)
+      memcpy(all + nall, one, (size_t)n * sizeof *one), nall += (size_t)n;
+  }
+  if (rc == 0 && nall > 0)
+    rc = fetch_keys(c, k, s, all, nall, eb);
+  free(all);
+  free(one);
+  return rc;
+}
+
+
 /* Replay the stream after the snapshot, in stream order.  An entry is
  * applied when it continues the state's journal (n = journal + 1) and its
  * writer is not older than the writer of what the state holds; anything
@@ -371,8 +415,6 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
     return ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
   char start[48] = "-";
   int rc = 0;
-  ps_shard_key *miss = NULL;
-  size_t miss_cap = 0;
   for (;;) {
     redisReply *r = redisCommand(c, "XRANGE %s %s + COUNT 256", k->log, start);
     if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
@@ -382,6 +424,10 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
       break;
     }
     size_t count = r->elements;
+    if (ps_shard_lazy(s) && (rc = prefetch(c, k, s, r, eb)) != 0) {
+      freeReplyObject(r);
+      break;
+    }
     for (size_t i = 0; i < count && rc == 0; i++) {
       const redisReply *e = r->element[i];
       const char *id = e->element[0]->str;
@@ -431,14 +477,8 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
                             sb.msg[0] ? sb.msg : why);
             break;
           }
-          /* A lazy load: the rows it touches come in first. */
-          long nmiss = ps_shard_lazy_missing(s, PS_SPARSE_KV, j.sparse, j.sparse_bytes, &miss,
-                                             &miss_cap);
-          if (nmiss < 0 || (nmiss > 0 && (rc = fetch_keys(c, k, s, miss, (size_t)nmiss, eb)))) {
-            if (nmiss < 0)
-              rc = ps_err_set(eb, -ENOMEM, "out of memory for the log replay");
-            break;
-          }
+          /* A lazy load: the rows it touches came in first (prefetch);
+           * keys it admits were new then. */
         }
         if (v != NULL) {
           j.g = (const float *)(const void *)v->str;
@@ -462,7 +502,6 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
     if (rc != 0 || count == 0)
       break;
   }
-  free(miss);
   free(g);
   return rc;
 }

@@ -104,6 +104,7 @@ typedef struct ps_config {
   int64_t replicate_interval_ms;
   int64_t replicate_every_updates;
   double replicate_log_ratio;     /* log: a snapshot once the log holds this x the image's bytes */
+  double replicate_log_budget;    /* sparse: ... or once log + changed rows hold this x the rows (0: off) */
   int ps_self_init;               /* a shard with no replica initializes itself */
   int ps_lazy_restore;            /* sparse rows come back from Redis while the shard serves */
   int on_redis_failure;           /* ps_redis_failure */

@@ -114,12 +114,14 @@ static int compaction_due(const ps_snaps *s) {
    * When most pushes bring rows not changed since (ids mostly distinct),
    * those grow faster than the log, which then never reaches them: so a
    * snapshot is also due once the log and the changes it would write
-   * reach an eighth of the rows, which bounds what Redis holds beside the
-   * rows (and a restore's replay) to that. */
+   * reach [replication] log_budget (an eighth) of the rows, which bounds
+   * what Redis holds beside the rows (and a restore's replay) to that. */
   double rows = (double)in.table_floats * sizeof(float);
   double changes = s->need_all ? rows : (double)ps_shard_changes_bytes(s->shard);
   double head = (double)(in.image_floats - in.table_floats) * sizeof(float);
-  return log >= (head + changes) * ratio || (!s->need_all && log + changes >= rows / 8);
+  double budget = s->link->cfg->replicate_log_budget;
+  return log >= (head + changes) * ratio ||
+         (!s->need_all && budget > 0 && log + changes >= rows * budget);
 }
 
 void ps_snaps_tick(ps_snaps *s) {

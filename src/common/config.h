@@ -32,6 +32,9 @@ typedef enum { PS_ALGO_GRADIENTS = 0, PS_ALGO_AVERAGING, PS_ALGO_EASGD } ps_algo
 typedef enum { PS_MODE_PS = 0, PS_MODE_RING } ps_mode;
 typedef enum { PS_DATA_IDX = 0, PS_DATA_CRITEO, PS_DATA_NPY } ps_data_format;
 typedef enum { PS_REPLICATION_OFF = 0, PS_REPLICATION_SNAPSHOT, PS_REPLICATION_LOG } ps_replication;
+/* Sparse tables in Redis (src/replica/REDIS.md §3): in each snapshot's
+ * image, or kept by key with each snapshot's changed rows. */
+typedef enum { PS_SPARSE_ROWS_IMAGE = 0, PS_SPARSE_ROWS_KEYED } ps_sparse_rows;
 typedef enum { PS_REDIS_FAILURE_BLOCK = 0, PS_REDIS_FAILURE_DEGRADE } ps_redis_failure;
 
 typedef struct ps_config {
@@ -104,7 +107,8 @@ typedef struct ps_config {
   int64_t replicate_interval_ms;
   int64_t replicate_every_updates;
   double replicate_log_ratio;     /* log: a snapshot once the log holds this x the image's bytes */
-  double replicate_log_budget;    /* sparse: ... or once log + changed rows hold this x the rows (0: off) */
+  double replicate_log_budget;    /* keyed: ... or once log + changed rows hold this x the rows (0: off) */
+  int sparse_rows;                /* PS_SPARSE_ROWS_*: how Redis keeps a shard's sparse tables */
   int ps_self_init;               /* a shard with no replica initializes itself */
   int ps_lazy_restore;            /* sparse rows come back from Redis while the shard serves */
   int on_redis_failure;           /* ps_redis_failure */

@@ -115,6 +115,7 @@ static const char *const algorithms[] = {"gradients", "averaging", "easgd", NULL
 static const char *const replications[] = {"off", "snapshot", "log", NULL};
 static const char *const ckpt_filters[] = {"none", "shuffle", NULL};
 static const char *const redis_failures[] = {"block", "degrade", NULL};
+static const char *const sparse_rows[] = {"image", "keyed", NULL};
 static const char *const ckpt_unusables[] = {"refuse", "set_aside", NULL};
 
 #define FIELD(f) .offset = offsetof(ps_config, f), .size = sizeof(((ps_config *)0)->f)
@@ -252,11 +253,14 @@ const ps_setting ps_settings[] = {
      .help = "a shard also snapshots after this many updates (bounds the log to replay)"},
     {"replication", "log_ratio", DOUBLE, FIELD(replicate_log_ratio), .max = 1000, .def = "1",
      .help = "log: a snapshot waits until the log since the last holds this x the state's bytes"},
+    {"replication", "sparse_rows", ENUM, FIELD(sparse_rows), .choices = sparse_rows,
+     .def = "image",
+     .help = "sparse tables in Redis: image (whole, each snapshot) or keyed (changed rows only)"},
     {"replication", "log_budget", DOUBLE, FIELD(replicate_log_budget), .max = 1000,
      .def = "0.125",
-     .help = "sparse tables: a snapshot once the log and changed rows reach this x the rows"},
+     .help = "keyed rows: a snapshot once the log and changed rows reach this x the rows"},
     {"replication", "lazy_restore", BOOL, FIELD(ps_lazy_restore), .def = "yes",
-     .help = "a restarted shard serves before its sparse rows are all back from Redis"},
+     .help = "keyed rows: a restarted shard serves before they are all back from Redis"},
     {"replication", "self_init", BOOL, FIELD(ps_self_init), .def = "no",
      .help = "a shard with no replica initializes its variables itself (no: the chief does)"},
     {"replication", "on_redis_failure", ENUM, FIELD(on_redis_failure), .choices = redis_failures,

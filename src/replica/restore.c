@@ -342,8 +342,14 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
   uint64_t t1 = ps_now_ns();
   if (rc == 0)
     rc = ps_shard_state_load_end(s, &in, eb);
-  if (rc == 0 && !old && !v4)
+  /* Format 5 with keyed rows: the image's tables are empty, their rows in
+   * the hashes. */
+  uint64_t keyed = 0;
+  hash_u64(meta, "keyed", &keyed);
+  if (rc == 0 && !old && !v4 && keyed)
     rc = load_rows(c, k, meta, s, info, eb);
+  else if (rc == 0 && !old && !v4)
+    hash_u64(meta, "rank_next", &info->rank_next);
   info->read_s = (double)(t1 - t0) * 1e-9;
   info->decode_s = (double)(ps_now_ns() - t1) * 1e-9;
   if (rc == 0) {

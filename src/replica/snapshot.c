@@ -107,7 +107,7 @@ static int compaction_due(const ps_snaps *s) {
     return 1;
   ps_state_info in = ps_shard_state_info(s->shard);
   double ratio = s->link->cfg->replicate_log_ratio, log = (double)s->log_bytes;
-  if (ps_shard_ntables(s->shard) == 0)
+  if (ps_shard_ntables(s->shard) == 0 || s->link->cfg->sparse_rows != PS_SPARSE_ROWS_KEYED)
     return log >= (double)in.image_floats * sizeof(float) * ratio;
   /* With sparse tables a snapshot writes the image without their rows,
    * and the rows changed since the last one (all of them after a loss).
@@ -370,7 +370,7 @@ static void send_switch(ps_snaps *s) {
   snprintf(f[7], 24, "%" PRIu64, j->ndeltas);
   snprintf(f[8], 24, "%d", PS_ROWS_BITS);
   snprintf(f[9], 24, "%" PRIu64, j->rank_next);
-  const char *argv[8 + 2 * PS_STATE_NFIELDS + 32] = {
+  const char *argv[8 + 2 * PS_STATE_NFIELDS + 34] = {
       "EVAL", SWITCH_SCRIPT, "3", k->epoch, k->meta, k->log, epoch_text, trim};
   int argc = 8;
   /* The state's fixed fields under their own names (state.h), then the snapshot's. */
@@ -384,8 +384,8 @@ static void send_switch(ps_snaps *s) {
                         "format", PS_SNAP_FORMAT, "optimizer", ps_optim_name(&o->optim),
                         "consistency", f[5], "nondurable", f[6], "deltas", f[7],
                         "merged", "0", "row_bits", f[8], "rank_next", f[9],
-                        "rows", j->rows_text};
-  _Static_assert(sizeof rest / sizeof rest[0] <= 32, "argv has room for rest");
+                        "rows", j->rows_text, "keyed", j->rows ? "1" : "0"};
+  _Static_assert(sizeof rest / sizeof rest[0] <= 34, "argv has room for rest");
   for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
     argv[argc++] = rest[i];
   if (redisAsyncCommandArgv(ps_link_ac(s->link), on_switched, s, argc, argv, NULL) != REDIS_OK)
@@ -754,7 +754,7 @@ void ps_snaps_start(ps_snaps *s) {
   j->taken_ns = ps_now_ns();
   /* The reader is the consistent cut: everything below happens off it,
    * the chunks read from it as they are sent, while the shard goes on. */
-  j->rows = ps_shard_ntables(sh) > 0;
+  j->rows = ps_shard_ntables(sh) > 0 && s->link->cfg->sparse_rows == PS_SPARSE_ROWS_KEYED;
   j->rd = j->rows ? ps_shard_reader_begin_changes(sh, &j->info, s->need_all, PS_ROWS_BITS)
                   : ps_shard_reader_begin(sh, &j->info);
   j->chunk = malloc(PS_SNAP_CHUNK_FLOATS * sizeof(float));

@@ -128,27 +128,44 @@ every_updates = 100
 log_every_steps = 20" "$T/ctr-server.json" "$T/bags" ,
 "$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/calm3" --fresh >"$T/calm3.log" 2>&1 ||
   fail "paramserv local (calm) exited $?: $(tail -3 "$T/calm3.log")"
-"$BIN" local --config "$T/log.conf" --workers 1 --dir "$T/kill3" --fresh >"$T/kill3.log" 2>&1 &
-lpid=$!
-for k in 1 2 3 4 5 6; do
-  shard=ps-$((k % 2))
-  # Deadlines for a sanitized build beside other work: 150 steps take 2 s in a plain one.
-  # The chief's progress lines come every 0.5 s, up to 180 steps apart on
-  # an idle machine: the last kill, at 900, leaves 300 steps to the end.
-  wait_summary "$T/kill3/checkpoints" "o.get('steps_per_s') is not None and o.get('step', 0) >= $((k * 150))" 180
-  pid=$(awk -v n="$shard" '$1 == n { print $2 }' "$T/kill3/pids")
-  [ -n "$pid" ] || fail "no pid of $shard in $T/kill3/pids"
-  kill -9 "$pid"
-  wait_ready "$T/kill3" "$shard" 90 "$pid"
-done
-wait "$lpid" || fail "paramserv local (kills) exited $?: $(tail -3 "$T/kill3.log")"
-# Each kill is restored from Redis; a kill just after a snapshot replays no
-# log entry, so the replays are counted apart, and at least one must be.
-restores=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in ' || true)
-replays=$(cat "$T"/kill3/logs/ps-*.log | grep -c 'restored from Redis in .* + [1-9][0-9]* log entries' || true)
-[ "$restores" -ge 6 ] || fail "$restores restores from Redis, expected one per kill (6)"
-[ "$replays" -ge 1 ] || fail "none of the $restores restores from Redis replayed a log entry"
-same_state "$T/calm3/checkpoints/ckpt-000001200" "$T/kill3/checkpoints/ckpt-000001200" kills \
-  "without kills" "with them" ||
-  fail "the state after kills and restores from Redis differs from the calm run's"
-echo "ok: kills, bags pooled on the shards: $restores restores from Redis ($replays with a log replay), the same state as without"
+
+# kills ROWS: the run with kills, the tables kept in Redis as ROWS
+# (src/replica/REDIS.md §3: image, or keyed: by key, each snapshot writing
+# the rows changed, and each restart serving while its rows come back).
+kills() {
+  local rows=$1 dir="$T/kill3-$1"
+  sed "s/^mode = log\$/mode = log\nsparse_rows = $rows/" "$T/log.conf" >"$T/log-$rows.conf"
+  grep -q "^sparse_rows = $rows" "$T/log-$rows.conf" || fail "no sparse_rows in $T/log-$rows.conf"
+  "$BIN" local --config "$T/log-$rows.conf" --workers 1 --dir "$dir" --fresh >"$dir.log" 2>&1 &
+  lpid=$!
+  for k in 1 2 3 4 5 6; do
+    shard=ps-$((k % 2))
+    # Deadlines for a sanitized build beside other work: 150 steps take 2 s in a plain one.
+    # The chief's progress lines come every 0.5 s, up to 180 steps apart on
+    # an idle machine: the last kill, at 900, leaves 300 steps to the end.
+    wait_summary "$dir/checkpoints" "o.get('steps_per_s') is not None and o.get('step', 0) >= $((k * 150))" 180
+    pid=$(awk -v n="$shard" '$1 == n { print $2 }' "$dir/pids")
+    [ -n "$pid" ] || fail "no pid of $shard in $dir/pids"
+    kill -9 "$pid"
+    wait_ready "$dir" "$shard" 90 "$pid"
+  done
+  wait "$lpid" || fail "paramserv local (kills, $rows) exited $?: $(tail -3 "$dir.log")"
+  # Each kill is restored from Redis; a kill just after a snapshot replays no
+  # log entry, so the replays are counted apart, and at least one must be.
+  restores=$(cat "$dir"/logs/ps-*.log | grep -c 'restored from Redis in ' || true)
+  replays=$(cat "$dir"/logs/ps-*.log | grep -c 'restored from Redis in .* + [1-9][0-9]* log entries' || true)
+  lazy=$(cat "$dir"/logs/ps-*.log | grep -c "rows come in from Redis while the shard serves" || true)
+  [ "$restores" -ge 6 ] || fail "$rows: $restores restores from Redis, expected one per kill (6)"
+  [ "$replays" -ge 1 ] || fail "$rows: none of the $restores restores from Redis replayed a log entry"
+  if [ "$rows" = keyed ]; then
+    [ "$lazy" -ge 1 ] || fail "keyed: none of the $restores restores served before its rows were back"
+  else
+    [ "$lazy" = 0 ] || fail "image: $lazy restores were lazy"
+  fi
+  same_state "$T/calm3/checkpoints/ckpt-000001200" "$dir/checkpoints/ckpt-000001200" "kills, $rows" \
+    "without kills" "with them" ||
+    fail "$rows: the state after kills and restores from Redis differs from the calm run's"
+  echo "ok: kills, bags pooled on the shards, sparse rows $rows: $restores restores from Redis ($replays with a log replay, $lazy serving before their rows were back), the same state as without"
+}
+kills image
+kills keyed

@@ -449,6 +449,7 @@ static int switched_n_idle(void *arg) {
 static void test_rows_chain_restores_exact(void **state) {
   fx *f = *state;
   f->sparse = 1;
+  f->cfg.sparse_rows = PS_SPARSE_ROWS_KEYED;
   start(f);
   wait_until(&f->loop, switched1, f, "the first snapshot");
   /* One push a snapshot: most rows are not changed by it, and rank
@@ -476,12 +477,32 @@ static void test_rows_chain_restores_exact(void **state) {
   ps_shard_free(s);
 }
 
+/* Sparse tables kept in the image (sparse_rows = image, the default):
+ * each snapshot holds every row, no hash is written, and a restore holds
+ * exactly the shard's tables. */
+static void test_rows_in_the_image(void **state) {
+  fx *f = *state;
+  f->sparse = 1;
+  start(f);
+  wait_until(&f->loop, switched1, f, "the first snapshot");
+  push_rows(f, 0, 9);
+  f->want = f->switches + 1;
+  wait_until(&f->loop, switched_n_idle, f, "a snapshot of the pushes");
+  assert_int_equal(redis_int(redis, "EXISTS %s0", f->k.rows_prefix), 0);
+  ps_restore_info ri;
+  ps_shard *s = restore_next(f, &ri);
+  assert_int_equal(ri.rows, 0);
+  assert_same_state(f->shard, s);
+  ps_shard_free(s);
+}
+
 /* A shard killed between a switch and its merges: the next incarnation's
  * restore merges the delta chunks itself (restore_at_switch), and the
  * stale incarnation's merges, sent after, change nothing. */
 static void test_rows_merged_by_the_restore(void **state) {
   fx *f = *state;
   f->sparse = 1;
+  f->cfg.sparse_rows = PS_SPARSE_ROWS_KEYED;
   start(f);
   wait_until(&f->loop, switched1, f, "the first snapshot");
   push_rows(f, 0, 6);
@@ -506,6 +527,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_log_mode_waits_for_the_log, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_chain_restores_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_merged_by_the_restore, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rows_in_the_image, setup, teardown),
   };
   return cmocka_run_group_tests(tests, redis_group_setup, redis_group_teardown);
 }

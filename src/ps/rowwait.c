@@ -28,7 +28,7 @@ static void drain(client *cl);
 static void on_fetched(void *arg) {
   client *cl = arg;
   cl->rw_fetching = 0;
-  if (!cl->closed && cl->rw_head != NULL) {
+  if (!cl->closed && cl->rw_head != NULL && cl->srv->phase != PS_PHASE_STOPPING) {
     cl->rw_head->fetched = 1;
     drain(cl);
   }

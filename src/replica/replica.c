@@ -95,17 +95,6 @@ static void on_interval_closed(uv_handle_t *h) {
 
 /* ----------------------------------------------- the link's reports */
 
-static void on_link_up(void *arg, int claimed) {
-  ps_replica *r = arg;
-  /* Whatever Redis held of this shard is gone: nothing is durable until a
-   * new snapshot switches. */
-  if (claimed)
-    r->ev.lost(r->ev.arg, ps_shard_journal(r->shard), "Redis lost this shard's keys");
-  ps_snaps_connected(&r->snaps, claimed);
-  if (r->rowload != NULL)
-    ps_rowload_up(r->rowload);
-}
-
 /* The rows of a lazy restore could not come in: the state is not whole,
  * so nothing more may be acknowledged; the process stops, and its next
  * start restores again. */
@@ -115,6 +104,22 @@ static void on_rows_failed(void *arg, const char *why) {
   snprintf(line, sizeof line, "rows: the tables' rows could not be loaded from Redis: %s", why);
   ps_log(PS_LOG_ERROR, "%s", line);
   r->ev.fenced(r->ev.arg, line);
+}
+
+static void on_link_up(void *arg, int claimed) {
+  ps_replica *r = arg;
+  /* Whatever Redis held of this shard is gone: nothing is durable until a
+   * new snapshot switches. */
+  if (claimed)
+    r->ev.lost(r->ev.arg, ps_shard_journal(r->shard), "Redis lost this shard's keys");
+  ps_snaps_connected(&r->snaps, claimed);
+  if (r->rowload != NULL && claimed && ps_shard_lazy(r->shard)) {
+    /* The rows not back yet went with the rest. */
+    on_rows_failed(r, "Redis lost this shard's keys while its rows were coming back");
+    return;
+  }
+  if (r->rowload != NULL)
+    ps_rowload_up(r->rowload);
 }
 
 int ps_replica_fetch(ps_replica *r, const ps_shard_key *keys, size_t n, void (*done)(void *),

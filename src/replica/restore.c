@@ -3,6 +3,7 @@
 #include "replica/restore.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <lz4.h>
@@ -54,6 +55,18 @@ static int hash_u64(const redisReply *h, const char *field, uint64_t *out) {
 
 /* ------------------------------------------------------------ snapshot */
 
+/* eb's message with where it was found in front ("<where>: <message>"). */
+__attribute__((format(printf, 3, 4))) static int err_at(ps_errbuf *eb, int code,
+                                                        const char *fmt, ...) {
+  char where[PS_KEY_MAX + 80], why[sizeof eb->msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(where, sizeof where, fmt, ap);
+  va_end(ap);
+  snprintf(why, sizeof why, "%s", eb->msg);
+  return ps_err_set(eb, code, "%s: %s", where, why);
+}
+
 /* Format 5: finish the merges of the meta's delta chunks that a previous
  * incarnation left (REDIS.md §7 step 6), in order, by the same script: one
  * it merged meanwhile does nothing.  @return 0; -EIO (Redis refused or
@@ -67,9 +80,8 @@ static int finish_merges(redisContext *c, const ps_shard_keys *k, const redisRep
       snap->type != REDIS_REPLY_STRING)
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (no merged, deltas)",
                       k->meta);
-  size_t plen = strlen(k->rows_prefix);
   for (uint64_t i = merged; i < deltas; i++) {
-    char chunk[PS_KEY_MAX + 80], kk[24], nk[24];
+    char chunk[PS_KEY_MAX + 80];
     snprintf(chunk, sizeof chunk, "%s%s:d%" PRIu64, k->snap_prefix, snap->str, i);
     redisReply *r = redisCommand(c, "GET %s", chunk);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
@@ -95,35 +107,14 @@ static int finish_merges(redisContext *c, const ps_shard_keys *k, const redisRep
     freeReplyObject(r);
     if (rc != 0)
       return rc == -ENOMEM ? ps_err_set(eb, -ENOMEM, "out of memory for a delta chunk")
-                           : ps_err_set(eb, PS_ECORRUPT, "%s: %s", chunk, eb->msg);
-    const char **argv = malloc((ng + 8) * sizeof *argv);
-    char *names = malloc(ng * (plen + 12) + 1);
-    if (argv == NULL || names == NULL) {
-      free(argv);
-      free(names);
-      free(buckets);
-      return ps_err_set(eb, -ENOMEM, "out of memory for a merge");
-    }
-    snprintf(nk, sizeof nk, "%zu", ng + 2);
-    snprintf(kk, sizeof kk, "%" PRIu64, i);
-    int argc = 0;
-    argv[argc++] = "EVAL";
-    argv[argc++] = PS_MERGE_SCRIPT;
-    argv[argc++] = nk;
-    argv[argc++] = k->meta;
-    argv[argc++] = chunk;
-    for (size_t g = 0; g < ng; g++) {
-      char *name = names + g * (plen + 12);
-      snprintf(name, plen + 12, "%s%" PRIu32, k->rows_prefix, buckets[g]);
-      argv[argc++] = name;
-    }
-    argv[argc++] = snap->str;
-    argv[argc++] = kk;
-    argv[argc++] = k->rows_prefix;
-    r = redisCommandArgv(c, argc, argv, NULL);
-    free(argv);
-    free(names);
+                           : err_at(eb, PS_ECORRUPT, "%s", chunk);
+    ps_rows_merge m;
+    rc = ps_rows_merge_make(&m, k, snap->str, i, buckets, ng);
     free(buckets);
+    if (rc != 0)
+      return ps_err_set(eb, -ENOMEM, "out of memory for a merge");
+    r = redisCommandArgv(c, m.argc, m.argv, NULL);
+    ps_rows_merge_free(&m);
     if (r == NULL || r->type == REDIS_REPLY_ERROR) {
       int corrupt = r != NULL && (strncmp(r->str, "CORRUPT", 7) == 0 ||
                                   strncmp(r->str, "LOST", 4) == 0);
@@ -198,7 +189,7 @@ static int load_rows(redisContext *c, const ps_shard_keys *k, const redisReply *
         continue;
       }
       if (rc == 0 && (rc = ps_rows_take_all(s, r, 0, got, eb)) != 0 && rc != -ENOMEM)
-        rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu64 ": %s", k->rows_prefix, b, eb->msg);
+        rc = err_at(eb, PS_ECORRUPT, "%s%" PRIu64, k->rows_prefix, b);
       freeReplyObject(r);
     }
   }
@@ -248,8 +239,7 @@ static int fetch_keys(redisContext *c, const ps_shard_keys *k, ps_shard *s, ps_s
     }
     if (rc == 0 && (rc = ps_rows_take_some(s, keys + at, ps_rows_run(keys + at, n - at), r,
                                            eb)) != 0 && rc != -ENOMEM)
-      rc = ps_err_set(eb, PS_ECORRUPT, "%s%" PRIu32 ": %s", k->rows_prefix, keys[at].bucket,
-                      eb->msg);
+      rc = err_at(eb, PS_ECORRUPT, "%s%" PRIu32, k->rows_prefix, keys[at].bucket);
     freeReplyObject(r);
   }
   return rc;

@@ -172,6 +172,41 @@ void ps_rows_hmget_free(ps_rows_hmget *h) {
   *h = (ps_rows_hmget){0};
 }
 
+int ps_rows_merge_make(ps_rows_merge *m, const ps_shard_keys *keys, const char *snap, uint64_t k,
+                       const uint32_t *buckets, size_t ng) {
+  size_t plen = strlen(keys->rows_prefix);
+  *m = (ps_rows_merge){.argv = malloc((ng + 8) * sizeof *m->argv),
+                       .names = malloc(ng * (plen + 12) + 1)};
+  if (m->argv == NULL || m->names == NULL) {
+    ps_rows_merge_free(m);
+    return -ENOMEM;
+  }
+  snprintf(m->chunk, sizeof m->chunk, "%s%s:d%" PRIu64, keys->snap_prefix, snap, k);
+  snprintf(m->nkeys, sizeof m->nkeys, "%zu", ng + 2);
+  snprintf(m->k, sizeof m->k, "%" PRIu64, k);
+  m->argv[m->argc++] = "EVAL";
+  m->argv[m->argc++] = PS_MERGE_SCRIPT;
+  m->argv[m->argc++] = m->nkeys;
+  m->argv[m->argc++] = keys->meta;
+  m->argv[m->argc++] = m->chunk;
+  for (size_t g = 0; g < ng; g++) {
+    char *name = m->names + g * (plen + 12);
+    snprintf(name, plen + 12, "%s%" PRIu32, keys->rows_prefix, buckets[g]);
+    m->argv[m->argc++] = name;
+  }
+  m->argv[m->argc++] = snap;
+  m->argv[m->argc++] = m->k;
+  m->argv[m->argc++] = keys->rows_prefix;
+  return 0;
+}
+
+void ps_rows_merge_free(ps_rows_merge *m) {
+  free(m->argv);
+  free(m->names);
+  m->argv = NULL;
+  m->names = NULL;
+}
+
 static int key_cmp(const void *a, const void *b) {
   const ps_shard_key *x = a, *y = b;
   if (x->bucket != y->bucket)

@@ -13,6 +13,7 @@
 #include "ps/shard.h"
 #include "ps/table.h"
 #include "ps/tsec.h"
+#include "replica/keys.h"
 
 enum {
   PS_ROWS_FIELD = 12,        /* table u32, key u64 */
@@ -70,6 +71,19 @@ typedef struct ps_rows_hmget {
 } ps_rows_hmget;
 int ps_rows_hmget_make(ps_rows_hmget *h, const char *prefix, const ps_shard_key *keys, size_t n);
 void ps_rows_hmget_free(ps_rows_hmget *h);
+/* The MERGE (PS_MERGE_SCRIPT) of delta chunk k of snapshot `snap`, whose
+ * groups are of buckets[0..ng): its EVAL's argv into the struct.  @return
+ * 0 or -ENOMEM; free with ps_rows_merge_free. */
+typedef struct ps_rows_merge {
+  const char **argv;
+  char *names;
+  char chunk[PS_KEY_MAX + 80], nkeys[24], k[24];
+  int argc;
+} ps_rows_merge;
+int ps_rows_merge_make(ps_rows_merge *m, const ps_shard_keys *keys, const char *snap, uint64_t k,
+                       const uint32_t *buckets, size_t ng);
+void ps_rows_merge_free(ps_rows_merge *m);
+
 /* Order keys by bucket (then table, key); @return the length of the run of
  * keys[0]'s bucket. */
 void ps_rows_sort(ps_shard_key *keys, size_t n);

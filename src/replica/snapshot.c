@@ -660,38 +660,13 @@ static void merges_send(ps_snaps *s) {
     return;
   if (m->running == 0)
     m->sent = m->next;
-  const ps_shard_keys *k = s->link->k;
-  size_t plen = strlen(k->rows_prefix);
   while (m->sent < m->count && m->running < MERGE_WINDOW) {
-    size_t ng = m->ngroups[m->sent];
-    const char **argv = malloc((ng + 8) * sizeof *argv);
-    char *names = malloc(ng * (plen + 12) + 1);
-    char chunk[PS_KEY_MAX + 80], nk[24], kk[24];
-    if (argv == NULL || names == NULL) {
-      free(argv);
-      free(names);
+    ps_rows_merge mg;
+    if (ps_rows_merge_make(&mg, s->link->k, m->id, m->sent, m->groups[m->sent],
+                           m->ngroups[m->sent]) != 0)
       return;  /* retried at the next snapshot's start */
-    }
-    snprintf(chunk, sizeof chunk, "%s%s:d%" PRIu64, k->snap_prefix, m->id, m->sent);
-    snprintf(nk, sizeof nk, "%zu", ng + 2);
-    snprintf(kk, sizeof kk, "%" PRIu64, m->sent);
-    int argc = 0;
-    argv[argc++] = "EVAL";
-    argv[argc++] = PS_MERGE_SCRIPT;
-    argv[argc++] = nk;
-    argv[argc++] = k->meta;
-    argv[argc++] = chunk;
-    for (size_t g = 0; g < ng; g++) {
-      char *name = names + g * (plen + 12);
-      snprintf(name, plen + 12, "%s%" PRIu32, k->rows_prefix, m->groups[m->sent][g]);
-      argv[argc++] = name;
-    }
-    argv[argc++] = m->id;
-    argv[argc++] = kk;
-    argv[argc++] = k->rows_prefix;
-    int rc = redisAsyncCommandArgv(ac, on_merged, s, argc, argv, NULL);
-    free(argv);
-    free(names);
+    int rc = redisAsyncCommandArgv(ac, on_merged, s, mg.argc, mg.argv, NULL);
+    ps_rows_merge_free(&mg);
     if (rc != REDIS_OK)
       return;
     m->sent++;

@@ -513,6 +513,9 @@ static int tsec_read(ps_shard *s, const uint8_t *p, uint64_t bytes, ps_errbuf *e
     if (ps_table_walking(s->tables[t]))
       return ps_err_set(eb, -EBUSY, "the state is being read (a snapshot in progress): it "
                         "cannot be replaced now");
+  if (s->lazy_done != NULL)
+    return ps_err_set(eb, -EBUSY, "the state's rows are still coming back from Redis (a lazy "
+                      "restore): it cannot be replaced now");
   for (int t = 0; t < s->o.ntables; t++) {
     ps_table *fresh = NULL;
     int rc = ps_table_new(&s->o.tables[t], &fresh, eb);

@@ -73,7 +73,7 @@ void ps_snaps_init(ps_snaps *s, ps_link *l, ps_shard *shard, uint64_t layout_has
 int ps_snaps_busy(const ps_snaps *s) { return s->job != NULL || s->mg.running; }
 
 static void merges_drop(ps_snaps *s) {
-  for (uint64_t i = 0; i < s->mg.count; i++)
+  for (uint64_t i = 0; i < s->mg.made; i++)
     free(s->mg.groups[i]);
   free(s->mg.groups);
   free(s->mg.ngroups);
@@ -204,7 +204,7 @@ static void snapshot_done(ps_snaps *s, int ok) {
     /* Its delta chunks, merged into the rows from now on. */
     merges_drop(s);
     snprintf(s->mg.id, sizeof s->mg.id, "%s", j->id);
-    s->mg.count = j->ndeltas;
+    s->mg.count = s->mg.made = j->ndeltas;
     s->mg.groups = j->groups;
     s->mg.ngroups = j->ngroups;
     j->groups = NULL;

@@ -68,7 +68,8 @@ typedef struct ps_snaps {
   uint64_t rank_next;     /* the next cut's entries rank from here */
   struct ps_snap_merges {
     char id[48];          /* the switched snapshot whose delta chunks are being merged */
-    uint64_t count, next; /* its delta chunks; the first not known to be merged */
+    uint64_t count, next; /* its delta chunks to merge; the first not known to be merged */
+    uint64_t made;        /* its delta chunks (groups[0 .. made)) */
     uint64_t sent;        /* merges issued */
     uint32_t **groups;    /* each chunk's groups' buckets: its merge's KEYS */
     size_t *ngroups;

@@ -627,8 +627,7 @@ int ps_table_lazy_begin(ps_table *t, uint64_t rows_step, uint64_t pending_step) 
 int ps_table_load_lazy(ps_table *t, const ps_table_entry *e, uint64_t rank, ps_errbuf *eb) {
   if (ps_ks_find(&t->rows, e->key) != NONE || ps_ks_find(&t->pend, e->key) != NONE)
     return 1;
-  int rc = ps_table_load_ranked(t, e, rank, eb);
-  return rc;
+  return ps_table_load_ranked(t, e, rank, eb);
 }
 
 int ps_table_lazy_end(ps_table *t) {

@@ -607,10 +607,9 @@ static int rows_prepare(ps_snaps *s, ps_snap_job *j) {
   uint64_t total = ps_shard_reader_all(j->rd) ? (uint64_t)PS_DELTA_GROUP << PS_ROWS_BITS : 0;
   uint64_t rec_max = 0, span = 0;
   size_t at = 0;
+  ps_rows_shapes(o, j->shapes);
   for (int t = 0; t < o->ntables; t++) {
-    ps_tsec_table *tb = &j->shapes[t];
-    *tb = (ps_tsec_table){.dim = o->tables[t].dim,
-                          .nslots = (uint32_t)ps_optim_nslots(o->tables[t].optim.kind)};
+    const ps_tsec_table *tb = &j->shapes[t];
     ps_shard_cut_counts c = ps_shard_reader_table_counts(j->rd, t);
     uint64_t row = PS_DELTA_GROUP + PS_DELTA_RECORD + ps_rows_value_bytes(tb, 0);
     uint64_t pend = PS_DELTA_GROUP + PS_DELTA_RECORD + ps_rows_value_bytes(tb, 1);

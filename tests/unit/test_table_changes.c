@@ -230,6 +230,50 @@ static void test_changes_beside_walks(void **state) {
   ps_table_free(a);
 }
 
+/* A copy of a table kept by key: each entry with its floats and a rank
+ * (first + gap * its place in the table's iteration order), shuffled
+ * with r.  @return them (free it), *n of them. */
+typedef struct ranked {
+  ps_table_entry e;
+  uint64_t rank;
+  float floats[DIM * (1 + NSLOTS)];
+} ranked;
+
+static ranked *ranked_copy(const ps_table *a, uint64_t first, uint64_t gap, ps_rng *r,
+                           size_t *n) {
+  ranked *v = calloc(2 * NKEYS, sizeof *v);
+  assert_non_null(v);
+  ps_table_iter it;
+  ps_table_entry e;
+  *n = 0;
+  ps_table_iter_init(a, &it);
+  while (ps_table_iter_next(a, &it, &e)) {
+    assert_true(*n < 2 * NKEYS);
+    ranked *x = &v[*n];
+    x->e = e;
+    x->rank = first + (uint64_t)*n * gap;
+    if (!e.pending) {
+      memcpy(x->floats, e.values, DIM * sizeof(float));
+      for (int k = 0; k < NSLOTS; k++)
+        memcpy(x->floats + DIM * (1 + k), e.slots[k], DIM * sizeof(float));
+    }
+    (*n)++;
+  }
+  for (size_t k = *n; k-- > 1;) {
+    size_t j = ps_rng_below(r, k + 1);
+    ranked t = v[k];
+    v[k] = v[j];
+    v[j] = t;
+  }
+  for (size_t k = 0; k < *n; k++)  /* the floats moved with their entries */
+    if (!v[k].e.pending) {
+      v[k].e.values = v[k].floats;
+      for (int q = 0; q < NSLOTS; q++)
+        v[k].e.slots[q] = v[k].floats + DIM * (1 + q);
+    }
+  return v;
+}
+
 /* A table loaded from its entries in a shuffled order, each with its rank
  * (its place in its list, spread over more than 16 bits), then linked:
  * the same table, and no changes to write. */
@@ -241,45 +285,10 @@ static void test_ranked_load(void **state) {
   ps_rng_seed(&r, 11);
   for (uint64_t step = 1; step < 400; step++)
     history_step(a, &r, step);
-  /* Entries with their ranks, in list order. */
-  typedef struct ranked {
-    ps_table_entry e;
-    uint64_t rank;
-    float floats[DIM * (1 + NSLOTS)];
-  } ranked;
-  ranked *v = calloc(2 * NKEYS, sizeof *v);
-  assert_non_null(v);
+  /* Entries with their ranks (gaps: two radix passes), shuffled. */
   size_t n = 0;
-  ps_table_iter it;
-  ps_table_entry e;
-  ps_table_iter_init(a, &it);
-  while (ps_table_iter_next(a, &it, &e)) {
-    ranked *x = &v[n];
-    x->e = e;
-    x->rank = 7 + (uint64_t)n * 100003;  /* gaps: two radix passes */
-    if (!e.pending) {
-      memcpy(x->floats, e.values, DIM * sizeof(float));
-      x->e.values = x->floats;
-      for (int k = 0; k < NSLOTS; k++) {
-        memcpy(x->floats + DIM * (1 + k), e.slots[k], DIM * sizeof(float));
-        x->e.slots[k] = x->floats + DIM * (1 + k);
-      }
-    }
-    n++;
-  }
+  ranked *v = ranked_copy(a, 7, 100003, &r, &n);
   assert_true(n > 20);
-  for (size_t k = n - 1; k > 0; k--) {
-    size_t j = ps_rng_below(&r, k + 1);
-    ranked t = v[k];
-    v[k] = v[j];
-    v[j] = t;
-  }
-  for (size_t k = 0; k < n; k++)  /* the floats moved with their entries */
-    if (!v[k].e.pending) {
-      v[k].e.values = v[k].floats;
-      for (int q = 0; q < NSLOTS; q++)
-        v[k].e.slots[q] = v[k].floats + DIM * (1 + q);
-    }
   ps_table *b = table_new(&o);
   ps_errbuf eb = {0};
   for (size_t k = 0; k < n; k++)
@@ -331,42 +340,13 @@ static void test_lazy_load(void **state) {
     push(a, keys, g, n, 0.05f, step / 2);  /* two pushes a step: ties broken by order */
   }
   /* The copy: every entry with its rank, shuffled; the list's newest stamp. */
-  typedef struct ranked {
-    ps_table_entry e;
-    uint64_t rank;
-    float floats[DIM * (1 + NSLOTS)];
-  } ranked;
-  ranked *v = calloc(NKEYS, sizeof *v);
-  assert_non_null(v);
   size_t nv = 0;
+  ranked *v = ranked_copy(a, 3, 70001, &r, &nv);
   uint64_t newest = 0;
-  ps_table_iter it;
-  ps_table_entry e;
-  ps_table_iter_init(a, &it);
-  while (ps_table_iter_next(a, &it, &e)) {
-    assert_false(e.pending);
-    v[nv].e = e;
-    v[nv].rank = 3 + nv * 70001;
-    newest = e.last_step > newest ? e.last_step : newest;
-    nv++;
+  for (size_t k = 0; k < nv; k++) {
+    assert_false(v[k].e.pending);
+    newest = v[k].e.last_step > newest ? v[k].e.last_step : newest;
   }
-  for (size_t k = nv - 1; k > 0; k--) {
-    size_t j = ps_rng_below(&r, k + 1);
-    ranked t = v[k];
-    v[k] = v[j];
-    v[j] = t;
-  }
-  ps_table_iter_init(a, &it);
-  while (ps_table_iter_next(a, &it, &e))
-    for (size_t k = 0; k < nv; k++)
-      if (v[k].e.key == e.key) {
-        memcpy(v[k].floats, e.values, DIM * sizeof(float));
-        for (int q = 0; q < NSLOTS; q++)
-          memcpy(v[k].floats + DIM * (1 + q), e.slots[q], DIM * sizeof(float));
-        v[k].e.values = v[k].floats;
-        for (int q = 0; q < NSLOTS; q++)
-          v[k].e.slots[q] = v[k].floats + DIM * (1 + q);
-      }
   ps_table *b = table_new(&o), *c = table_new(&o);
   ps_errbuf eb = {0};
   for (size_t k = 0; k < nv; k++)

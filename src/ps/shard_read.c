@@ -233,7 +233,8 @@ uint64_t ps_shard_changes_bytes(const ps_shard *s) {
   uint64_t bytes = 0;
   for (int t = 0; t < s->o.ntables; t++) {
     const ps_table_opts *o = &s->o.tables[t];
-    uint64_t row = PS_TSEC_ENTRY + 4ull * o->dim * (1 + (uint64_t)ps_optim_nslots(o->optim.kind));
+    uint64_t row = ps_tsec_row_bytes(
+        &(ps_tsec_table){.dim = o->dim, .nslots = (uint32_t)ps_optim_nslots(o->optim.kind)});
     if (ps_table_changes_lost(s->tables[t])) {
       ps_table_stats st = ps_table_get_stats(s->tables[t]);
       bytes += st.rows * row + st.pending * PS_TSEC_ENTRY;

@@ -13,7 +13,12 @@
 #include "common/timeutil.h"
 #include "net/conn_internal.h"
 
-#define BACKLOG 128
+/* The kernel's queue of connections not accepted yet: room for as many as
+ * may be open at once (a whole cluster's workers reconnecting after a
+ * restart), at least 128; the kernel caps it at net.core.somaxconn.  A
+ * connection past a full queue has its SYN dropped and sent again 1, 3,
+ * 7 s later. */
+#define BACKLOG(l) ((l)->cap > 128 ? (l)->cap : 128)
 #define TICK_MS 500
 /* Lines about unauthenticated peers the owner may log per report period. */
 #define LOG_BURST 20
@@ -56,7 +61,7 @@ static int fit_nofile(const ps_listener *l, int want) {
 
 static int bind_listen(ps_listener *l) {
   int rc = uv_tcp_bind(&l->tcp, (const struct sockaddr *)&l->addr, 0);
-  return rc != 0 ? rc : uv_listen((uv_stream_t *)&l->tcp, BACKLOG, on_connection);
+  return rc != 0 ? rc : uv_listen((uv_stream_t *)&l->tcp, BACKLOG(l), on_connection);
 }
 
 static int counted(const ps_listener *l) {
@@ -194,7 +199,7 @@ static void take(ps_listener *l) {
   if (rc != 0) {
     ps_conn_close(c);
     /* A failed uv_accept leaves the socket unpolled: poll it again. */
-    uv_listen((uv_stream_t *)&l->tcp, BACKLOG, on_connection);
+    uv_listen((uv_stream_t *)&l->tcp, BACKLOG(l), on_connection);
     return;
   }
   c->gate = l;
@@ -317,6 +322,7 @@ int ps_listener_start(ps_listener *l, uv_loop_t *loop, const ps_addr *a, int max
     return rc;
   }
   l->tcp.data = l;
+  l->cap = fit_nofile(l, max_conns);
   rc = ps_net_resolve(loop, a, &l->addr);
   if (rc == 0)
     rc = bind_listen(l);
@@ -325,7 +331,6 @@ int ps_listener_start(ps_listener *l, uv_loop_t *loop, const ps_addr *a, int max
   /* The address bound (a port 0 chosen), to listen on again after closing. */
   int len = sizeof l->addr;
   uv_tcp_getsockname(&l->tcp, (struct sockaddr *)&l->addr, &len);
-  l->cap = fit_nofile(l, max_conns);
   l->reserve_fd = open_reserve();
   uv_timer_start(&l->tick, on_tick, TICK_MS, TICK_MS);
   return 0;

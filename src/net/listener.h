@@ -6,7 +6,8 @@
  *   up to the hard one).  At the cap a newcomer takes the place of the
  *   oldest connection not yet authenticated, which is closed without a
  *   word; when every open connection is authenticated, accepting stops
- *   until one closes (newcomers wait in the kernel's backlog).
+ *   until one closes (newcomers wait in the kernel's backlog, which holds
+ *   as many as `cap`: a burst of that many connections is not dropped).
  * - Until ps_conn_handshake_done a connection reads frames of at most
  *   PS_PROTO_SMALL_PAYLOAD_MAX bytes (ps_conn_start), and it must get there
  *   within PS_LISTENER_HANDSHAKE_MS: otherwise an ERROR ("no HELLO within

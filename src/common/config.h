@@ -108,6 +108,7 @@ typedef struct ps_config {
   int64_t replicate_every_updates;
   double replicate_log_ratio;     /* log: a snapshot once the log holds this x the image's bytes */
   double replicate_log_budget;    /* keyed: ... or once log + changed rows hold this x the rows (0: off) */
+  int64_t replicate_log_max_mb;   /* keyed: ... or once the log holds this many MiB (0: off) */
   int sparse_rows;                /* PS_SPARSE_ROWS_*: how Redis keeps a shard's sparse tables */
   int ps_self_init;               /* a shard with no replica initializes itself */
   int ps_lazy_restore;            /* sparse rows come back from Redis while the shard serves */

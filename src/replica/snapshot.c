@@ -115,13 +115,19 @@ static int compaction_due(const ps_snaps *s) {
    * those grow faster than the log, which then never reaches them: so a
    * snapshot is also due once the log and the changes it would write
    * reach [replication] log_budget (an eighth) of the rows, which bounds
-   * what Redis holds beside the rows (and a restore's replay) to that. */
+   * what Redis holds beside the rows to that; and once the log holds
+   * [replication] log_max_mb, which bounds a restart's replay (every row
+   * the log touches is fetched before it is replayed) whatever the size
+   * of the tables: a snapshot then costs the rows the log changed, about
+   * what it costs later, unless the dense part's image is the larger. */
   double rows = (double)in.table_floats * sizeof(float);
   double changes = s->need_all ? rows : (double)ps_shard_changes_bytes(s->shard);
   double head = (double)(in.image_floats - in.table_floats) * sizeof(float);
   double budget = s->link->cfg->replicate_log_budget;
+  double max = (double)s->link->cfg->replicate_log_max_mb * 1048576.0;
   return log >= (head + changes) * ratio ||
-         (!s->need_all && budget > 0 && log + changes >= rows * budget);
+         (!s->need_all && budget > 0 && log + changes >= rows * budget) ||
+         (!s->need_all && max > 0 && log >= max && log >= head * ratio);
 }
 
 void ps_snaps_tick(ps_snaps *s) {

@@ -595,8 +595,9 @@ static int listen_on(server *s, const ps_addr *a) {
  * it starts from the newest fencing token issued (*fence). */
 static int run_ended(const ps_config *cfg, uint64_t *fence) {
   ps_registry *r = ps_registry_new(cfg, "ps", 0);
-  int ended = r != NULL && ps_registry_run_ended(r);
-  if (r != NULL && !ended && ps_registry_chief_token(r, fence) < 0)
+  int found = 0;
+  int ended = r != NULL && ps_registry_run_ended_token(r, fence, &found);
+  if (r != NULL && !ended && found < 0)
     ps_log(PS_LOG_WARN, "redis: could not read the chief's fencing token; the first chief "
            "frame sets it");
   ps_registry_free(r);
@@ -684,7 +685,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_ERROR, "out of memory");
     goto out;
   }
-  uint64_t fence = 0;
+  uint64_t fence = 0, restore_ns = 0;
   if (cfg->replication != PS_REPLICATION_OFF && run_ended(cfg, &fence)) {
     ps_notify_done("shard %d: the run has ended", index);
     status = 0;
@@ -699,6 +700,7 @@ int ps_server_run(const ps_config *cfg, int index) {
     sa.sa_handler = on_startup_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    restore_ns = ps_now_ns();
     if (ps_replica_restore(cfg, index, s->layout.hash, s->shard, &startup_stop, &ri, &eb) != 0) {
       if (startup_stop) {
         ps_log(PS_LOG_INFO, "stopped while waiting for Redis");
@@ -720,11 +722,12 @@ int ps_server_run(const ps_config *cfg, int index) {
     ps_log(PS_LOG_INFO,
            "restored from Redis in %.3f s: snapshot at version %" PRIu64 " + %" PRIu64
            " log entries = version %" PRIu64 ", global step %" PRIu64 " (epoch %" PRIu64
-           "); snapshot read %.3f s, its tables' %" PRIu64 " entries read %.3f s (%" PRIu64
-           " delta chunks merged first), log replayed %.3f s",
+           "); begun %.3f s after start: connect and claim %.3f s, %" PRIu64 " delta chunks "
+           "merged %.3f s, snapshot read %.3f s, its tables' %" PRIu64 " entries read %.3f s, "
+           "log replayed %.3f s (%" PRIu64 " keys fetched first, %.3f s), old keys deleted %.3f s",
            ri.seconds, ri.snap_version, ri.replayed, ps_shard_version(s->shard),
-           ps_shard_global_step(s->shard), ri.epoch, ri.read_s, ri.rows, ri.decode_s, ri.merged,
-           ri.replay_s);
+           ps_shard_global_step(s->shard), ri.epoch, (double)(restore_ns - started_ns) * 1e-9,
+           ri.claim_s, ri.merged, ri.merge_s, ri.read_s, ri.rows, ri.decode_s, ri.replay_s, ri.fetched, ri.fetch_s, ri.gc_s);
     if (ri.lazy)
       ps_log(PS_LOG_INFO, "restore: the tables' rows come in from Redis while the shard serves "
              "(a request waits for the rows it names that are not in yet)");

@@ -261,15 +261,28 @@ int ps_registry_set_pos(ps_registry *r, int worker, const ps_data_pos *pos) {
   return ok ? 0 : -1;
 }
 
-int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
-  char key[PS_KEY_MAX];
-  ps_key_done(key, r->cfg->cluster_id);
-  redisReply *rep = cmd(r, 1, "GET %s", key);
+/* The done key's value (a GET's reply, or MGET's element): 1 found, 0 none
+ * (or not a value), -1 no reply. */
+static int parse_done(const redisReply *rep, uint64_t *step, int *nonfinite) {
   int found = rep == NULL ? -1
               : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, step) == 1 ? 1
                                                                                           : 0;
   if (found == 1)
     *nonfinite = strstr(rep->str, "nonfinite") != NULL;
+  return found;
+}
+
+static int parse_token(const redisReply *rep, uint64_t *token) {
+  return rep == NULL ? -1
+         : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, token) == 1 ? 1
+                                                                                       : 0;
+}
+
+int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
+  char key[PS_KEY_MAX];
+  ps_key_done(key, r->cfg->cluster_id);
+  redisReply *rep = cmd(r, 1, "GET %s", key);
+  int found = parse_done(rep, step, nonfinite);
   freeReplyObject(rep);
   return found;
 }
@@ -278,17 +291,14 @@ int ps_registry_chief_token(ps_registry *r, uint64_t *token) {
   char key[PS_KEY_MAX];
   ps_key_epoch(key, r->cfg->cluster_id, "chief", 0);
   redisReply *rep = cmd(r, 1, "GET %s", key);
-  int found = rep == NULL ? -1
-              : rep->type == REDIS_REPLY_STRING && sscanf(rep->str, "%" SCNu64, token) == 1 ? 1
-                                                                                           : 0;
+  int found = parse_token(rep, token);
   freeReplyObject(rep);
   return found;
 }
 
-int ps_registry_run_ended(ps_registry *r) {
-  uint64_t step = 0;
-  int nonfinite = 0;
-  if (ps_registry_get_done(r, &step, &nonfinite) != 1)
+/* Has a run that ended at `step` (found: 1) ended for this config? */
+static int ended_at(const ps_registry *r, int found, uint64_t step, int nonfinite) {
+  if (found != 1)
     return 0;
   if (nonfinite) {
     ps_log(PS_LOG_INFO, "the run was stopped at global step %" PRIu64 " (non-finite weights; "
@@ -300,6 +310,30 @@ int ps_registry_run_ended(ps_registry *r) {
   ps_log(PS_LOG_INFO, "the run already ended at global step %" PRIu64 " ({%s}:done in Redis): "
          "nothing to do", step, r->cfg->cluster_id);
   return 1;
+}
+
+int ps_registry_run_ended(ps_registry *r) {
+  uint64_t step = 0;
+  int nonfinite = 0;
+  int found = ps_registry_get_done(r, &step, &nonfinite);
+  return ended_at(r, found, step, nonfinite);
+}
+
+int ps_registry_run_ended_token(ps_registry *r, uint64_t *token, int *token_found) {
+  char done[PS_KEY_MAX], epoch[PS_KEY_MAX];
+  ps_key_done(done, r->cfg->cluster_id);
+  ps_key_epoch(epoch, r->cfg->cluster_id, "chief", 0);
+  /* One slot (the cluster's hash tag): one MGET. */
+  redisReply *rep = cmd(r, 1, "MGET %s %s", done, epoch);
+  uint64_t step = 0;
+  int nonfinite = 0, found = -1;
+  *token_found = -1;
+  if (rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2) {
+    found = parse_done(rep->element[0], &step, &nonfinite);
+    *token_found = parse_token(rep->element[1], token);
+  }
+  freeReplyObject(rep);
+  return ended_at(r, found, step, nonfinite);
 }
 
 int ps_registry_set_done(ps_registry *r, uint64_t step, int nonfinite) {

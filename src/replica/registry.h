@@ -90,5 +90,8 @@ int ps_registry_chief_token(ps_registry *r, uint64_t *token);
  * at a step this config's last_step does not exceed (a raised last_step
  * trains on).  Logs why when it has.  @return 1 or 0 (Redis away: 0). */
 int ps_registry_run_ended(ps_registry *r);
+/* Both of the above in one round trip (a shard's start): run_ended's
+ * answer, and chief_token's in *token_found. */
+int ps_registry_run_ended_token(ps_registry *r, uint64_t *token, int *token_found);
 
 #endif

@@ -359,7 +359,7 @@ static int load_snapshot(redisContext *c, const ps_shard_keys *k, const redisRep
  * not hold it, and nothing comes in for it.  Entries that do not parse
  * are the replay's to refuse. */
 static int prefetch(redisContext *c, const ps_shard_keys *k, ps_shard *s, const redisReply *page,
-                    ps_errbuf *eb) {
+                    ps_restore_info *info, ps_errbuf *eb) {
   size_t want = ps_shard_options(s)->nfloats * sizeof(float);
   ps_shard_key *all = NULL, *one = NULL;
   size_t nall = 0, cap_all = 0, cap_one = 0;
@@ -389,8 +389,11 @@ static int prefetch(redisContext *c, const ps_shard_keys *k, ps_shard *s, const 
     else if (n > 0)
       memcpy(all + nall, one, (size_t)n * sizeof *one), nall += (size_t)n;
   }
+  uint64_t t0 = ps_now_ns();
   if (rc == 0 && nall > 0)
     rc = fetch_keys(c, k, s, all, nall, eb);
+  info->fetched += nall;
+  info->fetch_s += (double)(ps_now_ns() - t0) * 1e-9;
   free(all);
   free(one);
   return rc;
@@ -420,7 +423,7 @@ static int replay(redisContext *c, const ps_shard_keys *k, ps_shard *s, uint64_t
       break;
     }
     size_t count = r->elements;
-    if (ps_shard_lazy(s) && (rc = prefetch(c, k, s, r, eb)) != 0) {
+    if (ps_shard_lazy(s) && (rc = prefetch(c, k, s, r, info, eb)) != 0) {
       freeReplyObject(r);
       break;
     }
@@ -565,21 +568,27 @@ static void gc_streams(redisContext *c, const ps_shard_keys *k, ps_restore_info 
  * away (the caller waits and tries again), another code when the replica
  * itself is wrong. */
 static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
-                        ps_shard *shard, ps_restore_info *info, ps_errbuf *eb) {
+                        ps_shard *shard, ps_restore_info *info, ps_errbuf *eb, uint64_t t_start) {
   int rc = ps_redis_new_epoch(c, k->epoch, &info->epoch, eb);
   if (rc != 0)
     return -EIO;
   ps_shard_keys_log(k, info->epoch);
-  redisReply *t = redisCommand(c, "EVAL %s 3 %s %s %s %" PRIu64, TAKE_LOG_SCRIPT, k->epoch,
-                               k->logkey, k->log, info->epoch);
+  /* The log taken over and the meta read in one round trip: a restart
+   * waits behind whatever Redis runs for the other shards. */
+  redisReply *t = NULL, *meta = NULL;
+  redisAppendCommand(c, "EVAL %s 3 %s %s %s %" PRIu64, TAKE_LOG_SCRIPT, k->epoch, k->logkey,
+                     k->log, info->epoch);
+  redisAppendCommand(c, "HGETALL %s", k->meta);
+  if (redisGetReply(c, (void **)&t) == REDIS_OK)
+    redisGetReply(c, (void **)&meta);
   if (t == NULL || t->type == REDIS_REPLY_ERROR) {
     rc = ps_err_set(eb, -EIO, "%s: taking over the log: %s", k->log,
                     t && t->str ? t->str : c->errstr);
     freeReplyObject(t);
+    freeReplyObject(meta);
     return rc;
   }
   freeReplyObject(t);
-  redisReply *meta = redisCommand(c, "HGETALL %s", k->meta);
   if (meta == NULL || meta->type != REDIS_REPLY_ARRAY) {
     rc = ps_err_set(eb, -EIO, "%s: HGETALL failed: %s", k->meta,
                     meta && meta->str ? meta->str : c->errstr);
@@ -609,8 +618,11 @@ static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
   }
   hash_u64(meta, "epoch", &lineage);
   const redisReply *fv = hash_get(meta, "format");
+  uint64_t tm = ps_now_ns();
+  info->claim_s = (double)(tm - t_start) * 1e-9;
   if (fv != NULL && fv->type == REDIS_REPLY_STRING && strcmp(fv->str, PS_SNAP_FORMAT) == 0)
     rc = finish_merges(c, k, meta, info, eb);
+  info->merge_s = (double)(ps_now_ns() - tm) * 1e-9;
   if (rc == 0)
     rc = load_snapshot(c, k, meta, shard, info, eb);
   char snap_id[64] = "";
@@ -625,8 +637,10 @@ static int restore_once(redisContext *c, ps_shard_keys *k, uint64_t layout_hash,
   if (rc != 0)
     return rc;
   info->loaded = 1;
+  uint64_t tg = ps_now_ns();
   gc_snapshots(c, k, snap_id, info);
   gc_streams(c, k, info);
+  info->gc_s = (double)(ps_now_ns() - tg) * 1e-9;
   return 0;
 }
 
@@ -642,11 +656,12 @@ int ps_replica_restore(const ps_config *cfg, int index, uint64_t layout_hash, ps
   while (!*stop) {
     memset(info, 0, sizeof *info);
     info->cfg = cfg;
+    uint64_t t_start = ps_now_ns();
     redisContext *c = ps_redis_connect(cfg, k.tag, cfg->redis_timeout_ms, eb);
     if (c == NULL && eb->code == -EACCES)
       return eb->code;
     if (c != NULL) {
-      rc = restore_once(c, &k, layout_hash, shard, info, eb);
+      rc = restore_once(c, &k, layout_hash, shard, info, eb, t_start);
       redisFree(c);
       /* Redis refusing or going away mid-way is waited out: the next
        * attempt takes a new epoch and starts over (the state is loaded

@@ -27,9 +27,14 @@ typedef struct ps_restore_info {
   uint64_t gc_snapshots; /* snapshots that never switched, deleted */
   uint64_t gc_streams;   /* logs of dead incarnations, deleted */
   double seconds;        /* time spent, connect to ready */
+  double claim_s;        /* of which connecting, the epoch, the log taken over, the meta read */
+  double merge_s;        /* finishing the delta chunks' merges */
   double read_s;         /* of which reading the snapshot's chunks (and rows) */
   double decode_s;       /* decoding its sparse tables into the shard */
   double replay_s;       /* reading and replaying the log */
+  uint64_t fetched;      /* of which (a lazy restore) the keys its entries name, fetched first */
+  double fetch_s;        /* in this many seconds */
+  double gc_s;           /* deleting what no restore can use */
 } ps_restore_info;
 
 /* Connect to Redis (retrying with backoff while it is unreachable, logging

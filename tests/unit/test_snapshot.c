@@ -441,6 +441,42 @@ static int switched_n_idle(void *arg) {
   return f->switches >= f->want && !ps_snaps_busy(&f->snaps);
 }
 
+/* Keyed rows in log mode: a snapshot is due once the log holds
+ * [replication] log_max_mb MiB, the replay a restart would do, though
+ * log_ratio (1000 here) would wait for a thousand snapshots' worth of
+ * log. */
+static void test_keyed_log_max(void **state) {
+  fx *f = *state;
+  f->sparse = 1;
+  f->cfg.sparse_rows = PS_SPARSE_ROWS_KEYED;
+  f->cfg.replication = PS_REPLICATION_LOG;
+  f->cfg.replicate_every_updates = 1;
+  f->cfg.replicate_interval_ms = 3600000;
+  f->cfg.replicate_log_ratio = 1000;
+  f->cfg.replicate_log_budget = 0;
+  f->cfg.replicate_log_max_mb = 1;
+  start(f);
+  f->want = 1;
+  wait_until(&f->loop, switched_n_idle, f, "the first snapshot, merged");
+  push_rows(f, 0, 1);
+  assert_false(ps_snaps_busy(&f->snaps));  /* a push, no log: none */
+  ps_snaps_logged(&f->snaps, (1u << 20) - 1);
+  push_rows(f, 1, 2);
+  assert_false(ps_snaps_busy(&f->snaps));  /* a byte short */
+  ps_snaps_logged(&f->snaps, 1);
+  push_rows(f, 2, 3);
+  assert_true(ps_snaps_busy(&f->snaps));   /* 1 MiB of log: compact it */
+  f->want = 2;
+  wait_until(&f->loop, switched_n_idle, f, "the snapshot once the log held 1 MiB, merged");
+  /* The count starts again at the snapshot's cut. */
+  ps_snaps_logged(&f->snaps, (1u << 20) - 1);
+  push_rows(f, 3, 4);
+  assert_false(ps_snaps_busy(&f->snaps));
+  ps_snaps_logged(&f->snaps, 1);
+  push_rows(f, 4, 5);
+  assert_true(ps_snaps_busy(&f->snaps));
+}
+
 /* Rows kept by key (REDIS.md format 5): the first snapshot writes every
  * row, each next one only the rows changed and removed since (admitted,
  * evicted for room, expired, pending keys counted and forgotten), merged
@@ -526,6 +562,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stale_switch_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_log_mode_waits_for_the_log, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_chain_restores_exact, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_keyed_log_max, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_merged_by_the_restore, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_in_the_image, setup, teardown),
   };

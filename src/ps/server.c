@@ -727,7 +727,8 @@ int ps_server_run(const ps_config *cfg, int index) {
            "log replayed %.3f s (%" PRIu64 " keys fetched first, %.3f s), old keys deleted %.3f s",
            ri.seconds, ri.snap_version, ri.replayed, ps_shard_version(s->shard),
            ps_shard_global_step(s->shard), ri.epoch, (double)(restore_ns - started_ns) * 1e-9,
-           ri.claim_s, ri.merged, ri.merge_s, ri.read_s, ri.rows, ri.decode_s, ri.replay_s, ri.fetched, ri.fetch_s, ri.gc_s);
+           ri.claim_s, ri.merged, ri.merge_s, ri.read_s, ri.rows, ri.decode_s, ri.replay_s,
+           ri.fetched, ri.fetch_s, ri.gc_s);
     if (ri.lazy)
       ps_log(PS_LOG_INFO, "restore: the tables' rows come in from Redis while the shard serves "
              "(a request waits for the rows it names that are not in yet)");

@@ -210,6 +210,8 @@ static void unmark(ps_keyset *ks, uint32_t i) {
 
 /* Append n keys to the keyset's removed keys; -ENOMEM when it cannot. */
 static int note_removed(ps_keyset *ks, const uint64_t *keys, size_t n) {
+  if (n == 0)
+    return 0;  /* ks->removed may be NULL yet: no memcpy to it */
   if (ks->nremoved + n > ks->cap_removed) {
     size_t cap = ks->cap_removed ? ks->cap_removed : 256;
     while (cap < ks->nremoved + n)

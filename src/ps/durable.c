@@ -3,10 +3,12 @@
 #include "ps/durable.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/timeutil.h"
 #include "ps/frontier.h"
 #include "replica/replica.h"
 
@@ -24,6 +26,11 @@ struct ps_durable {
   /* Which entries are durable, and the acknowledgements waiting for them
    * (with a replica): fed what the replica reports Redis answered. */
   ps_frontier f;
+  /* Back-pressure (REDIS.md §9): acknowledgements held while what a
+   * restart would replay reaches backlog_max (0: never). */
+  uint64_t backlog_max;
+  uint64_t hold_ns;         /* when the hold began */
+  int said_hold;
   /* The frame being handled (ps_durable_frame). */
   const void *frame_payload;
   ps_conn *frame_conn;
@@ -45,11 +52,44 @@ ps_durable *ps_durable_new(uv_loop_t *loop, const ps_config *cfg, int index, uin
   return d;
 }
 
+#define MIB (1024.0 * 1024.0)
+
+/* Keyed rows: when Redis merges changed rows slower than the workers make
+ * them, the log and the unmerged delta chunks would grow without bound,
+ * and with them a restart's replay and Redis's memory.  Once they reach
+ * backlog_max the acknowledgements of later entries wait (the workers
+ * wait with them) until a switch or the merges bring them under it. */
+static void check_backlog(ps_durable *d) {
+  if (d->backlog_max == 0 || d->replica == NULL || d->closing || d->fenced_out)
+    return;
+  uint64_t b = ps_replica_backlog(d->replica);
+  if (!d->f.holding && b >= d->backlog_max) {
+    ps_frontier_hold(&d->f, ps_shard_journal(d->shard));
+    d->hold_ns = ps_now_ns();
+    if (!d->said_hold)
+      ps_log(PS_LOG_WARN, "redis: %.1f MiB of log and delta chunks not merged yet, what a "
+             "restart would replay (4 x [replication] log_max_mb): acknowledgements held until a "
+             "snapshot catches up (Redis merges changed rows slower than the workers change them; "
+             "later holds are said when they last 1 s or more)", (double)b / MIB);
+    d->said_hold = 1;
+  } else if (d->f.holding && b < d->backlog_max) {
+    double secs = (double)(ps_now_ns() - d->hold_ns) * 1e-9;
+    if (secs >= 1)
+      ps_log(PS_LOG_INFO, "redis: acknowledgements held %.1f s while Redis merged (%" PRIu64
+             " waiting; the backlog is %.1f MiB, the bound %.1f MiB)", secs, d->f.waiting,
+             (double)b / MIB, (double)d->backlog_max / MIB);
+    ps_frontier_unhold(&d->f);
+  }
+}
+
 /* What the replica reports Redis answered moves the frontier. */
 static void on_appended(void *arg, uint64_t n, const char *failure) {
   ps_durable *d = arg;
   ps_frontier_answered(&d->f, n, failure);
+  check_backlog(d);
 }
+
+static void on_drained(void *arg) { check_backlog(arg); }
 
 static void on_switched(void *arg, uint64_t n) {
   ps_durable *d = arg;
@@ -98,7 +138,12 @@ int ps_durable_start(ps_durable *d, const ps_restore_info *restored) {
                    restored->loaded, ps_shard_journal(d->shard), restored->nondurable);
   ps_replica_events ev = {.arg = d, .appended = on_appended, .switched = on_switched,
                           .lost = on_lost, .fenced = on_fenced, .owed = owed,
-                          .nondurable = nondurable, .held = held};
+                          .nondurable = nondurable, .held = held, .drained = on_drained};
+  /* Back-pressure for keyed rows in log mode (on_redis_failure = degrade
+   * trains on whatever Redis does, so it holds nothing). */
+  if (d->cfg->replication == PS_REPLICATION_LOG && d->cfg->sparse_rows == PS_SPARSE_ROWS_KEYED &&
+      ps_shard_ntables(d->shard) > 0 && d->cfg->on_redis_failure != PS_REDIS_FAILURE_DEGRADE)
+    d->backlog_max = (uint64_t)d->cfg->replicate_log_max_mb * 4 * 1048576;
   d->replica = ps_replica_new(d->loop, d->cfg, d->index, restored, d->layout_hash, d->shard, &ev);
   return d->replica != NULL ? 0 : -ENOMEM;
 }

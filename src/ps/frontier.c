@@ -38,6 +38,8 @@ void ps_frontier_init(ps_frontier *f, int degrade, int durable, uint64_t n, uint
 }
 
 static int status_of(const ps_frontier *f, uint64_t n) {
+  if (f->holding && n > f->hold_n)
+    return PS_DURABLE_QUEUED;
   if (f->have_durable && n <= f->durable_n)
     return PS_DURABLE_NOW;
   if (f->degrade && n <= f->answered_n)
@@ -115,6 +117,16 @@ void ps_frontier_lost(ps_frontier *f, uint64_t n, const char *why) {
     snprintf(f->why, sizeof f->why, "%s", why);
     f->why_since_ns = ps_now_ns();
   }
+}
+
+void ps_frontier_hold(ps_frontier *f, uint64_t n) {
+  f->holding = 1;
+  f->hold_n = n;
+}
+
+void ps_frontier_unhold(ps_frontier *f) {
+  f->holding = 0;
+  release(f);
 }
 
 int ps_frontier_wait(ps_frontier *f, uint64_t n, void (*done)(void *arg, int status), void *arg) {

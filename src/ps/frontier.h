@@ -27,6 +27,8 @@ typedef struct ps_frontier {
   ps_frontier_waiter *wq, *wq_tail;
   uint64_t waiting;       /* queued waiters */
   uint64_t nondurable;    /* acknowledged without being durable */
+  int holding;            /* back-pressure: entries after hold_n wait, durable or not */
+  uint64_t hold_n;
   char why[256];          /* sticky: why entries are not durable ("" when they are) */
   uint64_t why_since_ns;
 } ps_frontier;
@@ -54,6 +56,11 @@ void ps_frontier_lost(ps_frontier *f, uint64_t n, const char *why);
  * PS_DURABLE_NOT, or the status given to ps_frontier_cancel.  -ENOMEM
  * when it cannot queue.  Waiters must come in the order of n. */
 int ps_frontier_wait(ps_frontier *f, uint64_t n, void (*done)(void *arg, int status), void *arg);
+
+/* Back-pressure: from now on the waiters of entries after n wait even
+ * once durable (or, degrade, answered), until ps_frontier_unhold. */
+void ps_frontier_hold(ps_frontier *f, uint64_t n);
+void ps_frontier_unhold(ps_frontier *f);
 
 /* Run every queued waiter with `status` (a negative code). */
 void ps_frontier_cancel(ps_frontier *f, int status);

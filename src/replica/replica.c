@@ -169,6 +169,14 @@ static uint64_t snap_held(void *arg) {
   return r->ev.held(r->ev.arg);
 }
 
+static void snap_drained(void *arg) {
+  ps_replica *r = arg;
+  if (r->ev.drained != NULL)
+    r->ev.drained(r->ev.arg);
+}
+
+uint64_t ps_replica_backlog(const ps_replica *r) { return ps_snaps_backlog(&r->snaps); }
+
 /* ------------------------------------------------------------ the log */
 
 static void on_appended(redisAsyncContext *ac, void *reply, void *priv) {
@@ -418,7 +426,8 @@ ps_replica *ps_replica_new(uv_loop_t *loop, const ps_config *cfg, int index,
   ps_link_init(&r->link, loop, cfg, index, r->epoch, &r->k, restored->loaded, &le);
   ps_snap_events se = {.arg = r, .before_copy = on_snap_before_copy,
                        .switched = on_snap_switched, .closed = on_snap_closed,
-                       .owed = snap_owed, .nondurable = snap_nondurable, .held = snap_held};
+                       .owed = snap_owed, .nondurable = snap_nondurable, .held = snap_held,
+                       .drained = snap_drained};
   ps_snaps_init(&r->snaps, &r->link, shard, layout_hash, restored, &se);
   uv_timer_init(loop, &r->interval);
   r->interval.data = r;

@@ -52,6 +52,9 @@ typedef struct ps_replica_events {
    * held now (the heartbeat's `held`; a failed snapshot says it). */
   uint64_t (*nondurable)(void *arg);
   uint64_t (*held)(void *arg);
+  /* What a restart would replay shrank (a snapshot switched, a merge
+   * answered): ps_replica_backlog is worth asking again.  May be NULL. */
+  void (*drained)(void *arg);
 } ps_replica_events;
 
 /* Run-time replication on `loop` for shard `index`, whose start-up found
@@ -86,6 +89,10 @@ void ps_replica_updated(ps_replica *r);
 
 /* Updates applied since the newest snapshot Redis holds. */
 uint64_t ps_replica_lag(const ps_replica *r);
+/* The bytes a restart would replay or merge before it serves: the log
+ * since the newest snapshot Redis holds, and that snapshot's delta chunks
+ * not merged yet (snapshot.h, ps_snaps_backlog). */
+uint64_t ps_replica_backlog(const ps_replica *r);
 
 /* How old the newest snapshot Redis holds is (seconds since its state was
  * copied), 0 when it covers every update (ps_replica_lag is 0). */

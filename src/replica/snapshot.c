@@ -17,6 +17,7 @@ struct ps_snap_job {
   float *chunk;           /* the chunk being sent (hiredis copies it into its buffer) */
   ps_state_info info;
   uint64_t journal, nondurable;
+  uint64_t log_at_cut;    /* the snaps' log_unswitched at the cut: what a switch covers */
   uint64_t taken_ns;      /* when the state was copied */
   uint64_t nchunks;
   char id[48];
@@ -142,7 +143,26 @@ void ps_snaps_updated(ps_snaps *s) {
     ps_snaps_start(s);
 }
 
-void ps_snaps_logged(ps_snaps *s, uint64_t bytes) { s->log_bytes += bytes; }
+void ps_snaps_logged(ps_snaps *s, uint64_t bytes) {
+  s->log_bytes += bytes;
+  s->log_unswitched += bytes;
+}
+
+uint64_t ps_snaps_backlog(const ps_snaps *s) {
+  uint64_t unmerged = s->mg.count > s->mg.next ? s->mg.count - s->mg.next : 0;
+  return s->log_unswitched + unmerged * PS_DELTA_BYTES;
+}
+
+static void drained(ps_snaps *s) {
+  if (s->ev.drained != NULL)
+    s->ev.drained(s->ev.arg);
+}
+
+/* The job switched: it covers every entry up to its cut. */
+static void switched(ps_snaps *s, ps_snap_job *j) {
+  s->log_unswitched -= j->log_at_cut < s->log_unswitched ? j->log_at_cut : s->log_unswitched;
+  s->ev.switched(s->ev.arg, j->journal);
+}
 
 uint64_t ps_snaps_lag(const ps_snaps *s) { return ps_shard_version(s->shard) - s->version; }
 
@@ -235,6 +255,8 @@ static void snapshot_done(ps_snaps *s, int ok) {
   s->job = NULL;
   if (ok && s->mg.next < s->mg.count)
     merges_send(s);
+  if (ok && !s->closing)
+    drained(s);  /* the log it covers is off the backlog, its chunks on */
   /* A switch's GC issues its DELs from the listing's reply, and hiredis
    * takes no command once a disconnect is asked: the clean stop waits
    * for the listing (on_snaps_listed) before disconnecting. */
@@ -306,7 +328,7 @@ static void on_switch_waited(redisAsyncContext *ac, void *reply, void *priv) {
   char why[200];
   const char *failure = ps_link_wait_failure(s->link, reply, why, sizeof why);
   if (failure == NULL) {
-    s->ev.switched(s->ev.arg, s->job->journal);
+    switched(s, s->job);
     snapshot_done(s, 1);
     return;
   }
@@ -340,7 +362,7 @@ static void on_switched(redisAsyncContext *ac, void *reply, void *priv) {
       snapshot_done(s, 0);
       return;
     }
-    s->ev.switched(s->ev.arg, j->journal);
+    switched(s, j);
     snapshot_done(s, 1);
     return;
   }
@@ -697,6 +719,8 @@ static void on_merged(redisAsyncContext *ac, void *reply, void *priv) {
     m->count = m->next;  /* no more are sent */
   } else if (rep != NULL) {
     m->next++;
+    if (!s->closing)
+      drained(s);
   } else {
     m->count = m->count > m->next ? m->count : m->next;
     m->sent = m->next;   /* the connection is gone: the next start sends from here */
@@ -754,6 +778,7 @@ void ps_snaps_start(ps_snaps *s) {
   s->updates = 0;
   s->ticked = 0;
   s->log_bytes = 0;
+  j->log_at_cut = s->log_unswitched;
   s->need_full = 0;
   char chunks[48];
   snprintf(chunks, sizeof chunks, "%" PRIu64 " %" PRIu64, j->nchunks, j->delta_max);

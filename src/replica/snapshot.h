@@ -37,6 +37,9 @@ typedef struct ps_snap_events {
   /* Acknowledgements held until entries are durable: a failed snapshot
    * says so. */
   uint64_t (*held)(void *arg);
+  /* What a restart would replay shrank (a switch, a merge answered):
+   * ps_snaps_backlog is worth asking again.  May be NULL. */
+  void (*drained)(void *arg);
 } ps_snap_events;
 
 typedef struct ps_snap_job ps_snap_job;
@@ -53,6 +56,7 @@ typedef struct ps_snaps {
   uint64_t updates;       /* since the last snapshot began */
   uint64_t ticked;        /* `updates` at the previous tick: none since, the shard is idle */
   uint64_t log_bytes;     /* journal bytes appended since the last snapshot began */
+  uint64_t log_unswitched; /* ... since the newest switched snapshot's cut: a restart replays it */
   int need_full;          /* a snapshot is owed: a new connection, or the last one failed */
   ps_snap_job *job;       /* a snapshot in flight */
   ps_backoff backoff;     /* between snapshots that failed */
@@ -99,6 +103,10 @@ void ps_snaps_updated(ps_snaps *s);
  * waits until the log it would trim holds about as many bytes as the state
  * image (see ps_snaps_tick). */
 void ps_snaps_logged(ps_snaps *s, uint64_t bytes);
+/* The bytes a restart would replay or merge first (REDIS.md §6): the log
+ * since the newest switched snapshot's cut, and that snapshot's delta
+ * chunks not merged yet (counted at PS_DELTA_BYTES each). */
+uint64_t ps_snaps_backlog(const ps_snaps *s);
 /* The connection went down: a full snapshot is owed. */
 void ps_snaps_owe(ps_snaps *s);
 /* A new connection is up (claimed: Redis had lost the shard's keys, and

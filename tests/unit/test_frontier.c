@@ -36,6 +36,34 @@ static void test_restored_state_is_durable(void **state) {
   assert_int_equal(f.waiting, 0);
 }
 
+/* Back-pressure: while held at 11, entry 11's acknowledgement goes out
+ * when durable, 12's and 13's wait although durable, and go out in order
+ * once the hold ends; new ones then go at once. */
+static void test_hold_keeps_durable_ones(void **state) {
+  (void)state;
+  ps_frontier f;
+  ps_frontier_init(&f, 0, 1, 10, 0);
+  ps_frontier_hold(&f, 11);
+  rec a = {0}, b = {0}, c = {0};
+  assert_int_equal(ps_frontier_wait(&f, 11, done, &a), PS_DURABLE_QUEUED);
+  assert_int_equal(ps_frontier_wait(&f, 12, done, &b), PS_DURABLE_QUEUED);
+  ps_frontier_answered(&f, 11, NULL);
+  ps_frontier_answered(&f, 12, NULL);
+  assert_int_equal(a.calls, 1);
+  assert_int_equal(b.calls, 0);
+  assert_int_equal(ps_frontier_wait(&f, 13, done, &c), PS_DURABLE_QUEUED);
+  ps_frontier_answered(&f, 13, NULL);
+  ps_frontier_covered(&f, 13);
+  assert_int_equal(b.calls + c.calls, 0);
+  assert_int_equal(f.waiting, 2);
+  ps_frontier_unhold(&f);
+  assert_int_equal(b.calls, 1);
+  assert_int_equal(b.status, PS_DURABLE_NOW);
+  assert_int_equal(c.calls, 1);
+  assert_int_equal(f.waiting, 0);
+  assert_int_equal(ps_frontier_wait(&f, 13, done, &a), PS_DURABLE_NOW);
+}
+
 static void test_fresh_state_waits_for_its_first_snapshot(void **state) {
   (void)state;
   ps_frontier f;
@@ -138,6 +166,7 @@ static void test_cancel_runs_every_waiter(void **state) {
 int main(void) {
   ps_log_init("test", PS_LOG_ERROR);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hold_keeps_durable_ones),
       cmocka_unit_test(test_restored_state_is_durable),
       cmocka_unit_test(test_fresh_state_waits_for_its_first_snapshot),
       cmocka_unit_test(test_hole_holds_until_a_covering_snapshot),

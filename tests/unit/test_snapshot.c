@@ -26,6 +26,7 @@
 #include "replica/keys.h"
 #include "replica/link.h"
 #include "replica/restore.h"
+#include "replica/rows.h"
 #include "replica/snapshot.h"
 #include "redis_server.h"
 #include "sparse_rows.h"
@@ -52,6 +53,8 @@ typedef struct fx {
   int restore_at;         /* the switch whose callback restores a next incarnation (0: none) */
   int want;               /* switches switched_n_idle waits for */
   ps_restore_info at_switch;
+  uint64_t backlog_max;   /* the most ps_snaps_backlog said at a drained report */
+  int drains;
 } fx;
 
 static volatile int no_stop;
@@ -72,6 +75,12 @@ static void on_switched(void *arg, uint64_t n) {
     restore_at_switch(f);
 }
 static void on_tick(uv_timer_t *t) { ps_snaps_tick(&((fx *)t->data)->snaps); }
+static void on_drained(void *arg) {
+  fx *f = arg;
+  uint64_t b = ps_snaps_backlog(&f->snaps);
+  f->backlog_max = b > f->backlog_max ? b : f->backlog_max;
+  f->drains++;
+}
 static int owed_none(void *arg) { (void)arg; return 0; }
 static uint64_t count_none(void *arg) { (void)arg; return 0; }
 
@@ -105,7 +114,7 @@ static void start(fx *f) {
   ps_link_init(&f->link, &f->loop, &f->cfg, 0, f->ri.epoch, &f->k, f->ri.loaded, &le);
   ps_snap_events se = {.arg = f, .before_copy = on_nothing, .switched = on_switched,
                        .closed = on_nothing, .owed = owed_none, .nondurable = count_none,
-                       .held = count_none};
+                       .held = count_none, .drained = on_drained};
   ps_snaps_init(&f->snaps, &f->link, f->shard, f->hash, &f->ri, &se);
   uv_timer_init(&f->loop, &f->tick);
   f->tick.data = f;
@@ -475,6 +484,19 @@ static void test_keyed_log_max(void **state) {
   ps_snaps_logged(&f->snaps, 1);
   push_rows(f, 4, 5);
   assert_true(ps_snaps_busy(&f->snaps));
+  /* What a restart would replay (the back-pressure's measure): the log
+   * since the newest switched cut, and that snapshot's delta chunks until
+   * they are merged.  Logged after this cut: 300 bytes. */
+  assert_int_equal(ps_snaps_backlog(&f->snaps), 1u << 20);
+  ps_snaps_logged(&f->snaps, 300);
+  assert_int_equal(ps_snaps_backlog(&f->snaps), (1u << 20) + 300);
+  f->backlog_max = 0;
+  f->drains = 0;
+  f->want = 3;
+  wait_until(&f->loop, switched_n_idle, f, "the third snapshot, merged");
+  assert_true(f->drains >= 2);  /* the switch, and each merge */
+  assert_true(f->backlog_max >= 300 + PS_DELTA_BYTES);  /* its chunk(s) before their merge */
+  assert_int_equal(ps_snaps_backlog(&f->snaps), 300);
 }
 
 /* Rows kept by key (REDIS.md format 5): the first snapshot writes every

@@ -392,3 +392,20 @@ void ps_redis_wait_failed(ps_redis_wait *w, const char *what, const char *why) {
            (double)(now - w->first_ns) * 1e-9, w->attempts, why);
   }
 }
+
+const void *ps_redis_field(const void *reply, const char *field) {
+  const redisReply *h = reply;
+  for (size_t i = 0; i + 1 < h->elements; i += 2)
+    if (h->element[i]->type == REDIS_REPLY_STRING && strcmp(h->element[i]->str, field) == 0)
+      return h->element[i + 1];
+  return NULL;
+}
+
+int ps_redis_field_u64(const void *reply, const char *field, uint64_t *out) {
+  const redisReply *v = ps_redis_field(reply, field);
+  if (v == NULL || v->type != REDIS_REPLY_STRING || v->len == 0)
+    return -1;
+  char *end;
+  *out = strtoull(v->str, &end, 10);
+  return *end == '\0' ? 0 : -1;
+}

@@ -146,4 +146,11 @@ void *ps_redis_connect_to(const ps_config *cfg, const char *tag, const ps_addr *
 #define PS_REDIS_RETRY_BASE_MS 100
 #define PS_REDIS_RETRY_CAP_MS 2000
 
+/* A field of a flat field/value reply (an opaque hiredis redisReply *: an
+ * HGETALL's, a stream entry's fields): its value's reply, or NULL. */
+const void *ps_redis_field(const void *reply, const char *field);
+/* That value as an unsigned decimal: 0, or -1 when it is absent, empty or
+ * not a number. */
+int ps_redis_field_u64(const void *reply, const char *field, uint64_t *out);
+
 #endif

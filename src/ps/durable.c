@@ -68,7 +68,7 @@ static void check_backlog(ps_durable *d) {
     d->hold_ns = ps_now_ns();
     if (!d->said_hold)
       ps_log(PS_LOG_WARN, "redis: %.1f MiB of log and delta chunks not merged yet, what a "
-             "restart would replay (4 x [replication] log_max_mb): acknowledgements held until a "
+             "restart would replay (2 x [replication] log_max_mb): acknowledgements held until a "
              "snapshot catches up (Redis merges changed rows slower than the workers change them; "
              "later holds are said when they last 1 s or more)", (double)b / MIB);
     d->said_hold = 1;
@@ -143,7 +143,7 @@ int ps_durable_start(ps_durable *d, const ps_restore_info *restored) {
    * trains on whatever Redis does, so it holds nothing). */
   if (d->cfg->replication == PS_REPLICATION_LOG && d->cfg->sparse_rows == PS_SPARSE_ROWS_KEYED &&
       ps_shard_ntables(d->shard) > 0 && d->cfg->on_redis_failure != PS_REDIS_FAILURE_DEGRADE)
-    d->backlog_max = (uint64_t)d->cfg->replicate_log_max_mb * 4 * 1048576;
+    d->backlog_max = (uint64_t)d->cfg->replicate_log_max_mb * 2 * 1048576;
   d->replica = ps_replica_new(d->loop, d->cfg, d->index, restored, d->layout_hash, d->shard, &ev);
   return d->replica != NULL ? 0 : -ENOMEM;
 }

@@ -276,6 +276,10 @@ uint32_t ps_ks_add_ranked(ps_keyset *ks, uint64_t key, uint64_t step, uint64_t r
     uint64_t *r = realloc(ks->ranks, need * sizeof *r);
     if (r == NULL)
       return PS_KS_NONE;
+    /* Records taken before the room was (ps_ks_add: a new key) are on the
+     * list: linked, not waiting for their rank. */
+    for (size_t j = ks->ranks_cap; j < need; j++)
+      r[j] = PS_KS_LINKED;
     ks->ranks = r;
     ks->ranks_cap = need;
   }

@@ -3,7 +3,6 @@
 #include "replica/restore.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <lz4.h>
@@ -36,7 +35,6 @@ static const char TAKE_LOG_SCRIPT[] =
     "  redis.call('XGROUP', 'DESTROY', KEYS[3], 'g') end\n"
     "redis.call('SET', KEYS[2], KEYS[3])\n"
     "return 'OK'\n";
-
 
 /* ------------------------------------------------------------ snapshot */
 

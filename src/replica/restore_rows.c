@@ -36,8 +36,7 @@ int ps_restore_finish_merges(void *ctx, const ps_shard_keys *k, const void *meta
   uint64_t merged = 0, deltas = 0;
   const redisReply *snap = ps_redis_field(meta, "snap");
   if (ps_redis_field_u64(meta, "merged", &merged) || ps_redis_field_u64(meta, "deltas", &deltas) ||
-      snap == NULL ||
-      snap->type != REDIS_REPLY_STRING)
+      snap == NULL || snap->type != REDIS_REPLY_STRING)
     return ps_err_set(eb, PS_ECORRUPT, "%s: incomplete snapshot metadata (no merged, deltas)",
                       k->meta);
   for (uint64_t i = merged; i < deltas; i++) {

@@ -287,15 +287,6 @@ int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite) {
   return found;
 }
 
-int ps_registry_chief_token(ps_registry *r, uint64_t *token) {
-  char key[PS_KEY_MAX];
-  ps_key_epoch(key, r->cfg->cluster_id, "chief", 0);
-  redisReply *rep = cmd(r, 1, "GET %s", key);
-  int found = parse_token(rep, token);
-  freeReplyObject(rep);
-  return found;
-}
-
 /* Has a run that ended at `step` (found: 1) ended for this config? */
 static int ended_at(const ps_registry *r, int found, uint64_t step, int nonfinite) {
   if (found != 1)

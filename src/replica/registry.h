@@ -80,18 +80,15 @@ int ps_registry_get_done(ps_registry *r, uint64_t *step, int *nonfinite);
 int ps_registry_set_done(ps_registry *r, uint64_t step, int nonfinite);
 int ps_registry_clear_done(ps_registry *r);
 
-/* The newest chief fencing token issued (the chief's epoch: chief/lease.c
- * takes each lease with a token above it and stores it there).  A shard
- * that starts refuses lower tokens, as its predecessor did.  @return 1
- * found, 0 none yet, -1 Redis away. */
-int ps_registry_chief_token(ps_registry *r, uint64_t *token);
-
 /* Has the run of this config ended?  Yes after a NaN stop, and after an end
  * at a step this config's last_step does not exceed (a raised last_step
  * trains on).  Logs why when it has.  @return 1 or 0 (Redis away: 0). */
 int ps_registry_run_ended(ps_registry *r);
-/* Both of the above in one round trip (a shard's start): run_ended's
- * answer, and chief_token's in *token_found. */
+/* A shard's start, in one round trip: run_ended's answer, and the newest
+ * chief fencing token issued (the chief's epoch: chief/lease.c takes each
+ * lease with a token above it and stores it there), which the shard goes
+ * on from, refusing lower tokens as its predecessor did: *token_found 1
+ * found (*token set), 0 none yet, -1 Redis away. */
 int ps_registry_run_ended_token(ps_registry *r, uint64_t *token, int *token_found);
 
 #endif
